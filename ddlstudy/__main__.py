@@ -1,0 +1,3 @@
+from ddlstudy.cli import main
+
+raise SystemExit(main())

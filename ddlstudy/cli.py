@@ -1,0 +1,237 @@
+"""The `ddlstudy` command.
+
+    ddlstudy doctor                                       # what this machine offers
+    ddlstudy dataset make --usecase simple-big            # datasets/synthetic-big/
+    ddlstudy run --usecase tiny --strategy sequential     # runs/<id>/
+    ddlstudy run --usecase simple-big --data-dir /path/to/imagefolder --epochs 2
+    ddlstudy report runs/                                 # speedup table
+    ddlstudy strategies                                   # what --strategy takes
+    ddlstudy bench sampler --usecase tiny                 # sampler overhead
+
+Bad input is reported as one sentence on stderr with exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+from ddlstudy.errors import ConfigError, UsageError
+
+log = logging.getLogger("ddlstudy")
+
+
+class _RankFilter(logging.Filter):
+    """Prefix every line with the rank so the logs of many workers can be told apart."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rank = next((os.environ[v] for v in ("RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK")
+                          if v in os.environ), "0")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.rank = self.rank
+        return True
+
+
+def setup_logging(quiet: bool = False) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(_RankFilter())
+    handler.setFormatter(logging.Formatter("%(asctime)s [rank %(rank)s] %(message)s", "%H:%M:%S"))
+    log.handlers[:] = [handler]
+    log.setLevel(logging.WARNING if quiet else logging.INFO)
+    log.propagate = False
+
+
+# --- argument parsing -------------------------------------------------------------------
+
+def _shard(text: str) -> tuple[int, int]:
+    try:
+        i, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected i/n such as 0/4, got {text!r}") from None
+    if n <= 0 or not 0 <= i < n:
+        raise argparse.ArgumentTypeError(f"need 0 <= i < n, got {text!r}")
+    return i, n
+
+
+def _add_run_args(p: argparse.ArgumentParser) -> None:
+    what = p.add_argument_group("what to train")
+    what.add_argument("--usecase", default="tiny",
+                      help="a name from usecases/ or a path to a TOML file (default: tiny)")
+    what.add_argument("--strategy", default="sequential",
+                      help="local parallelism strategy; `ddlstudy strategies` lists them")
+    what.add_argument("--workers", type=int, help="replicas, processes or threads of the "
+                      "strategy (default: one per usable core)")
+    task = p.add_argument_group("training task (override the use case's [train] table)")
+    task.add_argument("--epochs", type=int)
+    task.add_argument("--batch-size", type=int, help="global batch size")
+    task.add_argument("--image-size", type=int, help="side in pixels the images are scaled to")
+    task.add_argument("--seed", type=int)
+    task.add_argument("--lr", type=float, help="learning rate")
+    data = p.add_argument_group("data")
+    data.add_argument("--data-dir", type=Path, help="a real ImageFolder tree (root/<class>/<img>) "
+                      "instead of the use case's synthetic set")
+    data.add_argument("--datasets-dir", type=Path, help="where synthetic sets live "
+                      "(default: datasets/)")
+    data.add_argument("--on-bad-image", default="fail", help="fail (default): stop naming the "
+                      "file; skip: train without it and list it in the manifest")
+    data.add_argument("--loader-workers", type=int, default=0,
+                      help="DataLoader processes that decode and augment (default 0)")
+    out = p.add_argument_group("output")
+    out.add_argument("--runs-dir", type=Path, help="where run folders go (default: runs/)")
+    out.add_argument("--sample-hz", type=float, default=10.0,
+                     help="resource sampling rate, 0 to turn it off (default 10)")
+    out.add_argument("--max-steps", type=int, help="stop each epoch after this many steps")
+    out.add_argument("--no-snapshot", action="store_true",
+                     help="do not write snapshot.pt after each epoch")
+    out.add_argument("--quiet", action="store_true", help="warnings and errors only")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ddlstudy", description=__doc__.split("\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("run", help="train one use case with one strategy into runs/<id>/")
+    _add_run_args(p)
+
+    p = sub.add_parser("dataset", help="synthetic data sets")
+    dsub = p.add_subparsers(dest="dataset_command", required=True, metavar="ACTION")
+    make = dsub.add_parser("make", help="generate a use case's synthetic data set")
+    make.add_argument("--usecase", default="tiny")
+    make.add_argument("--out", type=Path, help="target folder (default: datasets/<data.name>)")
+    make.add_argument("--shard", type=_shard, help="only images with index %% n == i, as i/n")
+    make.add_argument("--workers", type=int, help="generator processes (default: cores)")
+    make.add_argument("--force", action="store_true", help="regenerate even if complete")
+
+    sub.add_parser("doctor", help="what this machine offers the study, with fixes")
+    sub.add_parser("strategies", help="list the local parallelism strategies")
+
+    p = sub.add_parser("report", help="speedup table of a folder of runs")
+    p.add_argument("runs", type=Path, nargs="?", default=None, help="default: runs/")
+    p.add_argument("--format", default="markdown", choices=["markdown", "csv"])
+    p.add_argument("--out", type=Path, help="write the table to this file too")
+
+    p = sub.add_parser("bench", help="performance figures, measured side by side")
+    bsub = p.add_subparsers(dest="bench_command", required=True, metavar="WHAT")
+    b = bsub.add_parser("sampler", help="step time with the sampler on against off")
+    b.add_argument("--usecase", default="tiny")
+    b.add_argument("--steps", type=int, default=30, help="timed steps per repeat")
+    b.add_argument("--repeats", type=int, default=5)
+    b.add_argument("--hz", type=float, default=10.0)
+    b.add_argument("--threads", type=int, default=1)
+    return parser
+
+
+# --- commands ---------------------------------------------------------------------------
+
+_TRAIN_FLAGS = ("epochs", "batch_size", "image_size", "seed", "lr")
+
+
+def config_from_args(args: argparse.Namespace):
+    from ddlstudy.config import DEFAULT_RUNS_DIR, RunConfig, load_usecase, with_overrides
+
+    usecase = load_usecase(args.usecase)
+    overrides = {k: getattr(args, k) for k in _TRAIN_FLAGS}
+    try:
+        usecase = with_overrides(usecase, **overrides)
+    except ConfigError as exc:  # name the flag the user typed, not the TOML field
+        flag = exc.field.removeprefix("train.").replace("_", "-")
+        raise ConfigError(f"--{flag}", str(exc).split(": ", 1)[1]) from None
+    extra = {}
+    if args.datasets_dir:
+        extra["datasets_dir"] = args.datasets_dir
+    return RunConfig(usecase=usecase, strategy=args.strategy, workers=args.workers,
+                     data_dir=args.data_dir, runs_dir=args.runs_dir or DEFAULT_RUNS_DIR,
+                     on_bad_image=args.on_bad_image, loader_workers=args.loader_workers,
+                     sample_hz=args.sample_hz, max_steps=args.max_steps,
+                     snapshot=not args.no_snapshot, **extra)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from ddlstudy.runner import RunFailed, run
+
+    cfg = config_from_args(args)
+    try:
+        folder = run(cfg)
+    except RunFailed as exc:
+        print(f"ddlstudy: {exc}", file=sys.stderr)
+        return exc.exit_code
+    summary = folder.manifest.get("summary", {})
+    print(f"{folder.path}  val accuracy {summary.get('final_val_accuracy', float('nan')):.3f}  "
+          f"{summary.get('median_images_per_s', float('nan')):.1f} img/s")
+    return 0
+
+
+def cmd_dataset(args: argparse.Namespace) -> int:
+    from ddlstudy.config import DEFAULT_DATASETS_DIR, load_usecase
+    from ddlstudy.data.generate import make_dataset
+
+    spec = load_usecase(args.usecase).data
+    out = args.out or DEFAULT_DATASETS_DIR / spec.name
+    if args.shard and not args.out:
+        out = out.with_name(f"{out.name}.shard-{args.shard[0]}-of-{args.shard[1]}")
+    if args.workers is not None and args.workers <= 0:
+        raise ConfigError("--workers", f"must be a positive integer, got {args.workers}")
+    root = make_dataset(spec, out, shard=args.shard, workers=args.workers, force=args.force)
+    print(root)
+    return 0
+
+
+def cmd_strategies(args: argparse.Namespace) -> int:
+    from ddlstudy.strategies import REGISTRY
+
+    for name, cls in REGISTRY.items():
+        print(f"{name:14s} {cls.summary}")
+        if cls.flags:
+            print(f"{'':14s} flags: {cls.flags}")
+    return 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from ddlstudy.doctor import doctor
+
+    return doctor()
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from ddlstudy.config import DEFAULT_RUNS_DIR
+    from ddlstudy.report import load_runs, speedup_table, to_markdown
+
+    runs_dir = args.runs or DEFAULT_RUNS_DIR
+    table = speedup_table(load_runs(runs_dir))
+    text = table.to_csv(index=False) if args.format == "csv" else to_markdown(table)
+    print(text)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from ddlstudy.bench import bench_sampler
+
+    print(bench_sampler(args.usecase, steps=args.steps, repeats=args.repeats, hz=args.hz,
+                        threads=args.threads))
+    return 0
+
+
+COMMANDS = {"run": cmd_run, "dataset": cmd_dataset, "strategies": cmd_strategies,
+            "doctor": cmd_doctor, "report": cmd_report, "bench": cmd_bench}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    setup_logging(getattr(args, "quiet", False))
+    try:
+        return COMMANDS[args.command](args)
+    except UsageError as exc:
+        print(f"ddlstudy: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("ddlstudy: interrupted", file=sys.stderr)
+        return 130

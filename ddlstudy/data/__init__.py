@@ -1,0 +1,68 @@
+"""Data: the synthetic generator, the ImageFolder reader and the split a run trains on."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from ddlstudy.config import RunConfig
+from ddlstudy.data.fingerprint import SUMS_FILE, sha256_file
+from ddlstudy.data.folder import ImageList, scan_imagefolder, stratified_split
+from ddlstudy.data.generate import is_complete, make_dataset
+
+log = logging.getLogger("ddlstudy")
+
+
+@dataclass(frozen=True)
+class DataPlan:
+    """What a run trains and validates on, decided once before training starts."""
+
+    images: ImageList
+    train: list[tuple[str, int]]
+    val: list[tuple[str, int]]
+    source: str
+    """'synthetic' or 'imagefolder'."""
+    sums_file_sha256: str | None = None
+    """The sha256 of the set's SHA256SUMS file, where it has one (synthetic sets do)."""
+
+    def describe(self) -> dict:
+        return {
+            "source": self.source,
+            "root": str(self.images.root),
+            "fingerprint": self.images.fingerprint,
+            "sums_file_sha256": self.sums_file_sha256,
+            "images": len(self.images.items),
+            "per_class": self.images.per_class,
+            "train_images": len(self.train),
+            "val_images": len(self.val),
+            "skipped": [{"file": f, "reason": r} for f, r in self.images.skipped],
+        }
+
+
+def dataset_root(cfg: RunConfig) -> Path:
+    return Path(cfg.data_dir) if cfg.data_dir else Path(cfg.datasets_dir) / cfg.usecase.data.name
+
+
+def prepare_data(cfg: RunConfig) -> DataPlan:
+    """Generate the synthetic set if it is missing, then scan, check and split the tree."""
+    uc = cfg.usecase
+    root = dataset_root(cfg)
+    source = "imagefolder" if cfg.data_dir else "synthetic"
+    if source == "synthetic" and not is_complete(root, uc.data):
+        log.info("synthetic data set %s is missing: generating %d images in %s",
+                 uc.data.name, uc.data.images, root)
+        make_dataset(uc.data, root)
+    images = scan_imagefolder(root, uc.classes, cfg.on_bad_image)
+    sums = root / SUMS_FILE
+    sums_sha = sha256_file(sums) if sums.is_file() else None
+    if sums_sha and sums_sha != images.fingerprint:
+        log.warning("%s no longer matches its %s: files were changed, added or removed",
+                    root, SUMS_FILE)
+    if images.skipped:
+        log.warning("skipping %d unreadable images (listed in the manifest), first: %s",
+                    len(images.skipped), images.skipped[0][0])
+    train, val = stratified_split(images.items, uc.train.val_fraction, uc.train.seed,
+                                  len(uc.classes))
+    return DataPlan(images=images, train=train, val=val, source=source,
+                    sums_file_sha256=sums_sha)

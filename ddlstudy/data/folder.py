@@ -1,0 +1,166 @@
+"""Read any ImageFolder tree (root/<class>/<image>) safely, split it, and load it.
+
+torchvision's ImageFolder takes hidden folders for classes and judges files by extension
+only, so the tree is scanned and every image decoded here, before training: class folders
+are checked against the use case, hidden files and folders are ignored, and an unreadable
+image either stops the run naming the file (``fail``) or is skipped and listed (``skip``).
+The scan is sorted, so every rank of a distributed job gets the same list.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image, ImageFile
+from torch.utils.data import Dataset
+from torchvision import transforms
+
+from ddlstudy.config import BadImagePolicy
+from ddlstudy.data.fingerprint import fingerprint, sha256_bytes
+from ddlstudy.errors import DataError
+
+IMAGE_EXTENSIONS = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm"}
+MEAN = (0.485, 0.456, 0.406)
+STD = (0.229, 0.224, 0.225)
+ImageFile.LOAD_TRUNCATED_IMAGES = False  # a truncated file is a bad image, not a grey one
+
+
+@dataclass(frozen=True)
+class ImageList:
+    """The images of a tree that will be used: (relative path, label) pairs, sorted."""
+
+    root: Path
+    classes: tuple[str, ...]
+    items: tuple[tuple[str, int], ...]
+    skipped: tuple[tuple[str, str], ...] = ()
+    """(relative path, reason) of the images left out under ``--on-bad-image skip``."""
+    fingerprint: str = ""
+    per_class: dict[str, int] = field(default_factory=dict)
+
+
+def _visible(path: Path) -> bool:
+    return not path.name.startswith(".")
+
+
+def _class_folders(root: Path, classes: tuple[str, ...]) -> None:
+    if not root.exists():
+        raise DataError(f"data folder {root} does not exist")
+    if not root.is_dir():
+        raise DataError(f"data folder {root} is not a folder")
+    found = {p.name for p in root.iterdir() if p.is_dir() and _visible(p)}
+    if not found:
+        raise DataError(f"data folder {root} has no class folders; expected one folder per "
+                        f"class: {', '.join(classes)}")
+    for name in classes:
+        if name in found:
+            continue
+        near = [f for f in found if f.lower() == name.lower()]
+        hint = (f"found {near[0]!r} instead: class names are case-sensitive, rename it to "
+                f"{name!r}" if near else f"expected folders: {', '.join(classes)}")
+        raise DataError(f"class folder {name!r} is missing in {root}; {hint}")
+    extra = sorted(found - set(classes))
+    if extra:
+        raise DataError(f"{root} has folder {extra[0]!r}, which is not a class of this use case "
+                        f"({', '.join(classes)}); move it out or add it to the use case's classes")
+
+
+def _image_files(folder: Path) -> list[Path]:
+    files = []
+    for dirpath, dirnames, filenames in os.walk(folder):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        files += [Path(dirpath, f) for f in filenames
+                  if not f.startswith(".") and Path(f).suffix.lower() in IMAGE_EXTENSIONS]
+    return sorted(files)
+
+
+def _check_image(path: Path) -> tuple[str | None, str]:
+    """(sha256, '') for a readable image, (None, reason) otherwise."""
+    try:
+        data = path.read_bytes()
+        if not data:
+            return None, "empty file"
+        with Image.open(io.BytesIO(data)) as img:
+            img.load()
+        return sha256_bytes(data), ""
+    except (OSError, ValueError, Image.DecompressionBombError) as exc:
+        return None, f"{type(exc).__name__}: {exc}"
+
+
+def scan_imagefolder(root: Path, classes: tuple[str, ...],
+                     policy: BadImagePolicy = BadImagePolicy.FAIL,
+                     threads: int | None = None) -> ImageList:
+    """Check and list the tree; every image is decoded once (in threads) to catch bad files."""
+    root = Path(root)
+    _class_folders(root, classes)
+    files: list[tuple[Path, int]] = []
+    for label, name in enumerate(classes):
+        found = _image_files(root / name)
+        if not found:
+            raise DataError(f"class folder {root / name} holds no images (looked for "
+                            f"{', '.join(sorted(IMAGE_EXTENSIONS))})")
+        files += [(p, label) for p in found]
+    threads = threads or min(8, (os.cpu_count() or 1) * 2)
+    with ThreadPoolExecutor(threads) as pool:  # Pillow releases the GIL while decoding
+        checks = list(pool.map(_check_image, (p for p, _ in files)))
+    items, skipped, sums = [], [], []
+    for (path, label), (digest, reason) in zip(files, checks, strict=True):
+        rel = path.relative_to(root).as_posix()
+        if digest is None:
+            if policy is BadImagePolicy.FAIL:
+                raise DataError(f"unreadable image {path} ({reason}); remove or replace it, or "
+                                "pass --on-bad-image skip to train without it")
+            skipped.append((rel, reason))
+            continue
+        items.append((rel, label))
+        sums.append((rel, digest))
+    per_class = {name: sum(1 for _, lab in items if lab == i) for i, name in enumerate(classes)}
+    empty = [name for name, n in per_class.items() if n == 0]
+    if empty:
+        raise DataError(f"class {empty[0]!r} has no readable image left in {root}")
+    return ImageList(root=root, classes=classes, items=tuple(items), skipped=tuple(skipped),
+                     fingerprint=fingerprint(sums), per_class=per_class)
+
+
+def stratified_split(items: tuple[tuple[str, int], ...], val_fraction: float, seed: int,
+                     n_classes: int) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
+    """Seeded per-class split: each class keeps its share in both halves."""
+    train, val = [], []
+    for label in range(n_classes):
+        members = [it for it in items if it[1] == label]
+        order = np.random.default_rng([seed, label]).permutation(len(members))
+        n_val = min(len(members) - 1, max(1, round(len(members) * val_fraction)))
+        val += [members[i] for i in order[:n_val]]
+        train += [members[i] for i in order[n_val:]]
+    return sorted(train), sorted(val)
+
+
+def make_transform(image_size: int, train: bool) -> transforms.Compose:
+    """The paper's task: scale/crop to the use case's size, random flip, to tensor, normalise."""
+    steps = [transforms.Resize(image_size), transforms.CenterCrop(image_size)]
+    if train:
+        steps.append(transforms.RandomHorizontalFlip())
+    steps += [transforms.ToTensor(), transforms.Normalize(MEAN, STD)]
+    return transforms.Compose(steps)
+
+
+class ImageListDataset(Dataset):
+    """Decodes and transforms one image per item; safe to use from DataLoader workers."""
+
+    def __init__(self, root: Path, items: list[tuple[str, int]], transform) -> None:
+        self.root = Path(root)
+        self.items = items
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        rel, label = self.items[index]
+        with Image.open(self.root / rel) as img:
+            return self.transform(img.convert("RGB")), label

@@ -1,0 +1,75 @@
+"""`ddlstudy doctor`: what this machine offers the study, each missing piece with its fix."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from ddlstudy import environment
+
+
+def _first_line(cmd: list[str], containing: str = "") -> str | None:
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    lines = [ln.strip() for ln in (out.stdout + out.stderr).splitlines() if containing in ln]
+    return lines[0] if out.returncode == 0 and lines else None
+
+
+def find_mpiexec() -> str | None:
+    """The mpiexec beside this Python (the mpich wheel puts it there), else on PATH."""
+    beside = Path(sys.executable).parent / "mpiexec"
+    return str(beside) if beside.exists() else shutil.which("mpiexec")
+
+
+def find_java() -> str | None:
+    home = os.environ.get("JAVA_HOME")
+    if home and (Path(home) / "bin" / "java").exists():
+        return str(Path(home) / "bin" / "java")
+    return shutil.which("java")
+
+
+def checks() -> list[tuple[str, bool, str, str]]:
+    """(what, ok, found, fix) rows."""
+    import torch
+
+    host = environment.host()
+    versions = environment.versions()
+    rows = [
+        ("cores", True, f"{host['usable_cores']} usable ({host['physical_cores']} physical, "
+         f"{host['logical_cores']} logical), {host['cpu_model']}", ""),
+        ("memory", True, f"{host['ram_bytes'] / 2**30:.1f} GiB", ""),
+        ("torch", True, f"{torch.__version__}, {torch.get_num_threads()} intra-op threads, "
+         f"{torch.get_num_interop_threads()} inter-op", ""),
+    ]
+    gpus = host["gpus"]
+    rows.append(("GPUs", bool(gpus), ", ".join(g["name"] for g in gpus) or "none",
+                 "" if gpus else "gpu-data and GPU pipeline stages need CUDA devices; CPU "
+                 "strategies work without"))
+    mpiexec = find_mpiexec()
+    version = _first_line([mpiexec, "--version"], "Version") if mpiexec else None
+    rows.append(("mpiexec", bool(version), f"{mpiexec} ({version})" if version else "not found",
+                 "" if version else "pip install mpich mpi4py (make demo does) or load your "
+                 "cluster's MPI module"))
+    rows.append(("mpi4py", versions["mpi4py"] is not None, versions["mpi4py"] or "not installed",
+                 "" if versions["mpi4py"] else "pip install mpi4py"))
+    java = find_java()
+    java_version = _first_line([java, "-version"]) if java else None
+    rows.append(("java", bool(java_version), java_version or "not found",
+                 "" if java_version else "install Java 17 (apt-get install openjdk-17-jre-headless)"
+                 " or set JAVA_HOME"))
+    rows.append(("pyspark", versions["pyspark"] is not None, versions["pyspark"] or "missing",
+                 "" if versions["pyspark"] else "pip install pyspark"))
+    return rows
+
+
+def doctor() -> int:
+    for what, ok, found, fix in checks():
+        print(f"{'ok ' if ok else '-- '} {what:9s} {found}")
+        if fix:
+            print(f"    {'':9s} fix: {fix}")
+    return 0

@@ -1,0 +1,109 @@
+"""runs/<id>/: manifest.json, metrics.csv, samples.parquet and snapshot.pt of one run.
+
+The manifest is written before training starts (status ``running``) and rewritten after
+every epoch and at the end (``completed``, ``failed`` or ``interrupted``), always through
+a temporary file in the same folder, fsync and ``os.replace``: a reader, or a crash, never
+sees half a file.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import io
+import json
+import os
+import secrets
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+MANIFEST = "manifest.json"
+METRICS = "metrics.csv"
+SAMPLES = "samples.parquet"
+SNAPSHOT = "snapshot.pt"
+SCHEMA_VERSION = 1
+
+
+def now_iso() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")
+
+
+def atomic_write(path: Path, write: Callable[[io.BufferedWriter], None]) -> None:
+    """Write through ``<path>.tmp-<pid>`` in the same folder, fsync, then rename over ``path``."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write(path, lambda f: f.write(text.encode()))
+
+
+def new_run_id(usecase: str, strategy: str) -> str:
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return f"{stamp}-{usecase}-{strategy}-{secrets.token_hex(2)}"
+
+
+class RunFolder:
+    """One run's folder; ``manifest`` is the dict written to manifest.json."""
+
+    def __init__(self, path: Path, manifest: dict[str, Any]) -> None:
+        self.path = path
+        self.manifest = manifest
+
+    @classmethod
+    def create(cls, runs_dir: Path, run_id: str, manifest: dict[str, Any]) -> RunFolder:
+        path = Path(runs_dir) / run_id
+        path.mkdir(parents=True, exist_ok=False)
+        folder = cls(path, {"schema": SCHEMA_VERSION, "id": run_id, "status": "running",
+                            "started_at": now_iso(), "ended_at": None, "exit_code": None,
+                            "error": None, **manifest, "epochs": []})
+        folder.write_manifest()
+        return folder
+
+    @classmethod
+    def open(cls, path: Path) -> RunFolder:
+        return cls(Path(path), json.loads((Path(path) / MANIFEST).read_text()))
+
+    def write_manifest(self) -> None:
+        text = json.dumps(self.manifest, indent=2, allow_nan=True, default=str) + "\n"
+        atomic_write_text(self.path / MANIFEST, text)
+
+    def record_epoch(self, result: dict[str, Any]) -> None:
+        self.manifest["epochs"].append(result)
+        self._write_metrics()
+        self.write_manifest()
+
+    def _write_metrics(self) -> None:
+        rows = self.manifest["epochs"]
+        buf = io.StringIO()
+        writer = csv.DictWriter(buf, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+        atomic_write_text(self.path / METRICS, buf.getvalue())
+
+    def write_samples(self, rows: list[dict[str, Any]]) -> None:
+        from ddlstudy.sampler import samples_frame
+
+        frame = samples_frame(rows)
+        atomic_write(self.path / SAMPLES, lambda f: frame.to_parquet(f, index=False))
+        self.manifest["samples"] = {"file": SAMPLES, "rows": len(frame)}
+
+    def save_snapshot(self, state: dict[str, Any]) -> None:
+        import torch
+
+        atomic_write(self.path / SNAPSHOT, lambda f: torch.save(state, f))
+
+    def finish(self, status: str, exit_code: int, error: str | None = None,
+               **extra: Any) -> None:
+        self.manifest.update(status=status, exit_code=exit_code, error=error,
+                             ended_at=now_iso(), **extra)
+        self.write_manifest()

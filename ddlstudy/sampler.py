@@ -1,0 +1,160 @@
+"""Resource sampling beside a run: psutil for the worker process tree and the system, NVML
+for GPUs where present.
+
+A daemon thread wakes ``hz`` times a second and appends one row. Counters (network, disk)
+are stored cumulative, as the kernel gives them, so rates are a ``diff()`` away and no
+sample is lost to rounding. Network traffic is split per interface (``pernic=True``):
+``net_*`` counts the real interfaces, ``lo_*`` the loopback that single-host MPI or gloo
+traffic uses. Every row carries the rank and host so the samples of many workers merge.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import threading
+import time
+from typing import Any
+
+import psutil
+
+COLUMNS = (
+    "time", "t_s", "rank", "host", "proc_count", "proc_cpu_percent", "proc_rss_bytes",
+    "proc_threads", "sys_cpu_percent", "sys_iowait_percent", "sys_ram_percent",
+    "sys_ram_used_bytes", "net_sent_bytes", "net_recv_bytes", "lo_sent_bytes", "lo_recv_bytes",
+    "disk_read_bytes", "disk_write_bytes", "gpu_count", "gpu_util_percent", "gpu_mem_used_bytes",
+)
+
+
+class _Gpus:
+    """NVML handles, or nothing where there is no NVIDIA driver."""
+
+    def __init__(self) -> None:
+        self.handles: list[Any] = []
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self.nvml = pynvml
+            self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i)
+                            for i in range(pynvml.nvmlDeviceGetCount())]
+        except Exception:  # no driver, no library, no device: sample without GPUs
+            self.handles = []
+
+    def read(self) -> tuple[int, float, float]:
+        if not self.handles:
+            return 0, math.nan, math.nan
+        utils = [self.nvml.nvmlDeviceGetUtilizationRates(h).gpu for h in self.handles]
+        mem = [self.nvml.nvmlDeviceGetMemoryInfo(h).used for h in self.handles]
+        return len(self.handles), sum(utils) / len(utils), float(sum(mem))
+
+
+class ResourceSampler:
+    """Samples the process tree rooted at ``pid`` (default: this process) at ``hz``."""
+
+    def __init__(self, hz: float = 10.0, *, rank: int = 0, host: str | None = None,
+                 pid: int | None = None) -> None:
+        self.period = 1.0 / hz if hz > 0 else 0.0
+        self.rank = rank
+        self.host = host or socket.gethostname()
+        self.root = psutil.Process(pid or os.getpid())
+        self.rows: list[dict[str, Any]] = []
+        self._procs: dict[int, psutil.Process] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._gpus: _Gpus | None = None
+        self._t0 = 0.0
+
+    @property
+    def enabled(self) -> bool:
+        return self.period > 0
+
+    def start(self) -> ResourceSampler:
+        if not self.enabled:
+            return self
+        self._gpus = _Gpus()
+        self._t0 = time.time()
+        psutil.cpu_percent(None)  # the first call only sets the reference point
+        psutil.cpu_times_percent(None)
+        self._tree()
+        self._thread = threading.Thread(target=self._loop, name="ddlstudy-sampler", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> list[dict[str, Any]]:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._thread = None
+        return self.rows
+
+    def _loop(self) -> None:
+        next_at = time.monotonic()
+        while not self._stop.is_set():
+            try:
+                self.rows.append(self.sample())
+            except psutil.Error:
+                pass  # a worker ended between listing and reading it: next sample
+            next_at += self.period
+            self._stop.wait(max(0.0, next_at - time.monotonic()))
+
+    def _tree(self) -> list[psutil.Process]:
+        """The root and its live descendants, reusing Process objects so cpu_percent works."""
+        try:
+            current = [self.root, *self.root.children(recursive=True)]
+        except psutil.Error:
+            current = []
+        procs = [self._procs.setdefault(p.pid, p) for p in current]
+        alive = {p.pid for p in current}
+        for pid in list(self._procs):
+            if pid not in alive:
+                del self._procs[pid]
+        return procs
+
+    def sample(self) -> dict[str, Any]:
+        now = time.time()
+        cpu = rss = threads = 0.0
+        procs = self._tree()
+        for p in procs:
+            try:
+                with p.oneshot():
+                    cpu += p.cpu_percent(None)
+                    rss += p.memory_info().rss
+                    threads += p.num_threads()
+            except psutil.Error:
+                continue
+        times = psutil.cpu_times_percent(None)
+        vm = psutil.virtual_memory()
+        nics = psutil.net_io_counters(pernic=True)
+        lo = nics.get("lo")
+        real = [c for name, c in nics.items() if name != "lo"]
+        disk = psutil.disk_io_counters()
+        gpu_count, gpu_util, gpu_mem = self._gpus.read() if self._gpus else (0, math.nan, math.nan)
+        return {
+            "time": now, "t_s": now - self._t0, "rank": self.rank, "host": self.host,
+            "proc_count": len(procs), "proc_cpu_percent": cpu, "proc_rss_bytes": rss,
+            "proc_threads": threads, "sys_cpu_percent": psutil.cpu_percent(None),
+            "sys_iowait_percent": getattr(times, "iowait", math.nan),
+            "sys_ram_percent": vm.percent, "sys_ram_used_bytes": float(vm.used),
+            "net_sent_bytes": float(sum(c.bytes_sent for c in real)),
+            "net_recv_bytes": float(sum(c.bytes_recv for c in real)),
+            "lo_sent_bytes": float(lo.bytes_sent) if lo else math.nan,
+            "lo_recv_bytes": float(lo.bytes_recv) if lo else math.nan,
+            "disk_read_bytes": float(disk.read_bytes) if disk else math.nan,
+            "disk_write_bytes": float(disk.write_bytes) if disk else math.nan,
+            "gpu_count": gpu_count, "gpu_util_percent": gpu_util, "gpu_mem_used_bytes": gpu_mem,
+        }
+
+    def __enter__(self) -> ResourceSampler:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def samples_frame(rows: list[dict[str, Any]]):
+    """The rows as a DataFrame with every column, even when there are none."""
+    import pandas as pd
+
+    return pd.DataFrame(rows, columns=list(COLUMNS))

@@ -1,0 +1,169 @@
+"""The training loop every strategy shares: epochs of steps, validation, timing.
+
+A strategy decides what one step is (one model, k thread replicas, a DDP process, a
+pipeline) by giving the Trainer a ``step`` function; the loop around it, the metrics and
+the clock are the same for all, so their numbers compare.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import random
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+from ddlstudy.config import RunConfig
+from ddlstudy.data import DataPlan
+from ddlstudy.data.folder import ImageListDataset, make_transform
+from ddlstudy.progress import progress
+
+log = logging.getLogger("ddlstudy")
+
+WARMUP_STEPS = 2
+"""Steps left out of the steady-state throughput: allocator and cache warm-up."""
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+StepFn = Callable[[Batch], tuple[float, int, int]]
+"""One optimizer step on a batch -> (summed loss, correct predictions, images)."""
+
+
+@dataclass(frozen=True)
+class EpochResult:
+    epoch: int
+    train_loss: float
+    train_accuracy: float
+    val_loss: float
+    val_accuracy: float
+    train_images: int
+    steps: int
+    train_time_s: float
+    images_per_s: float
+    steady_images_per_s: float
+    """Images per second after the first WARMUP_STEPS steps of the epoch."""
+    val_time_s: float
+    epoch_time_s: float
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def make_loaders(cfg: RunConfig, data: DataPlan, batch_size: int | None = None,
+                 loader_workers: int | None = None) -> tuple[DataLoader, DataLoader]:
+    """Shuffled training loader (seeded) and the validation loader."""
+    uc = cfg.usecase
+    size = uc.train.image_size
+    batch_size = batch_size or uc.train.batch_size
+    workers = cfg.loader_workers if loader_workers is None else loader_workers
+    extra = {"persistent_workers": True, "prefetch_factor": 4} if workers else {}
+    gen = torch.Generator().manual_seed(uc.train.seed)
+    train = DataLoader(ImageListDataset(data.images.root, data.train, make_transform(size, True)),
+                       batch_size=batch_size, shuffle=True, generator=gen, num_workers=workers,
+                       **extra)
+    val = DataLoader(ImageListDataset(data.images.root, data.val, make_transform(size, False)),
+                     batch_size=batch_size, shuffle=False, num_workers=workers, **extra)
+    return train, val
+
+
+def plain_step(model: nn.Module, optimizer: torch.optim.Optimizer,
+               loss_fn: nn.Module) -> StepFn:
+    """One model, one batch: the sequential baseline's step."""
+
+    def step(batch: Batch) -> tuple[float, int, int]:
+        images, labels = batch
+        optimizer.zero_grad(set_to_none=True)
+        logits = model(images)
+        loss = loss_fn(logits, labels)
+        loss.backward()
+        optimizer.step()
+        n = labels.numel()
+        return loss.item() * n, int((logits.argmax(1) == labels).sum()), n
+
+    return step
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, loader: Iterable[Batch], loss_fn: nn.Module) -> tuple[float, float]:
+    """(mean loss, accuracy) over the loader, in eval mode (no dropout)."""
+    was_training = model.training
+    model.eval()
+    total_loss, correct, seen = 0.0, 0, 0
+    for images, labels in loader:
+        logits = model(images)
+        total_loss += loss_fn(logits, labels).item() * labels.numel()
+        correct += int((logits.argmax(1) == labels).sum())
+        seen += labels.numel()
+    model.train(was_training)
+    return total_loss / max(seen, 1), correct / max(seen, 1)
+
+
+class Trainer:
+    """Runs epochs of ``step`` over ``train_loader`` and validates ``model`` after each."""
+
+    def __init__(self, model: nn.Module, step: StepFn, train_loader: Iterable[Batch],
+                 val_loader: Iterable[Batch], *, max_steps: int | None = None,
+                 show_progress: bool = True, sync: Callable[[], None] = lambda: None) -> None:
+        self.model = model
+        self.step = step
+        self.train_loader = train_loader
+        self.val_loader = val_loader
+        self.max_steps = max_steps
+        self.show_progress = show_progress
+        self.sync = sync  # e.g. torch.cuda.synchronize: the clock is read after the device
+        self.loss_fn = nn.CrossEntropyLoss()
+
+    def train_epoch(self, epoch: int) -> EpochResult:
+        self.model.train()
+        loss_sum, correct, images, steps = 0.0, 0, 0, 0
+        total = len(self.train_loader) if hasattr(self.train_loader, "__len__") else None
+        if self.max_steps and total:
+            total = min(total, self.max_steps)
+        start = time.perf_counter()
+        steady_start, steady_images = start, 0
+        batches = progress(self.train_loader, total=total, desc=f"epoch {epoch}", unit="batch",
+                           enabled=self.show_progress)
+        for batch in batches:
+            batch_loss, batch_correct, n = self.step(batch)
+            loss_sum += batch_loss
+            correct += batch_correct
+            images += n
+            steps += 1
+            if steps == WARMUP_STEPS:
+                self.sync()
+                steady_start, steady_images = time.perf_counter(), images
+            if self.max_steps and steps >= self.max_steps:
+                break
+        self.sync()
+        train_time = time.perf_counter() - start
+        steady_time = time.perf_counter() - steady_start
+        steady_n = images - steady_images
+        val_start = time.perf_counter()
+        val_loss, val_acc = evaluate(self.model, self.val_loader, self.loss_fn)
+        val_time = time.perf_counter() - val_start
+        return EpochResult(
+            epoch=epoch, train_loss=loss_sum / max(images, 1),
+            train_accuracy=correct / max(images, 1), val_loss=val_loss, val_accuracy=val_acc,
+            train_images=images, steps=steps, train_time_s=train_time,
+            images_per_s=images / train_time if train_time else 0.0,
+            steady_images_per_s=(steady_n / steady_time if steady_n and steady_time
+                                 else images / max(train_time, 1e-9)),
+            val_time_s=val_time, epoch_time_s=train_time + val_time)
+
+
+def log_epoch(result: EpochResult, epochs: int) -> None:
+    log.info("epoch %d/%d  train loss %.4f acc %.3f | val loss %.4f acc %.3f | "
+             "%.1f img/s | %.1f s", result.epoch, epochs, result.train_loss,
+             result.train_accuracy, result.val_loss, result.val_accuracy,
+             result.steady_images_per_s, result.epoch_time_s)

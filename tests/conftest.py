@@ -1,0 +1,46 @@
+"""Shared fixtures: one tiny synthetic data set per session, and a quick run config."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from ddlstudy.config import RunConfig, load_usecase, with_overrides
+from ddlstudy.data.generate import make_dataset
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # tests assert behaviour, not speed
+
+
+@pytest.fixture(scope="session")
+def tiny():
+    return load_usecase("tiny")
+
+
+@pytest.fixture(scope="session")
+def datasets_dir(tmp_path_factory, tiny) -> Path:
+    root = tmp_path_factory.mktemp("datasets")
+    make_dataset(tiny.data, root / tiny.data.name, workers=2)
+    return root
+
+
+@pytest.fixture
+def imagefolder(tmp_path, datasets_dir, tiny) -> Path:
+    """A private copy of the tiny set that a test may damage."""
+    dest = tmp_path / "images"
+    shutil.copytree(datasets_dir / tiny.data.name, dest)
+    return dest
+
+
+@pytest.fixture
+def quick_config(tmp_path, datasets_dir, tiny):
+    def make(**kwargs) -> RunConfig:
+        train = {k: kwargs.pop(k) for k in ("epochs", "batch_size", "seed", "lr") if k in kwargs}
+        usecase = with_overrides(tiny, **({"epochs": 1} | train))
+        base = {"usecase": usecase, "datasets_dir": datasets_dir, "runs_dir": tmp_path / "runs",
+                "sample_hz": 0}
+        return RunConfig(**(base | kwargs))
+
+    return make

@@ -1,0 +1,99 @@
+"""Bad input: exit code 2, one clear sentence, no traceback, nothing written to runs/."""
+
+import subprocess
+import sys
+
+import pytest
+
+from ddlstudy.cli import main
+from ddlstudy.report import speedup_table
+
+
+@pytest.fixture
+def cli(tmp_path, datasets_dir, capsys):
+    runs = tmp_path / "runs"
+
+    def call(*args, runs_dir=True):
+        extra = ["--datasets-dir", str(datasets_dir)] + (["--runs-dir", str(runs)] if runs_dir
+                                                          else [])
+        argv = list(args) + (extra if args[0] == "run" else [])
+        code = main(argv)
+        err = capsys.readouterr().err
+        return code, err, runs
+
+    return call
+
+
+@pytest.mark.parametrize("args, message", [
+    (["run", "--strategy", "magic"], "unknown strategy 'magic'; choose one of: sequential"),
+    (["run", "--usecase", "nope"], "unknown use case 'nope'; choose one of:"),
+    (["run", "--usecase", "missing/file.toml"], "use-case file missing/file.toml does not"),
+    (["run", "--epochs", "0"], "--epochs: must be a positive int"),
+    (["run", "--batch-size", "-4"], "--batch-size: must be a positive int"),
+    (["run", "--image-size", "32"], "--image-size: 32 px is too small for alexnet"),
+    (["run", "--lr", "0"], "--lr: must be a positive float"),
+    (["run", "--workers", "0"], "--workers: must be a positive"),
+    (["run", "--on-bad-image", "ignore"], "unknown policy 'ignore'; choose one of: fail, skip"),
+    (["run", "--sample-hz", "-1"], "--sample-hz: must be between 0"),
+    (["run", "--max-steps", "0"], "--max-steps: must be a positive"),
+    (["run", "--data-dir", "/no/such/dir"], "--data-dir: /no/such/dir is not a folder"),
+    (["dataset", "make", "--usecase", "nope"], "unknown use case 'nope'"),
+])
+def test_bad_flags(cli, args, message):
+    code, err, runs = cli(*args)
+    assert code == 2
+    assert message in err
+    assert err.count("\n") == 1 and err.startswith("ddlstudy: error: ")
+    assert not runs.exists()
+
+
+def test_malformed_toml(cli, tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("name = 'x'\n[model\narch = 'alexnet'\n")
+    code, err, runs = cli("run", "--usecase", str(bad))
+    assert code == 2 and "is not valid TOML" in err and not runs.exists()
+
+
+def test_bad_data_dir_is_refused_before_the_run_folder(cli, imagefolder):
+    (imagefolder / "fire").rename(imagefolder / "Fire")
+    code, err, runs = cli("run", "--data-dir", str(imagefolder))
+    assert code == 2 and "found 'Fire' instead" in err and not runs.exists()
+
+
+def test_data_dir_trains_on_a_real_tree_and_skips_bad_images(cli, imagefolder):
+    (imagefolder / "nofire" / "broken.jpg").write_bytes(b"")
+    code, err, runs = cli("run", "--data-dir", str(imagefolder), "--epochs", "1",
+                          "--on-bad-image", "skip", "--sample-hz", "0")
+    assert code == 0, err
+    import json
+    manifest = json.loads(next(runs.glob("*/manifest.json")).read_text())
+    assert manifest["data"]["source"] == "imagefolder"
+    assert manifest["data"]["skipped"] == [{"file": "nofire/broken.jpg", "reason": "empty file"}]
+    assert manifest["data"]["images"] == 300
+
+
+def test_errors_from_a_real_process_have_no_traceback(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "ddlstudy", "run", "--strategy", "nope",
+                          "--runs-dir", str(tmp_path / "runs")],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert "Traceback" not in out.stderr and "unknown strategy 'nope'" in out.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_report_speedup_against_the_baseline():
+    def manifest(strategy, rate, threads=1, status="completed", epoch_s=10.0):
+        return {"usecase": "u", "status": status, "started_at": "t",
+                "strategy": {"name": strategy, "processes": 1, "threads_per_process": threads},
+                "epochs": [{"steady_images_per_s": rate, "epoch_time_s": epoch_s,
+                            "val_accuracy": 0.8}]}
+
+    table = speedup_table([manifest("sequential", 20.0), manifest("sequential", 30.0),
+                           manifest("cpu-intraop", 50.0, threads=2),
+                           manifest("cpu-intraop", 0, threads=2, status="failed")])
+    rows = table.set_index("strategy")
+    assert rows.loc["sequential", "speedup"] == pytest.approx(1.0)
+    assert rows.loc["sequential", "images_per_s"] == pytest.approx(25.0)  # median of 20, 30
+    assert rows.loc["cpu-intraop", "speedup"] == pytest.approx(2.0)
+    assert rows.loc["cpu-intraop", "efficiency"] == pytest.approx(1.0)
+    assert rows.loc["cpu-intraop", "status"] == "1 not completed"

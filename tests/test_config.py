@@ -1,0 +1,75 @@
+import dataclasses
+
+import pytest
+
+from ddlstudy.config import (
+    Arch,
+    available_usecases,
+    load_usecase,
+    usecase_from_dict,
+    with_overrides,
+)
+from ddlstudy.errors import ConfigError, UsageError
+
+
+def test_reference_usecases_match_the_paper():
+    big, small = load_usecase("simple-big"), load_usecase("complex-small")
+    assert (big.model.arch, big.data.images, big.train.image_size) == (Arch.ALEXNET, 6003, 224)
+    assert (small.model.arch, small.data.images) == (Arch.VGG16, 791)
+    for uc in (big, small):
+        assert uc.classes == ("fire", "smoke", "nofire")
+        assert (uc.train.lr, uc.train.momentum, uc.model.width) == (0.001, 0.9, 1.0)
+    assert {"simple-big", "complex-small", "tiny"} <= set(available_usecases())
+
+
+def test_usecase_by_path(tmp_path):
+    path = tmp_path / "mine.toml"
+    path.write_text('name = "mine"\n[model]\narch = "alexnet"\nwidth = 0.5\n'
+                    '[data]\nname = "x"\nimages = 30\nsource_size = 64\n'
+                    '[train]\nimage_size = 64\n')
+    uc = load_usecase(str(path))
+    assert (uc.name, uc.model.width, uc.train.batch_size) == ("mine", 0.5, 32)
+
+
+def test_overrides_replace_only_given_fields(tiny):
+    uc = with_overrides(tiny, epochs=3, batch_size=None)
+    assert (uc.train.epochs, uc.train.batch_size) == (3, tiny.train.batch_size)
+
+
+RAW = {"name": "t", "model": {"arch": "alexnet"},
+       "data": {"name": "d", "images": 30, "source_size": 64}, "train": {"image_size": 64}}
+
+
+@pytest.mark.parametrize("path, value, field", [
+    (("model", "arch"), "resnet", "model.arch"),
+    (("model", "width"), 0, "model.width"),
+    (("data", "images"), -5, "data.images"),
+    (("data", "difficulty"), 2, "data.difficulty"),
+    (("train", "batch_size"), 0, "train.batch_size"),
+    (("train", "lr"), -0.1, "train.lr"),
+    (("train", "val_fraction"), 1.0, "train.val_fraction"),
+    (("train", "image_size"), 32, "train.image_size"),  # too small for AlexNet
+    (("train", "colour"), "red", "colour"),  # unknown key
+])
+def test_bad_values_name_the_field(path, value, field):
+    raw = {k: dict(v) if isinstance(v, dict) else v for k, v in RAW.items()}
+    raw[path[0]][path[1]] = value
+    with pytest.raises(ConfigError) as err:
+        usecase_from_dict(raw)
+    assert err.value.field == field
+
+
+def test_unknown_architecture_lists_the_choices():
+    raw = dict(RAW, model={"arch": "resnet"})
+    with pytest.raises(ConfigError, match="alexnet, vgg16"):
+        usecase_from_dict(raw)
+
+
+def test_unknown_usecase_lists_the_names():
+    with pytest.raises(UsageError, match="simple-big"):
+        load_usecase("no-such-case")
+
+
+def test_frozen(tiny):
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        tiny.train.epochs = 5

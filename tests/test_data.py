@@ -1,0 +1,134 @@
+import dataclasses
+import hashlib
+
+import numpy as np
+import pytest
+
+from ddlstudy.config import BadImagePolicy
+from ddlstudy.data.fingerprint import SUMS_FILE, sha256_file
+from ddlstudy.data.folder import scan_imagefolder, stratified_split
+from ddlstudy.data.generate import is_complete, make_dataset, per_class_counts
+from ddlstudy.data.synthetic import render_image
+from ddlstudy.errors import DataError
+
+CLASSES = ("fire", "smoke", "nofire")
+
+
+def test_images_are_deterministic_and_distinct():
+    a = np.asarray(render_image(1, 0, 5, 64, 0.5, 0.0))
+    b = np.asarray(render_image(1, 0, 5, 64, 0.5, 0.0))
+    c = np.asarray(render_image(1, 0, 6, 64, 0.5, 0.0))
+    d = np.asarray(render_image(2, 0, 5, 64, 0.5, 0.0))
+    assert a.shape == (64, 64, 3) and a.dtype == np.uint8
+    assert np.array_equal(a, b)
+    assert not np.array_equal(a, c) and not np.array_equal(a, d)
+
+
+def test_fire_is_redder_than_no_fire_on_average():
+    """The classes differ in the way the recipe says: flames add red-orange light."""
+    def red_excess(class_id):
+        imgs = [np.asarray(render_image(3, class_id, i, 64, 0.0, 0.0), np.float32)
+                for i in range(40)]
+        return np.mean([(im[..., 0] - im[..., 2]).clip(0).mean() for im in imgs])
+
+    assert red_excess(0) > red_excess(2) * 1.2
+
+
+def test_per_class_counts():
+    assert per_class_counts(6003) == [2001, 2001, 2001]
+    assert per_class_counts(791) == [264, 264, 263]
+
+
+def test_sharded_generation_is_byte_identical(tmp_path, tiny):
+    spec = dataclasses.replace(tiny.data, images=30, name="s")
+    full = make_dataset(spec, tmp_path / "full", workers=2)
+    shards = [make_dataset(spec, tmp_path / f"shard{i}", shard=(i, 2), workers=1)
+              for i in range(2)]
+    full_files = {p.relative_to(full).as_posix(): sha256_file(p) for p in full.rglob("*.jpg")}
+    shard_files = {p.relative_to(s).as_posix(): sha256_file(p)
+                   for s in shards for p in s.rglob("*.jpg")}
+    assert len(full_files) == 30
+    assert shard_files == full_files
+    lines = (full / SUMS_FILE).read_text().splitlines()
+    assert len(lines) == 30
+    digest, rel = lines[0].split("  ")
+    assert sha256_file(full / rel) == digest
+    assert is_complete(full, spec) and not is_complete(full, dataclasses.replace(spec, seed=9))
+    assert not list(tmp_path.glob(".*partial*"))  # no temporary folder left behind
+
+
+def test_generation_refuses_a_foreign_folder(tmp_path, tiny):
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("my data")
+    with pytest.raises(DataError.__mro__[1], match="not written by ddlstudy"):
+        make_dataset(tiny.data, tmp_path / "mine")
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "my data"
+
+
+def test_scan_lists_every_image_with_its_label(datasets_dir, tiny):
+    root = datasets_dir / tiny.data.name
+    images = scan_imagefolder(root, CLASSES)
+    assert len(images.items) == tiny.data.images
+    assert images.per_class == dict(zip(CLASSES, per_class_counts(tiny.data.images),
+                                        strict=True))
+    assert all(rel.split("/")[0] == CLASSES[label] for rel, label in images.items)
+    assert images.fingerprint == hashlib.sha256((root / SUMS_FILE).read_bytes()).hexdigest()
+
+
+def test_hidden_files_and_folders_are_ignored(imagefolder):
+    (imagefolder / ".ipynb_checkpoints").mkdir()
+    (imagefolder / "fire" / ".DS_Store").write_bytes(b"\0\1junk")
+    (imagefolder / "fire" / ".hidden.jpg").write_bytes(b"not an image")
+    before = scan_imagefolder(imagefolder, CLASSES)
+    assert all(not rel.split("/")[-1].startswith(".") for rel, _ in before.items)
+    assert len(before.items) == 300
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda r: (r / "fire").rename(r / "Fire"), "found 'Fire' instead"),
+    (lambda r: (r / "extra").mkdir(), "'extra', which is not a class"),
+    (lambda r: [p.unlink() for p in (r / "smoke").iterdir()], "holds no images"),
+    (lambda r: [__import__("shutil").rmtree(r / c) for c in CLASSES], "has no class folders"),
+])
+def test_folder_mistakes_are_clear_errors(imagefolder, damage, message):
+    damage(imagefolder)
+    with pytest.raises(DataError, match=message):
+        scan_imagefolder(imagefolder, CLASSES)
+
+
+def test_missing_root_is_an_error(tmp_path):
+    with pytest.raises(DataError, match="does not exist"):
+        scan_imagefolder(tmp_path / "nope", CLASSES)
+
+
+def _corrupt(root):
+    first = sorted((root / "smoke").iterdir())[0]
+    sorted((root / "smoke").iterdir())[1].write_bytes(b"")  # zero bytes
+    data = first.read_bytes()
+    first.write_bytes(data[: len(data) // 2])  # truncated
+    (root / "nofire" / "garbage.png").write_bytes(b"\x89PNG garbage" * 10)
+    return first
+
+
+def test_bad_image_fail_names_the_file(imagefolder):
+    truncated = _corrupt(imagefolder)  # the first bad file in class order
+    with pytest.raises(DataError, match=rf"unreadable image .*smoke/{truncated.name} .*truncated"):
+        scan_imagefolder(imagefolder, CLASSES)
+
+
+def test_bad_image_skip_lists_them(imagefolder):
+    truncated = _corrupt(imagefolder)
+    images = scan_imagefolder(imagefolder, CLASSES, BadImagePolicy.SKIP)
+    skipped = {rel for rel, _ in images.skipped}
+    assert len(images.items) == 300 - 2
+    assert skipped == {"smoke/" + truncated.name, "smoke/smoke_00001.jpg", "nofire/garbage.png"}
+
+
+def test_split_is_stratified_seeded_and_disjoint(datasets_dir, tiny):
+    items = scan_imagefolder(datasets_dir / tiny.data.name, CLASSES).items
+    train, val = stratified_split(items, 0.2, seed=0, n_classes=3)
+    again, _ = stratified_split(items, 0.2, seed=0, n_classes=3)
+    other, _ = stratified_split(items, 0.2, seed=1, n_classes=3)
+    assert train == again and train != other
+    assert not set(train) & set(val) and len(train) + len(val) == len(items)
+    assert [sum(1 for _, lab in val if lab == c) for c in range(3)] == [20, 20, 20]

@@ -1,0 +1,94 @@
+"""The walking skeleton end to end on the tiny use case."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pandas as pd
+import pytest
+import torch
+
+from ddlstudy.runfolder import MANIFEST, METRICS, SAMPLES, SNAPSHOT
+from ddlstudy.runner import run
+from ddlstudy.sampler import COLUMNS
+
+
+def _metrics(folder):
+    return pd.read_csv(folder.path / METRICS)
+
+
+@pytest.mark.slow
+def test_tiny_learns_and_writes_a_complete_run_folder(quick_config, tiny):
+    folder = run(quick_config(epochs=tiny.train.epochs, sample_hz=10), show_progress=False)
+    manifest = json.loads((folder.path / MANIFEST).read_text())
+    metrics = _metrics(folder)
+    assert len(metrics) == tiny.train.epochs
+    # Three balanced classes: chance is 1/3. A fixed seed makes this exact run repeatable.
+    assert metrics["val_accuracy"].max() >= 0.5
+    assert metrics["train_loss"].iloc[-1] < metrics["train_loss"].iloc[0]
+    assert (metrics["train_images"] == 240).all() and (metrics["images_per_s"] > 0).all()
+    assert manifest["status"] == "completed" and manifest["exit_code"] == 0
+    for key in ("command", "config", "seeds", "git", "versions", "host", "data", "started_at",
+                "ended_at", "epochs", "summary", "strategy"):
+        assert manifest[key] not in (None, "", {}), key
+    assert manifest["strategy"] == {"name": "sequential", "processes": 1,
+                                    "threads_per_process": 1, "loader_workers": 0}
+    assert manifest["config"]["usecase"]["train"]["epochs"] == tiny.train.epochs
+    assert manifest["versions"]["torch"].startswith("2.14.1")
+    assert manifest["host"]["usable_cores"] >= 1
+    data = manifest["data"]
+    assert (data["images"], data["train_images"], data["val_images"]) == (300, 240, 60)
+    assert data["fingerprint"] == data["sums_file_sha256"] and len(data["fingerprint"]) == 64
+    assert manifest["epochs"][-1]["val_accuracy"] == pytest.approx(metrics["val_accuracy"].iloc[-1])
+    samples = pd.read_parquet(folder.path / SAMPLES)
+    assert list(samples.columns) == list(COLUMNS) and len(samples) >= 5
+    assert manifest["samples"]["rows"] == len(samples)
+    state = torch.load(folder.path / SNAPSHOT, weights_only=True)
+    assert state["epoch"] == tiny.train.epochs and "features.0.weight" in state["model"]
+
+
+@pytest.mark.slow
+def test_same_seed_same_metrics_other_seed_differs(quick_config):
+    runs = [run(quick_config(epochs=2, seed=s, snapshot=False), show_progress=False)
+            for s in (4, 4, 5)]
+    a, b, c = (_metrics(f) for f in runs)
+    cols = ["train_loss", "train_accuracy", "val_loss", "val_accuracy"]
+    pd.testing.assert_frame_equal(a[cols], b[cols])
+    assert not a[cols].equals(c[cols])
+
+
+def test_max_steps_cuts_epochs_short(quick_config):
+    folder = run(quick_config(epochs=1, max_steps=3, snapshot=False), show_progress=False)
+    assert _metrics(folder)["steps"].tolist() == [3]
+    assert _metrics(folder)["train_images"].tolist() == [48]
+
+
+def test_sigterm_leaves_an_interrupted_manifest(tmp_path, datasets_dir):
+    runs = tmp_path / "runs"
+    env = os.environ | {"PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ddlstudy", "run", "--usecase", "tiny", "--epochs", "200",
+         "--datasets-dir", str(datasets_dir), "--runs-dir", str(runs)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    deadline = time.time() + 120
+    while time.time() < deadline and not list(runs.glob("*/metrics.csv")):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 143, out
+    manifest = json.loads(next(runs.glob(f"*/{MANIFEST}")).read_text())
+    assert manifest["status"] == "interrupted" and manifest["exit_code"] == 143
+    assert 1 <= len(manifest["epochs"]) < 200
+    assert "Traceback" not in out
+    assert not list(runs.glob("*/.*tmp*"))  # no temporary file left
+    torch.load(next(runs.glob(f"*/{SNAPSHOT}")), weights_only=True)  # last snapshot loads
+
+
+def test_cpu_intraop_records_its_threads(quick_config):
+    folder = run(quick_config(strategy="cpu-intraop", workers=2, snapshot=False),
+                 show_progress=False)
+    assert folder.manifest["strategy"]["threads_per_process"] == 2
+    assert folder.manifest["status"] == "completed"
