@@ -19,6 +19,8 @@ demo: $(STAMP)
 	$(BIN)/ddlstudy dataset make --usecase tiny
 	$(BIN)/ddlstudy run --usecase tiny --strategy sequential --runs-dir $(DEMO)
 	$(BIN)/ddlstudy run --usecase tiny --strategy cpu-intraop --runs-dir $(DEMO)
+	$(BIN)/ddlstudy run --usecase tiny --strategy cpu-threads --runs-dir $(DEMO)
+	$(BIN)/ddlstudy run --usecase tiny --strategy cpu-processes --runs-dir $(DEMO)
 	$(BIN)/ddlstudy report $(DEMO)
 
 lint: $(STAMP)

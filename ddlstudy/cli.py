@@ -15,35 +15,13 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 from pathlib import Path
 
 from ddlstudy.errors import ConfigError, UsageError
+from ddlstudy.logs import setup_logging
 
 log = logging.getLogger("ddlstudy")
-
-
-class _RankFilter(logging.Filter):
-    """Prefix every line with the rank so the logs of many workers can be told apart."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.rank = next((os.environ[v] for v in ("RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK")
-                          if v in os.environ), "0")
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        record.rank = self.rank
-        return True
-
-
-def setup_logging(quiet: bool = False) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.addFilter(_RankFilter())
-    handler.setFormatter(logging.Formatter("%(asctime)s [rank %(rank)s] %(message)s", "%H:%M:%S"))
-    log.handlers[:] = [handler]
-    log.setLevel(logging.WARNING if quiet else logging.INFO)
-    log.propagate = False
 
 
 # --- argument parsing -------------------------------------------------------------------
@@ -66,6 +44,12 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
                       help="local parallelism strategy; `ddlstudy strategies` lists them")
     what.add_argument("--workers", type=int, help="replicas, processes or threads of the "
                       "strategy (default: one per usable core)")
+    what.add_argument("--stages", type=int, help="pipeline stages (default: one per core)")
+    what.add_argument("--micro-batches", type=int, default=4,
+                      help="GPipe micro-batches per global batch (default 4)")
+    what.add_argument("--replicas", type=int, default=2,
+                      help="data-parallel replicas of the pipeline, for hybrid (default 2)")
+    what.add_argument("--devices", type=int, help="GPUs for gpu-data (default: all visible)")
     task = p.add_argument_group("training task (override the use case's [train] table)")
     task.add_argument("--epochs", type=int)
     task.add_argument("--batch-size", type=int, help="global batch size")
@@ -146,6 +130,8 @@ def config_from_args(args: argparse.Namespace):
     if args.datasets_dir:
         extra["datasets_dir"] = args.datasets_dir
     return RunConfig(usecase=usecase, strategy=args.strategy, workers=args.workers,
+                     stages=args.stages, micro_batches=args.micro_batches,
+                     replicas=args.replicas, devices=args.devices,
                      data_dir=args.data_dir, runs_dir=args.runs_dir or DEFAULT_RUNS_DIR,
                      on_bad_image=args.on_bad_image, loader_workers=args.loader_workers,
                      sample_hz=args.sample_hz, max_steps=args.max_steps,
@@ -226,7 +212,7 @@ COMMANDS = {"run": cmd_run, "dataset": cmd_dataset, "strategies": cmd_strategies
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    setup_logging(getattr(args, "quiet", False))
+    setup_logging(logging.WARNING if getattr(args, "quiet", False) else logging.INFO)
     try:
         return COMMANDS[args.command](args)
     except UsageError as exc:

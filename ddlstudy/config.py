@@ -152,6 +152,14 @@ class RunConfig:
     strategy: str = "sequential"
     workers: int | None = None
     """Replicas or processes for the parallel strategies (default: one per core)."""
+    stages: int | None = None
+    """Pipeline stages (default: one per core)."""
+    micro_batches: int = 4
+    """GPipe micro-batches each global batch is split into."""
+    replicas: int = 2
+    """Data-parallel replicas of the pipeline (hybrid)."""
+    devices: int | None = None
+    """GPUs for gpu-data (default: all visible)."""
     data_dir: Path | None = None
     """A real ImageFolder tree to train on instead of the synthetic set."""
     datasets_dir: Path = DEFAULT_DATASETS_DIR
@@ -174,6 +182,12 @@ class RunConfig:
                               f"choose one of: {_choices(BadImagePolicy)}") from None
         if self.workers is not None:
             _positive("--workers", self.workers)
+        if self.stages is not None:
+            _positive("--stages", self.stages)
+        _positive("--micro-batches", self.micro_batches)
+        _positive("--replicas", self.replicas)
+        if self.devices is not None:
+            _positive("--devices", self.devices)
         if self.max_steps is not None:
             _positive("--max-steps", self.max_steps)
         if isinstance(self.loader_workers, bool) or self.loader_workers < 0:

@@ -90,17 +90,41 @@ class RunFolder:
         writer.writerows(rows)
         atomic_write_text(self.path / METRICS, buf.getvalue())
 
-    def write_samples(self, rows: list[dict[str, Any]]) -> None:
+    def write_worker_samples(self, rank: int, rows: list[dict[str, Any]]) -> None:
+        """A worker's own samples, merged into samples.parquet when the run ends."""
         from ddlstudy.sampler import samples_frame
 
         frame = samples_frame(rows)
+        atomic_write(self.path / f".samples-rank{rank}.parquet",
+                     lambda f: frame.to_parquet(f, index=False))
+
+    def write_samples(self, rows: list[dict[str, Any]]) -> None:
+        """This process's samples and every worker's, in one file sorted by time."""
+        import pandas as pd
+
+        from ddlstudy.sampler import samples_frame
+
+        parts = sorted(self.path.glob(".samples-rank*.parquet"))
+        frames = [samples_frame(rows), *(pd.read_parquet(p) for p in parts)]
+        frame = pd.concat([f for f in frames if len(f)] or frames[:1], ignore_index=True)
+        frame = frame.sort_values("time", kind="stable", ignore_index=True)
         atomic_write(self.path / SAMPLES, lambda f: frame.to_parquet(f, index=False))
-        self.manifest["samples"] = {"file": SAMPLES, "rows": len(frame)}
+        for p in parts:
+            p.unlink()
+        self.manifest["samples"] = {"file": SAMPLES, "rows": len(frame),
+                                    "workers_sampled": len(parts)}
 
     def save_snapshot(self, state: dict[str, Any]) -> None:
         import torch
 
         atomic_write(self.path / SNAPSHOT, lambda f: torch.save(state, f))
+
+    def reload_epochs(self) -> None:
+        """Take the epochs a worker process (rank 0 of a multi-process strategy) wrote."""
+        try:
+            self.manifest["epochs"] = json.loads((self.path / MANIFEST).read_text())["epochs"]
+        except (OSError, ValueError, KeyError):
+            pass
 
     def finish(self, status: str, exit_code: int, error: str | None = None,
                **extra: Any) -> None:

@@ -103,6 +103,7 @@ def run(cfg: RunConfig, show_progress: bool = True) -> RunFolder:
         (folder.path / "error.log").write_text(traceback.format_exc())
         outcome = Outcome("failed", 1, f"{type(exc).__name__}: {exc}")
     finally:
+        folder.reload_epochs()
         folder.write_samples(sampler.stop())
         folder.finish(outcome.status, outcome.exit_code, outcome.error,
                       summary=_summary(folder.manifest["epochs"]))

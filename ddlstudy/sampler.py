@@ -5,7 +5,9 @@ A daemon thread wakes ``hz`` times a second and appends one row. Counters (netwo
 are stored cumulative, as the kernel gives them, so rates are a ``diff()`` away and no
 sample is lost to rounding. Network traffic is split per interface (``pernic=True``):
 ``net_*`` counts the real interfaces, ``lo_*`` the loopback that single-host MPI or gloo
-traffic uses. Every row carries the rank and host so the samples of many workers merge.
+traffic uses. Every row carries the rank, host and scope so the samples of many workers merge: a
+``node`` row covers the whole process tree of a run on one host, a ``worker`` row one
+rank's own process (multi-process strategies write both).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 import psutil
 
 COLUMNS = (
-    "time", "t_s", "rank", "host", "proc_count", "proc_cpu_percent", "proc_rss_bytes",
+    "time", "t_s", "rank", "host", "scope", "proc_count", "proc_cpu_percent", "proc_rss_bytes",
     "proc_threads", "sys_cpu_percent", "sys_iowait_percent", "sys_ram_percent",
     "sys_ram_used_bytes", "net_sent_bytes", "net_recv_bytes", "lo_sent_bytes", "lo_recv_bytes",
     "disk_read_bytes", "disk_write_bytes", "gpu_count", "gpu_util_percent", "gpu_mem_used_bytes",
@@ -54,9 +56,10 @@ class ResourceSampler:
     """Samples the process tree rooted at ``pid`` (default: this process) at ``hz``."""
 
     def __init__(self, hz: float = 10.0, *, rank: int = 0, host: str | None = None,
-                 pid: int | None = None) -> None:
+                 pid: int | None = None, scope: str = "node") -> None:
         self.period = 1.0 / hz if hz > 0 else 0.0
         self.rank = rank
+        self.scope = scope  # "node": the whole process tree; "worker": one rank's process
         self.host = host or socket.gethostname()
         self.root = psutil.Process(pid or os.getpid())
         self.rows: list[dict[str, Any]] = []
@@ -102,7 +105,9 @@ class ResourceSampler:
     def _tree(self) -> list[psutil.Process]:
         """The root and its live descendants, reusing Process objects so cpu_percent works."""
         try:
-            current = [self.root, *self.root.children(recursive=True)]
+            current = [self.root]
+            if self.scope == "node":
+                current += self.root.children(recursive=True)
         except psutil.Error:
             current = []
         procs = [self._procs.setdefault(p.pid, p) for p in current]
@@ -133,6 +138,7 @@ class ResourceSampler:
         gpu_count, gpu_util, gpu_mem = self._gpus.read() if self._gpus else (0, math.nan, math.nan)
         return {
             "time": now, "t_s": now - self._t0, "rank": self.rank, "host": self.host,
+            "scope": self.scope,
             "proc_count": len(procs), "proc_cpu_percent": cpu, "proc_rss_bytes": rss,
             "proc_threads": threads, "sys_cpu_percent": psutil.cpu_percent(None),
             "sys_iowait_percent": getattr(times, "iowait", math.nan),

@@ -11,13 +11,13 @@ import dataclasses
 import logging
 import random
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import DataLoader
+from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, Sampler
 
 from ddlstudy.config import RunConfig
 from ddlstudy.data import DataPlan
@@ -60,21 +60,69 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def make_loaders(cfg: RunConfig, data: DataPlan, batch_size: int | None = None,
-                 loader_workers: int | None = None) -> tuple[DataLoader, DataLoader]:
-    """Shuffled training loader (seeded) and the validation loader."""
+class ShardedBatches(Sampler[list[int]]):
+    """Rank ``rank``'s slice of every global batch of ``batches``.
+
+    A final global batch smaller than the world size is dropped, so that no rank ever gets
+    an empty slice (all ranks must take part in every all-reduce).
+    """
+
+    def __init__(self, batches: Iterable[list[int]], rank: int, world: int) -> None:
+        self.batches, self.rank, self.world = batches, rank, world
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for batch in self.batches:
+            if len(batch) >= self.world:
+                yield np.array_split(np.asarray(batch), self.world)[self.rank].tolist()
+
+    def __len__(self) -> int:
+        return len(self.batches)  # type: ignore[arg-type]
+
+
+def _worker_args(workers: int) -> dict:
+    return {"num_workers": workers,
+            **({"persistent_workers": True, "prefetch_factor": 4} if workers else {})}
+
+
+def train_loader(dataset: Dataset, cfg: RunConfig, *, shard: tuple[int, int] | None = None,
+                 drop_last: bool = False, loader_workers: int | None = None) -> DataLoader:
+    """The seeded sequence of global batches every strategy walks (``shard``: rank's slice).
+
+    The generator goes to the DataLoader too, as ``shuffle=True`` does, so that every
+    strategy draws from it in the same order and sees the baseline's batches.
+    """
     uc = cfg.usecase
-    size = uc.train.image_size
-    batch_size = batch_size or uc.train.batch_size
-    workers = cfg.loader_workers if loader_workers is None else loader_workers
-    extra = {"persistent_workers": True, "prefetch_factor": 4} if workers else {}
     gen = torch.Generator().manual_seed(uc.train.seed)
-    train = DataLoader(ImageListDataset(data.images.root, data.train, make_transform(size, True)),
-                       batch_size=batch_size, shuffle=True, generator=gen, num_workers=workers,
-                       **extra)
-    val = DataLoader(ImageListDataset(data.images.root, data.val, make_transform(size, False)),
-                     batch_size=batch_size, shuffle=False, num_workers=workers, **extra)
-    return train, val
+    batches: Sampler = BatchSampler(RandomSampler(dataset, generator=gen), uc.train.batch_size,
+                                    drop_last)
+    if shard is not None:
+        batches = ShardedBatches(batches, *shard)
+    workers = cfg.loader_workers if loader_workers is None else loader_workers
+    return DataLoader(dataset, batch_sampler=batches, generator=gen, **_worker_args(workers))
+
+
+def val_loader(cfg: RunConfig, data: DataPlan, shard: tuple[int, int] | None = None,
+               loader_workers: int | None = None) -> DataLoader:
+    """The validation images in order (``shard``: this rank's share of them)."""
+    items = data.val
+    if shard is not None:
+        items = [items[i] for i in np.array_split(np.arange(len(items)), shard[1])[shard[0]]]
+    workers = cfg.loader_workers if loader_workers is None else loader_workers
+    dataset = ImageListDataset(data.images.root, items,
+                               make_transform(cfg.usecase.train.image_size, False))
+    return DataLoader(dataset, batch_size=cfg.usecase.train.batch_size, **_worker_args(workers))
+
+
+def make_loaders(cfg: RunConfig, data: DataPlan, loader_workers: int | None = None,
+                 shard: tuple[int, int] | None = None,
+                 drop_last: bool = False) -> tuple[DataLoader, DataLoader]:
+    """Training loader (seeded, ``shard``: this rank's slice) and the validation loader
+    (``shard``: this rank's share of the validation images)."""
+    train_ds = ImageListDataset(data.images.root, data.train,
+                                make_transform(cfg.usecase.train.image_size, True))
+    train = train_loader(train_ds, cfg, shard=shard, drop_last=drop_last,
+                         loader_workers=loader_workers)
+    return train, val_loader(cfg, data, shard, loader_workers)
 
 
 def plain_step(model: nn.Module, optimizer: torch.optim.Optimizer,
@@ -95,18 +143,21 @@ def plain_step(model: nn.Module, optimizer: torch.optim.Optimizer,
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, loader: Iterable[Batch], loss_fn: nn.Module) -> tuple[float, float]:
-    """(mean loss, accuracy) over the loader, in eval mode (no dropout)."""
+def evaluate(model: nn.Module, loader: Iterable[Batch], loss_fn: nn.Module,
+             device: torch.device | None = None) -> tuple[float, int, int]:
+    """(summed loss, correct, images) over the loader, in eval mode (no dropout)."""
     was_training = model.training
     model.eval()
     total_loss, correct, seen = 0.0, 0, 0
     for images, labels in loader:
+        if device is not None:
+            images, labels = images.to(device), labels.to(device)
         logits = model(images)
         total_loss += loss_fn(logits, labels).item() * labels.numel()
         correct += int((logits.argmax(1) == labels).sum())
         seen += labels.numel()
     model.train(was_training)
-    return total_loss / max(seen, 1), correct / max(seen, 1)
+    return total_loss, correct, seen
 
 
 class Trainer:
@@ -114,7 +165,10 @@ class Trainer:
 
     def __init__(self, model: nn.Module, step: StepFn, train_loader: Iterable[Batch],
                  val_loader: Iterable[Batch], *, max_steps: int | None = None,
-                 show_progress: bool = True, sync: Callable[[], None] = lambda: None) -> None:
+                 show_progress: bool = True, sync: Callable[[], None] = lambda: None,
+                 reduce: Callable[..., list[float]] | None = None,
+                 before_eval: Callable[[], None] = lambda: None,
+                 device: torch.device | None = None) -> None:
         self.model = model
         self.step = step
         self.train_loader = train_loader
@@ -122,6 +176,10 @@ class Trainer:
         self.max_steps = max_steps
         self.show_progress = show_progress
         self.sync = sync  # e.g. torch.cuda.synchronize: the clock is read after the device
+        # Data-parallel ranks each see a slice: ``reduce`` sums their counts (all-reduce).
+        self.reduce = reduce or (lambda *values: list(values))
+        self.before_eval = before_eval  # e.g. gather pipeline stages into one model
+        self.device = device
         self.loss_fn = nn.CrossEntropyLoss()
 
     def train_epoch(self, epoch: int) -> EpochResult:
@@ -148,14 +206,18 @@ class Trainer:
         self.sync()
         train_time = time.perf_counter() - start
         steady_time = time.perf_counter() - steady_start
-        steady_n = images - steady_images
         val_start = time.perf_counter()
-        val_loss, val_acc = evaluate(self.model, self.val_loader, self.loss_fn)
+        self.before_eval()
+        val_sums = evaluate(self.model, self.val_loader, self.loss_fn, self.device)
         val_time = time.perf_counter() - val_start
+        loss_sum, correct, images, steady_n, val_loss, val_correct, val_seen = self.reduce(
+            loss_sum, correct, images, images - steady_images, *val_sums)
+        images, steady_n, val_seen = int(images), int(steady_n), max(int(val_seen), 1)
         return EpochResult(
             epoch=epoch, train_loss=loss_sum / max(images, 1),
-            train_accuracy=correct / max(images, 1), val_loss=val_loss, val_accuracy=val_acc,
-            train_images=images, steps=steps, train_time_s=train_time,
+            train_accuracy=correct / max(images, 1), val_loss=val_loss / val_seen,
+            val_accuracy=val_correct / val_seen, train_images=images, steps=steps,
+            train_time_s=train_time,
             images_per_s=images / train_time if train_time else 0.0,
             steady_images_per_s=(steady_n / steady_time if steady_n and steady_time
                                  else images / max(train_time, 1e-9)),

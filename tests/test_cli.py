@@ -38,6 +38,10 @@ def cli(tmp_path, datasets_dir, capsys):
     (["run", "--max-steps", "0"], "--max-steps: must be a positive"),
     (["run", "--data-dir", "/no/such/dir"], "--data-dir: /no/such/dir is not a folder"),
     (["dataset", "make", "--usecase", "nope"], "unknown use case 'nope'"),
+    (["run", "--strategy", "cpu-processes", "--workers", "4", "--batch-size", "2"],
+     "--batch-size: 2 is smaller than the 4 processes"),
+    (["run", "--strategy", "cpu-threads", "--workers", "3", "--batch-size", "2"],
+     "--batch-size: 2 is smaller than the 3 replicas"),
 ])
 def test_bad_flags(cli, args, message):
     code, err, runs = cli(*args)

@@ -66,6 +66,30 @@ def test_max_steps_cuts_epochs_short(quick_config):
     assert _metrics(folder)["train_images"].tolist() == [48]
 
 
+def test_a_failing_run_says_so_in_its_manifest(quick_config, imagefolder, monkeypatch):
+    """An image that vanishes after the check makes training fail: recorded, not hidden."""
+    import ddlstudy.runner as runner_module
+
+    real_prepare = runner_module.prepare_data
+
+    def prepare_then_lose_the_images(cfg):
+        plan = real_prepare(cfg)
+        for rel, _ in plan.train:
+            (imagefolder / rel).unlink()
+        return plan
+
+    monkeypatch.setattr(runner_module, "prepare_data", prepare_then_lose_the_images)
+    with pytest.raises(runner_module.RunFailed) as failed:
+        run(quick_config(data_dir=imagefolder), show_progress=False)
+    folder = failed.value.folder
+    manifest = json.loads((folder.path / MANIFEST).read_text())
+    assert failed.value.exit_code == 1
+    assert manifest["status"] == "failed" and manifest["exit_code"] == 1
+    assert "FileNotFoundError" in manifest["error"] and manifest["epochs"] == []
+    assert "Traceback" in (folder.path / "error.log").read_text()
+    assert (folder.path / SAMPLES).exists()
+
+
 def test_sigterm_leaves_an_interrupted_manifest(tmp_path, datasets_dir):
     runs = tmp_path / "runs"
     env = os.environ | {"PYTHONUNBUFFERED": "1"}
@@ -85,6 +109,20 @@ def test_sigterm_leaves_an_interrupted_manifest(tmp_path, datasets_dir):
     assert "Traceback" not in out
     assert not list(runs.glob("*/.*tmp*"))  # no temporary file left
     torch.load(next(runs.glob(f"*/{SNAPSHOT}")), weights_only=True)  # last snapshot loads
+
+
+def test_cpu_processes_merges_every_workers_samples(quick_config):
+    folder = run(quick_config(strategy="cpu-processes", workers=2, sample_hz=20, snapshot=False),
+                 show_progress=False)
+    samples = pd.read_parquet(folder.path / SAMPLES)
+    workers = samples[samples["scope"] == "worker"]
+    assert sorted(workers["rank"].unique()) == [0, 1]
+    assert (workers["proc_count"] == 1).all()
+    node = samples[samples["scope"] == "node"]
+    assert len(node) and node["proc_count"].max() >= 3  # this process and its two ranks
+    assert samples["time"].is_monotonic_increasing
+    assert not list(folder.path.glob(".samples-rank*"))
+    assert folder.manifest["samples"]["workers_sampled"] == 2
 
 
 def test_cpu_intraop_records_its_threads(quick_config):

@@ -1,6 +1,12 @@
 """Local parallelism strategies, one per module, found by name in REGISTRY."""
 
-from ddlstudy.strategies import single  # noqa: F401  (registers)
+import importlib
+
 from ddlstudy.strategies.base import REGISTRY, Job, Strategy, get_strategy
+
+# Each module registers its strategies when imported, in the order `ddlstudy strategies`
+# lists them.
+for _module in ("single", "threads", "processes", "pipeline"):
+    importlib.import_module(f"{__name__}.{_module}")
 
 __all__ = ["REGISTRY", "Job", "Strategy", "get_strategy"]

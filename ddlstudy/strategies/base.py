@@ -11,6 +11,7 @@ from torch import nn
 
 from ddlstudy.config import RunConfig
 from ddlstudy.data import DataPlan
+from ddlstudy.environment import usable_cores
 from ddlstudy.errors import ConfigError
 from ddlstudy.runfolder import RunFolder
 from ddlstudy.training import EpochResult, log_epoch
@@ -53,6 +54,10 @@ class Strategy(ABC):
         """Refuse flags that do not fit, before anything starts (raise ConfigError)."""
         return None
 
+    def workers(self, cfg: RunConfig) -> int:
+        """Replicas, processes or threads: --workers, or one per usable core."""
+        return cfg.workers or usable_cores()
+
     def layout(self, cfg: RunConfig) -> dict[str, Any]:
         """Processes, threads and devices it will use; recorded in the manifest."""
         return {}
@@ -60,6 +65,14 @@ class Strategy(ABC):
     @abstractmethod
     def fit(self, job: Job) -> None:
         """Train for the configured epochs, calling ``job.end_epoch`` after each."""
+
+
+def require_batch_per_worker(cfg: RunConfig, workers: int, noun: str) -> None:
+    """Each data-parallel worker needs at least one image of every global batch."""
+    batch = cfg.usecase.train.batch_size
+    if batch < workers:
+        raise ConfigError("--batch-size", f"{batch} is smaller than the {workers} {noun}; "
+                          f"each needs at least one image of every batch")
 
 
 REGISTRY: dict[str, type[Strategy]] = {}

@@ -8,7 +8,6 @@ import torch
 from torch import nn
 
 from ddlstudy.config import RunConfig
-from ddlstudy.environment import usable_cores
 from ddlstudy.models import build_model
 from ddlstudy.strategies.base import Job, Strategy, register
 from ddlstudy.training import Trainer, make_loaders, plain_step, seed_everything
@@ -50,12 +49,9 @@ class CpuIntraOp(Strategy):
                "(the paper's CPU single-process)")
     flags = "--workers N (threads, default: all usable cores), --loader-workers"
 
-    def threads(self, cfg: RunConfig) -> int:
-        return cfg.workers or usable_cores()
-
     def layout(self, cfg: RunConfig) -> dict[str, Any]:
-        return {"processes": 1, "threads_per_process": self.threads(cfg),
+        return {"processes": 1, "threads_per_process": self.workers(cfg),
                 "loader_workers": cfg.loader_workers}
 
     def fit(self, job: Job) -> None:
-        fit_one_model(job, threads=self.threads(job.cfg), loader_workers=job.cfg.loader_workers)
+        fit_one_model(job, threads=self.workers(job.cfg), loader_workers=job.cfg.loader_workers)

@@ -1,0 +1,312 @@
+"""pipeline: the model cut into stages, one process each, a batch run as GPipe micro-batches.
+
+The network is flattened into its layers (features, avgpool, flatten, classifier) and cut
+into ``--stages`` contiguous stages whose measured forward time is as even as possible.
+torch.distributed.pipelining's ScheduleGPipe runs every micro-batch forward through the
+stages, then every one backward (fill-drain), over gloo on CPU processes. The loss is the
+mean over a micro-batch and the schedule divides the gradients by the number of
+micro-batches, so with equal micro-batches one step is exactly the baseline's step on the
+same global batch. That is why the global batch must be a multiple of ``--micro-batches``
+and an epoch's last, smaller batch is dropped.
+
+The first stage reads the images, the last one only the labels (same seeded order). After
+each epoch the stages send their weights to rank 0, which validates the whole model and
+writes the run folder. Stages run on CPU processes; CUDA stages are not implemented yet.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+from torch.utils.data import Dataset
+
+from ddlstudy.config import RunConfig, UseCase
+from ddlstudy.data.folder import ImageListDataset, make_transform
+from ddlstudy.environment import usable_cores
+from ddlstudy.errors import ConfigError
+from ddlstudy.logs import setup_logging
+from ddlstudy.models import build_model
+from ddlstudy.sampler import ResourceSampler
+from ddlstudy.strategies.base import Job, Strategy, register
+from ddlstudy.strategies.processes import free_port, run_ranks, sum_over_ranks
+from ddlstudy.training import (
+    Batch,
+    StepFn,
+    Trainer,
+    seed_everything,
+    train_loader,
+    val_loader,
+)
+
+log = logging.getLogger("ddlstudy")
+TIMEOUT = datetime.timedelta(seconds=120)
+
+
+def flat_layers(model: nn.Module) -> list[nn.Module]:
+    """The network as one list of layers, in the order its forward runs them."""
+    return [*model.features, model.avgpool, nn.Flatten(1), *model.classifier]
+
+
+def layer_costs(uc: UseCase, micro_batch: int, repeats: int = 3) -> list[float]:
+    """Seconds each layer takes forward on one micro-batch (best of ``repeats``)."""
+    torch.manual_seed(0)
+    layers = flat_layers(build_model(uc.model, len(uc.classes)))
+    x = torch.randn(micro_batch, 3, uc.train.image_size, uc.train.image_size)
+    costs = []
+    with torch.no_grad():
+        for layer in layers:
+            best = float("inf")
+            for _ in range(repeats):
+                start = time.perf_counter()
+                y = layer(x)
+                best = min(best, time.perf_counter() - start)
+            costs.append(best)
+            x = y
+    return costs
+
+
+def balanced_cuts(costs: list[float], stages: int) -> list[int]:
+    """Start index of each stage, minimising the slowest stage's cost (dynamic programme)."""
+    n = len(costs)
+    prefix = [0.0]
+    for c in costs:
+        prefix.append(prefix[-1] + c)
+    inf = float("inf")
+    # best[s][i]: the slowest stage when the first i layers form s stages.
+    best = [[inf] * (n + 1) for _ in range(stages + 1)]
+    cut = [[0] * (n + 1) for _ in range(stages + 1)]
+    best[0][0] = 0.0
+    for s in range(1, stages + 1):
+        for i in range(s, n + 1):
+            for j in range(s - 1, i):
+                value = max(best[s - 1][j], prefix[i] - prefix[j])
+                if value < best[s][i]:
+                    best[s][i], cut[s][i] = value, j
+    starts, i = [], n
+    for s in range(stages, 0, -1):
+        i = cut[s][i]
+        starts.append(i)
+    return starts[::-1]
+
+
+def stage_module(layers: list[nn.Module], starts: list[int], index: int) -> nn.Sequential:
+    end = starts[index + 1] if index + 1 < len(starts) else len(layers)
+    first = layers[starts[index]]
+    if index and getattr(first, "inplace", False):
+        first.inplace = False  # a stage's input is a leaf that autograd must not see changed
+    return nn.Sequential(*layers[starts[index]:end])
+
+
+class _Labels(Dataset):
+    """The labels of a dataset without decoding its images (for the last stage)."""
+
+    def __init__(self, items: list[tuple[str, int]]) -> None:
+        self.items = items
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        return torch.empty(0), self.items[i][1]
+
+
+def pipeline_step(schedule: ScheduleGPipe, optimizer: torch.optim.Optimizer, first: bool,
+                  last: bool, average: Callable[[], None] = lambda: None) -> StepFn:
+    """One GPipe step; only the last stage knows the loss and the predictions.
+
+    ``average`` runs between the backward passes and the optimizer step: the hybrid's
+    all-reduce of this stage's gradients over the replicas.
+    """
+
+    def step(batch: Batch) -> tuple[float, int, int]:
+        images, labels = batch
+        optimizer.zero_grad(set_to_none=True)
+        losses: list[torch.Tensor] = []
+        args = (images,) if first else ()
+        out = schedule.step(*args, target=labels if last else None, losses=losses)
+        average()
+        optimizer.step()
+        if not last:
+            return 0.0, 0, 0
+        n = labels.numel()
+        loss = torch.stack(losses).mean().item()
+        return loss * n, int((out.argmax(1) == labels).sum()), n
+
+    return step
+
+
+def replica_average(params: list[nn.Parameter], group, replicas: int) -> Callable[[], None]:
+    """All-reduce this stage's gradients over the replicas that hold the same stage."""
+
+    def average() -> None:
+        if replicas == 1:
+            return
+        grads = [p.grad for p in params]
+        flat = torch.cat([g.flatten() for g in grads])  # one collective, not one per tensor
+        dist.all_reduce(flat, group=group)
+        flat /= replicas  # equal slices: the mean of the replicas' mean gradients
+        pieces = flat.split([g.numel() for g in grads])
+        torch._foreach_copy_(grads, [x.view_as(g) for x, g in zip(pieces, grads, strict=True)])
+
+    return average
+
+
+def gather_weights(full: nn.Module | None, layers: list[nn.Module], starts: list[int],
+                   rank: int, world: int) -> None:
+    """Send every stage's parameters to rank 0, which loads them into its whole model."""
+    for stage in range(1, world):
+        params = list(stage_module(layers, starts, stage).parameters())
+        if not params or rank not in (0, stage):
+            continue
+        flat = torch.cat([p.detach().flatten() for p in params])
+        if rank == stage:
+            dist.send(flat, dst=0)
+        else:
+            dist.recv(flat, src=stage)
+            torch.nn.utils.vector_to_parameters(flat, params)
+
+
+def _groups(replicas: int, stages: int):
+    """Process groups: one pipeline per replica, one data-parallel group per stage index.
+
+    Global rank = replica * stages + stage. Every rank creates every group, in one order.
+    """
+    pipes = [dist.new_group(list(range(r * stages, (r + 1) * stages)))
+             for r in range(replicas)]
+    data = [dist.new_group(list(range(s, replicas * stages, stages))) for s in range(stages)]
+    return pipes, data
+
+
+def _worker(rank: int, world: int, port: int, job: Job, starts: list[int], micro: int,
+            replicas: int, threads: int, log_level: int) -> None:
+    cfg, uc = job.cfg, job.cfg.usecase
+    torch.set_num_threads(threads)
+    os.environ["RANK"] = str(rank)
+    setup_logging(log_level)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world, timeout=TIMEOUT)
+    sampler = ResourceSampler(cfg.sample_hz, rank=rank, scope="worker").start()
+    try:
+        stages = world // replicas
+        replica, index = divmod(rank, stages)
+        pipes, data_groups = _groups(replicas, stages)
+        seed_everything(uc.train.seed)
+        full = build_model(uc.model, len(uc.classes))  # the same weights on every rank
+        layers = flat_layers(full)
+        module = stage_module(layers, starts, index)
+        first, last = index == 0, index == stages - 1
+        example = torch.empty(uc.train.batch_size // replicas // micro, 3,
+                              uc.train.image_size, uc.train.image_size)
+        with torch.no_grad():
+            example = nn.Sequential(*layers[:starts[index]])(example)
+        stage = PipelineStage(module, index, stages, torch.device("cpu"), input_args=(example,),
+                              group=pipes[replica])
+        schedule = ScheduleGPipe(stage, micro, loss_fn=nn.CrossEntropyLoss())
+        optimizer = torch.optim.SGD(module.parameters(), lr=uc.train.lr,
+                                    momentum=uc.train.momentum)
+        average = replica_average(list(module.parameters()), data_groups[index], replicas)
+        train = _train_loader(cfg, job, first, (replica, replicas))
+        val = val_loader(cfg, job.data) if rank == 0 else []  # rank 0 validates it all
+
+        def collect() -> None:
+            if replica == 0:
+                gather_weights(full, layers, starts, rank, stages)
+
+        trainer = Trainer(full if rank == 0 else module,
+                          pipeline_step(schedule, optimizer, first, last, average), train, val,
+                          max_steps=cfg.max_steps, show_progress=job.show_progress and rank == 0,
+                          reduce=sum_over_ranks, before_eval=collect)
+        for epoch in range(1, uc.train.epochs + 1):
+            result = trainer.train_epoch(epoch)
+            if rank == 0:
+                job.end_epoch(result, full, optimizer)
+            dist.barrier()
+    finally:
+        rows = sampler.stop()
+        if job.folder is not None and sampler.enabled:
+            job.folder.write_worker_samples(rank, rows)
+        dist.destroy_process_group()
+
+
+def _train_loader(cfg: RunConfig, job: Job, first: bool, shard: tuple[int, int]):
+    """First stages read their replica's slice of the images; the other stages only its
+    labels, in the same seeded order."""
+    dataset = (ImageListDataset(job.data.images.root, job.data.train,
+                                make_transform(cfg.usecase.train.image_size, True))
+               if first else _Labels(job.data.train))
+    return train_loader(dataset, cfg, shard=shard, drop_last=True,
+                        loader_workers=None if first else 0)
+
+
+@register
+class Pipeline(Strategy):
+    name = "pipeline"
+    summary = ("model parallel: the network cut into --stages processes balanced by measured "
+               "cost, each batch run as --micro-batches GPipe micro-batches")
+    flags = "--stages S (default: usable cores), --micro-batches M (default 4)"
+
+    def replicas(self, cfg: RunConfig) -> int:
+        return 1
+
+    def stages(self, cfg: RunConfig) -> int:
+        return cfg.stages or max(2, usable_cores() // self.replicas(cfg))
+
+    def check(self, cfg: RunConfig) -> None:
+        r, s, m = self.replicas(cfg), self.stages(cfg), cfg.micro_batches
+        batch = cfg.usecase.train.batch_size
+        with torch.device("meta"):
+            n_layers = len(flat_layers(build_model(cfg.usecase.model, 3)))
+        if s < 2:
+            raise ConfigError("--stages", f"a pipeline needs at least 2 stages, got {s}")
+        if s > n_layers:
+            raise ConfigError("--stages", f"{s} stages but {cfg.usecase.model.arch} has only "
+                              f"{n_layers} layers to share among them")
+        if batch % (r * m):
+            raise ConfigError("--micro-batches", f"the batch of {batch} does not split into "
+                              f"{r} replica(s) x {m} equal micro-batches; choose sizes whose "
+                              f"product divides {batch}")
+        if r * s > usable_cores():
+            log.warning("%d processes on %d usable cores: they will compete for the cores",
+                        r * s, usable_cores())
+
+    def layout(self, cfg: RunConfig) -> dict[str, Any]:
+        r, s = self.replicas(cfg), self.stages(cfg)
+        return {"processes": r * s, "threads_per_process": max(1, usable_cores() // (r * s)),
+                "replicas": r, "stages": s, "micro_batches": cfg.micro_batches,
+                "device": "cpu", "backend": "gloo", "schedule": "GPipe"}
+
+    def fit(self, job: Job) -> None:
+        cfg = job.cfg
+        r, s, micro = self.replicas(cfg), self.stages(cfg), cfg.micro_batches
+        costs = layer_costs(cfg.usecase, cfg.usecase.train.batch_size // r // micro)
+        starts = balanced_cuts(costs, s)
+        if job.folder is not None:
+            job.folder.manifest["strategy"].update(stage_starts=starts, layer_costs_s=costs)
+            job.folder.write_manifest()
+        log.info("%s: %d replica(s) of %d stages starting at layers %s", self.name, r, s, starts)
+        level = logging.getLogger("ddlstudy").level
+        threads = max(1, usable_cores() // (r * s))
+        run_ranks(_worker, r * s, (free_port(), job, starts, micro, r, threads, level))
+
+
+@register
+class Hybrid(Pipeline):
+    name = "hybrid"
+    summary = ("data parallel replicas of a pipeline: --replicas R pipelines of --stages S, "
+               "each stage's gradients all-reduced over the replicas; R x S processes")
+    flags = "--replicas R (default 2), --stages S (default 2), --micro-batches M (default 4)"
+
+    def replicas(self, cfg: RunConfig) -> int:
+        return cfg.replicas
+
+    def stages(self, cfg: RunConfig) -> int:
+        return cfg.stages or 2

@@ -1,0 +1,192 @@
+"""cpu-processes: k processes, one replica each, gradients averaged every step (the paper's
+fastest CPU strategy).
+
+Every rank walks the same shuffled sequence of global batches (one seeded generator, as in
+the sequential baseline) and loads only its slice of each, so the k slices together are
+exactly the baseline's batch. DistributedDataParallel over gloo all-reduces the gradients in
+buckets while the backward pass runs. DDP divides the summed gradients by k; each rank
+scales its loss by k * n_rank / n so that the result is the full batch's mean gradient
+even when n is not a multiple of k. Threads per process are cores // k, so k x threads
+never oversubscribes the machine. Rank 0 validates together with the others (each a slice,
+counts summed) and writes the run folder.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import socket
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from ddlstudy.config import RunConfig
+from ddlstudy.environment import usable_cores
+from ddlstudy.errors import ConfigError
+from ddlstudy.logs import setup_logging
+from ddlstudy.models import build_model
+from ddlstudy.sampler import ResourceSampler
+from ddlstudy.strategies.base import Job, Strategy, register, require_batch_per_worker
+from ddlstudy.training import Batch, StepFn, Trainer, make_loaders, seed_everything
+
+log = logging.getLogger("ddlstudy")
+
+COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=120)
+"""A rank that stops answering ends the job after this long instead of hanging it."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ranks(fn, world: int, args: tuple) -> None:
+    """Start ``fn(rank, world, *args)`` in ``world`` spawned processes and wait for all.
+
+    The first rank that fails ends the others (torch's ProcessContext.join raises); if this
+    process is interrupted, no rank is left behind.
+    """
+    context = mp.start_processes(fn, args=(world, *args), nprocs=world, join=False,
+                                 start_method="spawn")
+    try:
+        while not context.join():
+            pass
+    finally:
+        for proc in context.processes:
+            if proc.is_alive():
+                proc.terminate()
+            proc.join()
+
+
+def ddp_step(model: DistributedDataParallel, optimizer: torch.optim.Optimizer,
+             loss_fn: nn.Module, global_batch: int, world: int,
+             device: torch.device | None = None) -> StepFn:
+    def step(batch: Batch) -> tuple[float, int, int]:
+        images, labels = batch
+        if device is not None:
+            images = images.to(device, non_blocking=True)
+            labels = labels.to(device, non_blocking=True)
+        n = labels.numel()
+        optimizer.zero_grad(set_to_none=True)
+        logits = model(images)
+        loss = loss_fn(logits, labels)
+        (loss * (world * n / global_batch)).backward()  # DDP divides by world
+        optimizer.step()
+        return loss.item() * n, int((logits.argmax(1) == labels).sum()), n
+
+    return step
+
+
+def sum_over_ranks(*values: float, device: torch.device | None = None) -> list[float]:
+    """Per-rank sums (loss, correct, images) added up, so rank 0 reports the whole batch."""
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def _worker(rank: int, world: int, port: int, job: Job, threads: int, log_level: int,
+            device_type: str = "cpu", loader_workers: int | None = None) -> None:
+    """One data-parallel rank: on CPU over gloo, or on GPU ``rank`` over NCCL (gpu-data)."""
+    cfg, uc = job.cfg, job.cfg.usecase
+    torch.set_num_threads(threads)
+    os.environ["RANK"] = str(rank)
+    setup_logging(log_level)
+    cuda = device_type == "cuda"
+    device = torch.device("cuda", rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}",
+                            rank=rank, world_size=world, timeout=COLLECTIVE_TIMEOUT)
+    sampler = ResourceSampler(cfg.sample_hz, rank=rank, scope="worker").start()
+    try:
+        seed_everything(uc.train.seed)
+        model = build_model(uc.model, len(uc.classes)).to(device)  # the same weights everywhere
+        torch.manual_seed(uc.train.seed + rank)  # but each rank its own dropout masks, flips
+        ddp = DistributedDataParallel(model, device_ids=[rank] if cuda else None)
+        optimizer = torch.optim.SGD(ddp.parameters(), lr=uc.train.lr,
+                                    momentum=uc.train.momentum)
+        train_loader, val_loader = make_loaders(cfg, job.data, shard=(rank, world),
+                                                loader_workers=loader_workers)
+        step = ddp_step(ddp, optimizer, nn.CrossEntropyLoss(), uc.train.batch_size, world,
+                        device)
+        trainer = Trainer(model, step, train_loader, val_loader, max_steps=cfg.max_steps,
+                          show_progress=job.show_progress and rank == 0,
+                          reduce=lambda *v: sum_over_ranks(*v, device=device), device=device,
+                          sync=torch.cuda.synchronize if cuda else (lambda: None))
+        for epoch in range(1, uc.train.epochs + 1):
+            result = trainer.train_epoch(epoch)
+            if rank == 0:
+                job.end_epoch(result, model, optimizer)
+            dist.barrier()
+    finally:
+        rows = sampler.stop()
+        if job.folder is not None and sampler.enabled:
+            job.folder.write_worker_samples(rank, rows)
+        dist.destroy_process_group()
+
+
+@register
+class CpuProcesses(Strategy):
+    name = "cpu-processes"
+    summary = ("k processes, each a replica with its slice of every batch, gradients "
+               "all-reduced every step over gloo (DDP); the paper's fastest CPU strategy")
+    flags = "--workers K (processes, default: usable cores), --loader-workers"
+
+    def check(self, cfg: RunConfig) -> None:
+        k = self.workers(cfg)
+        require_batch_per_worker(cfg, k, "processes")
+        if k > usable_cores():
+            log.warning("%d processes on %d usable cores: they will compete for the cores",
+                        k, usable_cores())
+
+    def layout(self, cfg: RunConfig) -> dict[str, Any]:
+        k = self.workers(cfg)
+        return {"processes": k, "threads_per_process": max(1, usable_cores() // k),
+                "loader_workers": cfg.loader_workers, "backend": "gloo"}
+
+    def fit(self, job: Job) -> None:
+        k = self.workers(job.cfg)
+        threads = max(1, usable_cores() // k)
+        level = logging.getLogger("ddlstudy").level
+        run_ranks(_worker, k, (free_port(), job, threads, level))
+
+
+@register
+class GpuData(Strategy):
+    name = "gpu-data"
+    summary = ("one process per GPU, DistributedDataParallel over NCCL, CPU loader workers "
+               "decoding ahead so each GPU stays busy")
+    flags = "--devices N (GPUs, default: all), --loader-workers (default: cores per GPU - 1)"
+
+    def devices(self, cfg: RunConfig) -> int:
+        return cfg.devices or torch.cuda.device_count()
+
+    def check(self, cfg: RunConfig) -> None:
+        if not torch.cuda.is_available():
+            raise ConfigError("--strategy", "gpu-data needs CUDA GPUs and this machine has none "
+                              "(torch.cuda.is_available() is False); use cpu-processes for "
+                              "data parallelism on CPU")
+        if self.devices(cfg) > torch.cuda.device_count():
+            raise ConfigError("--devices", f"{self.devices(cfg)} GPUs asked for but only "
+                              f"{torch.cuda.device_count()} are visible")
+        require_batch_per_worker(cfg, self.devices(cfg), "GPUs")
+
+    def loader_workers(self, cfg: RunConfig) -> int:
+        return cfg.loader_workers or max(1, usable_cores() // self.devices(cfg) - 1)
+
+    def layout(self, cfg: RunConfig) -> dict[str, Any]:
+        k = self.devices(cfg)
+        return {"processes": k, "devices": k, "threads_per_process": 1,
+                "loader_workers": self.loader_workers(cfg), "backend": "nccl"}
+
+    def fit(self, job: Job) -> None:
+        k = self.devices(job.cfg)
+        level = logging.getLogger("ddlstudy").level
+        run_ranks(_worker, k, (free_port(), job, 1, level, "cuda",
+                               self.loader_workers(job.cfg)))

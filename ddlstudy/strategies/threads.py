@@ -1,0 +1,91 @@
+"""cpu-threads: k model replicas in one process, one Python thread each.
+
+A global batch of n images is split into k sub-batches; thread i runs forward and backward
+on replica i (torch releases the GIL inside its kernels, so the threads really run side by
+side). Each sub-batch's loss is weighted by its share of the batch, so the summed replica
+gradients are exactly the full batch's mean gradient; replica 0 takes the optimizer step
+and its weights are copied to the others. Paper: "each thread works on a replica of the CNN".
+The replicas draw their dropout masks from torch's one global generator in whatever order
+the threads reach it, so runs with dropout are not bit-for-bit repeatable.
+"""
+
+from __future__ import annotations
+
+import copy
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import torch
+from torch import nn
+
+from ddlstudy.config import RunConfig
+from ddlstudy.environment import usable_cores
+from ddlstudy.models import build_model
+from ddlstudy.strategies.base import Job, Strategy, register, require_batch_per_worker
+from ddlstudy.training import Batch, StepFn, Trainer, make_loaders, seed_everything
+
+
+def replica_step(replicas: list[nn.Module], optimizer: torch.optim.Optimizer,
+                 loss_fn: nn.Module, pool: ThreadPoolExecutor) -> StepFn:
+    """A step that trains ``replicas`` on slices of the batch; ``optimizer`` owns replica 0."""
+    params = [list(r.parameters()) for r in replicas]
+
+    def work(i: int, images: torch.Tensor, labels: torch.Tensor, total: int):
+        logits = replicas[i](images)
+        loss = loss_fn(logits, labels)
+        (loss * (labels.numel() / total)).backward()
+        return loss.item() * labels.numel(), int((logits.argmax(1) == labels).sum())
+
+    def step(batch: Batch) -> tuple[float, int, int]:
+        images, labels = batch
+        total = labels.numel()
+        parts = [(x, y) for x, y in zip(images.tensor_split(len(replicas)),
+                                        labels.tensor_split(len(replicas)), strict=True)
+                 if y.numel()]
+        for r in replicas:
+            r.zero_grad(set_to_none=True)
+        results = list(pool.map(lambda a: work(a[0], *a[1], total), enumerate(parts)))
+        grads0 = [p.grad for p in params[0]]
+        for i in range(1, len(parts)):
+            torch._foreach_add_(grads0, [p.grad for p in params[i]])
+        optimizer.step()
+        with torch.no_grad():
+            for other in params[1:]:
+                torch._foreach_copy_(other, params[0])
+        return sum(r[0] for r in results), sum(r[1] for r in results), total
+
+    return step
+
+
+@register
+class CpuThreads(Strategy):
+    name = "cpu-threads"
+    summary = ("one process, k model replicas each trained by its own Python thread on n/k "
+               "of every batch, gradients averaged before the step")
+    flags = "--workers K (replicas, default: usable cores)"
+
+    def check(self, cfg: RunConfig) -> None:
+        require_batch_per_worker(cfg, self.workers(cfg), "replicas")
+
+    def layout(self, cfg: RunConfig) -> dict[str, Any]:
+        k = self.workers(cfg)
+        return {"processes": 1, "replicas": k, "threads_per_process": k,
+                "intraop_threads": max(1, usable_cores() // k),
+                "loader_workers": cfg.loader_workers}
+
+    def fit(self, job: Job) -> None:
+        cfg, uc = job.cfg, job.cfg.usecase
+        k = self.workers(cfg)
+        torch.set_num_threads(max(1, usable_cores() // k))
+        seed_everything(uc.train.seed)
+        model = build_model(uc.model, len(uc.classes))
+        replicas = [model] + [copy.deepcopy(model) for _ in range(k - 1)]
+        optimizer = torch.optim.SGD(model.parameters(), lr=uc.train.lr,
+                                    momentum=uc.train.momentum)
+        train_loader, val_loader = make_loaders(cfg, job.data)
+        with ThreadPoolExecutor(k, thread_name_prefix="replica") as pool:
+            step = replica_step(replicas, optimizer, nn.CrossEntropyLoss(), pool)
+            trainer = Trainer(model, step, train_loader, val_loader, max_steps=cfg.max_steps,
+                              show_progress=job.show_progress)
+            for epoch in range(1, uc.train.epochs + 1):
+                job.end_epoch(trainer.train_epoch(epoch), model, optimizer)

@@ -1,0 +1,217 @@
+"""Every data-parallel strategy takes the same optimisation step as the sequential baseline.
+
+Tolerance: the update (weights after minus before) of a strategy must match the baseline's
+to a relative norm error of 1e-5. The strategies only reorder float32 sums (sub-batch
+gradients added up, or all-reduced), which moves the update by ~1e-7 relative; a wrong
+weighting of sub-batches (e.g. averaging 6+5+5 images as if equal) errs by ~1e-2.
+Dropout is off (eval mode; AlexNet has no batch norm) so that all draw the same network.
+"""
+
+import copy
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from ddlstudy.config import ModelSpec
+from ddlstudy.models import build_model
+from ddlstudy.runner import run
+from ddlstudy.strategies import REGISTRY, get_strategy
+from ddlstudy.strategies.processes import ddp_step, free_port
+from ddlstudy.strategies.threads import replica_step
+from ddlstudy.training import ShardedBatches, plain_step
+
+BATCH = 16
+TOLERANCE = 1e-5
+
+
+def _setup():
+    torch.manual_seed(0)
+    model = build_model(ModelSpec(arch="alexnet", width=0.25), 3).eval()
+    images = torch.randn(BATCH, 3, 64, 64)
+    labels = torch.randint(0, 3, (BATCH,))
+    return model, images, labels
+
+
+def _sgd(model):
+    return torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+
+def _flat(model):
+    return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+
+def _sequential_update():
+    model, images, labels = _setup()
+    before = _flat(model)
+    plain_step(model, _sgd(model), nn.CrossEntropyLoss())((images, labels))
+    return before, _flat(model) - before
+
+
+def _relative_error(update, reference):
+    return ((update - reference).norm() / reference.norm()).item()
+
+
+@pytest.mark.parametrize("replicas", [2, 3])  # 3 does not divide 16: 6 + 5 + 5 images
+def test_cpu_threads_step_equals_sequential(replicas):
+    before, reference = _sequential_update()
+    model, images, labels = _setup()
+    copies = [model] + [copy.deepcopy(model) for _ in range(replicas - 1)]
+    with ThreadPoolExecutor(replicas) as pool:
+        step = replica_step(copies, _sgd(model), nn.CrossEntropyLoss(), pool)
+        loss, correct, n = step((images, labels))
+    assert n == BATCH
+    update = _flat(model) - before
+    assert _relative_error(update, reference) < TOLERANCE
+    assert all(torch.equal(_flat(c), _flat(model)) for c in copies)  # replicas in sync
+
+
+def _ddp_rank(rank, world, port, out):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    model, images, labels = _setup()
+    ddp = DistributedDataParallel(model)
+    batches = ShardedBatches([list(range(BATCH))], rank, world)
+    mine = next(iter(batches))
+    ddp_step(ddp, _sgd(ddp), nn.CrossEntropyLoss(), BATCH, world)((images[mine], labels[mine]))
+    if rank == 0:
+        torch.save(_flat(model), out)
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_cpu_processes_step_equals_sequential(world, tmp_path):
+    before, reference = _sequential_update()
+    out = tmp_path / "weights.pt"
+    mp.start_processes(_ddp_rank, args=(world, free_port(), out), nprocs=world,
+                       start_method="spawn")
+    update = torch.load(out, weights_only=True) - before
+    assert _relative_error(update, reference) < TOLERANCE
+
+
+def test_sharded_batches_cover_each_batch_once():
+    batches = [[7, 3, 9, 1, 4], [2, 8], [5]]
+    shards = [list(ShardedBatches(batches, r, 2)) for r in range(2)]
+    assert shards[0] == [[7, 3, 9], [2]] and shards[1] == [[1, 4], [8]]  # [5] < world: dropped
+
+
+def test_registry_lists_the_strategies():
+    assert {"sequential", "cpu-intraop", "cpu-threads", "cpu-processes"} <= set(REGISTRY)
+    assert all(get_strategy(name).summary for name in REGISTRY)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["cpu-threads", "cpu-processes"])
+def test_strategies_learn_like_the_baseline(quick_config, tiny, strategy):
+    epochs = tiny.train.epochs
+    base = run(quick_config(epochs=epochs, snapshot=False), show_progress=False)
+    other = run(quick_config(epochs=epochs, strategy=strategy, workers=2, snapshot=False),
+                show_progress=False)
+    acc = lambda f: [e["val_accuracy"] for e in f.manifest["epochs"]]  # noqa: E731
+    assert len(acc(other)) == epochs and other.manifest["status"] == "completed"
+    assert max(acc(other)) >= 0.5
+    assert abs(max(acc(other)) - max(acc(base))) <= 0.15
+    assert other.manifest["epochs"][0]["train_images"] in (240, 239)
+
+
+def _pipeline_rank(rank, world, port, micro, out):
+    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+    from ddlstudy.strategies.pipeline import (
+        balanced_cuts,
+        flat_layers,
+        gather_weights,
+        pipeline_step,
+        stage_module,
+    )
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    model, images, labels = _setup()
+    layers = flat_layers(model)
+    starts = balanced_cuts([1.0] * len(layers), world)
+    module = stage_module(layers, starts, rank)
+    with torch.no_grad():
+        example = nn.Sequential(*layers[:starts[rank]])(images[: BATCH // micro])
+    stage = PipelineStage(module, rank, world, torch.device("cpu"), input_args=(example,))
+    schedule = ScheduleGPipe(stage, micro, loss_fn=nn.CrossEntropyLoss())
+    step = pipeline_step(schedule, _sgd(module), rank == 0, rank == world - 1)
+    loss, correct, n = step((images, labels))
+    if rank == world - 1:
+        assert n == BATCH and loss > 0
+    gather_weights(model, layers, starts, rank, world)
+    if rank == 0:
+        torch.save(_flat(model), out)
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("stages, micro", [(2, 4), (3, 2)])
+def test_pipeline_step_equals_sequential(stages, micro, tmp_path):
+    before, reference = _sequential_update()
+    out = tmp_path / "weights.pt"
+    mp.start_processes(_pipeline_rank, args=(stages, free_port(), micro, out), nprocs=stages,
+                       start_method="spawn")
+    update = torch.load(out, weights_only=True) - before
+    assert _relative_error(update, reference) < TOLERANCE
+
+
+def test_balanced_cuts_minimise_the_slowest_stage():
+    from ddlstudy.strategies.pipeline import balanced_cuts
+
+    assert balanced_cuts([1, 1, 1, 1], 2) == [0, 2]
+    assert balanced_cuts([5, 1, 1, 1, 1, 1], 2) == [0, 1]
+    assert balanced_cuts([1, 1, 1, 1, 1, 5], 3) == [0, 2, 5]  # stages cost 2, 3, 5
+
+
+def _hybrid_rank(rank, world, port, replicas, micro, out):
+    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+    from ddlstudy.strategies.pipeline import (
+        _groups,
+        balanced_cuts,
+        flat_layers,
+        gather_weights,
+        pipeline_step,
+        replica_average,
+        stage_module,
+    )
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    stages = world // replicas
+    replica, index = divmod(rank, stages)
+    pipes, data_groups = _groups(replicas, stages)
+    model, images, labels = _setup()
+    layers = flat_layers(model)
+    starts = balanced_cuts([1.0] * len(layers), stages)
+    module = stage_module(layers, starts, index)
+    mine = next(iter(ShardedBatches([list(range(BATCH))], replica, replicas)))
+    x, y = images[mine], labels[mine]
+    with torch.no_grad():
+        example = nn.Sequential(*layers[:starts[index]])(x[: len(mine) // micro])
+    stage = PipelineStage(module, index, stages, torch.device("cpu"), input_args=(example,),
+                          group=pipes[replica])
+    schedule = ScheduleGPipe(stage, micro, loss_fn=nn.CrossEntropyLoss())
+    average = replica_average(list(module.parameters()), data_groups[index], replicas)
+    pipeline_step(schedule, _sgd(module), index == 0, index == stages - 1, average)((x, y))
+    if replica == 0:
+        gather_weights(model, layers, starts, rank, stages)
+    if rank == 0:
+        torch.save(_flat(model), out)
+    dist.destroy_process_group()
+
+
+def test_hybrid_step_equals_sequential(tmp_path):
+    before, reference = _sequential_update()
+    out = tmp_path / "weights.pt"
+    mp.start_processes(_hybrid_rank, args=(4, free_port(), 2, 2, out), nprocs=4,
+                       start_method="spawn")
+    update = torch.load(out, weights_only=True) - before
+    assert _relative_error(update, reference) < TOLERANCE
