@@ -42,12 +42,25 @@ def cli(tmp_path, datasets_dir, capsys):
      "--batch-size: 2 is smaller than the 4 processes"),
     (["run", "--strategy", "cpu-threads", "--workers", "3", "--batch-size", "2"],
      "--batch-size: 2 is smaller than the 3 replicas"),
+    (["run", "--strategy", "pipeline", "--stages", "40"],
+     "--stages: 40 stages but alexnet has only 22 layers"),
+    (["run", "--strategy", "pipeline", "--stages", "1"], "a pipeline needs at least 2 stages"),
+    (["run", "--strategy", "pipeline", "--micro-batches", "5"],
+     "--micro-batches: the batch of 16 does not split into 1 replica(s) x 5"),
+    (["run", "--strategy", "hybrid", "--replicas", "0"], "--replicas: must be a positive"),
 ])
 def test_bad_flags(cli, args, message):
     code, err, runs = cli(*args)
     assert code == 2
     assert message in err
     assert err.count("\n") == 1 and err.startswith("ddlstudy: error: ")
+    assert not runs.exists()
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has a GPU")
+def test_gpu_strategy_without_gpu(cli):
+    code, err, runs = cli("run", "--strategy", "gpu-data")
+    assert code == 2 and "gpu-data needs CUDA GPUs and this machine has none" in err
     assert not runs.exists()
 
 

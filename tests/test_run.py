@@ -130,3 +130,13 @@ def test_cpu_intraop_records_its_threads(quick_config):
                  show_progress=False)
     assert folder.manifest["strategy"]["threads_per_process"] == 2
     assert folder.manifest["status"] == "completed"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_data_trains_on_the_gpus(quick_config):
+    folder = run(quick_config(strategy="gpu-data", epochs=2, snapshot=False),
+                 show_progress=False)
+    assert folder.manifest["status"] == "completed"
+    assert folder.manifest["strategy"]["backend"] == "nccl"
+    assert folder.manifest["epochs"][-1]["train_images"] >= 239

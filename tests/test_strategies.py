@@ -8,6 +8,7 @@ Dropout is off (eval mode; AlexNet has no batch norm) so that all draw the same 
 """
 
 import copy
+import dataclasses
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -17,7 +18,7 @@ import torch.multiprocessing as mp
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from ddlstudy.config import ModelSpec
+from ddlstudy.config import ModelSpec, RunConfig, with_overrides
 from ddlstudy.models import build_model
 from ddlstudy.runner import run
 from ddlstudy.strategies import REGISTRY, get_strategy
@@ -105,18 +106,35 @@ def test_registry_lists_the_strategies():
     assert all(get_strategy(name).summary for name in REGISTRY)
 
 
+@pytest.fixture(scope="module")
+def baseline_20(tmp_path_factory, datasets_dir, tiny):
+    cfg = RunConfig(usecase=with_overrides(tiny, epochs=20), datasets_dir=datasets_dir,
+                    runs_dir=tmp_path_factory.mktemp("runs"), sample_hz=0, snapshot=False)
+    return cfg, run(cfg, show_progress=False)
+
+
+def _accuracies(folder):
+    return [e["val_accuracy"] for e in folder.manifest["epochs"]]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["cpu-threads", "cpu-processes"])
-def test_strategies_learn_like_the_baseline(quick_config, tiny, strategy):
-    epochs = tiny.train.epochs
-    base = run(quick_config(epochs=epochs, snapshot=False), show_progress=False)
-    other = run(quick_config(epochs=epochs, strategy=strategy, workers=2, snapshot=False),
-                show_progress=False)
-    acc = lambda f: [e["val_accuracy"] for e in f.manifest["epochs"]]  # noqa: E731
-    assert len(acc(other)) == epochs and other.manifest["status"] == "completed"
-    assert max(acc(other)) >= 0.5
-    assert abs(max(acc(other)) - max(acc(base))) <= 0.15
-    assert other.manifest["epochs"][0]["train_images"] in (240, 239)
+@pytest.mark.parametrize("strategy, flags", [
+    ("cpu-threads", {"workers": 2}), ("cpu-processes", {"workers": 2}),
+    ("pipeline", {"stages": 2}), ("hybrid", {"stages": 2, "replicas": 2}),
+])
+def test_strategies_learn_like_the_baseline(baseline_20, strategy, flags, tmp_path):
+    """Twenty tiny epochs: every strategy ends well above chance (1/3) and near the baseline.
+
+    Their runs differ from the baseline's only in dropout masks and (cpu-threads) in which
+    thread draws them first, so the curves are not identical; 60 validation images make
+    one image 1.7 points. Observed best accuracies: 0.67 to 0.72, pipeline 0.58.
+    """
+    base_cfg, base = baseline_20
+    cfg = dataclasses.replace(base_cfg, strategy=strategy, runs_dir=tmp_path, **flags)
+    other = run(cfg, show_progress=False)
+    assert other.manifest["status"] == "completed" and len(_accuracies(other)) == 20
+    assert max(_accuracies(other)) >= 0.55
+    assert abs(max(_accuracies(other)) - max(_accuracies(base))) <= 0.15
 
 
 def _pipeline_rank(rank, world, port, micro, out):
