@@ -12,10 +12,11 @@ import time
 import torch
 from torch import nn
 
-from ddlstudy.config import load_usecase
+from ddlstudy.config import RunConfig, load_usecase
+from ddlstudy.data import prepare_data
 from ddlstudy.models import build_model
 from ddlstudy.sampler import ResourceSampler
-from ddlstudy.training import WARMUP_STEPS, plain_step, seed_everything
+from ddlstudy.training import WARMUP_STEPS, Trainer, make_loaders, plain_step, seed_everything
 
 
 def _timed_steps(step, batch, steps: int) -> float:
@@ -25,6 +26,58 @@ def _timed_steps(step, batch, steps: int) -> float:
     for _ in range(steps):
         step(batch)
     return (time.perf_counter() - start) / steps
+
+
+def _spread(xs: list[float], scale: float = 1.0, fmt: str = "{:.2f}") -> str:
+    return " / ".join(fmt.format(scale * v) for v in (min(xs), statistics.median(xs), max(xs)))
+
+
+def _raw_loop(model, loader, steps: int) -> float:
+    """The hand-written torch loop: images per second after the warm-up steps."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.001, momentum=0.9)
+    loss_fn = nn.CrossEntropyLoss()
+    model.train()
+    seen, start = 0, 0.0
+    for i, (images, labels) in enumerate(loader):
+        if i == WARMUP_STEPS:
+            seen, start = 0, time.perf_counter()
+        optimizer.zero_grad()
+        loss_fn(model(images), labels).backward()
+        optimizer.step()
+        seen += labels.numel()
+        if i + 1 == WARMUP_STEPS + steps:
+            break
+    return seen / (time.perf_counter() - start)
+
+
+def _framework_loop(model, loader, steps: int) -> float:
+    """The same steps through ddlstudy's Trainer (sequential strategy's step function)."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.001, momentum=0.9)
+    trainer = Trainer(model, plain_step(model, optimizer, nn.CrossEntropyLoss()), loader, [],
+                      max_steps=WARMUP_STEPS + steps, show_progress=False)
+    return trainer.train_epoch(1).steady_images_per_s
+
+
+def bench_overhead(usecase: str, steps: int = 20, repeats: int = 3, threads: int = 1) -> str:
+    """ddlstudy's training loop against a raw torch loop on the same data and model."""
+    uc = load_usecase(usecase)
+    torch.set_num_threads(threads)
+    cfg = RunConfig(usecase=uc, sample_hz=0)
+    loader, _ = make_loaders(cfg, prepare_data(cfg), loader_workers=0)
+    raw, ours = [], []
+    for _ in range(repeats):  # alternate, so drift hits both
+        for fn, out in ((_raw_loop, raw), (_framework_loop, ours)):
+            seed_everything(0)
+            out.append(fn(build_model(uc.model, len(uc.classes)), loader, steps))
+    ratio = [o / r for o, r in zip(ours, raw, strict=True)]
+    return "\n".join([
+        f"framework overhead on {uc.name} ({uc.model.arch}, batch {uc.train.batch_size}, "
+        f"{threads} thread(s), data decoded in the loop, {repeats} repeats x {steps} steps)",
+        f"  raw torch loop  min/median/max img/s: {_spread(raw)}",
+        f"  ddlstudy loop   min/median/max img/s: {_spread(ours)}",
+        f"  ddlstudy / raw  min/median/max: {_spread(ratio, fmt='{:.3f}')} "
+        f"(overhead {100 * (1 - statistics.median(ratio)):+.2f} %)",
+    ])
 
 
 def bench_sampler(usecase: str, steps: int = 30, repeats: int = 5, hz: float = 10.0,
@@ -45,12 +98,11 @@ def bench_sampler(usecase: str, steps: int = 30, repeats: int = 5, hz: float = 1
             on.append(_timed_steps(step, batch, steps))
         rows += len(sampler.rows)
     overhead = [b / a - 1 for a, b in zip(off, on, strict=True)]
-    ms = lambda xs: f"{1e3 * min(xs):.2f} / {1e3 * statistics.median(xs):.2f} / {1e3 * max(xs):.2f}"  # noqa: E731
     return "\n".join([
         f"sampler overhead on {uc.name} ({uc.model.arch}, batch {bs}, {size} px, "
         f"{threads} thread(s), {hz:g} Hz, {repeats} repeats x {steps} steps)",
-        f"  step time off  min/median/max ms: {ms(off)}",
-        f"  step time on   min/median/max ms: {ms(on)}",
+        f"  step time off  min/median/max ms: {_spread(off, 1e3)}",
+        f"  step time on   min/median/max ms: {_spread(on, 1e3)}",
         f"  overhead median {100 * statistics.median(overhead):+.2f} % "
         f"(min {100 * min(overhead):+.2f} %, max {100 * max(overhead):+.2f} %), "
         f"{rows} samples taken",

@@ -108,6 +108,11 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--repeats", type=int, default=5)
     b.add_argument("--hz", type=float, default=10.0)
     b.add_argument("--threads", type=int, default=1)
+    b = bsub.add_parser("overhead", help="ddlstudy's loop against a raw torch loop")
+    b.add_argument("--usecase", default="tiny")
+    b.add_argument("--steps", type=int, default=20, help="timed steps per repeat")
+    b.add_argument("--repeats", type=int, default=3)
+    b.add_argument("--threads", type=int, default=1)
     return parser
 
 
@@ -199,10 +204,17 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from ddlstudy.bench import bench_sampler
+    from ddlstudy.bench import bench_overhead, bench_sampler
 
-    print(bench_sampler(args.usecase, steps=args.steps, repeats=args.repeats, hz=args.hz,
-                        threads=args.threads))
+    for name in ("steps", "repeats", "threads"):
+        if getattr(args, name) <= 0:
+            raise ConfigError(f"--{name}", f"must be a positive integer, got {getattr(args, name)}")
+    if args.bench_command == "sampler":
+        print(bench_sampler(args.usecase, steps=args.steps, repeats=args.repeats, hz=args.hz,
+                            threads=args.threads))
+    else:
+        print(bench_overhead(args.usecase, steps=args.steps, repeats=args.repeats,
+                             threads=args.threads))
     return 0
 
 

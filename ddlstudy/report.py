@@ -38,8 +38,10 @@ def load_runs(runs_dir: Path) -> list[dict]:
 
 
 def _cores(manifest: dict) -> int:
+    """Cores the strategy kept busy: processes x threads, at most the cores it had."""
     s = manifest.get("strategy", {})
-    return max(1, int(s.get("processes", 1)) * int(s.get("threads_per_process", 1)))
+    wanted = max(1, int(s.get("processes", 1)) * int(s.get("threads_per_process", 1)))
+    return min(wanted, manifest.get("host", {}).get("usable_cores") or wanted)
 
 
 def _rate(manifest: dict) -> float | None:
