@@ -84,12 +84,17 @@ def speedup_table(manifests: list[dict]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def to_markdown(frame: pd.DataFrame, floatfmt: str = "{:.3g}") -> str:
+def _number(v: float) -> str:
+    """Three significant digits, without scientific notation for large values."""
+    return f"{v:.0f}" if abs(v) >= 100 else f"{v:.3g}"
+
+
+def to_markdown(frame: pd.DataFrame) -> str:
     """A GitHub Markdown table; missing values shown as '-'."""
     def cell(v) -> str:
         if v is None or (isinstance(v, float) and v != v):
             return "-"
-        return floatfmt.format(v) if isinstance(v, float) else str(v)
+        return _number(v) if isinstance(v, float) else str(v)
 
     header = "| " + " | ".join(frame.columns) + " |"
     rule = "|" + "|".join("---" for _ in frame.columns) + "|"

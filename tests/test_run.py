@@ -140,3 +140,30 @@ def test_gpu_data_trains_on_the_gpus(quick_config):
     assert folder.manifest["status"] == "completed"
     assert folder.manifest["strategy"]["backend"] == "nccl"
     assert folder.manifest["epochs"][-1]["train_images"] >= 239
+
+
+def test_run_generates_a_missing_synthetic_set(tmp_path, tiny):
+    import dataclasses
+
+    from ddlstudy.config import RunConfig, with_overrides
+
+    small = dataclasses.replace(tiny, data=dataclasses.replace(tiny.data, images=30,
+                                                               name="fresh"))
+    cfg = RunConfig(usecase=with_overrides(small, epochs=1), datasets_dir=tmp_path / "ds",
+                    runs_dir=tmp_path / "runs", sample_hz=0, snapshot=False)
+    folder = run(cfg, show_progress=False)
+    assert len(list((tmp_path / "ds" / "fresh").rglob("*.jpg"))) == 30
+    assert folder.manifest["data"]["source"] == "synthetic"
+    assert folder.manifest["data"]["images"] == 30
+    assert folder.manifest["status"] == "completed"
+
+
+def test_doctor_finds_the_venvs_mpiexec(capsys):
+    from ddlstudy.cli import main
+
+    assert main(["doctor"]) == 0
+    lines = {line[4:13].strip(): line for line in capsys.readouterr().out.splitlines()
+             if line[:3] in ("ok ", "-- ")}
+    expected = {"cores", "memory", "torch", "GPUs", "mpiexec", "mpi4py", "java", "pyspark"}
+    assert expected <= set(lines)
+    assert lines["mpiexec"].startswith("ok ") and "Version" in lines["mpiexec"]

@@ -11,7 +11,12 @@ and an epoch's last, smaller batch is dropped.
 
 The first stage reads the images, the last one only the labels (same seeded order). After
 each epoch the stages send their weights to rank 0, which validates the whole model and
-writes the run folder. Stages run on CPU processes; CUDA stages are not implemented yet.
+writes the run folder. Stages run on one GPU each (NCCL) when the machine has a GPU for
+every stage, on CPU processes (gloo) otherwise.
+
+``hybrid`` composes the same pieces: R replicas of an S-stage pipeline (R x S processes,
+global rank = replica * S + stage); each replica trains on its slice of every global batch
+and each stage's gradients are all-reduced over the replicas before the optimizer step.
 """
 
 from __future__ import annotations
@@ -120,7 +125,8 @@ class _Labels(Dataset):
 
 
 def pipeline_step(schedule: ScheduleGPipe, optimizer: torch.optim.Optimizer, first: bool,
-                  last: bool, average: Callable[[], None] = lambda: None) -> StepFn:
+                  last: bool, average: Callable[[], None] = lambda: None,
+                  device: torch.device | None = None) -> StepFn:
     """One GPipe step; only the last stage knows the loss and the predictions.
 
     ``average`` runs between the backward passes and the optimizer step: the hybrid's
@@ -129,6 +135,8 @@ def pipeline_step(schedule: ScheduleGPipe, optimizer: torch.optim.Optimizer, fir
 
     def step(batch: Batch) -> tuple[float, int, int]:
         images, labels = batch
+        if device is not None:
+            images, labels = images.to(device), labels.to(device)
         optimizer.zero_grad(set_to_none=True)
         losses: list[torch.Tensor] = []
         args = (images,) if first else ()
@@ -187,13 +195,18 @@ def _groups(replicas: int, stages: int):
 
 
 def _worker(rank: int, world: int, port: int, job: Job, starts: list[int], micro: int,
-            replicas: int, threads: int, log_level: int) -> None:
+            replicas: int, threads: int, log_level: int, device_type: str = "cpu") -> None:
+    """One stage of one replica: a CPU process over gloo, or GPU ``rank`` over NCCL."""
     cfg, uc = job.cfg, job.cfg.usecase
     torch.set_num_threads(threads)
     os.environ["RANK"] = str(rank)
     setup_logging(log_level)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world, timeout=TIMEOUT)
+    cuda = device_type == "cuda"
+    device = torch.device("cuda", rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}",
+                            rank=rank, world_size=world, timeout=TIMEOUT)
     sampler = ResourceSampler(cfg.sample_hz, rank=rank, scope="worker").start()
     try:
         stages = world // replicas
@@ -207,8 +220,9 @@ def _worker(rank: int, world: int, port: int, job: Job, starts: list[int], micro
         example = torch.empty(uc.train.batch_size // replicas // micro, 3,
                               uc.train.image_size, uc.train.image_size)
         with torch.no_grad():
-            example = nn.Sequential(*layers[:starts[index]])(example)
-        stage = PipelineStage(module, index, stages, torch.device("cpu"), input_args=(example,),
+            example = nn.Sequential(*layers[:starts[index]])(example).to(device)
+        (full if rank == 0 else module).to(device)  # rank 0 also validates the whole model
+        stage = PipelineStage(module, index, stages, device, input_args=(example,),
                               group=pipes[replica])
         schedule = ScheduleGPipe(stage, micro, loss_fn=nn.CrossEntropyLoss())
         optimizer = torch.optim.SGD(module.parameters(), lr=uc.train.lr,
@@ -222,9 +236,12 @@ def _worker(rank: int, world: int, port: int, job: Job, starts: list[int], micro
                 gather_weights(full, layers, starts, rank, stages)
 
         trainer = Trainer(full if rank == 0 else module,
-                          pipeline_step(schedule, optimizer, first, last, average), train, val,
-                          max_steps=cfg.max_steps, show_progress=job.show_progress and rank == 0,
-                          reduce=sum_over_ranks, before_eval=collect)
+                          pipeline_step(schedule, optimizer, first, last, average, device),
+                          train, val, max_steps=cfg.max_steps,
+                          show_progress=job.show_progress and rank == 0,
+                          reduce=lambda *v: sum_over_ranks(*v, device=device),
+                          before_eval=collect, device=device,
+                          sync=torch.cuda.synchronize if cuda else (lambda: None))
         for epoch in range(1, uc.train.epochs + 1):
             result = trainer.train_epoch(epoch)
             if rank == 0:
@@ -274,15 +291,24 @@ class Pipeline(Strategy):
             raise ConfigError("--micro-batches", f"the batch of {batch} does not split into "
                               f"{r} replica(s) x {m} equal micro-batches; choose sizes whose "
                               f"product divides {batch}")
-        if r * s > usable_cores():
+        if self.device_type(cfg) == "cpu" and r * s > usable_cores():
             log.warning("%d processes on %d usable cores: they will compete for the cores",
                         r * s, usable_cores())
 
+    def device_type(self, cfg: RunConfig) -> str:
+        """Stages on GPUs when there is one for each, else on CPU processes."""
+        wanted = self.replicas(cfg) * self.stages(cfg)
+        return "cuda" if torch.cuda.is_available() and torch.cuda.device_count() >= wanted \
+            else "cpu"
+
     def layout(self, cfg: RunConfig) -> dict[str, Any]:
         r, s = self.replicas(cfg), self.stages(cfg)
-        return {"processes": r * s, "threads_per_process": max(1, usable_cores() // (r * s)),
+        cuda = self.device_type(cfg) == "cuda"
+        return {"processes": r * s,
+                "threads_per_process": 1 if cuda else max(1, usable_cores() // (r * s)),
                 "replicas": r, "stages": s, "micro_batches": cfg.micro_batches,
-                "device": "cpu", "backend": "gloo", "schedule": "GPipe"}
+                "device": self.device_type(cfg), "backend": "nccl" if cuda else "gloo",
+                "schedule": "GPipe"}
 
     def fit(self, job: Job) -> None:
         cfg = job.cfg
@@ -294,8 +320,9 @@ class Pipeline(Strategy):
             job.folder.write_manifest()
         log.info("%s: %d replica(s) of %d stages starting at layers %s", self.name, r, s, starts)
         level = logging.getLogger("ddlstudy").level
-        threads = max(1, usable_cores() // (r * s))
-        run_ranks(_worker, r * s, (free_port(), job, starts, micro, r, threads, level))
+        threads = self.layout(cfg)["threads_per_process"]
+        run_ranks(_worker, r * s, (free_port(), job, starts, micro, r, threads, level,
+                                   self.device_type(cfg)))
 
 
 @register
