@@ -107,3 +107,41 @@ def bench_sampler(usecase: str, steps: int = 30, repeats: int = 5, hz: float = 1
         f"(min {100 * min(overhead):+.2f} %, max {100 * max(overhead):+.2f} %), "
         f"{rows} samples taken",
     ])
+
+
+GRADIENT_FLOATS = {"alexnet": 57_016_131, "vgg16": 134_272_835}
+"""Parameters of the 3-class torchvision models: the gradient each step averages."""
+
+
+def bench_reduce(size: str, nodes: int, repeats: int = 5) -> str:
+    """Every reducer on a gradient-sized buffer between ``nodes`` MPI ranks on this host."""
+    import json
+    import subprocess
+    import sys
+
+    from ddlstudy.doctor import find_mpiexec
+    from ddlstudy.errors import ConfigError, UsageError
+
+    floats = GRADIENT_FLOATS.get(size) or (int(size) if size.isdigit() else 0)
+    if floats <= 0:
+        raise ConfigError("--size", f"give alexnet, vgg16 or a number of floats, got {size!r}")
+    mpiexec = find_mpiexec()
+    if mpiexec is None:
+        raise UsageError("mpiexec not found; pip install mpich mpi4py (make install does)")
+    out = subprocess.run([mpiexec, "-n", str(nodes), sys.executable, "-m",
+                          "ddlstudy.bench_reduce", "--floats", str(floats), "--repeats",
+                          str(repeats)], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise UsageError(f"mpiexec failed ({out.returncode}): {out.stderr.strip()[-500:]}")
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    mib = 4 * floats / 2**20
+    reference = statistics.median(result["ms"]["allreduce"])
+    lines = [f"reducers on {size} ({floats:,} floats, {mib:.0f} MiB) between {nodes} MPI ranks "
+             f"on this host, {repeats} repeats",
+             "| reducer | ms min / median / max | GB/s (size / median) | x allreduce |",
+             "|---|---|---|---|"]
+    for name, ms in result["ms"].items():
+        median = statistics.median(ms)
+        lines.append(f"| {name} | {_spread(ms, fmt='{:.1f}')} | {4 * floats / median / 1e6:.2f} "
+                     f"| {median / reference:.2f} |")
+    return "\n".join(lines)

@@ -108,6 +108,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--repeats", type=int, default=5)
     b.add_argument("--hz", type=float, default=10.0)
     b.add_argument("--threads", type=int, default=1)
+    b = bsub.add_parser("reduce", help="every gradient-averaging algorithm under mpiexec")
+    b.add_argument("--size", default="alexnet", help="alexnet, vgg16 or a number of floats")
+    b.add_argument("--nodes", type=int, default=2, help="MPI ranks on this host")
+    b.add_argument("--repeats", type=int, default=5)
     b = bsub.add_parser("overhead", help="ddlstudy's loop against a raw torch loop")
     b.add_argument("--usecase", default="tiny")
     b.add_argument("--steps", type=int, default=20, help="timed steps per repeat")
@@ -204,12 +208,14 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from ddlstudy.bench import bench_overhead, bench_sampler
+    from ddlstudy.bench import bench_overhead, bench_reduce, bench_sampler
 
-    for name in ("steps", "repeats", "threads"):
-        if getattr(args, name) <= 0:
+    for name in ("steps", "repeats", "threads", "nodes"):
+        if getattr(args, name, 1) <= 0:
             raise ConfigError(f"--{name}", f"must be a positive integer, got {getattr(args, name)}")
-    if args.bench_command == "sampler":
+    if args.bench_command == "reduce":
+        print(bench_reduce(args.size, args.nodes, args.repeats))
+    elif args.bench_command == "sampler":
         print(bench_sampler(args.usecase, steps=args.steps, repeats=args.repeats, hz=args.hz,
                             threads=args.threads))
     else:
