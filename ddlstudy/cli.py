@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -50,6 +51,12 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
     what.add_argument("--replicas", type=int, default=2,
                       help="data-parallel replicas of the pipeline, for hybrid (default 2)")
     what.add_argument("--devices", type=int, help="GPUs for gpu-data (default: all visible)")
+    nodes = p.add_argument_group("several nodes")
+    nodes.add_argument("--backend", default="local", help="local (default) or mpi")
+    nodes.add_argument("--nodes", type=int, help="with --backend mpi: start this many MPI ranks "
+                       "on this machine (leave out under your own mpiexec)")
+    nodes.add_argument("--reduce", default="allreduce", help="how nodes average gradients: "
+                       "allreduce, parameter-server, ring-reduce, ring-allreduce, step-wise")
     task = p.add_argument_group("training task (override the use case's [train] table)")
     task.add_argument("--epochs", type=int)
     task.add_argument("--batch-size", type=int, help="global batch size")
@@ -140,7 +147,8 @@ def config_from_args(args: argparse.Namespace):
         extra["datasets_dir"] = args.datasets_dir
     return RunConfig(usecase=usecase, strategy=args.strategy, workers=args.workers,
                      stages=args.stages, micro_batches=args.micro_batches,
-                     replicas=args.replicas, devices=args.devices,
+                     replicas=args.replicas, devices=args.devices, backend=args.backend,
+                     nodes=args.nodes, reduce=args.reduce,
                      data_dir=args.data_dir, runs_dir=args.runs_dir or DEFAULT_RUNS_DIR,
                      on_bad_image=args.on_bad_image, loader_workers=args.loader_workers,
                      sample_hz=args.sample_hz, max_steps=args.max_steps,
@@ -148,14 +156,21 @@ def config_from_args(args: argparse.Namespace):
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from ddlstudy.runner import RunFailed, run
+    from ddlstudy import mpi
+    from ddlstudy.runfolder import RunFolder
+    from ddlstudy.runner import RunFailed, launch_mpi, run
 
     cfg = config_from_args(args)
     try:
-        folder = run(cfg)
+        if cfg.backend == "mpi" and not mpi.under_mpiexec():
+            folder = launch_mpi(cfg, args.argv)
+        else:
+            folder = run(cfg)
     except RunFailed as exc:
         print(f"ddlstudy: {exc}", file=sys.stderr)
         return exc.exit_code
+    if not isinstance(folder, RunFolder) or os.environ.get(mpi.CHILD_ENV):
+        return 0  # other MPI ranks stay quiet; under our own launcher, the launcher reports
     summary = folder.manifest.get("summary", {})
     print(f"{folder.path}  val accuracy {summary.get('final_val_accuracy', float('nan')):.3f}  "
           f"{summary.get('median_images_per_s', float('nan')):.1f} img/s")
@@ -229,7 +244,9 @@ COMMANDS = {"run": cmd_run, "dataset": cmd_dataset, "strategies": cmd_strategies
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
+    args.argv = argv
     setup_logging(logging.WARNING if getattr(args, "quiet", False) else logging.INFO)
     try:
         return COMMANDS[args.command](args)

@@ -30,6 +30,9 @@ class Arch(enum.StrEnum):
     VGG16 = "vgg16"
 
 
+BACKENDS = ("local", "mpi")
+
+
 class BadImagePolicy(enum.StrEnum):
     FAIL = "fail"
     SKIP = "skip"
@@ -160,6 +163,13 @@ class RunConfig:
     """Data-parallel replicas of the pipeline (hybrid)."""
     devices: int | None = None
     """GPUs for gpu-data (default: all visible)."""
+    backend: str = "local"
+    """local (one node) or mpi (each MPI rank a node)."""
+    nodes: int | None = None
+    """MPI ranks ddlstudy starts with mpiexec on this machine (backend mpi)."""
+    reduce: str = "allreduce"
+    """How nodes average gradients: allreduce, parameter-server, ring-reduce,
+    ring-allreduce, step-wise."""
     data_dir: Path | None = None
     """A real ImageFolder tree to train on instead of the synthetic set."""
     datasets_dir: Path = DEFAULT_DATASETS_DIR
@@ -188,6 +198,16 @@ class RunConfig:
         _positive("--replicas", self.replicas)
         if self.devices is not None:
             _positive("--devices", self.devices)
+        if self.backend not in BACKENDS:
+            raise ConfigError("--backend", f"unknown backend {self.backend!r}; choose one of: "
+                              f"{', '.join(BACKENDS)}")
+        if self.nodes is not None:
+            _positive("--nodes", self.nodes)
+            if self.backend == "local" and self.nodes > 1:
+                raise ConfigError("--nodes", "more than one node needs --backend mpi")
+        from ddlstudy.reducers import get_reducer
+
+        get_reducer(self.reduce)
         if self.max_steps is not None:
             _positive("--max-steps", self.max_steps)
         if isinstance(self.loader_workers, bool) or self.loader_workers < 0:

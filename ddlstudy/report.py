@@ -40,8 +40,9 @@ def load_runs(runs_dir: Path) -> list[dict]:
 def _cores(manifest: dict) -> int:
     """Cores the strategy kept busy: processes x threads, at most the cores it had."""
     s = manifest.get("strategy", {})
-    wanted = max(1, int(s.get("processes", 1)) * int(s.get("threads_per_process", 1)))
-    return min(wanted, manifest.get("host", {}).get("usable_cores") or wanted)
+    per_node = max(1, int(s.get("processes", 1)) * int(s.get("threads_per_process", 1)))
+    per_node = min(per_node, manifest.get("host", {}).get("usable_cores") or per_node)
+    return per_node * int(manifest.get("backend", {}).get("nodes", 1))
 
 
 def _rate(manifest: dict) -> float | None:

@@ -10,16 +10,20 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
+import socket
 import statistics
 import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
-from ddlstudy import environment
+from ddlstudy import environment, mpi
 from ddlstudy.config import RunConfig
 from ddlstudy.data import prepare_data
-from ddlstudy.runfolder import RunFolder, new_run_id
+from ddlstudy.errors import UsageError
+from ddlstudy.runfolder import MANIFEST, RunFolder, new_run_id
 from ddlstudy.sampler import ResourceSampler
 from ddlstudy.strategies import Job, get_strategy
 
@@ -70,44 +74,116 @@ def _summary(epochs: list[dict]) -> dict:
     }
 
 
-def run(cfg: RunConfig, show_progress: bool = True) -> RunFolder:
-    """Train ``cfg`` and return its run folder; raises RunFailed when training did not end."""
+def _prepare(cfg: RunConfig, comm):
+    """Rank 0 generates, scans and splits the data; the other MPI ranks receive the list."""
+    if comm is None:
+        return prepare_data(cfg)
+    data: object = None
+    if comm.Get_rank() == 0:
+        try:
+            data = prepare_data(cfg)
+        except UsageError as exc:  # every rank must hear of it, or they would wait forever
+            data = exc
+    data = comm.bcast(data, root=0)
+    if isinstance(data, UsageError):
+        raise data
+    return data
+
+
+def _backend(cfg: RunConfig, comm) -> dict:
+    if comm is None:
+        return {"name": "local", "nodes": 1}
+    return {"name": "mpi", "nodes": comm.Get_size(), "reduce": cfg.reduce,
+            "hosts": comm.allgather(socket.gethostname())}
+
+
+def run(cfg: RunConfig, show_progress: bool = True) -> RunFolder | None:
+    """Train ``cfg`` and return its run folder; raises RunFailed when training did not end.
+
+    Under the MPI backend every rank calls this; rank 0 gets the folder, the others None.
+    """
     strategy = get_strategy(cfg.strategy)
     strategy.check(cfg)
-    data = prepare_data(cfg)
+    comm = None
+    if cfg.backend == "mpi":
+        mpi.check(cfg.strategy)
+        comm = mpi.world()
+    rank = comm.Get_rank() if comm else 0
+    data = _prepare(cfg, comm)
     uc = cfg.usecase
-    folder = RunFolder.create(cfg.runs_dir, new_run_id(uc.name, strategy.name), {
-        "command": environment.command_line(),
-        "usecase": uc.name,
-        "strategy": {"name": strategy.name, **strategy.layout(cfg)},
-        "config": cfg.to_dict(),
-        "seeds": {"train": uc.train.seed, "data": uc.data.seed},
-        "data": data.describe(),
-        "git": environment.git_state(),
-        "versions": environment.versions(),
-        "host": environment.host(),
-        "sampler": {"hz": cfg.sample_hz},
-    })
-    log.info("run %s: %s on %s, %d train / %d validation images", folder.path.name,
-             strategy.name, uc.name, len(data.train), len(data.val))
-    sampler = ResourceSampler(cfg.sample_hz).start()
+    backend = _backend(cfg, comm)
+    folder = None
+    if rank == 0:
+        run_id = os.environ.get(mpi.RUN_ID_ENV) or new_run_id(uc.name, strategy.name)
+        folder = RunFolder.create(cfg.runs_dir, run_id, {
+            "command": environment.command_line(),
+            "usecase": uc.name,
+            "strategy": {"name": strategy.name, **strategy.layout(cfg)},
+            "backend": backend,
+            "config": cfg.to_dict(),
+            "seeds": {"train": uc.train.seed, "data": uc.data.seed},
+            "data": data.describe(),
+            "git": environment.git_state(),
+            "versions": environment.versions(),
+            "host": environment.host(),
+            "sampler": {"hz": cfg.sample_hz},
+        })
+        log.info("run %s: %s on %s (%s backend, %d node(s)), %d train / %d validation images",
+                 folder.path.name, strategy.name, uc.name, backend["name"], backend["nodes"],
+                 len(data.train), len(data.val))
+    sampler = ResourceSampler(cfg.sample_hz, rank=rank).start()
     outcome = Outcome("completed", 0)
+    rows_by_rank = None
     try:
         with sigterm_raises():
-            strategy.fit(Job(cfg=cfg, data=data, folder=folder, show_progress=show_progress))
+            job = Job(cfg=cfg, data=data, folder=folder, show_progress=show_progress)
+            if comm is None:
+                strategy.fit(job)
+            else:
+                mpi.fit(job, comm)
+                rows_by_rank = comm.gather(sampler.stop(), root=0)
     except KeyboardInterrupt:
         outcome = Outcome("interrupted", 130, "interrupted by SIGINT (Ctrl-C)")
     except Terminated:
         outcome = Outcome("interrupted", 143, "terminated by SIGTERM")
     except Exception as exc:  # recorded in the manifest, then reported by the CLI
-        (folder.path / "error.log").write_text(traceback.format_exc())
-        outcome = Outcome("failed", 1, f"{type(exc).__name__}: {exc}")
+        if folder is not None:
+            (folder.path / "error.log").write_text(traceback.format_exc())
+        where = f" on MPI rank {rank}" if comm else ""
+        outcome = Outcome("failed", 1, f"{type(exc).__name__}{where}: {exc}")
+        log.error("%s", outcome.error)
     finally:
-        folder.reload_epochs()
-        folder.write_samples(sampler.stop())
-        folder.finish(outcome.status, outcome.exit_code, outcome.error,
-                      summary=_summary(folder.manifest["epochs"]))
+        own_rows = sampler.stop()
+        if folder is not None:
+            folder.reload_epochs()
+            rows = [r for rank_rows in rows_by_rank for r in rank_rows] if rows_by_rank \
+                else own_rows
+            folder.write_samples(rows)
+            folder.finish(outcome.status, outcome.exit_code, outcome.error,
+                          summary=_summary(folder.manifest["epochs"]))
+        if comm is not None and outcome.exit_code:
+            comm.Abort(outcome.exit_code)  # the other ranks would wait in a collective
     if outcome.exit_code:
         raise RunFailed(folder, outcome.exit_code, f"run {folder.path.name} {outcome.status}: "
                         f"{outcome.error} (details in {folder.path})")
+    return folder
+
+
+def launch_mpi(cfg: RunConfig, argv: list[str]) -> RunFolder:
+    """``--backend mpi --nodes N`` from a plain shell: start mpiexec and wait for it."""
+    get_strategy(cfg.strategy).check(cfg)
+    mpi.check(cfg.strategy)
+    run_id = new_run_id(cfg.usecase.name, cfg.strategy)
+    code = mpi.launch(argv, cfg.nodes or 1, run_id)
+    path = Path(cfg.runs_dir) / run_id
+    if not (path / MANIFEST).is_file():
+        if code:
+            raise UsageError(f"mpiexec exited with code {code} before the run started")
+        raise UsageError("mpiexec ended without writing a run folder")
+    folder = RunFolder.open(path)
+    if folder.manifest["status"] == "running":  # rank 0 was killed before it could say
+        folder.finish("failed", code or 1, f"an MPI rank failed; mpiexec exit code {code}")
+    if folder.manifest["exit_code"]:
+        raise RunFailed(folder, folder.manifest["exit_code"],
+                        f"run {run_id} {folder.manifest['status']}: {folder.manifest['error']}")
     return folder

@@ -48,6 +48,11 @@ def cli(tmp_path, datasets_dir, capsys):
     (["run", "--strategy", "pipeline", "--micro-batches", "5"],
      "--micro-batches: the batch of 16 does not split into 1 replica(s) x 5"),
     (["run", "--strategy", "hybrid", "--replicas", "0"], "--replicas: must be a positive"),
+    (["run", "--backend", "spark"], "--backend: unknown backend 'spark'; choose one of: local"),
+    (["run", "--nodes", "2"], "--nodes: more than one node needs --backend mpi"),
+    (["run", "--backend", "mpi", "--reduce", "gossip"], "unknown reducer 'gossip'"),
+    (["run", "--backend", "mpi", "--nodes", "2", "--strategy", "pipeline"],
+     "'pipeline' cannot yet run inside MPI ranks"),
 ])
 def test_bad_flags(cli, args, message):
     code, err, runs = cli(*args)

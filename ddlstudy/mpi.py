@@ -1,0 +1,139 @@
+"""The MPI backend: each MPI rank is a node that trains with a local strategy on its slice
+of every global batch, and the nodes average their gradients with a reducer.
+
+    ddlstudy run --usecase tiny --backend mpi --nodes 2 --reduce ring-allreduce
+    mpiexec -n 4 -hosts a,b,c,d ddlstudy run --usecase simple-big --backend mpi
+
+``--nodes N`` makes ddlstudy start ``mpiexec -n N`` on this machine itself; a run started
+under someone else's mpiexec (hosts file, scheduler) just joins. Rank 0 checks and scans
+the data and sends the list to the others, writes the run folder, and gathers every rank's
+resource samples. Every rank reads only its own slice of the images.
+
+Gradients are averaged without a copy: each parameter's ``.grad`` is a view into one flat
+buffer, backward accumulates into it, and the reducer averages the buffer in place through
+its numpy view. Each node weights its loss by nodes x (its images / global batch), so the
+average is the global batch's mean gradient even when the slices differ by an image. A
+rank that raises aborts the whole job (MPI_Abort), so no rank waits forever.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+
+import numpy as np
+import torch
+from torch import nn
+
+from ddlstudy.doctor import find_mpiexec
+from ddlstudy.environment import usable_cores
+from ddlstudy.errors import ConfigError, UsageError
+from ddlstudy.models import build_model
+from ddlstudy.reducers import get_reducer
+from ddlstudy.strategies.base import Job
+from ddlstudy.training import Batch, StepFn, Trainer, make_loaders, seed_everything
+
+log = logging.getLogger("ddlstudy")
+
+CHILD_ENV = "DDLSTUDY_MPI_CHILD"
+RUN_ID_ENV = "DDLSTUDY_RUN_ID"
+MPI_STRATEGIES = ("sequential", "cpu-intraop")
+"""Local strategies a node can run under the MPI backend (one process per node)."""
+
+
+def under_mpiexec() -> bool:
+    return any(v in os.environ for v in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", CHILD_ENV))
+
+
+def check(strategy: str) -> None:
+    if strategy not in MPI_STRATEGIES:
+        raise ConfigError("--strategy", f"{strategy!r} cannot yet run inside MPI ranks; with "
+                          f"--backend mpi use one of: {', '.join(MPI_STRATEGIES)}")
+
+
+def launch(argv: list[str], nodes: int, run_id: str) -> int:
+    """Run this same command as ``mpiexec -n nodes``; returns mpiexec's exit code."""
+    mpiexec = find_mpiexec()
+    if mpiexec is None:
+        raise UsageError("--backend mpi needs mpiexec, which was not found; pip install mpich "
+                         "mpi4py (make install does) or load your cluster's MPI module")
+    env = os.environ | {CHILD_ENV: "1", RUN_ID_ENV: run_id}
+    cmd = [mpiexec, "-n", str(nodes), sys.executable, "-m", "ddlstudy", *argv]
+    log.info("launching %d MPI ranks: %s", nodes, " ".join(cmd))
+    return subprocess.call(cmd, env=env)
+
+
+def world():
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD
+
+
+def flat_gradients(model: nn.Module) -> torch.Tensor:
+    """One buffer holding every parameter's gradient; each ``.grad`` becomes a view of it."""
+    params = list(model.parameters())
+    flat = torch.zeros(sum(p.numel() for p in params))
+    offset = 0
+    for p in params:
+        p.grad = flat[offset:offset + p.numel()].view_as(p)
+        offset += p.numel()
+    return flat
+
+
+def _check_views(model: nn.Module, flat: torch.Tensor) -> None:
+    """Autograd accumulates into an existing .grad in place; make sure it still does."""
+    start, end = flat.data_ptr(), flat.data_ptr() + flat.element_size() * flat.numel()
+    if not all(start <= p.grad.data_ptr() < end for p in model.parameters()):
+        raise RuntimeError("a gradient is no longer a view of the flat buffer; the reducer "
+                           "would not see it")
+
+
+def mpi_step(model: nn.Module, optimizer: torch.optim.Optimizer, flat: torch.Tensor, comm,
+             reduce_name: str, global_batch: int) -> StepFn:
+    reducer = get_reducer(reduce_name)
+    nodes = comm.Get_size()
+    buffer = flat.numpy()  # shares memory with flat, hence with every .grad
+    count = 0
+
+    def step(batch: Batch) -> tuple[float, int, int]:
+        nonlocal count
+        images, labels = batch
+        n = labels.numel()
+        optimizer.zero_grad(set_to_none=False)  # zero in place: the grads stay views
+        logits = model(images)
+        loss = nn.functional.cross_entropy(logits, labels)
+        (loss * (nodes * n / global_batch)).backward()
+        if count == 0:
+            _check_views(model, flat)
+        reducer(comm, buffer, step=count)
+        optimizer.step()
+        count += 1
+        return loss.item() * n, int((logits.argmax(1) == labels).sum()), n
+
+    return step
+
+
+def fit(job: Job, comm) -> None:
+    """Train this rank's node (a one-process local strategy) and average across nodes."""
+    cfg, uc = job.cfg, job.cfg.usecase
+    rank, nodes = comm.Get_rank(), comm.Get_size()
+    torch.set_num_threads(1 if cfg.strategy == "sequential" else (cfg.workers or usable_cores()))
+    seed_everything(uc.train.seed)
+    model = build_model(uc.model, len(uc.classes))  # the same weights on every node
+    torch.manual_seed(uc.train.seed + rank)  # each node its own dropout masks and flips
+    flat = flat_gradients(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=uc.train.lr, momentum=uc.train.momentum)
+    train, val = make_loaders(cfg, job.data, shard=(rank, nodes))
+    step = mpi_step(model, optimizer, flat, comm, cfg.reduce, uc.train.batch_size)
+
+    def sum_over_nodes(*values: float) -> list[float]:
+        return comm.allreduce(np.asarray(values, dtype=np.float64)).tolist()
+
+    trainer = Trainer(model, step, train, val, max_steps=cfg.max_steps,
+                      show_progress=job.show_progress and rank == 0, reduce=sum_over_nodes)
+    for epoch in range(1, uc.train.epochs + 1):
+        result = trainer.train_epoch(epoch)
+        if rank == 0:
+            job.end_epoch(result, model, optimizer)
