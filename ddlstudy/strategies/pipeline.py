@@ -21,9 +21,7 @@ and each stage's gradients are all-reduced over the replicas before the optimize
 
 from __future__ import annotations
 
-import datetime
 import logging
-import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -38,11 +36,9 @@ from ddlstudy.config import RunConfig, UseCase
 from ddlstudy.data.folder import ImageListDataset, make_transform
 from ddlstudy.environment import usable_cores
 from ddlstudy.errors import ConfigError
-from ddlstudy.logs import setup_logging
 from ddlstudy.models import build_model
-from ddlstudy.sampler import ResourceSampler
 from ddlstudy.strategies.base import Job, Strategy, register
-from ddlstudy.strategies.processes import free_port, run_ranks, sum_over_ranks
+from ddlstudy.strategies.processes import free_port, run_ranks, spawned_rank, sum_over_ranks
 from ddlstudy.training import (
     Batch,
     StepFn,
@@ -53,7 +49,6 @@ from ddlstudy.training import (
 )
 
 log = logging.getLogger("ddlstudy")
-TIMEOUT = datetime.timedelta(seconds=120)
 
 
 def flat_layers(model: nn.Module) -> list[nn.Module]:
@@ -198,17 +193,8 @@ def _worker(rank: int, world: int, port: int, job: Job, starts: list[int], micro
             replicas: int, threads: int, log_level: int, device_type: str = "cpu") -> None:
     """One stage of one replica: a CPU process over gloo, or GPU ``rank`` over NCCL."""
     cfg, uc = job.cfg, job.cfg.usecase
-    torch.set_num_threads(threads)
-    os.environ["RANK"] = str(rank)
-    setup_logging(log_level)
     cuda = device_type == "cuda"
-    device = torch.device("cuda", rank) if cuda else torch.device("cpu")
-    if cuda:
-        torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}",
-                            rank=rank, world_size=world, timeout=TIMEOUT)
-    sampler = ResourceSampler(cfg.sample_hz, rank=rank, scope="worker").start()
-    try:
+    with spawned_rank(rank, world, port, job, threads, log_level, device_type) as device:
         stages = world // replicas
         replica, index = divmod(rank, stages)
         pipes, data_groups = _groups(replicas, stages)
@@ -247,11 +233,6 @@ def _worker(rank: int, world: int, port: int, job: Job, starts: list[int], micro
             if rank == 0:
                 job.end_epoch(result, full, optimizer)
             dist.barrier()
-    finally:
-        rows = sampler.stop()
-        if job.folder is not None and sampler.enabled:
-            job.folder.write_worker_samples(rank, rows)
-        dist.destroy_process_group()
 
 
 def _train_loader(cfg: RunConfig, job: Job, first: bool, shard: tuple[int, int]):

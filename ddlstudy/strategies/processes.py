@@ -13,10 +13,12 @@ counts summed) and writes the run folder.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 import os
 import socket
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -90,10 +92,12 @@ def sum_over_ranks(*values: float, device: torch.device | None = None) -> list[f
     return t.tolist()
 
 
-def _worker(rank: int, world: int, port: int, job: Job, threads: int, log_level: int,
-            device_type: str = "cpu", loader_workers: int | None = None) -> None:
-    """One data-parallel rank: on CPU over gloo, or on GPU ``rank`` over NCCL (gpu-data)."""
-    cfg, uc = job.cfg, job.cfg.usecase
+@contextlib.contextmanager
+def spawned_rank(rank: int, world: int, port: int, job: Job, threads: int, log_level: int,
+                 device_type: str = "cpu") -> Iterator[torch.device]:
+    """Everything a spawned rank needs around its training: threads, logging, its device,
+    the process group (gloo on CPU, NCCL on ``cuda:rank``) and its own resource sampler,
+    whose rows go to the run folder when it ends. Yields the rank's device."""
     torch.set_num_threads(threads)
     os.environ["RANK"] = str(rank)
     setup_logging(log_level)
@@ -103,8 +107,22 @@ def _worker(rank: int, world: int, port: int, job: Job, threads: int, log_level:
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}",
                             rank=rank, world_size=world, timeout=COLLECTIVE_TIMEOUT)
-    sampler = ResourceSampler(cfg.sample_hz, rank=rank, scope="worker").start()
+    sampler = ResourceSampler(job.cfg.sample_hz, rank=rank, scope="worker").start()
     try:
+        yield device
+    finally:
+        rows = sampler.stop()
+        if job.folder is not None and sampler.enabled:
+            job.folder.write_worker_samples(rank, rows)
+        dist.destroy_process_group()
+
+
+def _worker(rank: int, world: int, port: int, job: Job, threads: int, log_level: int,
+            device_type: str = "cpu", loader_workers: int | None = None) -> None:
+    """One data-parallel rank: on CPU over gloo, or on GPU ``rank`` over NCCL (gpu-data)."""
+    cfg, uc = job.cfg, job.cfg.usecase
+    cuda = device_type == "cuda"
+    with spawned_rank(rank, world, port, job, threads, log_level, device_type) as device:
         seed_everything(uc.train.seed)
         model = build_model(uc.model, len(uc.classes)).to(device)  # the same weights everywhere
         torch.manual_seed(uc.train.seed + rank)  # but each rank its own dropout masks, flips
@@ -124,11 +142,6 @@ def _worker(rank: int, world: int, port: int, job: Job, threads: int, log_level:
             if rank == 0:
                 job.end_epoch(result, model, optimizer)
             dist.barrier()
-    finally:
-        rows = sampler.stop()
-        if job.folder is not None and sampler.enabled:
-            job.folder.write_worker_samples(rank, rows)
-        dist.destroy_process_group()
 
 
 @register
