@@ -137,48 +137,6 @@ def test_strategies_learn_like_the_baseline(baseline_20, strategy, flags, tmp_pa
     assert abs(max(_accuracies(other)) - max(_accuracies(base))) <= 0.15
 
 
-def _pipeline_rank(rank, world, port, micro, out):
-    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
-
-    from ddlstudy.strategies.pipeline import (
-        balanced_cuts,
-        flat_layers,
-        gather_weights,
-        pipeline_step,
-        stage_module,
-    )
-
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world)
-    model, images, labels = _setup()
-    layers = flat_layers(model)
-    starts = balanced_cuts([1.0] * len(layers), world)
-    module = stage_module(layers, starts, rank)
-    with torch.no_grad():
-        example = nn.Sequential(*layers[:starts[rank]])(images[: BATCH // micro])
-    stage = PipelineStage(module, rank, world, torch.device("cpu"), input_args=(example,))
-    schedule = ScheduleGPipe(stage, micro, loss_fn=nn.CrossEntropyLoss())
-    step = pipeline_step(schedule, _sgd(module), rank == 0, rank == world - 1)
-    loss, correct, n = step((images, labels))
-    if rank == world - 1:
-        assert n == BATCH and loss > 0
-    gather_weights(model, layers, starts, rank, world)
-    if rank == 0:
-        torch.save(_flat(model), out)
-    dist.destroy_process_group()
-
-
-@pytest.mark.parametrize("stages, micro", [(2, 4), (3, 2)])
-def test_pipeline_step_equals_sequential(stages, micro, tmp_path):
-    before, reference = _sequential_update()
-    out = tmp_path / "weights.pt"
-    mp.start_processes(_pipeline_rank, args=(stages, free_port(), micro, out), nprocs=stages,
-                       start_method="spawn")
-    update = torch.load(out, weights_only=True) - before
-    assert _relative_error(update, reference) < TOLERANCE
-
-
 def test_balanced_cuts_minimise_the_slowest_stage():
     from ddlstudy.strategies.pipeline import balanced_cuts
 
@@ -187,7 +145,8 @@ def test_balanced_cuts_minimise_the_slowest_stage():
     assert balanced_cuts([1, 1, 1, 1, 1, 5], 3) == [0, 2, 5]  # stages cost 2, 3, 5
 
 
-def _hybrid_rank(rank, world, port, replicas, micro, out):
+def _pipeline_rank(rank, world, port, replicas, micro, out):
+    """One rank of ``replicas`` pipelines (1: a plain pipeline), as the strategy builds it."""
     from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
     from ddlstudy.strategies.pipeline import (
@@ -226,10 +185,20 @@ def _hybrid_rank(rank, world, port, replicas, micro, out):
     dist.destroy_process_group()
 
 
+@pytest.mark.parametrize("stages, micro", [(2, 4), (3, 2)])
+def test_pipeline_step_equals_sequential(stages, micro, tmp_path):
+    before, reference = _sequential_update()
+    out = tmp_path / "weights.pt"
+    mp.start_processes(_pipeline_rank, args=(stages, free_port(), 1, micro, out),
+                       nprocs=stages, start_method="spawn")
+    update = torch.load(out, weights_only=True) - before
+    assert _relative_error(update, reference) < TOLERANCE
+
+
 def test_hybrid_step_equals_sequential(tmp_path):
     before, reference = _sequential_update()
     out = tmp_path / "weights.pt"
-    mp.start_processes(_hybrid_rank, args=(4, free_port(), 2, 2, out), nprocs=4,
+    mp.start_processes(_pipeline_rank, args=(4, free_port(), 2, 2, out), nprocs=4,
                        start_method="spawn")
     update = torch.load(out, weights_only=True) - before
     assert _relative_error(update, reference) < TOLERANCE
