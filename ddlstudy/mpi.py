@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import subprocess
 import sys
 
@@ -39,6 +40,8 @@ log = logging.getLogger("ddlstudy")
 
 CHILD_ENV = "DDLSTUDY_MPI_CHILD"
 RUN_ID_ENV = "DDLSTUDY_RUN_ID"
+_BAD_TERMINATION = re.compile(r"^=\s+PID (\d+) RUNNING AT")
+"""How hydra's mpiexec names a rank that died ("=   PID 12868 RUNNING AT host")."""
 MPI_STRATEGIES = ("sequential", "cpu-intraop")
 """Local strategies a node can run under the MPI backend (one process per node)."""
 
@@ -53,8 +56,12 @@ def check(strategy: str) -> None:
                           f"--backend mpi use one of: {', '.join(MPI_STRATEGIES)}")
 
 
-def launch(argv: list[str], nodes: int, run_id: str) -> int:
-    """Run this same command as ``mpiexec -n nodes``; returns mpiexec's exit code."""
+def launch(argv: list[str], nodes: int, run_id: str) -> tuple[int, int | None]:
+    """Run this same command as ``mpiexec -n nodes``.
+
+    Returns mpiexec's exit code and, when a rank died, the PID that mpiexec reports for it
+    (its output is passed on to stderr line by line while it is read for that).
+    """
     mpiexec = find_mpiexec()
     if mpiexec is None:
         raise UsageError("--backend mpi needs mpiexec, which was not found; pip install mpich "
@@ -62,7 +69,15 @@ def launch(argv: list[str], nodes: int, run_id: str) -> int:
     env = os.environ | {CHILD_ENV: "1", RUN_ID_ENV: run_id}
     cmd = [mpiexec, "-n", str(nodes), sys.executable, "-m", "ddlstudy", *argv]
     log.info("launching %d MPI ranks: %s", nodes, " ".join(cmd))
-    return subprocess.call(cmd, env=env)
+    dead_pid = None
+    with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, bufsize=1) as proc:
+        for line in proc.stdout:
+            sys.stderr.write(line)
+            found = _BAD_TERMINATION.search(line)
+            if found and dead_pid is None:
+                dead_pid = int(found.group(1))
+    return proc.returncode, dead_pid
 
 
 def world():

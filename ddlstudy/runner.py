@@ -94,7 +94,7 @@ def _backend(cfg: RunConfig, comm) -> dict:
     if comm is None:
         return {"name": "local", "nodes": 1}
     return {"name": "mpi", "nodes": comm.Get_size(), "reduce": cfg.reduce,
-            "hosts": comm.allgather(socket.gethostname())}
+            "hosts": comm.allgather(socket.gethostname()), "pids": comm.allgather(os.getpid())}
 
 
 def run(cfg: RunConfig, show_progress: bool = True) -> RunFolder | None:
@@ -174,7 +174,7 @@ def launch_mpi(cfg: RunConfig, argv: list[str]) -> RunFolder:
     get_strategy(cfg.strategy).check(cfg)
     mpi.check(cfg.strategy)
     run_id = new_run_id(cfg.usecase.name, cfg.strategy)
-    code = mpi.launch(argv, cfg.nodes or 1, run_id)
+    code, dead_pid = mpi.launch(argv, cfg.nodes or 1, run_id)
     path = Path(cfg.runs_dir) / run_id
     if not (path / MANIFEST).is_file():
         if code:
@@ -182,7 +182,10 @@ def launch_mpi(cfg: RunConfig, argv: list[str]) -> RunFolder:
         raise UsageError("mpiexec ended without writing a run folder")
     folder = RunFolder.open(path)
     if folder.manifest["status"] == "running":  # rank 0 was killed before it could say
-        folder.finish("failed", code or 1, f"an MPI rank failed; mpiexec exit code {code}")
+        pids = folder.manifest["backend"].get("pids", [])
+        who = f"MPI rank {pids.index(dead_pid)} (PID {dead_pid})" if dead_pid in pids \
+            else "an MPI rank"
+        folder.finish("failed", code or 1, f"{who} died; mpiexec exit code {code}")
     if folder.manifest["exit_code"]:
         raise RunFailed(folder, folder.manifest["exit_code"],
                         f"run {run_id} {folder.manifest['status']}: {folder.manifest['error']}")

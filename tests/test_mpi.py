@@ -62,3 +62,39 @@ def test_step_wise_trains(tmp_path, datasets_dir):
     accuracies = [e["val_accuracy"] for e in manifest["epochs"]]
     assert manifest["status"] == "completed" and len(accuracies) == 10
     assert max(accuracies) >= 0.45  # chance is 1/3
+
+
+def test_a_killed_rank_ends_the_job_and_is_named(tmp_path, datasets_dir):
+    """SIGKILL rank 1 mid-run: mpiexec ends the job at once, the manifest names the rank."""
+    import signal
+    import time
+
+    import psutil
+
+    runs = tmp_path / "runs"
+    proc = subprocess.Popen([sys.executable, "-m", "ddlstudy", "run", "--usecase", "tiny",
+                             "--datasets-dir", str(datasets_dir), "--runs-dir", str(runs),
+                             "--backend", "mpi", "--nodes", "2", "--epochs", "500",
+                             "--no-snapshot", "--sample-hz", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not list(runs.glob("*/metrics.csv")):
+        time.sleep(0.2)
+    victims = []
+    for child in psutil.Process(proc.pid).children(recursive=True):
+        try:
+            if child.environ().get("PMI_RANK") == "1" and child.name().startswith("python"):
+                victims.append(child)
+        except psutil.Error:
+            continue
+    assert len(victims) == 1
+    victims[0].send_signal(signal.SIGKILL)
+    killed_at = time.time()
+    out, _ = proc.communicate(timeout=120)
+    assert time.time() - killed_at < 30  # no hang
+    assert proc.returncode != 0
+    manifest = json.loads(next(runs.glob(f"*/{MANIFEST}")).read_text())
+    assert manifest["status"] == "failed" and manifest["exit_code"] == proc.returncode
+    assert manifest["error"].startswith(f"MPI rank 1 (PID {victims[0].pid}) died")
+    assert 1 <= len(manifest["epochs"]) < 500
+    assert f"MPI rank 1 (PID {victims[0].pid}) died" in out
