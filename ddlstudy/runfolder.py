@@ -18,6 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ddlstudy.signals import deferred
+
 MANIFEST = "manifest.json"
 METRICS = "metrics.csv"
 SAMPLES = "samples.parquet"
@@ -30,17 +32,19 @@ def now_iso() -> str:
 
 
 def atomic_write(path: Path, write: Callable[[io.BufferedWriter], None]) -> None:
-    """Write through ``<path>.tmp-<pid>`` in the same folder, fsync, then rename over ``path``."""
+    """Write through ``.<name>.tmp-<pid>`` in the same folder, fsync, then rename over
+    ``path``; SIGINT and SIGTERM wait until it is done (see ddlstudy.signals)."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with deferred():  # a Ctrl-C or SIGTERM lands after the write, not inside it
+        try:
+            with open(tmp, "wb") as f:
+                write(f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
 
 
 def atomic_write_text(path: Path, text: str) -> None:

@@ -8,18 +8,15 @@ exit 143), and the samples gathered so far are written whatever happened.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import signal
 import socket
 import statistics
 import traceback
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from ddlstudy import environment, mpi
+from ddlstudy import environment, mpi, signals
 from ddlstudy.config import RunConfig
 from ddlstudy.data import prepare_data
 from ddlstudy.errors import UsageError
@@ -30,27 +27,11 @@ from ddlstudy.strategies import Job, get_strategy
 log = logging.getLogger("ddlstudy")
 
 
-class Terminated(BaseException):
-    """SIGTERM, raised in the main thread like KeyboardInterrupt is for SIGINT."""
-
-
 class RunFailed(Exception):
     def __init__(self, folder: RunFolder, exit_code: int, message: str) -> None:
         self.folder = folder
         self.exit_code = exit_code
         super().__init__(message)
-
-
-@contextlib.contextmanager
-def sigterm_raises() -> Iterator[None]:
-    def handler(signum, frame):
-        raise Terminated()
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 @dataclass(frozen=True)
@@ -135,7 +116,7 @@ def run(cfg: RunConfig, show_progress: bool = True) -> RunFolder | None:
     outcome = Outcome("completed", 0)
     rows_by_rank = None
     try:
-        with sigterm_raises():
+        with signals.handled():
             job = Job(cfg=cfg, data=data, folder=folder, show_progress=show_progress)
             if comm is None:
                 strategy.fit(job)
@@ -144,7 +125,7 @@ def run(cfg: RunConfig, show_progress: bool = True) -> RunFolder | None:
                 rows_by_rank = comm.gather(sampler.stop(), root=0)
     except KeyboardInterrupt:
         outcome = Outcome("interrupted", 130, "interrupted by SIGINT (Ctrl-C)")
-    except Terminated:
+    except signals.Terminated:
         outcome = Outcome("interrupted", 143, "terminated by SIGTERM")
     except Exception as exc:  # recorded in the manifest, then reported by the CLI
         if folder is not None:

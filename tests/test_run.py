@@ -167,3 +167,22 @@ def test_doctor_finds_the_venvs_mpiexec(capsys):
     expected = {"cores", "memory", "torch", "GPUs", "mpiexec", "mpi4py", "java", "pyspark"}
     assert expected <= set(lines)
     assert lines["mpiexec"].startswith("ok ") and "Version" in lines["mpiexec"]
+
+
+def test_sigterm_during_a_write_lands_after_it(tmp_path):
+    """The signal arrives mid-write: the file is finished and renamed, then Terminated."""
+    from ddlstudy import signals
+    from ddlstudy.runfolder import atomic_write
+
+    target = tmp_path / "snapshot.bin"
+
+    def write(f):
+        f.write(b"a" * 1000)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)  # the handler runs here and only takes note
+        f.write(b"b" * 1000)
+
+    with signals.handled(), pytest.raises(signals.Terminated):
+        atomic_write(target, write)
+    assert target.read_bytes() == b"a" * 1000 + b"b" * 1000
+    assert list(tmp_path.iterdir()) == [target]
