@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -15,6 +16,8 @@ from ddlstudy.environment import usable_cores
 from ddlstudy.errors import ConfigError
 from ddlstudy.runfolder import RunFolder
 from ddlstudy.training import EpochResult, log_epoch
+
+log = logging.getLogger("ddlstudy")
 
 
 @dataclass
@@ -73,6 +76,13 @@ def require_batch_per_worker(cfg: RunConfig, workers: int, noun: str) -> None:
     if batch < workers:
         raise ConfigError("--batch-size", f"{batch} is smaller than the {workers} {noun}; "
                           f"each needs at least one image of every batch")
+
+
+def warn_if_oversubscribed(processes: int) -> None:
+    """More single-threaded processes than cores still runs, but they compete for the cores."""
+    if processes > usable_cores():
+        log.warning("%d processes on %d usable cores: they will compete for the cores",
+                    processes, usable_cores())
 
 
 REGISTRY: dict[str, type[Strategy]] = {}

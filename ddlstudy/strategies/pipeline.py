@@ -37,7 +37,7 @@ from ddlstudy.data.folder import ImageListDataset, make_transform
 from ddlstudy.environment import usable_cores
 from ddlstudy.errors import ConfigError
 from ddlstudy.models import build_model
-from ddlstudy.strategies.base import Job, Strategy, register
+from ddlstudy.strategies.base import Job, Strategy, register, warn_if_oversubscribed
 from ddlstudy.strategies.processes import free_port, run_ranks, spawned_rank, sum_over_ranks
 from ddlstudy.training import (
     Batch,
@@ -272,9 +272,8 @@ class Pipeline(Strategy):
             raise ConfigError("--micro-batches", f"the batch of {batch} does not split into "
                               f"{r} replica(s) x {m} equal micro-batches; choose sizes whose "
                               f"product divides {batch}")
-        if self.device_type(cfg) == "cpu" and r * s > usable_cores():
-            log.warning("%d processes on %d usable cores: they will compete for the cores",
-                        r * s, usable_cores())
+        if self.device_type(cfg) == "cpu":
+            warn_if_oversubscribed(r * s)
 
     def device_type(self, cfg: RunConfig) -> str:
         """Stages on GPUs when there is one for each, else on CPU processes."""

@@ -33,7 +33,13 @@ from ddlstudy.errors import ConfigError
 from ddlstudy.logs import setup_logging
 from ddlstudy.models import build_model
 from ddlstudy.sampler import ResourceSampler
-from ddlstudy.strategies.base import Job, Strategy, register, require_batch_per_worker
+from ddlstudy.strategies.base import (
+    Job,
+    Strategy,
+    register,
+    require_batch_per_worker,
+    warn_if_oversubscribed,
+)
 from ddlstudy.training import Batch, StepFn, Trainer, make_loaders, seed_everything
 
 log = logging.getLogger("ddlstudy")
@@ -154,9 +160,7 @@ class CpuProcesses(Strategy):
     def check(self, cfg: RunConfig) -> None:
         k = self.workers(cfg)
         require_batch_per_worker(cfg, k, "processes")
-        if k > usable_cores():
-            log.warning("%d processes on %d usable cores: they will compete for the cores",
-                        k, usable_cores())
+        warn_if_oversubscribed(k)
 
     def layout(self, cfg: RunConfig) -> dict[str, Any]:
         k = self.workers(cfg)
