@@ -1,4 +1,5 @@
-# make demo: .venv, install, synthetic data, a small study, its speedup table.
+# make demo: .venv, install, synthetic data, a small study (usecases/demo.toml), its
+#            speedup tables and figures (runs/demo/report/).
 # make test: .venv if missing, ruff, the whole test suite.
 PYTHON ?= python3
 VENV   := .venv
@@ -6,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 DEMO   := runs/demo
 
-.PHONY: install demo test lint clean-demo
+.PHONY: install demo test lint clean-demo notebook
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,11 +18,11 @@ install: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/ddlstudy dataset make --usecase tiny
-	$(BIN)/ddlstudy run --usecase tiny --strategy sequential --runs-dir $(DEMO)
-	$(BIN)/ddlstudy run --usecase tiny --strategy cpu-intraop --runs-dir $(DEMO)
-	$(BIN)/ddlstudy run --usecase tiny --strategy cpu-threads --runs-dir $(DEMO)
-	$(BIN)/ddlstudy run --usecase tiny --strategy cpu-processes --runs-dir $(DEMO)
-	$(BIN)/ddlstudy report $(DEMO)
+	$(BIN)/ddlstudy study usecases/demo.toml --resume
+
+notebook: $(STAMP)
+	$(BIN)/pip install --quiet -e '.[dev,notebook]'
+	$(BIN)/jupyter lab analysis/study.ipynb
 
 lint: $(STAMP)
 	$(BIN)/ruff check ddlstudy tests

@@ -4,7 +4,10 @@
     ddlstudy dataset make --usecase simple-big            # datasets/synthetic-big/
     ddlstudy run --usecase tiny --strategy sequential     # runs/<id>/
     ddlstudy run --usecase simple-big --data-dir /path/to/imagefolder --epochs 2
-    ddlstudy report runs/                                 # speedup table
+    ddlstudy report runs/ --out report/                   # tables and figures
+    ddlstudy study usecases/demo.toml --resume            # a whole matrix of runs
+    ddlstudy replay runs/<id>/manifest.json               # the same run again
+    ddlstudy compare runs/<a> runs/<b>                    # what differs, by how much
     ddlstudy strategies                                   # what --strategy takes
     ddlstudy bench sampler --usecase tiny                 # sampler overhead
 
@@ -52,7 +55,7 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
                       help="data-parallel replicas of the pipeline, for hybrid (default 2)")
     what.add_argument("--devices", type=int, help="GPUs for gpu-data (default: all visible)")
     nodes = p.add_argument_group("several nodes")
-    nodes.add_argument("--backend", default="local", help="local (default) or mpi")
+    nodes.add_argument("--backend", default="local", help="local (default), mpi or spark")
     nodes.add_argument("--nodes", type=int, help="with --backend mpi: start this many MPI ranks "
                        "on this machine (leave out under your own mpiexec)")
     nodes.add_argument("--reduce", default="allreduce", help="how nodes average gradients: "
@@ -79,6 +82,14 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
     out.add_argument("--max-steps", type=int, help="stop each epoch after this many steps")
     out.add_argument("--no-snapshot", action="store_true",
                      help="do not write snapshot.pt after each epoch")
+    out.add_argument("--snapshot-every", type=int, metavar="N",
+                     help="also snapshot every N steps inside an epoch")
+    faults = p.add_argument_group("faults")
+    faults.add_argument("--resume", type=Path, metavar="RUN", help="continue runs/<id> from "
+                        "its last snapshot (its recorded configuration; other flags ignored)")
+    faults.add_argument("--max-restarts", type=int, default=0, metavar="N",
+                        help="when a worker dies, restart from the last snapshot up to N "
+                        "times (default 0)")
     out.add_argument("--quiet", action="store_true", help="warnings and errors only")
 
 
@@ -102,10 +113,33 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("doctor", help="what this machine offers the study, with fixes")
     sub.add_parser("strategies", help="list the local parallelism strategies")
 
-    p = sub.add_parser("report", help="speedup table of a folder of runs")
+    p = sub.add_parser("report", help="speedup tables (and figures) of a folder of runs")
     p.add_argument("runs", type=Path, nargs="?", default=None, help="default: runs/")
-    p.add_argument("--format", default="markdown", choices=["markdown", "csv"])
-    p.add_argument("--out", type=Path, help="write the table to this file too")
+    p.add_argument("--format", default="markdown", choices=["markdown", "csv", "latex"])
+    p.add_argument("--out", type=Path, help="also write the tables, runs.csv and the figures "
+                   "into this folder")
+    p.add_argument("--no-figures", action="store_true", help="with --out: tables only")
+
+    p = sub.add_parser("study", help="run a study plan: use cases x configurations x repeats")
+    p.add_argument("plan", type=Path, help="a study plan TOML, e.g. usecases/demo.toml")
+    p.add_argument("--repeat", type=int, help="repeats of every cell (default: the plan's)")
+    p.add_argument("--resume", action="store_true",
+                   help="reuse this study's completed runs whose configuration matches")
+    p.add_argument("--runs-dir", type=Path, help="default: the plan's, or runs/<name>")
+    p.add_argument("--epochs", type=int, help="override every cell's epochs")
+    p.add_argument("--max-steps", type=int, help="override every cell's steps per epoch")
+    p.add_argument("--format", default="markdown", choices=["markdown", "csv", "latex"])
+    p.add_argument("--quiet", action="store_true", help="warnings and errors only")
+
+    p = sub.add_parser("replay", help="run a manifest again: same config, seeds and data")
+    p.add_argument("manifest", type=Path, help="runs/<id>/manifest.json or runs/<id>")
+    p.add_argument("--runs-dir", type=Path, help="where the new run goes (default: the "
+                   "original's runs folder)")
+    p.add_argument("--quiet", action="store_true", help="warnings and errors only")
+
+    p = sub.add_parser("compare", help="what differs between two runs, and by how much")
+    p.add_argument("a", type=Path, help="a run folder or its manifest.json")
+    p.add_argument("b", type=Path)
 
     p = sub.add_parser("bench", help="performance figures, measured side by side")
     bsub = p.add_subparsers(dest="bench_command", required=True, metavar="WHAT")
@@ -152,23 +186,46 @@ def config_from_args(args: argparse.Namespace):
                      data_dir=args.data_dir, runs_dir=args.runs_dir or DEFAULT_RUNS_DIR,
                      on_bad_image=args.on_bad_image, loader_workers=args.loader_workers,
                      sample_hz=args.sample_hz, max_steps=args.max_steps,
-                     snapshot=not args.no_snapshot, **extra)
+                     snapshot=not args.no_snapshot, snapshot_every=args.snapshot_every,
+                     **extra)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    if args.max_restarts < 0:
+        raise ConfigError("--max-restarts", f"must be 0 or more, got {args.max_restarts}")
+    if args.resume is not None:
+        from ddlstudy.runner import resume_config
+
+        return train(resume_config(args.resume), args.argv, args.resume, args.max_restarts)
+    return train(config_from_args(args), args.argv, max_restarts=args.max_restarts)
+
+
+def train(cfg, argv: list[str], resume: Path | None = None, max_restarts: int = 0) -> int:
+    """Run ``cfg`` (launching mpiexec for --backend mpi) and print where it went; with
+    ``max_restarts``, a run that failed after a snapshot continues from it."""
     from ddlstudy import mpi
-    from ddlstudy.runfolder import RunFolder
+    from ddlstudy.runfolder import SNAPSHOT, RunFolder
     from ddlstudy.runner import RunFailed, launch_mpi, run
 
-    cfg = config_from_args(args)
-    try:
-        if cfg.backend == "mpi" and not mpi.under_mpiexec():
-            folder = launch_mpi(cfg, args.argv)
-        else:
-            folder = run(cfg)
-    except RunFailed as exc:
-        print(f"ddlstudy: {exc}", file=sys.stderr)
-        return exc.exit_code
+    restarts = 0
+    while True:
+        try:
+            if cfg.backend == "mpi" and not mpi.under_mpiexec():
+                folder = launch_mpi(cfg, argv, resume)
+            else:
+                folder = run(cfg, resume=resume)
+            break
+        except RunFailed as exc:
+            restartable = (exc.folder is not None and exc.exit_code not in (2, 130, 143)
+                           and (exc.folder.path / SNAPSHOT).is_file())
+            if restarts >= max_restarts or not restartable:
+                print(f"ddlstudy: {exc}", file=sys.stderr)
+                return exc.exit_code
+            restarts += 1
+            resume = exc.folder.path
+            argv = ["run", "--resume", str(resume), *(["--quiet"] if "--quiet" in argv else [])]
+            log.warning("%s; restarting from its last snapshot (restart %d of %d)", exc,
+                        restarts, max_restarts)
     if not isinstance(folder, RunFolder) or os.environ.get(mpi.CHILD_ENV):
         return 0  # other MPI ranks stay quiet; under our own launcher, the launcher reports
     summary = folder.manifest.get("summary", {})
@@ -210,15 +267,49 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from ddlstudy.config import DEFAULT_RUNS_DIR
-    from ddlstudy.report import load_runs, speedup_table, to_markdown
+    from ddlstudy.report import Report
 
-    runs_dir = args.runs or DEFAULT_RUNS_DIR
-    table = speedup_table(load_runs(runs_dir))
-    text = table.to_csv(index=False) if args.format == "csv" else to_markdown(table)
-    print(text)
+    report = Report(args.runs or DEFAULT_RUNS_DIR)
+    print(report.text(args.format))
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+        if args.out.exists() and not args.out.is_dir():
+            raise UsageError(f"--out {args.out} is a file; give a folder for the tables and "
+                             "figures")
+        paths = report.write(args.out, args.format, figures=not args.no_figures)
+        print(f"\n{len(paths)} files written to {args.out}", file=sys.stderr)
+    return 0
+
+
+def cmd_study(args: argparse.Namespace) -> int:
+    from ddlstudy.study import study
+
+    overrides = {}
+    for name in ("epochs", "max_steps"):
+        value = getattr(args, name)
+        if value is not None:
+            if value <= 0:
+                raise ConfigError(f"--{name.replace('_', '-')}",
+                                  f"must be a positive integer, got {value}")
+            overrides[name] = value
+    return study(args.plan, repeat=args.repeat, resume=args.resume, runs_dir=args.runs_dir,
+                 overrides=overrides, fmt=args.format)
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from ddlstudy.replay import config_from_manifest, differences, read_manifest
+
+    manifest = read_manifest(args.manifest)
+    runs_dir = args.runs_dir or Path(manifest["path"]).parent
+    cfg = config_from_manifest(manifest, runs_dir)
+    for line in differences(manifest):
+        log.warning("replay of %s differs: %s", manifest.get("id"), line)
+    return train(cfg, args.argv)
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from ddlstudy.replay import compare, read_manifest
+
+    print(compare(read_manifest(args.a), read_manifest(args.b)))
     return 0
 
 
@@ -240,7 +331,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"run": cmd_run, "dataset": cmd_dataset, "strategies": cmd_strategies,
-            "doctor": cmd_doctor, "report": cmd_report, "bench": cmd_bench}
+            "doctor": cmd_doctor, "report": cmd_report, "bench": cmd_bench,
+            "study": cmd_study, "replay": cmd_replay, "compare": cmd_compare}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,7 +30,7 @@ class Arch(enum.StrEnum):
     VGG16 = "vgg16"
 
 
-BACKENDS = ("local", "mpi")
+BACKENDS = ("local", "mpi", "spark")
 
 
 class BadImagePolicy(enum.StrEnum):
@@ -183,6 +183,12 @@ class RunConfig:
     """Stop each epoch after this many optimizer steps (quick measurements)."""
     snapshot: bool = True
     """Write runs/<id>/snapshot.pt at the end of every epoch."""
+    snapshot_every: int | None = None
+    """Also snapshot every this many steps inside an epoch."""
+    expect_fingerprint: str | None = None
+    """Refuse to train unless the data set has this fingerprint (replay)."""
+    replay_of: str | None = None
+    """The run id this run replays."""
 
     def __post_init__(self) -> None:
         try:
@@ -204,12 +210,16 @@ class RunConfig:
         if self.nodes is not None:
             _positive("--nodes", self.nodes)
             if self.backend == "local" and self.nodes > 1:
-                raise ConfigError("--nodes", "more than one node needs --backend mpi")
+                raise ConfigError("--nodes", "more than one node needs --backend mpi or spark")
         from ddlstudy.reducers import get_reducer
 
         get_reducer(self.reduce)
         if self.max_steps is not None:
             _positive("--max-steps", self.max_steps)
+        if self.snapshot_every is not None:
+            _positive("--snapshot-every", self.snapshot_every)
+            if not self.snapshot:
+                raise ConfigError("--snapshot-every", "cannot be used with --no-snapshot")
         if isinstance(self.loader_workers, bool) or self.loader_workers < 0:
             raise ConfigError("--loader-workers", f"must be 0 or more, got {self.loader_workers}")
         if not 0 <= self.sample_hz <= 100:
@@ -257,6 +267,9 @@ def resolve_usecase_path(name_or_path: str) -> Path:
             raise UsageError(f"use-case file {name_or_path} does not exist")
         return path
     candidate = USECASES_DIR / f"{name_or_path}.toml"
+    if candidate.is_file() and not _is_usecase_file(candidate):
+        raise UsageError(f"{candidate} is a study plan, not a use case; run it with "
+                         f"`ddlstudy study {candidate}`")
     if not candidate.is_file():
         raise UsageError(f"unknown use case {name_or_path!r}; choose one of: "
                          f"{', '.join(available_usecases())}, or give a path to a TOML file")

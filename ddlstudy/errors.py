@@ -15,3 +15,9 @@ class ConfigError(UsageError):
 
 class DataError(UsageError):
     """The data set cannot be used: a missing class, an unreadable image, an empty folder."""
+
+
+class Unavailable(ConfigError):
+    """The configuration is valid but this machine or this version cannot run it: a GPU
+    strategy without GPUs, a backend or a combination not available. A study records
+    such a cell as skipped, with this message as the reason."""

@@ -30,10 +30,10 @@ from torch import nn
 
 from ddlstudy.doctor import find_mpiexec
 from ddlstudy.environment import usable_cores
-from ddlstudy.errors import ConfigError, UsageError
+from ddlstudy.errors import Unavailable
 from ddlstudy.models import build_model
 from ddlstudy.reducers import get_reducer
-from ddlstudy.strategies.base import Job
+from ddlstudy.strategies.base import Job, train_epochs
 from ddlstudy.training import Batch, StepFn, Trainer, make_loaders, seed_everything
 
 log = logging.getLogger("ddlstudy")
@@ -52,8 +52,16 @@ def under_mpiexec() -> bool:
 
 def check(strategy: str) -> None:
     if strategy not in MPI_STRATEGIES:
-        raise ConfigError("--strategy", f"{strategy!r} cannot yet run inside MPI ranks; with "
+        raise Unavailable("--strategy", f"{strategy!r} cannot yet run inside MPI ranks; with "
                           f"--backend mpi use one of: {', '.join(MPI_STRATEGIES)}")
+
+
+def require_mpiexec() -> str:
+    mpiexec = find_mpiexec()
+    if mpiexec is None:
+        raise Unavailable("--backend", "mpi needs mpiexec, which was not found; pip install "
+                          "mpich mpi4py (make install does) or load your cluster's MPI module")
+    return mpiexec
 
 
 def launch(argv: list[str], nodes: int, run_id: str) -> tuple[int, int | None]:
@@ -62,10 +70,7 @@ def launch(argv: list[str], nodes: int, run_id: str) -> tuple[int, int | None]:
     Returns mpiexec's exit code and, when a rank died, the PID that mpiexec reports for it
     (its output is passed on to stderr line by line while it is read for that).
     """
-    mpiexec = find_mpiexec()
-    if mpiexec is None:
-        raise UsageError("--backend mpi needs mpiexec, which was not found; pip install mpich "
-                         "mpi4py (make install does) or load your cluster's MPI module")
+    mpiexec = require_mpiexec()
     env = os.environ | {CHILD_ENV: "1", RUN_ID_ENV: run_id}
     cmd = [mpiexec, "-n", str(nodes), sys.executable, "-m", "ddlstudy", *argv]
     log.info("launching %d MPI ranks: %s", nodes, " ".join(cmd))
@@ -148,7 +153,5 @@ def fit(job: Job, comm) -> None:
 
     trainer = Trainer(model, step, train, val, max_steps=cfg.max_steps,
                       show_progress=job.show_progress and rank == 0, reduce=sum_over_nodes)
-    for epoch in range(1, uc.train.epochs + 1):
-        result = trainer.train_epoch(epoch)
-        if rank == 0:
-            job.end_epoch(result, model, optimizer)
+    train_epochs(job, trainer, optimizer, rank=rank, writer=rank == 0,
+                 gather=lambda state: comm.gather(state, root=0), barrier=comm.Barrier)

@@ -18,18 +18,19 @@ def on_terminal() -> bool:
 
 
 def progress(items: Iterable[T], *, total: int | None, desc: str, unit: str = "it",
-             enabled: bool = True) -> Iterator[T]:
+             enabled: bool = True, initial: int = 0) -> Iterator[T]:
     if not enabled:
         yield from items
         return
     if on_terminal():
         from tqdm import tqdm
 
-        yield from tqdm(items, total=total, desc=desc, unit=unit, leave=False, dynamic_ncols=True)
+        yield from tqdm(items, total=total, desc=desc, unit=unit, leave=False, dynamic_ncols=True,
+                        initial=initial)
         return
     start = last = time.perf_counter()
     step = max(1, (total or 0) // 10)
-    for done, item in enumerate(items, 1):
+    for done, item in enumerate(items, initial + 1):
         yield item
         now = time.perf_counter()
         # Every ~10 % but no more than one line in LOG_EVERY_S: short loops stay quiet.

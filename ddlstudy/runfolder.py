@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import datetime as dt
+import errno
 import io
 import json
 import os
@@ -31,9 +32,14 @@ def now_iso() -> str:
     return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")
 
 
+class WriteFailed(RuntimeError):
+    """A file could not be written (disk full, file-size limit); the previous one is kept."""
+
+
 def atomic_write(path: Path, write: Callable[[io.BufferedWriter], None]) -> None:
     """Write through ``.<name>.tmp-<pid>`` in the same folder, fsync, then rename over
-    ``path``; SIGINT and SIGTERM wait until it is done (see ddlstudy.signals)."""
+    ``path``; SIGINT and SIGTERM wait until it is done (see ddlstudy.signals). A failed
+    write leaves ``path`` as it was and no temporary file."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     with deferred():  # a Ctrl-C or SIGTERM lands after the write, not inside it
         try:
@@ -42,13 +48,36 @@ def atomic_write(path: Path, write: Callable[[io.BufferedWriter], None]) -> None
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
-        except BaseException:
+        except BaseException as exc:
             tmp.unlink(missing_ok=True)
+            cause = exc if isinstance(exc, OSError) else exc.__cause__ or exc.__context__
+            if isinstance(exc, OSError | RuntimeError) and isinstance(cause, OSError) \
+                    and cause.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+                raise WriteFailed(f"could not write {path} ({cause.strerror}); "
+                                  f"the previous {path.name}, if any, is kept: free some space "
+                                  f"and resume the run") from exc
             raise
 
 
 def atomic_write_text(path: Path, text: str) -> None:
     atomic_write(path, lambda f: f.write(text.encode()))
+
+
+def sweep_temporaries(folder: Path) -> list[Path]:
+    """Remove the ``.<name>.tmp-<pid>`` files that processes no longer alive left behind
+    (a write killed by SIGKILL cannot clean up after itself)."""
+    import psutil
+
+    swept = []
+    for tmp in Path(folder).glob(".*.tmp-*"):
+        try:
+            pid = int(tmp.name.rsplit("-", 1)[1])
+        except ValueError:
+            continue
+        if pid != os.getpid() and not psutil.pid_exists(pid):
+            tmp.unlink(missing_ok=True)
+            swept.append(tmp)
+    return swept
 
 
 def new_run_id(usecase: str, strategy: str) -> str:
@@ -86,6 +115,20 @@ class RunFolder:
         self._write_metrics()
         self.write_manifest()
 
+    def rewrite_epochs(self) -> None:
+        """The manifest and metrics.csv after ``manifest['epochs']`` was cut (resume)."""
+        if self.manifest["epochs"]:
+            self._write_metrics()
+        else:
+            (self.path / METRICS).unlink(missing_ok=True)
+        self.write_manifest()
+
+    def merge_leftover_samples(self) -> None:
+        """Fold the worker samples an interrupted attempt left into samples.parquet, so the
+        next attempt's workers start afresh and nothing sampled is lost."""
+        if any(self.path.glob(".samples-rank*.parquet")):
+            self.write_samples([])
+
     def _write_metrics(self) -> None:
         rows = self.manifest["epochs"]
         buf = io.StringIO()
@@ -109,7 +152,9 @@ class RunFolder:
         from ddlstudy.sampler import samples_frame
 
         parts = sorted(self.path.glob(".samples-rank*.parquet"))
-        frames = [samples_frame(rows), *(pd.read_parquet(p) for p in parts)]
+        # samples.parquet exists already only when an earlier attempt of a resumed run wrote it
+        earlier = [self.path / SAMPLES] if (self.path / SAMPLES).is_file() else []
+        frames = [samples_frame(rows), *(pd.read_parquet(p) for p in [*earlier, *parts])]
         frame = pd.concat([f for f in frames if len(f)] or frames[:1], ignore_index=True)
         frame = frame.sort_values("time", kind="stable", ignore_index=True)
         atomic_write(self.path / SAMPLES, lambda f: frame.to_parquet(f, index=False))

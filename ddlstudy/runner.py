@@ -8,6 +8,8 @@ exit 143), and the samples gathered so far are written whatever happened.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import os
 import socket
@@ -16,15 +18,27 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
 from ddlstudy import environment, mpi, signals
 from ddlstudy.config import RunConfig
 from ddlstudy.data import prepare_data
-from ddlstudy.errors import UsageError
-from ddlstudy.runfolder import MANIFEST, RunFolder, new_run_id
+from ddlstudy.errors import Unavailable, UsageError
+from ddlstudy.runfolder import (
+    MANIFEST,
+    SNAPSHOT,
+    RunFolder,
+    new_run_id,
+    now_iso,
+    sweep_temporaries,
+)
 from ddlstudy.sampler import ResourceSampler
-from ddlstudy.strategies import Job, get_strategy
+from ddlstudy.strategies import REGISTRY, Job, Strategy, get_strategy
 
 log = logging.getLogger("ddlstudy")
+
+STUDY_ENV = "DDLSTUDY_STUDY"
+"""JSON a study puts in its runs' environment: which study, cell and repeat a run is."""
 
 
 class RunFailed(Exception):
@@ -78,23 +92,122 @@ def _backend(cfg: RunConfig, comm) -> dict:
             "hosts": comm.allgather(socket.gethostname()), "pids": comm.allgather(os.getpid())}
 
 
-def run(cfg: RunConfig, show_progress: bool = True) -> RunFolder | None:
-    """Train ``cfg`` and return its run folder; raises RunFailed when training did not end.
-
-    Under the MPI backend every rank calls this; rank 0 gets the folder, the others None.
-    """
+def preflight(cfg: RunConfig, resuming: bool = False) -> Strategy:
+    """Refuse what cannot run before anything starts: ConfigError for a bad combination,
+    Unavailable for one this machine or this version cannot run (no GPU, no mpiexec)."""
     strategy = get_strategy(cfg.strategy)
     strategy.check(cfg)
-    comm = None
+    exact = [name for name, cls in REGISTRY.items() if cls.resumable]
+    if (resuming or cfg.snapshot_every) and not strategy.resumable:
+        flag = "--resume" if resuming else "--snapshot-every"
+        raise Unavailable(flag, f"{strategy.name} cannot yet be resumed exactly (only its "
+                          f"epoch-end snapshots are written); strategies that can: "
+                          f"{', '.join(exact)}")
+    if resuming and cfg.backend == "mpi" and cfg.reduce == "step-wise":
+        raise Unavailable("--resume", "step-wise leaves every node with different weights "
+                          "and the snapshot holds rank 0's only; an exact reducer resumes")
     if cfg.backend == "mpi":
         mpi.check(cfg.strategy)
-        comm = mpi.world()
+        if not mpi.under_mpiexec():
+            mpi.require_mpiexec()
+    elif cfg.backend == "spark":
+        raise Unavailable("--backend", "the Spark backend is not available in this version "
+                          "yet; use --backend mpi for several nodes")
+    return strategy
+
+
+def _study_tag() -> dict:
+    try:
+        return {"study": json.loads(os.environ[STUDY_ENV])}
+    except (KeyError, ValueError):
+        return {}
+
+
+def resume_config(path: Path) -> RunConfig:
+    """The configuration a run folder recorded, to continue it (its data must not change)."""
+    from ddlstudy.replay import config_from_manifest, read_manifest
+
+    manifest = read_manifest(path)
+    cfg = config_from_manifest(manifest, Path(manifest["path"]).parent)
+    return dataclasses.replace(cfg, replay_of=manifest["config"].get("replay_of"))
+
+
+def _load_snapshot(path: Path) -> dict:
+    import torch
+
+    file = path / SNAPSHOT
+    if not file.is_file():
+        raise UsageError(f"{path} has no {SNAPSHOT} to resume from: it stopped before its "
+                         f"first snapshot (--snapshot-every N snapshots inside long epochs); "
+                         f"start the run again")
+    try:
+        snap = torch.load(file, weights_only=True, map_location="cpu")
+    except Exception as exc:  # a damaged file: say so, change nothing
+        raise UsageError(f"{file} cannot be loaded ({type(exc).__name__}: {exc}); it is left "
+                         f"as it is") from None
+    if not isinstance(snap, dict) or "position" not in snap or "rng" not in snap:
+        raise UsageError(f"{file} was written by an older ddlstudy without the training "
+                         f"position; it cannot be resumed exactly")
+    return snap
+
+
+def _reopen(path: Path, backend: dict) -> tuple[RunFolder, dict]:
+    """Check that ``path`` can be resumed, load its snapshot, then mark it running again."""
+    folder = RunFolder.open(path)
+    m = folder.manifest
+    if m["status"] == "completed":
+        raise UsageError(f"run {path.name} completed all its epochs; nothing to resume")
+    if m["status"] == "running" and m.get("host", {}).get("hostname") == socket.gethostname() \
+            and m.get("pid") and psutil.pid_exists(m["pid"]) and m["pid"] != os.getpid():
+        raise UsageError(f"run {path.name} is still running (PID {m['pid']}); stop it first")
+    snap = _load_snapshot(folder.path)
+    sweep_temporaries(folder.path)
+    folder.merge_leftover_samples()
+    m["epochs"] = m["epochs"][:snap["epoch"]]
+    m.setdefault("resumed", []).append({"at": now_iso(), "from_epoch": snap["epoch"],
+                                        "from_step": snap["step"],
+                                        "after": {"status": m["status"], "error": m["error"]}})
+    m.update(status="running", ended_at=None, exit_code=None, error=None, pid=os.getpid(),
+             backend=backend)
+    folder.rewrite_epochs()
+    log.info("run %s: resuming after epoch %d, step %d", path.name, snap["epoch"], snap["step"])
+    return folder, snap
+
+
+def _open_folder(comm, resume: Path | None, backend: dict):
+    """Rank 0 reopens the run to resume; every rank gets its snapshot (or the UsageError)."""
+    if resume is None:
+        return None, None
+    folder, outcome = None, None
+    if comm is None or comm.Get_rank() == 0:
+        try:
+            folder, outcome = _reopen(Path(resume), backend)
+        except UsageError as exc:  # every rank must hear of it, or they would wait forever
+            outcome = exc
+    if comm is not None:
+        outcome = comm.bcast(outcome, root=0)
+    if isinstance(outcome, UsageError):
+        raise outcome
+    return folder, outcome
+
+
+def run(cfg: RunConfig, show_progress: bool = True,
+        resume: Path | None = None) -> RunFolder | None:
+    """Train ``cfg`` and return its run folder; raises RunFailed when training did not end.
+
+    With ``resume`` (a run folder), continue that run from its snapshot. Under the MPI
+    backend every rank calls this; rank 0 gets the folder, the others None.
+    """
+    strategy = preflight(cfg, resuming=resume is not None)
+    comm = mpi.world() if cfg.backend == "mpi" else None
     rank = comm.Get_rank() if comm else 0
     data = _prepare(cfg, comm)
     uc = cfg.usecase
     backend = _backend(cfg, comm)
-    folder = None
-    if rank == 0:
+    folder, snapshot = _open_folder(comm, resume, backend)
+    if rank == 0 and folder is None:
+        for old in Path(cfg.runs_dir).glob("*/"):
+            sweep_temporaries(old)
         run_id = os.environ.get(mpi.RUN_ID_ENV) or new_run_id(uc.name, strategy.name)
         folder = RunFolder.create(cfg.runs_dir, run_id, {
             "command": environment.command_line(),
@@ -108,6 +221,8 @@ def run(cfg: RunConfig, show_progress: bool = True) -> RunFolder | None:
             "versions": environment.versions(),
             "host": environment.host(),
             "sampler": {"hz": cfg.sample_hz},
+            "pid": os.getpid(),
+            **_study_tag(),
         })
         log.info("run %s: %s on %s (%s backend, %d node(s)), %d train / %d validation images",
                  folder.path.name, strategy.name, uc.name, backend["name"], backend["nodes"],
@@ -117,7 +232,8 @@ def run(cfg: RunConfig, show_progress: bool = True) -> RunFolder | None:
     rows_by_rank = None
     try:
         with signals.handled():
-            job = Job(cfg=cfg, data=data, folder=folder, show_progress=show_progress)
+            job = Job(cfg=cfg, data=data, folder=folder, show_progress=show_progress,
+                      resume=snapshot)
             if comm is None:
                 strategy.fit(job)
             else:
@@ -150,11 +266,11 @@ def run(cfg: RunConfig, show_progress: bool = True) -> RunFolder | None:
     return folder
 
 
-def launch_mpi(cfg: RunConfig, argv: list[str]) -> RunFolder:
+def launch_mpi(cfg: RunConfig, argv: list[str], resume: Path | None = None) -> RunFolder:
     """``--backend mpi --nodes N`` from a plain shell: start mpiexec and wait for it."""
-    get_strategy(cfg.strategy).check(cfg)
-    mpi.check(cfg.strategy)
-    run_id = new_run_id(cfg.usecase.name, cfg.strategy)
+    preflight(cfg, resuming=resume is not None)
+    run_id = (Path(resume).name if resume else os.environ.get(mpi.RUN_ID_ENV)
+              or new_run_id(cfg.usecase.name, cfg.strategy))
     code, dead_pid = mpi.launch(argv, cfg.nodes or 1, run_id)
     path = Path(cfg.runs_dir) / run_id
     if not (path / MANIFEST).is_file():

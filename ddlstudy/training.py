@@ -79,6 +79,47 @@ class ShardedBatches(Sampler[list[int]]):
         return len(self.batches)  # type: ignore[arg-type]
 
 
+class ResumableBatches(Sampler[list[int]]):
+    """``batches``, skipping the first ``skip`` of the next pass (a resume mid-epoch).
+
+    The skip happens on indices, before any image is read, and the wrapped sampler is
+    iterated exactly as in an uninterrupted run, so it draws the same random numbers.
+    """
+
+    def __init__(self, batches: Sampler[list[int]]) -> None:
+        self.batches = batches
+        self.skip = 0
+
+    def __iter__(self) -> Iterator[list[int]]:
+        skip, self.skip = self.skip, 0
+        for i, batch in enumerate(self.batches):
+            if i >= skip:
+                yield batch
+
+    def __len__(self) -> int:
+        return len(self.batches)  # type: ignore[arg-type]
+
+
+def rng_state() -> dict:
+    """This process's random states (torch, numpy, Python) as tensors and plain lists, so a
+    snapshot holding them loads with ``torch.load(weights_only=True)``."""
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    version, internal, gauss = random.getstate()
+    return {"torch": torch.get_rng_state(),
+            "numpy": {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)),
+                      "pos": int(pos), "has_gauss": int(has_gauss), "cached": float(cached)},
+            "python": {"version": version, "internal": list(internal), "gauss": gauss}}
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    n = state["numpy"]
+    np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"],
+                         n["has_gauss"], n["cached"]))
+    p = state["python"]
+    random.setstate((p["version"], tuple(p["internal"]), p["gauss"]))
+
+
 def _worker_args(workers: int) -> dict:
     return {"num_workers": workers,
             **({"persistent_workers": True, "prefetch_factor": 4} if workers else {})}
@@ -97,6 +138,7 @@ def train_loader(dataset: Dataset, cfg: RunConfig, *, shard: tuple[int, int] | N
                                     drop_last)
     if shard is not None:
         batches = ShardedBatches(batches, *shard)
+    batches = ResumableBatches(batches)
     workers = cfg.loader_workers if loader_workers is None else loader_workers
     return DataLoader(dataset, batch_sampler=batches, generator=gen, **_worker_args(workers))
 
@@ -181,47 +223,96 @@ class Trainer:
         self.before_eval = before_eval  # e.g. gather pipeline stages into one model
         self.device = device
         self.loss_fn = nn.CrossEntropyLoss()
+        self.after_step: Callable[[int, int], None] = lambda epoch, step: None
+        """Called after every step with (epoch, steps done in it), e.g. to snapshot."""
+        self.sums = _zero_sums()
+        """The running sums of the epoch in progress (part of a snapshot)."""
+        self.epoch_start_generator: torch.Tensor | None = None
+        self._clock: tuple[float, float | None, int] = (time.perf_counter(), None, 0)
+
+    @property
+    def generator(self) -> torch.Generator | None:
+        """The generator that shuffles the training batches."""
+        return getattr(self.train_loader, "generator", None)
+
+    def _timing(self) -> tuple[float, int, float]:
+        """(train time, steady images, steady time) of the epoch so far, earlier attempts of
+        a resumed epoch included; each attempt's first WARMUP_STEPS are not steady."""
+        now = time.perf_counter()
+        start, steady_start, steady_from = self._clock
+        sums = self.sums
+        train_time = sums["time_s"] + now - start
+        if steady_start is None:
+            return train_time, sums["steady_images"], sums["steady_time_s"]
+        return (train_time, sums["steady_images"] + sums["images"] - steady_from,
+                sums["steady_time_s"] + now - steady_start)
+
+    def position(self) -> dict:
+        """Where training stands, for a snapshot: the shuffling generator as it was when the
+        epoch in progress began, and that epoch's running sums and times."""
+        gen = self.epoch_start_generator
+        train_time, steady_images, steady_time = self._timing()
+        return {"generator": gen if gen is not None else self.generator.get_state(),
+                "sums": self.sums | {"time_s": train_time, "steady_images": steady_images,
+                                     "steady_time_s": steady_time}}
+
+    def resume_epoch(self, position: dict) -> None:
+        """Make the next ``train_epoch`` continue an epoch a snapshot interrupted."""
+        self.generator.set_state(position["generator"])
+        self.sums = _zero_sums() | position["sums"]
+        self.train_loader.batch_sampler.skip = self.sums["steps"]
 
     def train_epoch(self, epoch: int) -> EpochResult:
         self.model.train()
-        loss_sum, correct, images, steps = 0.0, 0, 0, 0
+        gen = self.generator
+        self.epoch_start_generator = gen.get_state() if gen is not None else None
+        sums = self.sums
+        resumed = sums["steps"]  # > 0 when resume_epoch set up a partial epoch
         total = len(self.train_loader) if hasattr(self.train_loader, "__len__") else None
         if self.max_steps and total:
             total = min(total, self.max_steps)
         start = time.perf_counter()
-        steady_start, steady_images = start, 0
+        self._clock = (start, None, 0)
         batches = progress(self.train_loader, total=total, desc=f"epoch {epoch}", unit="batch",
-                           enabled=self.show_progress)
+                           enabled=self.show_progress, initial=resumed)
+        if self.max_steps and sums["steps"] >= self.max_steps:
+            batches = []
         for batch in batches:
             batch_loss, batch_correct, n = self.step(batch)
-            loss_sum += batch_loss
-            correct += batch_correct
-            images += n
-            steps += 1
-            if steps == WARMUP_STEPS:
+            sums["loss"] += batch_loss
+            sums["correct"] += batch_correct
+            sums["images"] += n
+            sums["steps"] += 1
+            if sums["steps"] - resumed == WARMUP_STEPS:
                 self.sync()
-                steady_start, steady_images = time.perf_counter(), images
-            if self.max_steps and steps >= self.max_steps:
+                self._clock = (start, time.perf_counter(), sums["images"])
+            self.after_step(epoch, sums["steps"])
+            if self.max_steps and sums["steps"] >= self.max_steps:
                 break
         self.sync()
-        train_time = time.perf_counter() - start
-        steady_time = time.perf_counter() - steady_start
+        train_time, steady_images, steady_time = self._timing()
+        self.sums = _zero_sums()
         val_start = time.perf_counter()
         self.before_eval()
         val_sums = evaluate(self.model, self.val_loader, self.loss_fn, self.device)
         val_time = time.perf_counter() - val_start
         loss_sum, correct, images, steady_n, val_loss, val_correct, val_seen = self.reduce(
-            loss_sum, correct, images, images - steady_images, *val_sums)
+            sums["loss"], sums["correct"], sums["images"], steady_images, *val_sums)
         images, steady_n, val_seen = int(images), int(steady_n), max(int(val_seen), 1)
         return EpochResult(
             epoch=epoch, train_loss=loss_sum / max(images, 1),
             train_accuracy=correct / max(images, 1), val_loss=val_loss / val_seen,
-            val_accuracy=val_correct / val_seen, train_images=images, steps=steps,
+            val_accuracy=val_correct / val_seen, train_images=images, steps=sums["steps"],
             train_time_s=train_time,
             images_per_s=images / train_time if train_time else 0.0,
             steady_images_per_s=(steady_n / steady_time if steady_n and steady_time
                                  else images / max(train_time, 1e-9)),
             val_time_s=val_time, epoch_time_s=train_time + val_time)
+
+
+def _zero_sums() -> dict:
+    return {"loss": 0.0, "correct": 0, "images": 0, "steps": 0, "time_s": 0.0,
+            "steady_images": 0, "steady_time_s": 0.0}
 
 
 def log_epoch(result: EpochResult, epochs: int) -> None:

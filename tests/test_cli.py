@@ -48,7 +48,8 @@ def cli(tmp_path, datasets_dir, capsys):
     (["run", "--strategy", "pipeline", "--micro-batches", "5"],
      "--micro-batches: the batch of 16 does not split into 1 replica(s) x 5"),
     (["run", "--strategy", "hybrid", "--replicas", "0"], "--replicas: must be a positive"),
-    (["run", "--backend", "spark"], "--backend: unknown backend 'spark'; choose one of: local"),
+    (["run", "--backend", "spark"], "the Spark backend is not available in this version"),
+    (["run", "--backend", "slurm"], "--backend: unknown backend 'slurm'; choose one of: local"),
     (["run", "--nodes", "2"], "--nodes: more than one node needs --backend mpi"),
     (["run", "--backend", "mpi", "--reduce", "gossip"], "unknown reducer 'gossip'"),
     (["run", "--backend", "mpi", "--nodes", "2", "--strategy", "pipeline"],
@@ -104,18 +105,32 @@ def test_errors_from_a_real_process_have_no_traceback(tmp_path):
 
 
 def test_report_speedup_against_the_baseline():
-    def manifest(strategy, rate, threads=1, status="completed", epoch_s=10.0):
-        return {"usecase": "u", "status": status, "started_at": "t",
+    def manifest(strategy, rate, threads=1, status="completed", epoch_s=10.0, nodes=0):
+        backend = {"name": "mpi", "nodes": nodes, "reduce": "allreduce"} if nodes else {}
+        return {"usecase": "u", "status": status, "started_at": "t", "backend": backend,
                 "strategy": {"name": strategy, "processes": 1, "threads_per_process": threads},
                 "epochs": [{"steady_images_per_s": rate, "epoch_time_s": epoch_s,
                             "val_accuracy": 0.8}]}
 
     table = speedup_table([manifest("sequential", 20.0), manifest("sequential", 30.0),
                            manifest("cpu-intraop", 50.0, threads=2),
-                           manifest("cpu-intraop", 0, threads=2, status="failed")])
-    rows = table.set_index("strategy")
+                           manifest("cpu-intraop", 0, threads=2, status="failed"),
+                           manifest("sequential", 40.0, nodes=2)])  # not the baseline
+    mpi = table[table.backend == "mpi"].iloc[0]
+    assert mpi["speedup"] == pytest.approx(1.6) and mpi["cores"] == 2
+    assert mpi["config"] == "mpi 2 nodes, allreduce: sequential"
+    rows = table[table.backend == "local"].set_index("strategy")
     assert rows.loc["sequential", "speedup"] == pytest.approx(1.0)
     assert rows.loc["sequential", "images_per_s"] == pytest.approx(25.0)  # median of 20, 30
     assert rows.loc["cpu-intraop", "speedup"] == pytest.approx(2.0)
     assert rows.loc["cpu-intraop", "efficiency"] == pytest.approx(1.0)
-    assert rows.loc["cpu-intraop", "status"] == "1 not completed"
+    assert rows.loc["cpu-intraop", "status"] == "1 failed"
+
+
+def test_mpi_backend_without_mpiexec(cli, monkeypatch):
+    from ddlstudy import mpi
+
+    monkeypatch.setattr(mpi, "find_mpiexec", lambda: None)  # as on a machine without MPI
+    code, err, runs = cli("run", "--backend", "mpi", "--nodes", "2")
+    assert code == 2 and "mpi needs mpiexec, which was not found; pip install mpich" in err
+    assert not runs.exists()

@@ -10,6 +10,7 @@ from ddlstudy.config import RunConfig
 from ddlstudy.data.fingerprint import SUMS_FILE, sha256_file
 from ddlstudy.data.folder import ImageList, scan_imagefolder, stratified_split
 from ddlstudy.data.generate import is_complete, make_dataset
+from ddlstudy.errors import DataError
 
 log = logging.getLogger("ddlstudy")
 
@@ -59,6 +60,11 @@ def prepare_data(cfg: RunConfig) -> DataPlan:
     if sums_sha and sums_sha != images.fingerprint:
         log.warning("%s no longer matches its %s: files were changed, added or removed",
                     root, SUMS_FILE)
+    if cfg.expect_fingerprint and images.fingerprint != cfg.expect_fingerprint:
+        raise DataError(f"the data in {root} has fingerprint {images.fingerprint[:16]}... but the "
+                        f"run being replayed used {cfg.expect_fingerprint[:16]}...: the images "
+                        f"changed; regenerate them (ddlstudy dataset make --force) or give the "
+                        f"original data with --data-dir")
     if images.skipped:
         log.warning("skipping %d unreadable images (listed in the manifest), first: %s",
                     len(images.skipped), images.skipped[0][0])

@@ -37,8 +37,20 @@ from ddlstudy.data.folder import ImageListDataset, make_transform
 from ddlstudy.environment import usable_cores
 from ddlstudy.errors import ConfigError
 from ddlstudy.models import build_model
-from ddlstudy.strategies.base import Job, Strategy, register, warn_if_oversubscribed
-from ddlstudy.strategies.processes import free_port, run_ranks, spawned_rank, sum_over_ranks
+from ddlstudy.strategies.base import (
+    Job,
+    Strategy,
+    register,
+    train_epochs,
+    warn_if_oversubscribed,
+)
+from ddlstudy.strategies.processes import (
+    free_port,
+    gather_to_first,
+    run_ranks,
+    spawned_rank,
+    sum_over_ranks,
+)
 from ddlstudy.training import (
     Batch,
     StepFn,
@@ -228,11 +240,8 @@ def _worker(rank: int, world: int, port: int, job: Job, starts: list[int], micro
                           reduce=lambda *v: sum_over_ranks(*v, device=device),
                           before_eval=collect, device=device,
                           sync=torch.cuda.synchronize if cuda else (lambda: None))
-        for epoch in range(1, uc.train.epochs + 1):
-            result = trainer.train_epoch(epoch)
-            if rank == 0:
-                job.end_epoch(result, full, optimizer)
-            dist.barrier()
+        train_epochs(job, trainer, optimizer, rank=rank, writer=rank == 0,
+                     gather=gather_to_first, barrier=dist.barrier)
 
 
 def _train_loader(cfg: RunConfig, job: Job, first: bool, shard: tuple[int, int]):

@@ -29,7 +29,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ddlstudy.config import RunConfig
 from ddlstudy.environment import usable_cores
-from ddlstudy.errors import ConfigError
+from ddlstudy.errors import Unavailable
 from ddlstudy.logs import setup_logging
 from ddlstudy.models import build_model
 from ddlstudy.sampler import ResourceSampler
@@ -38,6 +38,7 @@ from ddlstudy.strategies.base import (
     Strategy,
     register,
     require_batch_per_worker,
+    train_epochs,
     warn_if_oversubscribed,
 )
 from ddlstudy.training import Batch, StepFn, Trainer, make_loaders, seed_everything
@@ -54,6 +55,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class WorkerDied(RuntimeError):
+    """A spawned rank ended without a Python error (SIGKILL, out of memory, os._exit)."""
+
+
 def run_ranks(fn, world: int, args: tuple) -> None:
     """Start ``fn(rank, world, *args)`` in ``world`` spawned processes and wait for all.
 
@@ -65,6 +70,10 @@ def run_ranks(fn, world: int, args: tuple) -> None:
     try:
         while not context.join():
             pass
+    except mp.ProcessExitedException as exc:  # killed or exited without a Python error
+        how = f"signal {exc.signal_name}" if exc.signal_name else f"exit code {exc.exit_code}"
+        raise WorkerDied(f"worker rank {exc.error_index} (PID {exc.error_pid}) died: "
+                         f"{how}") from None
     finally:
         for proc in context.processes:
             if proc.is_alive():
@@ -96,6 +105,13 @@ def sum_over_ranks(*values: float, device: torch.device | None = None) -> list[f
     t = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(t)
     return t.tolist()
+
+
+def gather_to_first(obj: Any) -> list | None:
+    """Every rank's ``obj`` in a list on rank 0 (None elsewhere); a collective."""
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out if dist.get_rank() == 0 else None
 
 
 @contextlib.contextmanager
@@ -143,16 +159,14 @@ def _worker(rank: int, world: int, port: int, job: Job, threads: int, log_level:
                           show_progress=job.show_progress and rank == 0,
                           reduce=lambda *v: sum_over_ranks(*v, device=device), device=device,
                           sync=torch.cuda.synchronize if cuda else (lambda: None))
-        for epoch in range(1, uc.train.epochs + 1):
-            result = trainer.train_epoch(epoch)
-            if rank == 0:
-                job.end_epoch(result, model, optimizer)
-            dist.barrier()
+        train_epochs(job, trainer, optimizer, rank=rank, writer=rank == 0,
+                     gather=gather_to_first, barrier=dist.barrier)
 
 
 @register
 class CpuProcesses(Strategy):
     name = "cpu-processes"
+    resumable = True
     summary = ("k processes, each a replica with its slice of every batch, gradients "
                "all-reduced every step over gloo (DDP); the paper's fastest CPU strategy")
     flags = "--workers K (processes, default: usable cores), --loader-workers"
@@ -177,6 +191,7 @@ class CpuProcesses(Strategy):
 @register
 class GpuData(Strategy):
     name = "gpu-data"
+    resumable = True
     summary = ("one process per GPU, DistributedDataParallel over NCCL, CPU loader workers "
                "decoding ahead so each GPU stays busy")
     flags = "--devices N (GPUs, default: all), --loader-workers (default: cores per GPU - 1)"
@@ -186,11 +201,11 @@ class GpuData(Strategy):
 
     def check(self, cfg: RunConfig) -> None:
         if not torch.cuda.is_available():
-            raise ConfigError("--strategy", "gpu-data needs CUDA GPUs and this machine has none "
+            raise Unavailable("--strategy", "gpu-data needs CUDA GPUs and this machine has none "
                               "(torch.cuda.is_available() is False); use cpu-processes for "
                               "data parallelism on CPU")
         if self.devices(cfg) > torch.cuda.device_count():
-            raise ConfigError("--devices", f"{self.devices(cfg)} GPUs asked for but only "
+            raise Unavailable("--devices", f"{self.devices(cfg)} GPUs asked for but only "
                               f"{torch.cuda.device_count()} are visible")
         require_batch_per_worker(cfg, self.devices(cfg), "GPUs")
 

@@ -9,7 +9,7 @@ from torch import nn
 
 from ddlstudy.config import RunConfig
 from ddlstudy.models import build_model
-from ddlstudy.strategies.base import Job, Strategy, register
+from ddlstudy.strategies.base import Job, Strategy, register, train_epochs
 from ddlstudy.training import Trainer, make_loaders, plain_step, seed_everything
 
 
@@ -24,13 +24,13 @@ def fit_one_model(job: Job, threads: int, loader_workers: int) -> None:
     step = plain_step(model, optimizer, nn.CrossEntropyLoss())
     trainer = Trainer(model, step, train_loader, val_loader, max_steps=cfg.max_steps,
                       show_progress=job.show_progress)
-    for epoch in range(1, uc.train.epochs + 1):
-        job.end_epoch(trainer.train_epoch(epoch), model, optimizer)
+    train_epochs(job, trainer, optimizer)
 
 
 @register
 class Sequential(Strategy):
     name = "sequential"
+    resumable = True
     summary = ("the baseline: one process, one intra-op thread, data loaded in that process; "
                "every speedup is measured against it")
 
@@ -45,6 +45,7 @@ class Sequential(Strategy):
 @register
 class CpuIntraOp(Strategy):
     name = "cpu-intraop"
+    resumable = True
     summary = ("one process, one model, torch's intra-op threads over all cores "
                "(the paper's CPU single-process)")
     flags = "--workers N (threads, default: all usable cores), --loader-workers"

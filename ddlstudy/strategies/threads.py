@@ -21,7 +21,13 @@ from torch import nn
 from ddlstudy.config import RunConfig
 from ddlstudy.environment import usable_cores
 from ddlstudy.models import build_model
-from ddlstudy.strategies.base import Job, Strategy, register, require_batch_per_worker
+from ddlstudy.strategies.base import (
+    Job,
+    Strategy,
+    register,
+    require_batch_per_worker,
+    train_epochs,
+)
 from ddlstudy.training import Batch, StepFn, Trainer, make_loaders, seed_everything
 
 
@@ -87,5 +93,4 @@ class CpuThreads(Strategy):
             step = replica_step(replicas, optimizer, nn.CrossEntropyLoss(), pool)
             trainer = Trainer(model, step, train_loader, val_loader, max_steps=cfg.max_steps,
                               show_progress=job.show_progress)
-            for epoch in range(1, uc.train.epochs + 1):
-                job.end_epoch(trainer.train_epoch(epoch), model, optimizer)
+            train_epochs(job, trainer, optimizer)

@@ -1,0 +1,186 @@
+"""Seaborn figures of a runs folder, each written as PNG and SVG.
+
+- ``resources``: CPU, RAM and threads over time per configuration, one line style per use
+  case (the paper's Figures 2-5);
+- ``distributed``: for multi-node runs, each rank's CPU idle and iowait share over time;
+- ``speedup``: speedup against the sequential baseline per configuration and use case;
+- ``scaling``: speedup against the node count, with the ideal line;
+- ``accuracy``: validation accuracy against training wall time.
+
+Each ``plot_*`` function returns a matplotlib Figure (None when there is nothing to show,
+say no multi-node run) built without pyplot, so it works with any backend: saved to files
+here, shown inline in the notebook.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pandas as pd
+import seaborn as sns
+from matplotlib.figure import Figure
+
+from ddlstudy.runfolder import SAMPLES
+
+if TYPE_CHECKING:
+    from ddlstudy.report import Report
+
+
+def _save(fig: Figure, out: Path, name: str) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / f"{name}.png", out / f"{name}.svg"]
+    fig.savefig(paths[0], dpi=120, bbox_inches="tight")
+    fig.savefig(paths[1], bbox_inches="tight")
+    return paths
+
+
+def _first_completed(runs: pd.DataFrame) -> pd.DataFrame:
+    """One run per (use case, configuration): the first completed repeat."""
+    done = runs[runs.status == "completed"]
+    return done.groupby(["usecase", "config"], sort=False).head(1)
+
+
+def samples_of(runs: pd.DataFrame, scope: str = "node") -> pd.DataFrame:
+    """The resource samples of ``runs`` (rows of ``Report.runs``) in one frame, with the
+    time since the run started and the process tree's CPU as a share of the host's cores."""
+    frames = []
+    for r in runs.itertuples(index=False):
+        path = Path(r.path) / SAMPLES
+        if not path.is_file():
+            continue
+        s = pd.read_parquet(path)
+        s = s[s.scope == scope]
+        if s.empty:
+            continue
+        try:
+            cores = json.loads((Path(r.path) / "manifest.json").read_text())["host"][
+                "usable_cores"]
+        except (OSError, ValueError, KeyError):
+            cores = 1
+        s = s.assign(usecase=r.usecase, config=r.config, t=s.time - s.time.min(),
+                     cpu=s.proc_cpu_percent / max(cores, 1),
+                     idle=100 - s.sys_cpu_percent)
+        frames.append(s)
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def _timelines(s: pd.DataFrame, panels: list[tuple[str, str]], style: str, title: str,
+               height: float) -> Figure:
+    """Stacked panels of ``s`` over time sharing one x axis and one legend (hue: the
+    configuration, line style: ``style``)."""
+    fig = Figure(figsize=(10, height))
+    axes = fig.subplots(len(panels), 1, sharex=True)
+    for i, (ax, (column, label)) in enumerate(zip(axes, panels, strict=True)):
+        sns.lineplot(data=s, x="t", y=column, hue="config", style=style, ax=ax,
+                     legend=i == 0, errorbar=None, linewidth=1.2)
+        ax.set_ylabel(label)
+    axes[-1].set_xlabel("time since the run started (s)")
+    axes[0].set_title(title)
+    if axes[0].get_legend():
+        sns.move_legend(axes[0], "upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
+    return fig
+
+
+def plot_resources(report: Report) -> Figure | None:
+    s = samples_of(_first_completed(report.runs))
+    if s.empty:
+        return None
+    return _timelines(s[s["rank"] == 0], [("cpu", "CPU used by the run (% of all cores)"),
+                                         ("sys_ram_percent", "RAM used on the host (%)"),
+                                         ("proc_threads", "threads of the run")],
+                      "usecase", "Resources per configuration (line style: use case; "
+                      "multi-node runs: rank 0)", 9)
+
+
+def plot_distributed(report: Report) -> Figure | None:
+    s = samples_of(_first_completed(report.runs[report.runs.backend != "local"]))
+    if s.empty:
+        return None
+    return _timelines(s.assign(node=s["rank"].map(lambda r: f"rank {r}")),
+                      [("idle", "CPU idle (% of the host)"),
+                       ("sys_iowait_percent", "CPU iowait (%)")],
+                      "node", "Multi-node runs: idle and iowait share per rank", 6)
+
+
+def plot_speedup(report: Report) -> Figure | None:
+    t = report.table.dropna(subset=["speedup"])
+    if t.empty:
+        return None
+    fig = Figure(figsize=(9, 0.45 * t.config.nunique() + 1.5))
+    ax = fig.subplots()
+    sns.barplot(data=t, y="config", x="speedup", hue="usecase", ax=ax, orient="h")
+    ax.axvline(1.0, color="grey", linestyle="--", linewidth=1)
+    ax.set_xlabel("speedup against the sequential baseline (x, images/s ratio)")
+    ax.set_ylabel("")
+    ax.set_title("Speedup per configuration (dashed: the baseline)")
+    return fig
+
+
+def plot_scaling(report: Report) -> Figure | None:
+    t = report.table.dropna(subset=["speedup"])
+    multi = t[t.backend != "local"]
+    if multi.empty:
+        return None
+    points = []
+    for r in multi.itertuples(index=False):
+        line = f"{r.usecase}: {r.backend} x {r.strategy}"
+        points.append({"line": line, "nodes": r.nodes, "speedup": r.speedup})
+        one = t[(t.usecase == r.usecase) & (t.strategy == r.strategy) & (t.backend == "local")]
+        if len(one):
+            points.append({"line": line, "nodes": 1, "speedup": one.speedup.max()})
+    p = pd.DataFrame(points).drop_duplicates(["line", "nodes"])
+    fig = Figure(figsize=(7, 5))
+    ax = fig.subplots()
+    sns.lineplot(data=p, x="nodes", y="speedup", hue="line", marker="o", ax=ax)
+    top = int(p.nodes.max())
+    base = p[p.nodes == 1].speedup.max() if (p.nodes == 1).any() else 1.0
+    ax.plot([1, top], [base, base * top], color="grey", linestyle="--", label="ideal (linear)")
+    ax.set_xticks(range(1, top + 1))
+    ax.set_xlabel("nodes")
+    ax.set_ylabel("speedup against sequential (x)")
+    ax.set_title("Scaling with the node count")
+    ax.legend(fontsize=8)
+    return fig
+
+
+def plot_accuracy(report: Report) -> Figure | None:
+    rows = []
+    by_id = {m.get("id"): m for m in report.manifests}
+    for r in _first_completed(report.runs).itertuples(index=False):
+        wall = 0.0
+        for e in by_id.get(r.run, {}).get("epochs", []):
+            wall += e["epoch_time_s"]
+            rows.append({"usecase": r.usecase, "config": r.config, "wall": wall,
+                         "accuracy": e["val_accuracy"]})
+    if not rows:
+        return None
+    a = pd.DataFrame(rows)
+    usecases = list(dict.fromkeys(a.usecase))
+    fig = Figure(figsize=(7 * len(usecases), 5))
+    axes = fig.subplots(1, len(usecases), squeeze=False)
+    for ax, uc in zip(axes[0], usecases, strict=True):
+        sns.lineplot(data=a[a.usecase == uc], x="wall", y="accuracy", hue="config",
+                     marker="o", ax=ax)
+        ax.set_title(f"{uc}: validation accuracy against wall time")
+        ax.set_xlabel("training + validation time (s)")
+        ax.set_ylabel("validation accuracy")
+        ax.set_ylim(0, 1)
+        ax.legend(fontsize=8)
+    return fig
+
+
+FIGURES = {"resources": plot_resources, "distributed": plot_distributed,
+           "speedup": plot_speedup, "scaling": plot_scaling, "accuracy": plot_accuracy}
+
+
+def make_figures(report: Report, out: Path) -> list[Path]:
+    """Every figure that has data, as PNG and SVG in ``out``."""
+    sns.set_theme(style="whitegrid", context="notebook")
+    paths: list[Path] = []
+    for name, plot in FIGURES.items():
+        fig = plot(report)
+        if fig is not None:
+            paths += _save(fig, Path(out), name)
+    return paths

@@ -1,0 +1,149 @@
+"""`ddlstudy replay` (the same run again, from its manifest) and `ddlstudy compare` (what
+differs between two runs, and by how much).
+
+A replay rebuilds the RunConfig the manifest recorded: same use case (as recorded, not as
+the TOML file reads today), flags and seeds. It warns about every package version, host
+or code difference, and refuses to train when the data set's fingerprint no longer matches
+the manifest's: the images changed, and the replay would silently measure something else.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from ddlstudy import environment
+from ddlstudy.config import RunConfig, usecase_from_dict
+from ddlstudy.errors import UsageError
+from ddlstudy.runfolder import MANIFEST
+
+log = logging.getLogger("ddlstudy")
+
+_PATHS = ("data_dir", "datasets_dir", "runs_dir")
+_HOST_KEYS = ("cpu_model", "usable_cores", "ram_bytes", "gpus", "machine")
+
+
+def read_manifest(path: Path) -> dict[str, Any]:
+    """A run folder or its manifest.json."""
+    path = Path(path)
+    file = path / MANIFEST if path.is_dir() else path
+    if not file.is_file():
+        raise UsageError(f"{path} is neither a run folder nor a manifest.json")
+    try:
+        manifest = json.loads(file.read_text())
+    except ValueError as exc:
+        raise UsageError(f"{file} is not valid JSON ({exc}); is it a ddlstudy manifest?") from None
+    if not isinstance(manifest, dict) or "config" not in manifest:
+        raise UsageError(f"{file} is not a ddlstudy run manifest (no 'config')")
+    manifest["path"] = str(file.parent)
+    return manifest
+
+
+def config_from_manifest(manifest: dict[str, Any], runs_dir: Path | None = None) -> RunConfig:
+    """The recorded configuration, expecting the recorded data fingerprint."""
+    config = dict(manifest["config"])
+    usecase = dict(config.pop("usecase"))
+    source = usecase.pop("source", "")
+    fields = {f.name for f in dataclasses.fields(RunConfig)} - {"usecase"}
+    dropped = sorted(set(config) - fields)
+    if dropped:
+        log.warning("this version of ddlstudy ignores recorded settings: %s", ", ".join(dropped))
+    kwargs = {k: v for k, v in config.items() if k in fields}
+    for key in _PATHS:
+        if kwargs.get(key) is not None:
+            kwargs[key] = Path(kwargs[key])
+    if runs_dir is not None:
+        kwargs["runs_dir"] = runs_dir
+    kwargs["expect_fingerprint"] = (manifest.get("data") or {}).get("fingerprint")
+    kwargs["replay_of"] = manifest.get("id")
+    return RunConfig(usecase=usecase_from_dict(usecase, source=source), **kwargs)
+
+
+def differences(manifest: dict[str, Any]) -> list[str]:
+    """What differs between the machine and code that made the run and this one."""
+    out = []
+    then, now = manifest.get("versions", {}), environment.versions()
+    for name in sorted(set(then) | set(now)):
+        if then.get(name) != now.get(name):
+            out.append(f"{name} {then.get(name)} then, {now.get(name)} now")
+    host_then, host_now = manifest.get("host", {}), environment.host()
+    for key in _HOST_KEYS:
+        if host_then.get(key) != host_now.get(key):
+            out.append(f"host {key}: {host_then.get(key)} then, {host_now.get(key)} now")
+    git_then, git_now = manifest.get("git") or {}, environment.git_state() or {}
+    if git_then.get("commit") != git_now.get("commit"):
+        out.append(f"code: commit {git_then.get('commit')} then, {git_now.get('commit')} now")
+    return out
+
+
+# --- compare -----------------------------------------------------------------------------
+
+def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            out |= _flatten(v, f"{prefix}.{k}" if prefix else str(k))
+        return out
+    return {prefix: value}
+
+
+def _diff(a: dict, b: dict) -> list[tuple[str, Any, Any]]:
+    fa, fb = _flatten(a), _flatten(b)
+    return [(k, fa.get(k), fb.get(k)) for k in sorted(set(fa) | set(fb)) if fa.get(k) != fb.get(k)]
+
+
+_METRICS = (("median_images_per_s", "images/s", "ratio"),
+            ("median_epoch_time_s", "time per epoch (s)", "ratio"),
+            ("train_time_s", "training time (s)", "ratio"),
+            ("final_val_accuracy", "final validation accuracy", "diff"),
+            ("best_val_accuracy", "best validation accuracy", "diff"))
+
+
+def compare(a: dict[str, Any], b: dict[str, Any]) -> str:
+    """Config, environment and metric differences of two runs, as text."""
+    lines = [f"A: {a.get('id')} ({a.get('status')})", f"B: {b.get('id')} ({b.get('status')})", ""]
+
+    def section(title: str, diffs: list[tuple[str, Any, Any]]) -> None:
+        lines.append(f"{title}: " + ("identical" if not diffs else f"{len(diffs)} differ"))
+        lines.extend(f"  {k}: {va!r} -> {vb!r}" for k, va, vb in diffs)
+
+    ca, cb = dict(a.get("config", {})), dict(b.get("config", {}))
+    for c in (ca, cb):
+        c.pop("runs_dir", None)
+        c.pop("replay_of", None)
+        c.pop("expect_fingerprint", None)
+    section("config", _diff(ca, cb))
+    section("data", _diff({"fingerprint": a.get("data", {}).get("fingerprint"),
+                           "images": a.get("data", {}).get("images")},
+                          {"fingerprint": b.get("data", {}).get("fingerprint"),
+                           "images": b.get("data", {}).get("images")}))
+    env_a = {"versions": a.get("versions", {}), "git": a.get("git") or {},
+             "host": {k: a.get("host", {}).get(k) for k in _HOST_KEYS}}
+    env_b = {"versions": b.get("versions", {}), "git": b.get("git") or {},
+             "host": {k: b.get("host", {}).get(k) for k in _HOST_KEYS}}
+    section("environment", _diff(env_a, env_b))
+    lines.append("metrics (B against A):")
+    sa, sb = a.get("summary") or {}, b.get("summary") or {}
+    for key, name, how in _METRICS:
+        va, vb = sa.get(key), sb.get(key)
+        if va is None or vb is None:
+            lines.append(f"  {name}: {va} -> {vb}")
+        elif how == "ratio":
+            lines.append(f"  {name}: {va:.4g} -> {vb:.4g} (x{vb / va:.3f})" if va
+                         else f"  {name}: {va} -> {vb}")
+        else:
+            lines.append(f"  {name}: {va:.4f} -> {vb:.4f} ({vb - va:+.4f})")
+    ea, eb = a.get("epochs") or [], b.get("epochs") or []
+    n = min(len(ea), len(eb))
+    if n:
+        for key in ("train_loss", "val_loss", "val_accuracy"):
+            gap = max(abs(ea[i][key] - eb[i][key]) for i in range(n))
+            lines.append(f"  {key} per epoch: " + ("identical" if gap == 0 else
+                                                   f"largest difference {gap:.3g}")
+                         + f" over {n} epoch(s)")
+    if len(ea) != len(eb):
+        lines.append(f"  epochs: {len(ea)} -> {len(eb)}")
+    return "\n".join(lines)

@@ -1,0 +1,340 @@
+"""`ddlstudy study plan.toml`: the use case x configuration x repeat matrix in one command.
+
+A plan (see usecases/demo.toml and usecases/paper.toml)::
+
+    [study]
+    name = "demo"
+    usecases = ["tiny"]
+    repeat = 1
+    runs_dir = "runs/demo"        # default: runs/<name>; relative to the plan's repository
+
+    [settings]                    # `ddlstudy run` flags for every cell (dashes as _)
+    epochs = 5
+
+    [[cells]]
+    strategy = "cpu-processes"
+    workers = 2
+
+Each cell x use case x repeat is one `ddlstudy run` in its own process, so a crash, a
+thread setting or an MPI launch of one cell cannot touch the next; its output goes to
+``<runs_dir>/logs/<run id>.log``. Every cell is validated before the first starts (a bad
+plan is refused whole, exit 2); a cell this machine cannot run (no GPU, no backend) is
+recorded as skipped with the reason; a failed cell is recorded and the study goes on.
+``study.json`` in the runs folder is rewritten after every cell. The baseline
+(``sequential``) is added to every use case that lacks it. With ``--resume``, a cell whose
+completed run has the same resolved configuration is reused instead of run again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ddlstudy import mpi
+from ddlstudy.config import DEFAULT_RUNS_DIR, REPO_ROOT, RunConfig
+from ddlstudy.environment import usable_cores
+from ddlstudy.errors import ConfigError, Unavailable, UsageError
+from ddlstudy.report import STUDY_FILE, Report, config_label, cores_used
+from ddlstudy.runfolder import MANIFEST, atomic_write_text, new_run_id, now_iso
+
+log = logging.getLogger("ddlstudy")
+
+CELL_KEYS = {"strategy", "workers", "stages", "micro_batches", "replicas", "devices",
+             "backend", "nodes", "reduce", "loader_workers", "epochs", "batch_size",
+             "image_size", "seed", "lr", "max_steps", "sample_hz", "no_snapshot",
+             "snapshot_every",
+             "data_dir", "datasets_dir", "on_bad_image"}
+STUDY_KEYS = {"name", "description", "usecases", "repeat", "runs_dir"}
+
+
+@dataclass
+class Cell:
+    """One run to do: a use case, its flags, which repeat."""
+
+    usecase: str
+    flags: dict[str, Any]
+    repeat: int
+    cfg: RunConfig | None = None
+    id: str = ""
+    label: str = ""
+    cores: int = 0
+    status: str = "pending"
+    reason: str = ""
+    run: str = ""
+    seconds: float = 0.0
+
+    def argv(self, runs_dir: Path) -> list[str]:
+        out = ["run", "--usecase", self.usecase, "--runs-dir", str(runs_dir), "--quiet"]
+        for key, value in self.flags.items():
+            flag = "--" + key.replace("_", "-")
+            if isinstance(value, bool):
+                out += [flag] if value else []
+            else:
+                out += [flag, str(value)]
+        return out
+
+    def record(self) -> dict[str, Any]:
+        return {"id": self.id, "usecase": self.usecase, "label": self.label,
+                "strategy": self.flags.get("strategy", "sequential"),
+                "backend": self.flags.get("backend", "local"),
+                "nodes": self.flags.get("nodes", 1), "cores": self.cores, "flags": self.flags,
+                "repeat": self.repeat, "status": self.status, "reason": self.reason,
+                "run": self.run, "seconds": round(self.seconds, 2)}
+
+
+@dataclass
+class Plan:
+    name: str
+    path: Path
+    usecases: list[str]
+    cells: list[dict[str, Any]]
+    repeat: int = 1
+    runs_dir: Path = DEFAULT_RUNS_DIR
+    description: str = ""
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
+def _keys(where: str, values: Any, allowed: set[str]) -> dict[str, Any]:
+    if not isinstance(values, dict):
+        raise ConfigError(where, "must be a TOML table")
+    unknown = sorted(set(values) - allowed)
+    if unknown:
+        raise ConfigError(f"{where}.{unknown[0]}", f"unknown key; allowed: "
+                          f"{', '.join(sorted(allowed))}")
+    return values
+
+
+def load_plan(path: Path, repeat: int | None = None, runs_dir: Path | None = None) -> Plan:
+    path = Path(path)
+    if not path.is_file():
+        raise UsageError(f"study plan {path} does not exist")
+    try:
+        raw = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"{path} is not valid TOML: {exc}") from None
+    if "model" in raw:
+        raise UsageError(f"{path} is a use case, not a study plan; train it with "
+                         f"`ddlstudy run --usecase {path}`")
+    _keys("plan", raw, {"study", "settings", "cells"})
+    study = _keys("[study]", raw.get("study", {}), STUDY_KEYS)
+    settings = _keys("[settings]", raw.get("settings", {}), CELL_KEYS - {"strategy"})
+    cells = raw.get("cells", [])
+    if not isinstance(cells, list) or not cells:
+        raise ConfigError("[[cells]]", "the plan needs at least one [[cells]] table with a "
+                          "strategy")
+    for i, cell in enumerate(cells, 1):
+        _keys(f"[[cells]] #{i}", cell, CELL_KEYS)
+    usecases = study.get("usecases", [])
+    if not isinstance(usecases, list) or not usecases:
+        raise ConfigError("study.usecases", "list at least one use case, e.g. [\"tiny\"]")
+    name = study.get("name") or path.stem
+    repeat = repeat if repeat is not None else study.get("repeat", 1)
+    if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat <= 0:
+        raise ConfigError("--repeat", f"must be a positive integer, got {repeat!r}")
+    if runs_dir is None:
+        runs_dir = Path(study["runs_dir"]) if "runs_dir" in study else DEFAULT_RUNS_DIR / name
+        if not runs_dir.is_absolute():
+            runs_dir = REPO_ROOT / runs_dir
+    return Plan(name=name, path=path, usecases=usecases, cells=cells, repeat=repeat,
+                runs_dir=runs_dir, description=study.get("description", ""),
+                settings=settings)
+
+
+def _cell_id(cfg: RunConfig) -> str:
+    """Hash of everything that defines the run (not where its folder goes)."""
+    config = cfg.to_dict()
+    config.pop("runs_dir", None)
+    config["usecase"].pop("source", None)
+    text = json.dumps(config, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def expand(plan: Plan, overrides: dict[str, Any]) -> list[Cell]:
+    """Every cell of the plan, validated: repeats outermost so slow drift spreads over
+    all configurations; the baseline first in each use case."""
+    from ddlstudy.cli import build_parser, config_from_args
+    from ddlstudy.runner import preflight
+
+    specs = []
+    for uc in plan.usecases:
+        cells = [dict(plan.settings) | c | overrides for c in plan.cells]
+        if not any(c.get("strategy") == "sequential" and c.get("backend", "local") == "local"
+                   and not set(c) - {"strategy", "backend", "nodes"} for c in plan.cells):
+            cells.insert(0, dict(plan.settings) | {"strategy": "sequential"} | overrides)
+        specs += [(uc, c) for c in cells]
+    out = []
+    for repeat in range(1, plan.repeat + 1):
+        for uc, flags in specs:
+            cell = Cell(usecase=uc, flags=flags, repeat=repeat)
+            args = build_parser().parse_args(cell.argv(plan.runs_dir))
+            try:
+                cell.cfg = config_from_args(args)
+            except UsageError as exc:
+                raise UsageError(f"{plan.path}, use case {uc}, cell {flags}: {exc}") from None
+            cell.id = _cell_id(cell.cfg)
+            cell.label, cell.cores = _label(cell.cfg)
+            try:
+                preflight(cell.cfg)
+            except Unavailable as exc:
+                cell.status, cell.reason = "skipped", str(exc)
+            except UsageError as exc:
+                raise UsageError(f"{plan.path}, use case {uc}, cell {flags}: {exc}") from None
+            out.append(cell)
+    return out
+
+
+def _label(cfg: RunConfig) -> tuple[str, int]:
+    """The label the report will give the run (from the layout the strategy will record),
+    and the cores it will use."""
+    from ddlstudy.strategies import get_strategy
+
+    strategy = get_strategy(cfg.strategy)
+    try:
+        layout = strategy.layout(cfg)
+    except Exception:  # a layout that needs hardware this machine lacks
+        layout = {}
+    manifest = {"strategy": {"name": cfg.strategy, **layout},
+                "backend": {"name": cfg.backend, "nodes": cfg.nodes or 1,
+                            "reduce": cfg.reduce if cfg.backend != "local" else None},
+                "host": {"usable_cores": usable_cores()}}
+    return config_label(manifest), cores_used(manifest)
+
+
+def _finished_runs(runs_dir: Path, study: str) -> dict[tuple[str, int], str]:
+    """(cell id, repeat) -> run id of this study's completed runs in ``runs_dir``."""
+    done = {}
+    for path in sorted(Path(runs_dir).glob(f"*/{MANIFEST}")):
+        try:
+            m = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        tag = m.get("study") or {}
+        if tag.get("name") == study and m.get("status") == "completed":
+            done[(tag.get("cell"), tag.get("repeat"))] = m["id"]
+    return done
+
+
+def _has_runs_of(runs_dir: Path, study: str) -> bool:
+    for path in Path(runs_dir).glob(f"*/{MANIFEST}"):
+        try:
+            if (json.loads(path.read_text()).get("study") or {}).get("name") == study:
+                return True
+        except (OSError, ValueError):
+            continue
+    return False
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+class Study:
+    def __init__(self, plan: Plan, cells: list[Cell]) -> None:
+        self.plan = plan
+        self.cells = cells
+        self.started = now_iso()
+
+    def save(self) -> None:
+        record = {"name": self.plan.name, "plan": str(self.plan.path),
+                  "description": self.plan.description, "repeat": self.plan.repeat,
+                  "started_at": self.started, "updated_at": now_iso(),
+                  "cells": [c.record() for c in self.cells]}
+        atomic_write_text(self.plan.runs_dir / STUDY_FILE, json.dumps(record, indent=2) + "\n")
+
+    def run(self, resume: bool) -> int:
+        """Run every pending cell; 0 when none failed, 1 otherwise (130/143 interrupted)."""
+        runs_dir = self.plan.runs_dir
+        if not resume and _has_runs_of(runs_dir, self.plan.name):
+            raise UsageError(f"{runs_dir} already holds runs of study {self.plan.name!r}; "
+                             f"add --resume to reuse the finished ones, or give another "
+                             f"--runs-dir")
+        runs_dir.mkdir(parents=True, exist_ok=True)
+        if resume:
+            done = _finished_runs(runs_dir, self.plan.name)
+            for c in self.cells:
+                if c.status == "pending" and (c.id, c.repeat) in done:
+                    c.status, c.run = "reused", done[(c.id, c.repeat)]
+        todo = [c for c in self.cells if c.status == "pending"]
+        log.info("study %s: %d cells (%d to run, %d reused, %d skipped) into %s",
+                 self.plan.name, len(self.cells), len(todo),
+                 sum(c.status == "reused" for c in self.cells),
+                 sum(c.status == "skipped" for c in self.cells), runs_dir)
+        for c in self.cells:
+            if c.status == "skipped":
+                log.warning("skipped %s on %s: %s", c.label, c.usecase, c.reason)
+        self.save()
+        start = time.monotonic()
+        code = 0
+        for i, cell in enumerate(todo, 1):
+            code = max(code, self._run_cell(cell))
+            self.save()
+            elapsed = time.monotonic() - start
+            left = elapsed / i * (len(todo) - i)
+            log.info("[%d/%d] %s on %s, repeat %d: %s in %.1f s | elapsed %s, about %s left",
+                     i, len(todo), cell.label, cell.usecase, cell.repeat, cell.status,
+                     cell.seconds, _clock(elapsed), _clock(left))
+            if cell.status == "interrupted":
+                return 130
+        return code
+
+    def _run_cell(self, cell: Cell) -> int:
+        runs_dir = self.plan.runs_dir
+        cell.run = new_run_id(cell.usecase, cell.flags.get("strategy", "sequential"))
+        logs = runs_dir / "logs"
+        logs.mkdir(exist_ok=True)
+        env = os.environ | {
+            mpi.RUN_ID_ENV: cell.run,
+            "DDLSTUDY_STUDY": json.dumps({"name": self.plan.name, "cell": cell.id,
+                                          "repeat": cell.repeat}),
+        }
+        for var in (mpi.CHILD_ENV, "PMI_RANK", "OMPI_COMM_WORLD_RANK"):
+            env.pop(var, None)  # a study under mpiexec still launches its own cells
+        cmd = [sys.executable, "-m", "ddlstudy", *cell.argv(runs_dir)]
+        start = time.monotonic()
+        with open(logs / f"{cell.run}.log", "w") as out:
+            try:
+                code = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                      check=False).returncode
+            except KeyboardInterrupt:
+                code = 130
+        cell.seconds = time.monotonic() - start
+        manifest = runs_dir / cell.run / MANIFEST
+        status = json.loads(manifest.read_text())["status"] if manifest.is_file() else None
+        if code == 0 and status == "completed":
+            cell.status = "completed"
+            return 0
+        if code in (130, 143) or status == "interrupted":
+            cell.status, cell.reason = "interrupted", f"exit code {code}"
+            return code
+        log_file = logs / f"{cell.run}.log"
+        tail = log_file.read_text().strip().splitlines()[-1:] or [""]
+        cell.status, cell.reason = "failed", f"exit code {code}: {tail[0]}"
+        if not manifest.is_file():
+            cell.run = ""  # no folder: the report shows the cell from study.json
+        log.error("%s on %s failed (%s); log: %s", cell.label, cell.usecase, cell.reason,
+                  log_file)
+        return 1
+
+
+def study(plan_path: Path, *, repeat: int | None = None, resume: bool = False,
+          runs_dir: Path | None = None, overrides: dict[str, Any] | None = None,
+          fmt: str = "markdown") -> int:
+    """Run a plan, write its report (tables and figures) and print the tables."""
+    plan = load_plan(plan_path, repeat, runs_dir)
+    cells = expand(plan, overrides or {})
+    code = Study(plan, cells).run(resume)
+    report = Report(plan.runs_dir)
+    paths = report.write(plan.runs_dir / "report", fmt)
+    print(report.text(fmt))
+    log.info("report: %d files in %s", len(paths), plan.runs_dir / "report")
+    return code

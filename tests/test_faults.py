@@ -1,0 +1,227 @@
+"""Faults injected for real: SIGKILL of the run or of one rank, exact resume, restarts,
+a full disk, leftover temporary files, damaged snapshots."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+from ddlstudy.cli import main
+from ddlstudy.runfolder import MANIFEST, SNAPSHOT
+
+EPOCHS = 6
+
+
+def _args(runs: Path, datasets_dir: Path, *extra: str) -> list[str]:
+    return ["run", "--usecase", "tiny", "--epochs", str(EPOCHS), "--datasets-dir",
+            str(datasets_dir), "--runs-dir", str(runs), "--sample-hz", "0", "--quiet",
+            "--snapshot-every", "4", *extra]
+
+
+def _cli(*args: str, preexec=None, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ddlstudy", *args], capture_output=True,
+                          text=True, timeout=timeout, preexec_fn=preexec)
+
+
+def _victims(proc: psutil.Process, which: str) -> list[psutil.Process]:
+    if which == "run":
+        return [proc]
+    mpi_ranks, workers = [], []
+    for child in proc.children(recursive=True):
+        try:
+            env, cmd = child.environ(), " ".join(child.cmdline())
+        except psutil.Error:
+            continue
+        if env.get("PMI_RANK") == "1" and "ddlstudy" in cmd:
+            mpi_ranks.append(child)
+        elif "spawn_main" in cmd:
+            workers.append(child)
+    if which == "mpi-rank-1":
+        return mpi_ranks
+    workers.sort(key=lambda p: p.pid)  # torch spawns rank 0 first
+    return workers[1:2] if len(workers) == 2 else []
+
+
+def run_and_kill(args: list[str], runs: Path, which: str, after_epochs: int = 2):
+    """Start ``ddlstudy`` with ``args``, SIGKILL ``which`` once ``after_epochs`` epochs are
+    recorded, and return (exit code, seconds from the kill to the end, run folder)."""
+    proc = subprocess.Popen([sys.executable, "-m", "ddlstudy", *args],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 180
+    folder = None
+    while time.time() < deadline and proc.poll() is None:
+        folders = list(runs.glob("*/")) if runs.exists() else []
+        if folders:
+            folder = folders[0]
+            try:
+                epochs = json.loads((folder / MANIFEST).read_text())["epochs"]
+            except (OSError, ValueError):
+                epochs = []
+            victims = _victims(psutil.Process(proc.pid), which) \
+                if len(epochs) >= after_epochs else []
+            if victims:
+                for v in victims:
+                    v.send_signal(signal.SIGKILL)
+                break
+        time.sleep(0.01)
+    assert proc.poll() is None, "the run ended before the fault could be injected"
+    killed = time.time()
+    code = proc.wait(timeout=120)
+    return code, time.time() - killed, folder
+
+
+def _weights(folder: Path) -> dict[str, torch.Tensor]:
+    return torch.load(folder / SNAPSHOT, weights_only=True)["model"]
+
+
+def _identical(a: Path, b: Path) -> bool:
+    wa, wb = _weights(a), _weights(b)
+    return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def _manifest(folder: Path) -> dict:
+    return json.loads((folder / MANIFEST).read_text())
+
+
+def _reference(tmp_path, datasets_dir, *extra: str) -> Path:
+    runs = tmp_path / "reference"
+    assert _cli(*_args(runs, datasets_dir, *extra)).returncode == 0
+    (folder,) = runs.glob("*/")
+    return folder
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("extra, victim", [
+    ((), "run"),
+    (("--strategy", "cpu-processes", "--workers", "2"), "worker-1"),
+    (("--backend", "mpi", "--nodes", "2"), "mpi-rank-1"),
+], ids=["sequential", "cpu-processes", "mpi"])
+def test_killed_then_resumed_ends_bit_identical(tmp_path, datasets_dir, extra, victim):
+    runs = tmp_path / "runs"
+    code, seconds, folder = run_and_kill(_args(runs, datasets_dir, *extra), runs, victim)
+    assert code != 0 and seconds < 30  # the whole job ends, quickly, when one part dies
+    manifest = _manifest(folder)
+    if victim != "run":  # the job lived to say which rank died
+        assert manifest["status"] == "failed"
+        assert ("worker rank 1" if victim == "worker-1" else "MPI rank 1") in manifest["error"]
+    assert torch.load(folder / SNAPSHOT, weights_only=True)["epoch"] < EPOCHS
+    resumed = _cli("run", "--resume", str(folder), "--quiet")
+    assert resumed.returncode == 0, resumed.stderr
+    manifest = _manifest(folder)
+    assert manifest["status"] == "completed" and len(manifest["epochs"]) == EPOCHS
+    assert [e["epoch"] for e in manifest["epochs"]] == list(range(1, EPOCHS + 1))
+    assert len(manifest["resumed"]) == 1
+    assert not list(folder.glob(".*.tmp-*"))  # a write cut by the kill was swept
+    reference = _reference(tmp_path, datasets_dir, *extra)
+    assert _identical(folder, reference)
+    ref_losses = [e["train_loss"] for e in _manifest(reference)["epochs"]]
+    assert [e["train_loss"] for e in manifest["epochs"]] == ref_losses
+
+
+@pytest.mark.slow
+def test_max_restarts_recovers_from_a_dead_worker_by_itself(tmp_path, datasets_dir):
+    runs = tmp_path / "runs"
+    extra = ("--strategy", "cpu-processes", "--workers", "2")
+    code, _, folder = run_and_kill(_args(runs, datasets_dir, *extra, "--max-restarts", "1"),
+                                   runs, "worker-1")
+    assert code == 0
+    manifest = _manifest(folder)
+    assert manifest["status"] == "completed" and len(manifest["epochs"]) == EPOCHS
+    (restart,) = manifest["resumed"]
+    assert restart["after"]["status"] == "failed" and "worker rank 1" in \
+        restart["after"]["error"]
+    assert _identical(folder, _reference(tmp_path, datasets_dir, *extra))
+
+
+def _full_disk():
+    """In the child: files may not grow past 1 MiB (a snapshot is 28 MB), and writing past
+    the limit fails with EFBIG instead of killing the process."""
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+
+
+def test_a_full_disk_keeps_the_previous_snapshot(tmp_path, datasets_dir):
+    runs = tmp_path / "runs"
+    code, _, folder = run_and_kill(_args(runs, datasets_dir), runs, "run", after_epochs=1)
+    before = torch.load(folder / SNAPSHOT, weights_only=True)
+    out = _cli("run", "--resume", str(folder), "--quiet", preexec=_full_disk)
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert "could not write" in out.stderr and "File too large" in out.stderr
+    manifest = _manifest(folder)
+    assert manifest["status"] == "failed" and "could not write" in manifest["error"]
+    after = torch.load(folder / SNAPSHOT, weights_only=True)  # still there and loadable
+    assert (after["epoch"], after["step"]) == (before["epoch"], before["step"])
+    assert not list(folder.glob(".*.tmp-*"))
+
+
+def test_snapshots_load_without_pickle_and_hold_the_whole_state(quick_config):
+    from ddlstudy.runner import run
+
+    folder = run(quick_config(epochs=2, max_steps=5, snapshot_every=2), show_progress=False)
+    snap = torch.load(folder.path / SNAPSHOT, weights_only=True)
+    assert (snap["epoch"], snap["step"], snap["format"]) == (2, 0, 1)
+    assert set(snap) == {"format", "epoch", "step", "model", "optimizer", "position", "rng"}
+    assert set(snap["rng"][0]) == {"torch", "numpy", "python"}
+    assert snap["position"]["generator"].dtype == torch.uint8
+    assert all(v["momentum_buffer"].shape for v in snap["optimizer"]["state"].values())
+
+
+def test_leftover_temporary_files_of_dead_processes_are_swept(quick_config, tmp_path):
+    from ddlstudy.runner import run
+
+    old = tmp_path / "runs" / "old-run"
+    old.mkdir(parents=True)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = old / f".snapshot.pt.tmp-{dead.pid}"
+    stale.write_bytes(b"half a snapshot")
+    live = old / f".snapshot.pt.tmp-{os.getppid()}"  # a writer still alive: not touched
+    live.write_bytes(b"being written")
+    run(quick_config(max_steps=2), show_progress=False)
+    assert not stale.exists() and live.exists()
+
+
+def test_resume_refuses_what_it_cannot_continue(quick_config, tmp_path, capsys):
+    from ddlstudy.runner import run
+
+    done = run(quick_config(max_steps=2), show_progress=False).path
+    assert main(["run", "--resume", str(done)]) == 2
+    assert "completed all its epochs; nothing to resume" in capsys.readouterr().err
+
+    manifest = _manifest(done)
+    manifest["status"] = "failed"
+    (done / MANIFEST).write_text(json.dumps(manifest))
+    (done / SNAPSHOT).write_bytes(b"PK\x03\x04 not a snapshot")
+    assert main(["run", "--resume", str(done)]) == 2
+    assert "cannot be loaded" in capsys.readouterr().err
+    assert (done / SNAPSHOT).read_bytes() == b"PK\x03\x04 not a snapshot"  # left as it was
+
+    (done / SNAPSHOT).unlink()
+    assert main(["run", "--resume", str(done)]) == 2
+    assert "has no snapshot.pt to resume from" in capsys.readouterr().err
+
+    assert main(["run", "--resume", str(tmp_path)]) == 2
+    assert "neither a run folder nor a manifest.json" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--strategy", "pipeline", "--stages", "2", "--snapshot-every", "2"],
+     "pipeline cannot yet be resumed exactly"),
+    (["--snapshot-every", "0"], "--snapshot-every: must be a positive"),
+    (["--snapshot-every", "3", "--no-snapshot"], "cannot be used with --no-snapshot"),
+    (["--max-restarts", "-1"], "--max-restarts: must be 0 or more"),
+])
+def test_bad_fault_flags(tmp_path, capsys, args, message):
+    assert main(["run", "--runs-dir", str(tmp_path / "runs"), *args]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()

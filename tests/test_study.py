@@ -1,0 +1,231 @@
+"""The study runner, its report (tables, figures), the notebook, replay and compare."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ddlstudy.cli import main
+from ddlstudy.config import REPO_ROOT
+from ddlstudy.report import Report, to_latex
+from ddlstudy.study import expand, load_plan
+
+PLAN = """
+[study]
+name = "t"
+usecases = ["tiny"]
+
+[settings]
+epochs = 1
+max_steps = 3
+datasets_dir = "{datasets}"
+sample_hz = 20
+
+[[cells]]
+strategy = "cpu-intraop"
+workers = 2
+
+[[cells]]
+strategy = "gpu-data"
+
+[[cells]]
+strategy = "sequential"
+data_dir = "{broken}"
+"""
+
+
+def _study(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ddlstudy", "study", *args],
+                          capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def study_dir(tmp_path_factory, datasets_dir):
+    """One real study: the baseline (added by the runner), cpu-intraop, a GPU cell this
+    machine skips and a cell whose data folder has a wrong class name (it fails)."""
+    root = tmp_path_factory.mktemp("study")
+    broken = root / "broken"
+    for name in ("fire", "smoke", "Nofire"):
+        (broken / name).mkdir(parents=True)
+    plan = root / "plan.toml"
+    plan.write_text(PLAN.format(datasets=datasets_dir, broken=broken))
+    out = _study(str(plan), "--runs-dir", str(root / "runs"))
+    return plan, root / "runs", out
+
+
+def test_a_study_runs_every_cell_and_records_each_outcome(study_dir):
+    plan, runs, out = study_dir
+    assert out.returncode == 1, out.stderr  # one cell failed: the study says so at the end
+    study = json.loads((runs / "study.json").read_text())
+    by_strategy = {(c["strategy"], bool(c["flags"].get("data_dir"))): c for c in study["cells"]}
+    assert by_strategy[("sequential", False)]["status"] == "completed"  # the added baseline
+    assert by_strategy[("cpu-intraop", False)]["status"] == "completed"
+    gpu = by_strategy[("gpu-data", False)]
+    assert gpu["status"] == "skipped" and "needs CUDA GPUs" in gpu["reason"]
+    failed = by_strategy[("sequential", True)]
+    assert failed["status"] == "failed" and "Nofire" in failed["reason"]
+    manifests = [json.loads(p.read_text()) for p in runs.glob("*/manifest.json")]
+    assert sorted(m["strategy"]["name"] for m in manifests) == ["cpu-intraop", "sequential"]
+    assert all(m["study"]["name"] == "t" and m["status"] == "completed" for m in manifests)
+    # The printed tables show the skipped and the failed cell, not just the good ones.
+    assert "skipped: gpu-data needs CUDA GPUs" in out.stdout
+    assert "1 failed" in out.stdout
+    assert "Table 1: data parallelism" in out.stdout
+
+
+def test_the_study_writes_tables_and_figures(study_dir):
+    _, runs, _ = study_dir
+    report = runs / "report"
+    for name in ("speedup.md", "table1.md", "runs.csv"):
+        assert (report / name).stat().st_size > 100
+    for name in ("resources", "speedup", "accuracy"):
+        for ext in ("png", "svg"):
+            assert (report / "figures" / f"{name}.{ext}").stat().st_size > 5000
+    assert not (report / "figures" / "scaling.png").exists()  # no multi-node run to show
+    table = Report(runs).table.set_index("strategy")
+    assert table.loc["sequential", "speedup"] == pytest.approx(1.0)
+    intraop = table.loc["cpu-intraop"]
+    assert intraop["cores"] == 2 and intraop["efficiency"] == pytest.approx(
+        intraop["speedup"] / 2)
+
+
+def test_resume_reuses_finished_cells_and_retries_failed_ones(study_dir):
+    plan, runs, _ = study_dir
+    before = sorted(p.name for p in runs.iterdir())
+    again = _study(str(plan), "--runs-dir", str(runs))
+    assert again.returncode == 2 and "--resume" in again.stderr  # nothing overwritten
+    assert sorted(p.name for p in runs.iterdir()) == before
+    resumed = _study(str(plan), "--runs-dir", str(runs), "--resume")
+    assert resumed.returncode == 1  # the broken cell was tried again and failed again
+    study = json.loads((runs / "study.json").read_text())
+    statuses = sorted(c["status"] for c in study["cells"])
+    assert statuses == ["failed", "reused", "reused", "skipped"]
+    assert len(list(runs.glob("*/manifest.json"))) == 2  # no new runs
+
+
+def test_a_changed_setting_is_not_taken_for_a_finished_cell(study_dir):
+    plan_path, runs, _ = study_dir
+    plan = load_plan(plan_path, runs_dir=runs)
+    same = {c.id for c in expand(plan, {})}
+    other = {c.id for c in expand(plan, {"max_steps": 4})}
+    assert len(same) == 4 and not same & other
+
+
+def test_the_notebook_runs_on_a_study(study_dir, monkeypatch):
+    nbformat = pytest.importorskip("nbformat")
+    from nbclient import NotebookClient
+
+    _, runs, _ = study_dir
+    monkeypatch.setenv("DDLSTUDY_RUNS", str(runs))
+    nb = nbformat.read(REPO_ROOT / "analysis" / "study.ipynb", as_version=4)
+    NotebookClient(nb, timeout=300, kernel_name="python3").execute()  # raises on any error
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
+    assert "2 runs in" in outputs[0]["text"]
+    html = " ".join(o.get("data", {}).get("text/html", "") for o in outputs)
+    assert "cpu-intraop (2 threads)" in html and "skipped" in html
+    assert sum("image/png" in o.get("data", {}) for o in outputs) >= 3
+
+
+@pytest.mark.parametrize("plan, message", [
+    ("[study]\nusecases = ['tiny']\n", "at least one [[cells]]"),
+    ("[study]\nusecases = ['tiny']\n[[cells]]\nstrategy = 'nope'\n", "unknown strategy 'nope'"),
+    ("[study]\nusecases = ['tiny']\n[[cells]]\nstrategy = 'sequential'\nwokers = 2\n",
+     "wokers: unknown key"),
+    ("[study]\nusecases = ['nope']\n[[cells]]\nstrategy = 'sequential'\n",
+     "unknown use case 'nope'"),
+    ("[study]\nusecases = ['tiny']\n[[cells]]\nstrategy = 'cpu-processes'\nworkers = 0\n",
+     "--workers: must be a positive"),
+    ("[study\n", "is not valid TOML"),
+    ("[study]\nusecases = []\n[[cells]]\nstrategy = 'sequential'\n", "at least one use case"),
+])
+def test_a_bad_plan_is_refused_before_anything_runs(tmp_path, capsys, plan, message):
+    path = tmp_path / "plan.toml"
+    path.write_text(plan)
+    assert main(["study", str(path), "--runs-dir", str(tmp_path / "runs")]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_use_case_is_not_a_plan_and_a_plan_is_not_a_use_case(capsys):
+    assert main(["study", str(REPO_ROOT / "usecases" / "tiny.toml")]) == 2
+    assert "is a use case, not a study plan" in capsys.readouterr().err
+    assert main(["run", "--usecase", "demo"]) == 2
+    assert "is a study plan, not a use case" in capsys.readouterr().err
+
+
+def test_the_shipped_plans_are_valid():
+    for name in ("demo", "paper"):
+        plan = load_plan(REPO_ROOT / "usecases" / f"{name}.toml")
+        cells = expand(plan, {})
+        assert all(c.cfg is not None for c in cells)
+    paper = {(c.usecase, c.cfg.strategy, c.cfg.backend) for c in cells}
+    assert ("simple-big", "hybrid", "local") in paper and ("complex-small", "cpu-intraop",
+                                                           "spark") in paper
+
+
+def test_latex_tables_escape_what_latex_would_misread():
+    import pandas as pd
+
+    text = to_latex(pd.DataFrame({"config": ["a_b 50%"], "speedup": [1.234]}), "T & U")
+    assert r"a\_b 50\%" in text and r"\caption{T \& U}" in text and "1.23" in text
+
+
+# --- replay and compare -----------------------------------------------------------------
+
+def _one_run(tmp_path, datasets_dir, *extra: str) -> Path:
+    runs = tmp_path / "runs"
+    before = set(runs.glob("*")) if runs.exists() else set()
+    assert main(["run", "--usecase", "tiny", "--epochs", "2", "--max-steps", "3",
+                 "--datasets-dir", str(datasets_dir), "--runs-dir", str(runs),
+                 "--sample-hz", "0", "--quiet", *extra]) == 0
+    (new,) = set(runs.glob("*")) - before
+    return new
+
+
+def test_replay_repeats_a_run_exactly_and_compare_says_so(tmp_path, datasets_dir, capsys):
+    first = _one_run(tmp_path, datasets_dir)
+    assert main(["replay", str(first / "manifest.json"), "--quiet"]) == 0
+    (second,) = set((tmp_path / "runs").glob("*")) - {first}
+    a = json.loads((first / "manifest.json").read_text())
+    b = json.loads((second / "manifest.json").read_text())
+    assert b["config"]["replay_of"] == a["id"]
+    assert [e["train_loss"] for e in b["epochs"]] == [e["train_loss"] for e in a["epochs"]]
+    capsys.readouterr()
+    assert main(["compare", str(first), str(second)]) == 0
+    out = capsys.readouterr().out
+    assert "config: identical" in out and "data: identical" in out
+    assert "train_loss per epoch: identical over 2 epoch(s)" in out
+
+
+def test_compare_names_what_differs(tmp_path, datasets_dir, capsys):
+    a = _one_run(tmp_path, datasets_dir)
+    b = _one_run(tmp_path, datasets_dir, "--lr", "0.01")
+    capsys.readouterr()
+    assert main(["compare", str(a), str(b)]) == 0
+    out = capsys.readouterr().out
+    assert "config: 1 differ" in out and "usecase.train.lr: 0.003 -> 0.01" in out
+    assert "train_loss per epoch: largest difference" in out
+
+
+def test_replay_refuses_data_that_changed(tmp_path, datasets_dir, imagefolder, capsys):
+    run = _one_run(tmp_path, datasets_dir, "--data-dir", str(imagefolder))
+    victim = sorted((imagefolder / "fire").iterdir())[0]
+    other = sorted((imagefolder / "smoke").iterdir())[0]
+    victim.write_bytes(other.read_bytes())  # still a valid image, but not the same one
+    runs_before = sorted((tmp_path / "runs").iterdir())
+    assert main(["replay", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert "the images changed" in err and "Traceback" not in err
+    assert sorted((tmp_path / "runs").iterdir()) == runs_before
+
+
+def test_replay_and_compare_refuse_what_is_not_a_manifest(tmp_path, capsys):
+    (tmp_path / "x.json").write_text("{not json")
+    assert main(["replay", str(tmp_path / "x.json")]) == 2
+    assert "is not valid JSON" in capsys.readouterr().err
+    assert main(["compare", str(tmp_path), str(tmp_path)]) == 2
+    assert "neither a run folder nor a manifest.json" in capsys.readouterr().err
