@@ -60,6 +60,15 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
                        "on this machine (leave out under your own mpiexec)")
     nodes.add_argument("--reduce", default="allreduce", help="how nodes average gradients: "
                        "allreduce, parameter-server, ring-reduce, ring-allreduce, step-wise")
+    spark = p.add_argument_group("the Spark backend")
+    spark.add_argument("--spark-master", help="local[N] (default: local[nodes]), "
+                       "local-cluster[N,cores,MiB] or spark://host:port")
+    spark.add_argument("--spark-sync", default="gloo", help="gloo (default): gradients "
+                       "all-reduced every step between the tasks over torch.distributed; "
+                       "allgather: weights averaged through Spark every --sync-every steps")
+    spark.add_argument("--sync-every", type=int, default=10,
+                       help="steps between weight averages with --spark-sync allgather")
+    spark.add_argument("--spark-ui", action="store_true", help="start Spark's web UI")
     task = p.add_argument_group("training task (override the use case's [train] table)")
     task.add_argument("--epochs", type=int)
     task.add_argument("--batch-size", type=int, help="global batch size")
@@ -182,7 +191,9 @@ def config_from_args(args: argparse.Namespace):
     return RunConfig(usecase=usecase, strategy=args.strategy, workers=args.workers,
                      stages=args.stages, micro_batches=args.micro_batches,
                      replicas=args.replicas, devices=args.devices, backend=args.backend,
-                     nodes=args.nodes, reduce=args.reduce,
+                     nodes=args.nodes, reduce=args.reduce, spark_master=args.spark_master,
+                     spark_sync=args.spark_sync, sync_every=args.sync_every,
+                     spark_ui=args.spark_ui,
                      data_dir=args.data_dir, runs_dir=args.runs_dir or DEFAULT_RUNS_DIR,
                      on_bad_image=args.on_bad_image, loader_workers=args.loader_workers,
                      sample_hz=args.sample_hz, max_steps=args.max_steps,

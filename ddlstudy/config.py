@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +32,24 @@ class Arch(enum.StrEnum):
 
 
 BACKENDS = ("local", "mpi", "spark")
+SPARK_SYNCS = ("gloo", "allgather")
+_SPARK_MASTER = re.compile(r"^(local(\[(\d+|\*)(,\d+)?\])?|local-cluster\[(\d+),(\d+),(\d+)\]"
+                           r"|spark://[\w.\-]+(:\d+)?(,[\w.\-]+(:\d+)?)*)$")
+
+
+def spark_slots(master: str) -> int | None:
+    """Task slots a Spark master offers (None: a cluster, known only once it runs)."""
+    found = _SPARK_MASTER.match(master)
+    if not found:
+        raise ConfigError("--spark-master", f"{master!r} is not a Spark master; use local[N], "
+                          f"local-cluster[N,cores,MiB] or spark://host:port")
+    if master == "local":
+        return 1
+    if master.startswith("local["):
+        return None if found.group(3) == "*" else int(found.group(3))
+    if master.startswith("local-cluster"):
+        return int(found.group(5)) * int(found.group(6))
+    return None
 
 
 class BadImagePolicy(enum.StrEnum):
@@ -170,6 +189,16 @@ class RunConfig:
     reduce: str = "allreduce"
     """How nodes average gradients: allreduce, parameter-server, ring-reduce,
     ring-allreduce, step-wise."""
+    spark_master: str | None = None
+    """local[N], local-cluster[N,cores,MiB] or spark://host:port (default: local[nodes])."""
+    spark_sync: str = "gloo"
+    """gloo: gradients all-reduced every step over torch.distributed between the Spark
+    tasks; allgather: weights averaged through Spark's barrier allGather every sync_every
+    steps (SparkNet)."""
+    sync_every: int = 10
+    """Steps between two weight averages with spark_sync allgather."""
+    spark_ui: bool = False
+    """Start Spark's web UI."""
     data_dir: Path | None = None
     """A real ImageFolder tree to train on instead of the synthetic set."""
     datasets_dir: Path = DEFAULT_DATASETS_DIR
@@ -211,6 +240,19 @@ class RunConfig:
             _positive("--nodes", self.nodes)
             if self.backend == "local" and self.nodes > 1:
                 raise ConfigError("--nodes", "more than one node needs --backend mpi or spark")
+        if self.spark_sync not in SPARK_SYNCS:
+            raise ConfigError("--spark-sync", f"unknown mode {self.spark_sync!r}; choose one "
+                              f"of: {', '.join(SPARK_SYNCS)}")
+        _positive("--sync-every", self.sync_every)
+        if self.backend != "spark" and (self.spark_master or self.spark_sync != "gloo"):
+            raise ConfigError("--spark-master" if self.spark_master else "--spark-sync",
+                              "needs --backend spark")
+        if self.spark_master is not None:
+            slots = spark_slots(self.spark_master)
+            if self.nodes and slots is not None and slots < self.nodes:
+                raise ConfigError("--spark-master", f"{self.spark_master} has {slots} task "
+                                  f"slot(s) but --nodes {self.nodes} barrier tasks must run "
+                                  f"at once; give it at least {self.nodes}")
         from ddlstudy.reducers import get_reducer
 
         get_reducer(self.reduce)

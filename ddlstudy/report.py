@@ -100,8 +100,11 @@ def config_label(manifest: dict) -> str:
     label = f"{name} ({parts[name]()})" if name in parts else name
     backend = manifest.get("backend", {})
     if backend.get("name", "local") != "local":
-        reduce = f", {backend['reduce']}" if backend.get("reduce") else ""
-        label = f"{backend['name']} {backend.get('nodes', '?')} nodes{reduce}: {label}"
+        how = backend.get("reduce") or backend.get("sync")
+        how = f", {how}" if how else ""
+        if backend.get("sync") == "allgather":
+            how += f" every {backend.get('sync_every', '?')}"
+        label = f"{backend['name']} {backend.get('nodes', '?')} nodes{how}: {label}"
     return label
 
 
@@ -127,7 +130,8 @@ def runs_frame(manifests: list[dict], planned: list[dict] = ()) -> pd.DataFrame:
         rows.append({
             "usecase": m.get("usecase", "?"), "config": config_label(m), "strategy": strategy,
             "backend": backend_name, "nodes": int(backend.get("nodes", 1)),
-            "reduce": backend.get("reduce") or "", "cores": cores_used(m), "gpus": _gpus(m),
+            "reduce": backend.get("reduce") or backend.get("sync") or "",
+            "cores": cores_used(m), "gpus": _gpus(m),
             "table": table_number(strategy, backend_name),
             "repeat": m.get("study", {}).get("repeat", 0), "status": m.get("status", "?"),
             "reason": m.get("error") or "", "epochs": len(epochs),

@@ -86,6 +86,10 @@ def _prepare(cfg: RunConfig, comm):
 
 
 def _backend(cfg: RunConfig, comm) -> dict:
+    if cfg.backend == "spark":
+        from ddlstudy import spark
+
+        return spark.describe(cfg)
     if comm is None:
         return {"name": "local", "nodes": 1}
     return {"name": "mpi", "nodes": comm.Get_size(), "reduce": cfg.reduce,
@@ -111,8 +115,12 @@ def preflight(cfg: RunConfig, resuming: bool = False) -> Strategy:
         if not mpi.under_mpiexec():
             mpi.require_mpiexec()
     elif cfg.backend == "spark":
-        raise Unavailable("--backend", "the Spark backend is not available in this version "
-                          "yet; use --backend mpi for several nodes")
+        from ddlstudy import spark
+
+        spark.check(cfg)
+        if resuming:
+            raise Unavailable("--resume", "Spark runs cannot be resumed yet (Spark retries "
+                              "a failed stage itself); use --backend mpi")
     return strategy
 
 
@@ -234,7 +242,11 @@ def run(cfg: RunConfig, show_progress: bool = True,
         with signals.handled():
             job = Job(cfg=cfg, data=data, folder=folder, show_progress=show_progress,
                       resume=snapshot)
-            if comm is None:
+            if cfg.backend == "spark":
+                from ddlstudy import spark
+
+                spark.fit(job)
+            elif comm is None:
                 strategy.fit(job)
             else:
                 mpi.fit(job, comm)

@@ -51,7 +51,7 @@ log = logging.getLogger("ddlstudy")
 CELL_KEYS = {"strategy", "workers", "stages", "micro_batches", "replicas", "devices",
              "backend", "nodes", "reduce", "loader_workers", "epochs", "batch_size",
              "image_size", "seed", "lr", "max_steps", "sample_hz", "no_snapshot",
-             "snapshot_every",
+             "snapshot_every", "spark_master", "spark_sync", "sync_every",
              "data_dir", "datasets_dir", "on_bad_image"}
 STUDY_KEYS = {"name", "description", "usecases", "repeat", "runs_dir"}
 
@@ -202,9 +202,13 @@ def _label(cfg: RunConfig) -> tuple[str, int]:
         layout = strategy.layout(cfg)
     except Exception:  # a layout that needs hardware this machine lacks
         layout = {}
-    manifest = {"strategy": {"name": cfg.strategy, **layout},
-                "backend": {"name": cfg.backend, "nodes": cfg.nodes or 1,
-                            "reduce": cfg.reduce if cfg.backend != "local" else None},
+    backend = {"name": cfg.backend, "nodes": cfg.nodes or 1,
+               "reduce": cfg.reduce if cfg.backend == "mpi" else None}
+    if cfg.backend == "spark":
+        from ddlstudy import spark
+
+        backend = spark.describe(cfg)
+    manifest = {"strategy": {"name": cfg.strategy, **layout}, "backend": backend,
                 "host": {"usable_cores": usable_cores()}}
     return config_label(manifest), cores_used(manifest)
 

@@ -49,9 +49,10 @@ COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=120)
 """A rank that stops answering ends the job after this long instead of hanging it."""
 
 
-def free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
+    """A free TCP port on ``host`` (the loopback unless other hosts must reach it)."""
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 
@@ -115,7 +116,7 @@ def gather_to_first(obj: Any) -> list | None:
 
 
 @contextlib.contextmanager
-def spawned_rank(rank: int, world: int, port: int, job: Job, threads: int, log_level: int,
+def spawned_rank(rank: int, world: int, port: int | str, job: Job, threads: int, log_level: int,
                  device_type: str = "cpu") -> Iterator[torch.device]:
     """Everything a spawned rank needs around its training: threads, logging, its device,
     the process group (gloo on CPU, NCCL on ``cuda:rank``) and its own resource sampler,
@@ -127,7 +128,8 @@ def spawned_rank(rank: int, world: int, port: int, job: Job, threads: int, log_l
     device = torch.device("cuda", rank) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}",
+    address = port if isinstance(port, str) else f"127.0.0.1:{port}"  # str: "host:port"
+    dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://{address}",
                             rank=rank, world_size=world, timeout=COLLECTIVE_TIMEOUT)
     sampler = ResourceSampler(job.cfg.sample_hz, rank=rank, scope="worker").start()
     try:
@@ -139,9 +141,11 @@ def spawned_rank(rank: int, world: int, port: int, job: Job, threads: int, log_l
         dist.destroy_process_group()
 
 
-def _worker(rank: int, world: int, port: int, job: Job, threads: int, log_level: int,
-            device_type: str = "cpu", loader_workers: int | None = None) -> None:
-    """One data-parallel rank: on CPU over gloo, or on GPU ``rank`` over NCCL (gpu-data)."""
+def data_parallel_rank(rank: int, world: int, port: int | str, job: Job, threads: int,
+                       log_level: int, device_type: str = "cpu",
+                       loader_workers: int | None = None) -> None:
+    """One data-parallel rank: on CPU over gloo, or on GPU ``rank`` over NCCL (gpu-data);
+    a spawned process of cpu-processes, or a Spark task (``port``: "host:port")."""
     cfg, uc = job.cfg, job.cfg.usecase
     cuda = device_type == "cuda"
     with spawned_rank(rank, world, port, job, threads, log_level, device_type) as device:
@@ -185,7 +189,7 @@ class CpuProcesses(Strategy):
         k = self.workers(job.cfg)
         threads = max(1, usable_cores() // k)
         level = logging.getLogger("ddlstudy").level
-        run_ranks(_worker, k, (free_port(), job, threads, level))
+        run_ranks(data_parallel_rank, k, (free_port(), job, threads, level))
 
 
 @register
@@ -220,5 +224,5 @@ class GpuData(Strategy):
     def fit(self, job: Job) -> None:
         k = self.devices(job.cfg)
         level = logging.getLogger("ddlstudy").level
-        run_ranks(_worker, k, (free_port(), job, 1, level, "cuda",
+        run_ranks(data_parallel_rank, k, (free_port(), job, 1, level, "cuda",
                                self.loader_workers(job.cfg)))

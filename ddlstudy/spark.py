@@ -1,0 +1,293 @@
+"""The Spark backend: one barrier task per node, gang-scheduled, each training the node's
+one-process local strategy (sequential or cpu-intraop) on its slice of every global batch.
+
+The driver (the `ddlstudy run` process) starts a SparkSession on ``--spark-master`` (timed
+apart from training: ``backend.session_start_s`` in the manifest), then runs a single
+barrier stage of ``--nodes`` tasks. Two ways to keep the nodes in step:
+
+- ``--spark-sync gloo``: the tasks exchange "host:port" with ``BarrierTaskContext.allGather``
+  and form a torch.distributed gloo group (as Spark's own TorchDistributor does); each
+  task is then exactly a cpu-processes rank (DDP, gradients all-reduced every step), so
+  the run computes what ``--strategy cpu-processes --workers N`` computes.
+- ``--spark-sync allgather`` (SparkNet): each task trains on its own slice with local SGD
+  and every ``--sync-every`` steps (and at every epoch end) the weights are averaged
+  through ``allGather`` itself, in chunks small enough for Spark's RPC messages. Each
+  such barrier call costs Spark a round trip through the driver, hence the K steps.
+
+Task 0 writes the run folder (the runs and data folders must be visible to the executors:
+a shared file system on a real cluster, as for MPI). If a task fails Spark retries the
+whole barrier stage; the attempt number is recorded in the manifest and the log.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import logging
+import os
+import pickle
+import shutil
+import socket
+import sys
+import time
+import warnings
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from ddlstudy.config import RunConfig, spark_slots
+from ddlstudy.environment import usable_cores
+from ddlstudy.errors import Unavailable
+from ddlstudy.logs import setup_logging
+from ddlstudy.models import build_model
+from ddlstudy.sampler import ResourceSampler
+from ddlstudy.strategies.base import Job, train_epochs
+from ddlstudy.strategies.processes import data_parallel_rank, free_port
+from ddlstudy.training import Batch, StepFn, Trainer, make_loaders, seed_everything
+
+log = logging.getLogger("ddlstudy")
+
+SPARK_STRATEGIES = ("sequential", "cpu-intraop")
+"""Local strategies a Spark task can run (one process per node)."""
+RPC_MAX_MB = 512
+"""spark.rpc.message.maxSize: an allGather reply carries every task's chunk."""
+BARRIER_TIMEOUT_S = 600
+"""A task that stops answering fails the stage after this long instead of hanging it."""
+
+
+def check(cfg: RunConfig) -> None:
+    if cfg.strategy not in SPARK_STRATEGIES:
+        raise Unavailable("--strategy", f"{cfg.strategy!r} cannot yet run inside Spark tasks; "
+                          f"with --backend spark use one of: {', '.join(SPARK_STRATEGIES)}")
+    if not (shutil.which("java") or os.environ.get("JAVA_HOME")):
+        raise Unavailable("--backend", "spark needs Java 17 or later, which was not found: "
+                          "install a JDK (apt install openjdk-17-jre-headless) or set "
+                          "JAVA_HOME")
+    if cfg.snapshot_every:
+        raise Unavailable("--snapshot-every", "Spark runs snapshot at epoch ends only")
+    slots = spark_slots(master(cfg))
+    if slots is not None and slots < nodes(cfg):
+        raise Unavailable("--spark-master", f"{master(cfg)} has {slots} task slot(s) for "
+                          f"{nodes(cfg)} barrier tasks")
+
+
+def nodes(cfg: RunConfig) -> int:
+    if cfg.nodes:
+        return cfg.nodes
+    slots = spark_slots(cfg.spark_master) if cfg.spark_master else None
+    return slots or 2
+
+
+def master(cfg: RunConfig) -> str:
+    return cfg.spark_master or f"local[{nodes(cfg)}]"
+
+
+def describe(cfg: RunConfig) -> dict[str, Any]:
+    out = {"name": "spark", "nodes": nodes(cfg), "master": master(cfg),
+           "sync": cfg.spark_sync}
+    if cfg.spark_sync == "allgather":
+        out["sync_every"] = cfg.sync_every
+    return out
+
+
+def _session(cfg: RunConfig):
+    os.environ["PYSPARK_PYTHON"] = sys.executable  # executors run this venv's Python
+    from pyspark.sql import SparkSession
+
+    builder = (SparkSession.builder.master(master(cfg))
+               .appName(f"ddlstudy-{cfg.usecase.name}-{cfg.strategy}")
+               .config("spark.ui.enabled", "true" if cfg.spark_ui else "false")
+               .config("spark.pyspark.python", sys.executable)
+               .config("spark.rpc.message.maxSize", str(RPC_MAX_MB))
+               .config("spark.driver.maxResultSize", "0")
+               .config("spark.barrier.sync.timeout", str(BARRIER_TIMEOUT_S))
+               .config("spark.python.worker.reuse", "false")
+               .config("spark.ui.showConsoleProgress", "false"))
+    if not cfg.spark_master or cfg.spark_master.startswith("local"):
+        builder = builder.config("spark.driver.host", "127.0.0.1") \
+            .config("spark.driver.bindAddress", "127.0.0.1")
+    with warnings.catch_warnings():  # pyspark's pandas version notice is not ours to fix
+        warnings.simplefilter("ignore", FutureWarning)
+        spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def fit(job: Job) -> None:
+    """On the driver: start the session, run the barrier stage, record what Spark did."""
+    cfg = job.cfg
+    n = nodes(cfg)
+    start = time.perf_counter()
+    spark = _session(cfg)
+    session_s = time.perf_counter() - start
+    log.info("Spark session on %s started in %.1f s; %d barrier tasks, sync %s", master(cfg),
+             session_s, n, cfg.spark_sync)
+    if job.folder is not None:
+        job.folder.manifest["backend"].update(session_start_s=round(session_s, 3),
+                                              spark_version=spark.version)
+        job.folder.write_manifest()
+    level = logging.getLogger("ddlstudy").level
+    task = functools.partial(_task, job, level)
+    from py4j.protocol import Py4JJavaError
+
+    try:
+        start = time.perf_counter()
+        spark.sparkContext.setJobGroup("ddlstudy", "training")
+        # The shuffle after the barrier stage makes it a shuffle-map stage, which Spark
+        # retries whole when a task fails (a failed barrier result stage is not retried).
+        results = (spark.sparkContext.parallelize(range(n), n).barrier()
+                   .mapPartitions(task).repartition(1).collect())
+        stage_s = time.perf_counter() - start
+        attempts = _stage_attempts(spark.sparkContext)
+    except Py4JJavaError as exc:
+        raise SparkJobFailed(_spark_reason(exc)) from None
+    finally:
+        spark.stop()
+    if attempts > 1:
+        log.warning("Spark retried the barrier stage: attempt %d succeeded", attempts)
+    if job.folder is not None:
+        job.folder.reload_epochs()
+        job.folder.manifest["backend"].update(
+            stage_attempts=attempts, stage_s=round(stage_s, 3),
+            tasks=[{k: r[k] for k in ("rank", "host", "pid", "threads")} for r in results])
+        job.folder.write_manifest()
+
+
+class SparkJobFailed(RuntimeError):
+    """Spark gave up on the barrier stage (after its retries)."""
+
+
+def _stage_attempts(sc) -> int:
+    """How many times Spark ran the barrier stage (1: no task failed)."""
+    tracker = sc.statusTracker()
+    attempts = 1
+    for job_id in tracker.getJobIdsForGroup("ddlstudy"):
+        info = tracker.getJobInfo(job_id)
+        for stage_id in info.stageIds if info else ():
+            stage = tracker.getStageInfo(stage_id)
+            if stage is not None:
+                attempts = max(attempts, stage.currentAttemptId + 1)
+    return attempts
+
+
+def _spark_reason(exc) -> str:
+    """The lines of a Spark job failure that say what happened, without the Java stack."""
+    try:
+        text = str(exc.java_exception.getMessage())
+    except Exception:  # py4j gone with the session: fall back to the Python text
+        text = str(exc)
+    lines = [ln.strip() for ln in text.splitlines()
+             if ln.strip() and not ln.strip().startswith(("at ", "..."))]
+    return " ".join(lines[:3])[:600]
+
+
+def _threads(cfg: RunConfig, infos) -> int:
+    if cfg.strategy == "sequential":
+        return 1
+    here = socket.gethostname()
+    on_host = sum(1 for i in infos if i.address.rsplit(":", 1)[0] in ("127.0.0.1", here)) or 1
+    return cfg.workers or max(1, usable_cores() // on_host)
+
+
+def _task(job: Job, level: int, _partition):
+    """One node: a Spark barrier task."""
+    from pyspark import BarrierTaskContext
+
+    ctx = BarrierTaskContext.get()
+    rank, infos = ctx.partitionId(), ctx.getTaskInfos()
+    world = len(infos)
+    os.environ["RANK"] = str(rank)
+    threads = _threads(job.cfg, infos)
+    if ctx.attemptNumber() and rank == 0:
+        logging.getLogger("ddlstudy").warning("Spark attempt %d of the stage: training starts "
+                                              "again", ctx.attemptNumber() + 1)
+    if job.cfg.spark_sync == "gloo":
+        hosts = {i.address.rsplit(":", 1)[0] for i in infos}
+        host = "127.0.0.1" if len(hosts) == 1 else infos[rank].address.rsplit(":", 1)[0]
+        addresses = ctx.allGather(f"{host}:{free_port(host)}")
+        data_parallel_rank(rank, world, addresses[0], job, threads, level)
+    else:
+        _allgather_rank(ctx, rank, world, job, threads, level)
+    yield {"rank": rank, "attempt": ctx.attemptNumber(), "host": socket.gethostname(),
+           "pid": os.getpid(), "threads": threads}
+
+
+# --- --spark-sync allgather (SparkNet) ----------------------------------------------------
+
+def _gather(ctx, obj: Any) -> list[Any]:
+    """Every task's ``obj``, in rank order, through Spark's barrier allGather."""
+    text = base64.b64encode(pickle.dumps(obj)).decode()
+    return [pickle.loads(base64.b64decode(m)) for m in ctx.allGather(text)]
+
+
+def average_weights(ctx, model: nn.Module, world: int) -> None:
+    """Replace every task's weights by their mean, sent through allGather in chunks that
+    keep each reply under spark.rpc.message.maxSize."""
+    params = [p for p in model.parameters()]
+    flat = torch.cat([p.detach().reshape(-1) for p in params]).numpy()
+    chunk = max(1 << 20, (RPC_MAX_MB << 20) // 2 // world * 3 // 4 // 4)  # floats
+    out = np.empty_like(flat)
+    for start in range(0, flat.size, chunk):
+        part = flat[start:start + chunk]
+        msgs = ctx.allGather(base64.b64encode(part.tobytes()).decode())
+        stacked = np.stack([np.frombuffer(base64.b64decode(m), dtype=np.float32) for m in msgs])
+        out[start:start + chunk] = stacked.mean(axis=0, dtype=np.float64)
+    offset = 0
+    with torch.no_grad():
+        for p in params:
+            p.copy_(torch.from_numpy(out[offset:offset + p.numel()]).view_as(p))
+            offset += p.numel()
+
+
+def _local_step(model: nn.Module, optimizer: torch.optim.Optimizer, ctx, world: int,
+                every: int) -> StepFn:
+    """Local SGD on this task's slice; weights averaged every ``every`` steps."""
+    count = 0
+
+    def step(batch: Batch) -> tuple[float, int, int]:
+        nonlocal count
+        images, labels = batch
+        optimizer.zero_grad(set_to_none=True)
+        logits = model(images)
+        loss = nn.functional.cross_entropy(logits, labels)
+        loss.backward()
+        optimizer.step()
+        count += 1
+        if count % every == 0:
+            average_weights(ctx, model, world)
+        n = labels.numel()
+        return loss.item() * n, int((logits.argmax(1) == labels).sum()), n
+
+    return step
+
+
+def _allgather_rank(ctx, rank: int, world: int, job: Job, threads: int, level: int) -> None:
+    cfg, uc = job.cfg, job.cfg.usecase
+    torch.set_num_threads(threads)
+    setup_logging(level)
+    sampler = ResourceSampler(cfg.sample_hz, rank=rank, scope="worker").start()
+    try:
+        seed_everything(uc.train.seed)
+        model = build_model(uc.model, len(uc.classes))  # the same weights in every task
+        torch.manual_seed(uc.train.seed + rank)
+        optimizer = torch.optim.SGD(model.parameters(), lr=uc.train.lr,
+                                    momentum=uc.train.momentum)
+        train, val = make_loaders(cfg, job.data, shard=(rank, world))
+
+        def sum_over_tasks(*values: float) -> list[float]:
+            return np.sum(_gather(ctx, np.asarray(values, dtype=np.float64)), axis=0).tolist()
+
+        trainer = Trainer(model, _local_step(model, optimizer, ctx, world, cfg.sync_every),
+                          train, val, max_steps=cfg.max_steps,
+                          show_progress=job.show_progress and rank == 0,
+                          reduce=sum_over_tasks,
+                          before_eval=lambda: average_weights(ctx, model, world))
+        train_epochs(job, trainer, optimizer, rank=rank, writer=rank == 0,
+                     gather=lambda obj: _gather(ctx, obj),
+                     barrier=ctx.barrier)
+    finally:
+        rows = sampler.stop()
+        if job.folder is not None and sampler.enabled:
+            job.folder.write_worker_samples(rank, rows)

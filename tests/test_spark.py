@@ -1,0 +1,136 @@
+"""The Spark backend, for real: pyspark sessions on local and local-cluster masters."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from ddlstudy.cli import main
+from ddlstudy.runfolder import MANIFEST
+from ddlstudy.runner import run
+
+pytestmark = pytest.mark.skipif(shutil.which("java") is None, reason="Spark needs Java")
+
+
+def _spark(tmp_path, datasets_dir, *flags: str) -> dict:
+    runs = tmp_path / "spark-runs"
+    out = subprocess.run([sys.executable, "-m", "ddlstudy", "run", "--usecase", "tiny",
+                          "--datasets-dir", str(datasets_dir), "--runs-dir", str(runs),
+                          "--backend", "spark", "--nodes", "2", "--quiet", *flags],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    (path,) = runs.glob(f"*/{MANIFEST}")
+    return json.loads(path.read_text())
+
+
+def _losses(epochs: list[dict]) -> list[float]:
+    return [e["train_loss"] for e in epochs]
+
+
+@pytest.mark.slow
+def test_gloo_sync_computes_what_cpu_processes_computes(tmp_path, datasets_dir, quick_config):
+    """Two barrier tasks on two executor JVMs, DDP over gloo between them: the same global
+    batches and the same averaged gradients as two local processes, to the bit."""
+    manifest = _spark(tmp_path, datasets_dir, "--epochs", "3", "--spark-master",
+                      "local-cluster[2,1,1024]", "--sample-hz", "5")
+    local = run(quick_config(strategy="cpu-processes", workers=2, epochs=3), show_progress=False)
+    assert manifest["status"] == "completed"
+    assert _losses(manifest["epochs"]) == _losses(local.manifest["epochs"])
+    backend = manifest["backend"]
+    assert backend["name"] == "spark" and backend["sync"] == "gloo"
+    assert backend["master"] == "local-cluster[2,1,1024]" and backend["stage_attempts"] == 1
+    assert backend["session_start_s"] > 0 and sorted(t["rank"] for t in backend["tasks"]) == [0, 1]
+    assert manifest["samples"]["workers_sampled"] == 2  # each task sampled itself
+
+
+@pytest.mark.slow
+def test_allgather_every_step_is_synchronous_sgd(tmp_path, datasets_dir, quick_config):
+    """Averaging weights after every step of momentum SGD is averaging the gradients:
+    --sync-every 1 follows the 2-process DDP run to float precision."""
+    manifest = _spark(tmp_path, datasets_dir, "--epochs", "2", "--max-steps", "6",
+                      "--spark-sync", "allgather", "--sync-every", "1", "--sample-hz", "0")
+    local = run(quick_config(strategy="cpu-processes", workers=2, epochs=2, max_steps=6),
+                show_progress=False)
+    assert manifest["backend"]["sync"] == "allgather"
+    assert _losses(manifest["epochs"]) == pytest.approx(_losses(local.manifest["epochs"]),
+                                                         rel=1e-3)
+
+
+@pytest.mark.slow
+def test_allgather_every_k_steps_still_learns(tmp_path, datasets_dir, quick_config):
+    manifest = _spark(tmp_path, datasets_dir, "--epochs", "10", "--spark-sync", "allgather",
+                      "--sync-every", "5", "--sample-hz", "0")
+    local = run(quick_config(strategy="cpu-processes", workers=2, epochs=10),
+                show_progress=False)
+    best = max(e["val_accuracy"] for e in manifest["epochs"])
+    local_best = max(e["val_accuracy"] for e in local.manifest["epochs"])
+    assert best >= 0.45 and best >= local_best - 0.15, (best, local_best)
+
+
+@pytest.mark.slow
+def test_a_failed_task_makes_spark_retry_the_stage_and_the_run_says_so(tmp_path,
+                                                                       datasets_dir):
+    runs = tmp_path / "runs"
+    proc = subprocess.Popen([sys.executable, "-m", "ddlstudy", "run", "--usecase", "tiny",
+                             "--datasets-dir", str(datasets_dir), "--runs-dir", str(runs),
+                             "--backend", "spark", "--nodes", "2", "--epochs", "4",
+                             "--spark-master", "local-cluster[2,1,1024]", "--sample-hz", "0",
+                             "--quiet"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
+    killed, deadline = None, time.time() + 300
+    while killed is None and time.time() < deadline and proc.poll() is None:
+        for path in runs.glob(f"*/{MANIFEST}"):
+            try:
+                epochs = json.loads(path.read_text())["epochs"]
+            except (OSError, ValueError):
+                continue
+            if epochs:  # training has started: kill the busiest Python worker (a task)
+                workers = []
+                for child in psutil.Process(proc.pid).children(recursive=True):
+                    try:
+                        if "pyspark.daemon" in " ".join(child.cmdline()):
+                            workers.append((child.memory_info().rss, child))
+                    except psutil.Error:
+                        continue
+                killed = max(workers, key=lambda w: w[0])[1]
+                killed.send_signal(signal.SIGKILL)
+        time.sleep(0.05)
+    assert killed is not None, "the run ended before a task could be killed"
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-3000:]
+    manifest = json.loads(next(runs.glob(f"*/{MANIFEST}")).read_text())
+    assert manifest["backend"]["stage_attempts"] == 2
+    assert [e["epoch"] for e in manifest["epochs"]] == [1, 2, 3, 4]
+    assert "Spark retried the barrier stage" in err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--backend", "spark", "--spark-master", "yarn"], "'yarn' is not a Spark master"),
+    (["--backend", "spark", "--spark-sync", "gossip"], "--spark-sync: unknown mode 'gossip'"),
+    (["--backend", "spark", "--nodes", "3", "--spark-master", "local[2]"],
+     "local[2] has 2 task slot(s) but --nodes 3"),
+    (["--backend", "spark", "--strategy", "cpu-processes"],
+     "'cpu-processes' cannot yet run inside Spark tasks"),
+    (["--spark-master", "local[2]"], "--spark-master: needs --backend spark"),
+    (["--backend", "spark", "--sync-every", "0"], "--sync-every: must be a positive"),
+    (["--backend", "spark", "--snapshot-every", "2"], "Spark runs snapshot at epoch ends"),
+])
+def test_bad_spark_flags(tmp_path, capsys, args, message):
+    assert main(["run", "--runs-dir", str(tmp_path / "runs"), *args]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_spark_without_java_is_refused(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(shutil, "which", lambda name: None)  # as on a machine without a JDK
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    assert main(["run", "--backend", "spark", "--runs-dir", str(tmp_path / "runs")]) == 2
+    assert "spark needs Java 17 or later, which was not found" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
