@@ -163,7 +163,7 @@ def test_the_shipped_plans_are_valid():
         cells = expand(plan, {})
         assert all(c.cfg is not None for c in cells)
     paper = {(c.usecase, c.cfg.strategy, c.cfg.backend) for c in cells}
-    assert ("simple-big", "hybrid", "local") in paper and ("complex-small", "cpu-intraop",
+    assert ("simple-big", "hybrid", "local") in paper and ("complex-small", "sequential",
                                                            "spark") in paper
 
 
