@@ -20,9 +20,13 @@ class Terminated(BaseException):
 
 _depth = 0
 _pending: int | None = None
+_once = False
+_raised = False
 
 
 def _raise(signum: int) -> None:
+    global _raised
+    _raised = True
     if signum == signal.SIGINT:
         raise KeyboardInterrupt
     raise Terminated
@@ -30,6 +34,8 @@ def _raise(signum: int) -> None:
 
 def _handler(signum: int, frame: object) -> None:
     global _pending
+    if _once and _raised:
+        return  # already shutting down: a second signal must not break the cleanup
     if _depth:
         _pending = signum
         return
@@ -37,8 +43,12 @@ def _handler(signum: int, frame: object) -> None:
 
 
 @contextlib.contextmanager
-def handled() -> Iterator[None]:
-    """SIGINT -> KeyboardInterrupt, SIGTERM -> Terminated, both deferrable."""
+def handled(once: bool = False) -> Iterator[None]:
+    """SIGINT -> KeyboardInterrupt, SIGTERM -> Terminated, both deferrable. With ``once``
+    (a worker process, which both Ctrl-C and its parent's SIGTERM reach) only the first
+    signal is raised; the ones after it are ignored while the worker cleans up."""
+    global _once, _raised
+    _once, _raised = once, False
     previous = {s: signal.signal(s, _handler) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield

@@ -225,3 +225,34 @@ def test_bad_fault_flags(tmp_path, capsys, args, message):
     assert main(["run", "--runs-dir", str(tmp_path / "runs"), *args]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_every_worker_and_leaves_a_loadable_snapshot(tmp_path, datasets_dir):
+    """SIGINT to the whole process group, as a terminal's Ctrl-C sends it."""
+    runs = tmp_path / "runs"
+    args = _args(runs, datasets_dir, "--strategy", "cpu-processes", "--workers", "2")
+    proc = subprocess.Popen([sys.executable, "-m", "ddlstudy", *args],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    deadline, workers = time.time() + 180, []
+    while time.time() < deadline and proc.poll() is None and not workers:
+        manifests = list(runs.glob(f"*/{MANIFEST}"))
+        try:
+            started = manifests and json.loads(manifests[0].read_text())["epochs"]
+        except (OSError, ValueError):
+            started = False
+        if started:
+            workers = psutil.Process(proc.pid).children(recursive=True)
+            os.killpg(proc.pid, signal.SIGINT)
+        time.sleep(0.01)
+    assert workers, "the run ended before Ctrl-C"
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and "Traceback" not in err
+    (folder,) = runs.glob("*/")
+    manifest = _manifest(folder)
+    assert manifest["status"] == "interrupted" and manifest["exit_code"] == 130
+    torch.load(folder / SNAPSHOT, weights_only=True)  # the last good snapshot loads
+    assert not list(folder.glob(".*.tmp-*"))
+    time.sleep(1)
+    assert not [w for w in workers if w.is_running() and w.status() != psutil.STATUS_ZOMBIE]

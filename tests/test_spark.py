@@ -55,7 +55,8 @@ def test_allgather_every_step_is_synchronous_sgd(tmp_path, datasets_dir, quick_c
     """Averaging weights after every step of momentum SGD is averaging the gradients:
     --sync-every 1 follows the 2-process DDP run to float precision."""
     manifest = _spark(tmp_path, datasets_dir, "--epochs", "2", "--max-steps", "6",
-                      "--spark-sync", "allgather", "--sync-every", "1", "--sample-hz", "0")
+                      "--spark-sync", "allgather", "--sync-every", "1", "--sample-hz", "0",
+                      "--spark-master", "local-cluster[2,1,1024]")
     local = run(quick_config(strategy="cpu-processes", workers=2, epochs=2, max_steps=6),
                 show_progress=False)
     assert manifest["backend"]["sync"] == "allgather"

@@ -27,6 +27,7 @@ import torch.multiprocessing as mp
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from ddlstudy import signals
 from ddlstudy.config import RunConfig
 from ddlstudy.environment import usable_cores
 from ddlstudy.errors import Unavailable
@@ -45,6 +46,8 @@ from ddlstudy.training import Batch, StepFn, Trainer, make_loaders, seed_everyth
 
 log = logging.getLogger("ddlstudy")
 
+WRITE_GRACE_S = 30.0
+"""How long a terminated rank may take to finish the file it is writing before SIGKILL."""
 COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=120)
 """A rank that stops answering ends the job after this long instead of hanging it."""
 
@@ -76,10 +79,14 @@ def run_ranks(fn, world: int, args: tuple) -> None:
         raise WorkerDied(f"worker rank {exc.error_index} (PID {exc.error_pid}) died: "
                          f"{how}") from None
     finally:
-        for proc in context.processes:
+        for proc in context.processes:  # SIGTERM: a rank in a snapshot write finishes it
             if proc.is_alive():
                 proc.terminate()
-            proc.join()
+        for proc in context.processes:
+            proc.join(timeout=WRITE_GRACE_S)
+            if proc.is_alive():  # stuck in a collective: signal handlers cannot run
+                proc.kill()
+                proc.join()
 
 
 def ddp_step(model: DistributedDataParallel, optimizer: torch.optim.Optimizer,
@@ -133,7 +140,10 @@ def spawned_rank(rank: int, world: int, port: int | str, job: Job, threads: int,
                             rank=rank, world_size=world, timeout=COLLECTIVE_TIMEOUT)
     sampler = ResourceSampler(job.cfg.sample_hz, rank=rank, scope="worker").start()
     try:
-        yield device
+        with signals.handled(once=True):  # Ctrl-C or SIGTERM wait for a write to end
+            yield device
+    except signals.Terminated:  # the parent ends this rank: no traceback, exit 143
+        raise SystemExit(143) from None
     finally:
         rows = sampler.stop()
         if job.folder is not None and sampler.enabled:
