@@ -27,6 +27,7 @@ completed run has the same resolved configuration is reused instead of run again
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -40,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from ddlstudy import mpi
-from ddlstudy.config import DEFAULT_RUNS_DIR, REPO_ROOT, RunConfig
+from ddlstudy.config import DEFAULT_RUNS_DIR, REPO_ROOT, RunConfig, _jsonable
 from ddlstudy.environment import usable_cores
 from ddlstudy.errors import ConfigError, Unavailable, UsageError
 from ddlstudy.report import STUDY_FILE, Report, config_label, cores_used
@@ -149,12 +150,16 @@ def load_plan(path: Path, repeat: int | None = None, runs_dir: Path | None = Non
                 settings=settings)
 
 
-def _cell_id(cfg: RunConfig) -> str:
-    """Hash of everything that defines the run (not where its folder goes)."""
-    config = cfg.to_dict()
-    config.pop("runs_dir", None)
-    config["usecase"].pop("source", None)
-    text = json.dumps(config, sort_keys=True, default=str)
+def config_key(config: dict[str, Any]) -> str:
+    """Hash of what defines a run, from its config as a manifest records it: the use case
+    and every setting that differs from its default (not where the folder goes). Settings
+    that a later version adds with a default leave the key of older runs unchanged."""
+    defaults = {f.name: _jsonable(f.default) for f in dataclasses.fields(RunConfig)
+                if f.default is not dataclasses.MISSING}
+    key = {k: v for k, v in config.items()
+           if k != "runs_dir" and not (k in defaults and defaults[k] == v)}
+    key["usecase"] = {k: v for k, v in config["usecase"].items() if k != "source"}
+    text = json.dumps(key, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
@@ -180,7 +185,7 @@ def expand(plan: Plan, overrides: dict[str, Any]) -> list[Cell]:
                 cell.cfg = config_from_args(args)
             except UsageError as exc:
                 raise UsageError(f"{plan.path}, use case {uc}, cell {flags}: {exc}") from None
-            cell.id = _cell_id(cell.cfg)
+            cell.id = config_key(cell.cfg.to_dict())
             cell.label, cell.cores = _label(cell.cfg)
             try:
                 preflight(cell.cfg)
@@ -222,8 +227,8 @@ def _finished_runs(runs_dir: Path, study: str) -> dict[tuple[str, int], str]:
         except (OSError, ValueError):
             continue
         tag = m.get("study") or {}
-        if tag.get("name") == study and m.get("status") == "completed":
-            done[(tag.get("cell"), tag.get("repeat"))] = m["id"]
+        if tag.get("name") == study and m.get("status") == "completed" and "config" in m:
+            done[(config_key(m["config"]), tag.get("repeat"))] = m["id"]
     return done
 
 

@@ -229,3 +229,13 @@ def test_replay_and_compare_refuse_what_is_not_a_manifest(tmp_path, capsys):
     assert "is not valid JSON" in capsys.readouterr().err
     assert main(["compare", str(tmp_path), str(tmp_path)]) == 2
     assert "neither a run folder nor a manifest.json" in capsys.readouterr().err
+
+
+def test_runs_recorded_before_a_setting_existed_still_match(quick_config):
+    from ddlstudy.study import config_key
+
+    config = quick_config().to_dict()
+    older = {k: v for k, v in config.items() if k not in ("spark_sync", "sync_every")}
+    assert config_key(older) == config_key(config)  # a later version's defaults
+    assert config_key(config | {"workers": 2}) != config_key(config)
+    assert config_key(config | {"runs_dir": "/elsewhere"}) == config_key(config)
