@@ -256,3 +256,23 @@ def test_ctrl_c_stops_every_worker_and_leaves_a_loadable_snapshot(tmp_path, data
     assert not list(folder.glob(".*.tmp-*"))
     time.sleep(1)
     assert not [w for w in workers if w.is_running() and w.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_rendezvous_ports_listen_on_the_loopback_only(tmp_path, datasets_dir):
+    """No port of a single-host multi-process run is reachable from another machine."""
+    runs = tmp_path / "runs"
+    proc = subprocess.Popen([sys.executable, "-m", "ddlstudy", *_args(
+        runs, datasets_dir, "--strategy", "cpu-processes", "--workers", "2")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    listening = set()
+    while proc.poll() is None:
+        try:
+            tree = {proc.pid, *(c.pid for c in psutil.Process(proc.pid).children(True))}
+            listening |= {(c.laddr.ip, c.laddr.port) for c in psutil.net_connections("inet")
+                          if c.pid in tree and c.status == psutil.CONN_LISTEN}
+        except psutil.Error:
+            pass
+        time.sleep(0.02)
+    assert proc.returncode == 0
+    assert len(listening) >= 2  # the rendezvous store and gloo's own sockets
+    assert {ip for ip, _ in listening} <= {"127.0.0.1", "::1"}, listening

@@ -122,6 +122,23 @@ def gather_to_first(obj: Any) -> list | None:
     return out if dist.get_rank() == 0 else None
 
 
+def rendezvous(host: str, port: int, rank: int, world: int):
+    """The TCPStore the ranks meet through, its server listening on ``host`` only (torch's
+    own would listen on every interface). Returns the store and rank 0's listening
+    socket, which must stay open as long as the store."""
+    listener = None
+    if host in ("127.0.0.1", "localhost"):
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo's own sockets too
+    if rank == 0:
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((host, port))
+        listener.listen(world * 2)
+    store = dist.TCPStore(host, port, world, rank == 0, timeout=COLLECTIVE_TIMEOUT,
+                          master_listen_fd=listener.fileno() if listener else None)
+    return store, listener
+
+
 @contextlib.contextmanager
 def spawned_rank(rank: int, world: int, port: int | str, job: Job, threads: int, log_level: int,
                  device_type: str = "cpu") -> Iterator[torch.device]:
@@ -135,9 +152,10 @@ def spawned_rank(rank: int, world: int, port: int | str, job: Job, threads: int,
     device = torch.device("cuda", rank) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
-    address = port if isinstance(port, str) else f"127.0.0.1:{port}"  # str: "host:port"
-    dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://{address}",
-                            rank=rank, world_size=world, timeout=COLLECTIVE_TIMEOUT)
+    host, port = port.rsplit(":", 1) if isinstance(port, str) else ("127.0.0.1", port)
+    store, listener = rendezvous(host, int(port), rank, world)
+    dist.init_process_group("nccl" if cuda else "gloo", store=store, rank=rank,
+                            world_size=world, timeout=COLLECTIVE_TIMEOUT)
     sampler = ResourceSampler(job.cfg.sample_hz, rank=rank, scope="worker").start()
     try:
         with signals.handled(once=True):  # Ctrl-C or SIGTERM wait for a write to end
@@ -149,6 +167,8 @@ def spawned_rank(rank: int, world: int, port: int | str, job: Job, threads: int,
         if job.folder is not None and sampler.enabled:
             job.folder.write_worker_samples(rank, rows)
         dist.destroy_process_group()
+        if listener is not None:
+            listener.close()
 
 
 def data_parallel_rank(rank: int, world: int, port: int | str, job: Job, threads: int,
