@@ -75,6 +75,8 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
     task.add_argument("--image-size", type=int, help="side in pixels the images are scaled to")
     task.add_argument("--seed", type=int)
     task.add_argument("--lr", type=float, help="learning rate")
+    task.add_argument("--precision", default="fp32", help="fp32 (default) or bf16 "
+                      "(autocast: bfloat16 matmuls and convolutions, fp32 weights)")
     data = p.add_argument_group("data")
     data.add_argument("--data-dir", type=Path, help="a real ImageFolder tree (root/<class>/<img>) "
                       "instead of the use case's synthetic set")
@@ -193,7 +195,7 @@ def config_from_args(args: argparse.Namespace):
                      replicas=args.replicas, devices=args.devices, backend=args.backend,
                      nodes=args.nodes, reduce=args.reduce, spark_master=args.spark_master,
                      spark_sync=args.spark_sync, sync_every=args.sync_every,
-                     spark_ui=args.spark_ui,
+                     spark_ui=args.spark_ui, precision=args.precision,
                      data_dir=args.data_dir, runs_dir=args.runs_dir or DEFAULT_RUNS_DIR,
                      on_bad_image=args.on_bad_image, loader_workers=args.loader_workers,
                      sample_hz=args.sample_hz, max_steps=args.max_steps,

@@ -33,6 +33,7 @@ class Arch(enum.StrEnum):
 
 BACKENDS = ("local", "mpi", "spark")
 SPARK_SYNCS = ("gloo", "allgather")
+PRECISIONS = ("fp32", "bf16")
 _SPARK_MASTER = re.compile(r"^(local(\[(\d+|\*)(,\d+)?\])?|local-cluster\[(\d+),(\d+),(\d+)\]"
                            r"|spark://[\w.\-]+(:\d+)?(,[\w.\-]+(:\d+)?)*)$")
 
@@ -189,6 +190,8 @@ class RunConfig:
     reduce: str = "allreduce"
     """How nodes average gradients: allreduce, parameter-server, ring-reduce,
     ring-allreduce, step-wise."""
+    precision: str = "fp32"
+    """fp32, or bf16: forward and backward under torch.autocast (weights stay fp32)."""
     spark_master: str | None = None
     """local[N], local-cluster[N,cores,MiB] or spark://host:port (default: local[nodes])."""
     spark_sync: str = "gloo"
@@ -240,6 +243,11 @@ class RunConfig:
             _positive("--nodes", self.nodes)
             if self.backend == "local" and self.nodes > 1:
                 raise ConfigError("--nodes", "more than one node needs --backend mpi or spark")
+        if self.precision not in PRECISIONS:
+            hint = ("; fp16 needs a gradient scaler, not in this version: use bf16"
+                    if self.precision == "fp16" else "")
+            raise ConfigError("--precision", f"unknown precision {self.precision!r}; choose "
+                              f"one of: {', '.join(PRECISIONS)}{hint}")
         if self.spark_sync not in SPARK_SYNCS:
             raise ConfigError("--spark-sync", f"unknown mode {self.spark_sync!r}; choose one "
                               f"of: {', '.join(SPARK_SYNCS)}")

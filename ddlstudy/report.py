@@ -98,6 +98,9 @@ def config_label(manifest: dict) -> str:
         "hybrid": lambda: f"{s.get('replicas', '?')} x {s.get('stages', '?')} stages",
     }
     label = f"{name} ({parts[name]()})" if name in parts else name
+    precision = manifest.get("config", {}).get("precision", "fp32")
+    if precision != "fp32":
+        label += f" {precision}"
     backend = manifest.get("backend", {})
     if backend.get("name", "local") != "local":
         how = backend.get("reduce") or backend.get("sync")

@@ -7,6 +7,7 @@ the clock are the same for all, so their numbers compare.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import random
@@ -223,6 +224,8 @@ class Trainer:
         self.before_eval = before_eval  # e.g. gather pipeline stages into one model
         self.device = device
         self.loss_fn = nn.CrossEntropyLoss()
+        self.precision = "fp32"
+        """bf16: each step runs under torch.autocast (set by train_epochs from the config)."""
         self.after_step: Callable[[int, int], None] = lambda epoch, step: None
         """Called after every step with (epoch, steps done in it), e.g. to snapshot."""
         self.sums = _zero_sums()
@@ -262,6 +265,13 @@ class Trainer:
         self.sums = _zero_sums() | position["sums"]
         self.train_loader.batch_sampler.skip = self.sums["steps"]
 
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """The mixed-precision context each step runs in (reusable, re-entrant)."""
+        if self.precision == "fp32":
+            return contextlib.nullcontext()
+        device = self.device.type if self.device is not None else "cpu"
+        return torch.autocast(device, dtype=torch.bfloat16)
+
     def train_epoch(self, epoch: int) -> EpochResult:
         self.model.train()
         gen = self.generator
@@ -277,8 +287,10 @@ class Trainer:
                            enabled=self.show_progress, initial=resumed)
         if self.max_steps and sums["steps"] >= self.max_steps:
             batches = []
+        autocast = self.autocast()
         for batch in batches:
-            batch_loss, batch_correct, n = self.step(batch)
+            with autocast:
+                batch_loss, batch_correct, n = self.step(batch)
             sums["loss"] += batch_loss
             sums["correct"] += batch_correct
             sums["images"] += n

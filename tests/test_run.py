@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 import torch
 
+from ddlstudy.errors import ConfigError
 from ddlstudy.runfolder import MANIFEST, METRICS, SAMPLES, SNAPSHOT
 from ddlstudy.runner import run
 from ddlstudy.sampler import COLUMNS
@@ -186,3 +187,20 @@ def test_sigterm_during_a_write_lands_after_it(tmp_path):
         atomic_write(target, write)
     assert target.read_bytes() == b"a" * 1000 + b"b" * 1000
     assert list(tmp_path.iterdir()) == [target]
+
+
+def test_bf16_trains_tiny_within_a_few_points_of_fp32(quick_config):
+    fp32 = run(quick_config(epochs=10), show_progress=False).manifest
+    bf16 = run(quick_config(epochs=10, precision="bf16"), show_progress=False).manifest
+    assert bf16["config"]["precision"] == "bf16"
+    losses32 = [e["train_loss"] for e in fp32["epochs"]]
+    losses16 = [e["train_loss"] for e in bf16["epochs"]]
+    assert losses16 != losses32  # autocast really ran in bfloat16
+    best32 = max(e["val_accuracy"] for e in fp32["epochs"])
+    best16 = max(e["val_accuracy"] for e in bf16["epochs"])
+    assert best16 >= 0.5 and abs(best16 - best32) <= 0.1, (best16, best32)
+
+
+def test_fp16_is_refused_with_the_reason(quick_config):
+    with pytest.raises(ConfigError, match="fp16 needs a gradient scaler"):
+        quick_config(precision="fp16")

@@ -49,6 +49,7 @@ def train_epochs(job: Job, trainer: Trainer, optimizer: torch.optim.Optimizer, *
     writer (a collective: every rank calls it at the same step), ``barrier`` ends an epoch.
     """
     cfg = job.cfg
+    trainer.precision = cfg.precision
     first = 1
     if job.resume is not None:
         # A private copy: spawned ranks receive the snapshot's tensors in shared memory, and

@@ -36,9 +36,11 @@ def replica_step(replicas: list[nn.Module], optimizer: torch.optim.Optimizer,
     """A step that trains ``replicas`` on slices of the batch; ``optimizer`` owns replica 0."""
     params = [list(r.parameters()) for r in replicas]
 
-    def work(i: int, images: torch.Tensor, labels: torch.Tensor, total: int):
-        logits = replicas[i](images)
-        loss = loss_fn(logits, labels)
+    def work(i: int, images: torch.Tensor, labels: torch.Tensor, total: int,
+             autocast: tuple[bool, torch.dtype]):
+        with torch.autocast("cpu", dtype=autocast[1], enabled=autocast[0]):  # thread-local
+            logits = replicas[i](images)
+            loss = loss_fn(logits, labels)
         (loss * (labels.numel() / total)).backward()
         return loss.item() * labels.numel(), int((logits.argmax(1) == labels).sum())
 
@@ -50,7 +52,9 @@ def replica_step(replicas: list[nn.Module], optimizer: torch.optim.Optimizer,
                  if y.numel()]
         for r in replicas:
             r.zero_grad(set_to_none=True)
-        results = list(pool.map(lambda a: work(a[0], *a[1], total), enumerate(parts)))
+        autocast = (torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"))
+        results = list(pool.map(lambda a: work(a[0], *a[1], total, autocast),
+                                enumerate(parts)))
         grads0 = [p.grad for p in params[0]]
         for i in range(1, len(parts)):
             torch._foreach_add_(grads0, [p.grad for p in params[i]])
