@@ -62,24 +62,46 @@ def samples_of(runs: pd.DataFrame, scope: str = "node") -> pd.DataFrame:
         s = s.assign(usecase=r.usecase, config=r.config, t=s.time - s.time.min(),
                      cpu=s.proc_cpu_percent / max(cores, 1),
                      idle=100 - s.sys_cpu_percent)
-        frames.append(s)
+        frames.append(_smooth(s))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
-def _timelines(s: pd.DataFrame, panels: list[tuple[str, str]], style: str, title: str,
-               height: float) -> Figure:
-    """Stacked panels of ``s`` over time sharing one x axis and one legend (hue: the
-    configuration, line style: ``style``)."""
-    fig = Figure(figsize=(10, height))
-    axes = fig.subplots(len(panels), 1, sharex=True)
-    for i, (ax, (column, label)) in enumerate(zip(axes, panels, strict=True)):
-        sns.lineplot(data=s, x="t", y=column, hue="config", style=style, ax=ax,
-                     legend=i == 0, errorbar=None, linewidth=1.2)
-        ax.set_ylabel(label)
-    axes[-1].set_xlabel("time since the run started (s)")
-    axes[0].set_title(title)
-    if axes[0].get_legend():
-        sns.move_legend(axes[0], "upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
+SMOOTH = "2s"
+"""Rolling mean over the samples of each run and rank, so a timeline reads at a glance."""
+
+
+def _smooth(s: pd.DataFrame) -> pd.DataFrame:
+    columns = ["cpu", "idle", "sys_iowait_percent", "sys_ram_percent"]
+    out = []
+    for _, part in s.groupby("rank", sort=False):
+        part = part.sort_values("time")
+        rolled = part.set_index(pd.to_datetime(part.time, unit="s"))[columns] \
+            .rolling(SMOOTH).mean()
+        out.append(part.assign(**{c: rolled[c].to_numpy() for c in columns}))
+    return pd.concat(out, ignore_index=True)
+
+
+def _timelines(s: pd.DataFrame, panels: list[tuple[str, str]], style: str | None,
+               title: str, height: float, facet: str | None = None) -> Figure:
+    """Panels of ``s`` over time, one row per panel and one column per value of
+    ``facet``, sharing one legend (hue: the configuration, line style: ``style``)."""
+    columns = list(dict.fromkeys(s[facet])) if facet else [None]
+    fig = Figure(figsize=(7 * len(columns) + 3, height))
+    axes = fig.subplots(len(panels), len(columns), sharex="col", squeeze=False)
+    for j, value in enumerate(columns):
+        part = s[s[facet] == value] if facet else s
+        for i, (column, label) in enumerate(panels):
+            ax = axes[i][j]
+            sns.lineplot(data=part, x="t", y=column, hue="config", style=style, ax=ax,
+                         legend=i == 0 and j == len(columns) - 1, errorbar=None,
+                         linewidth=1.2, hue_order=list(dict.fromkeys(s.config)))
+            ax.set_ylabel(label if j == 0 else "")
+            ax.set_xlabel("")
+        axes[0][j].set_title(f"{title}: {value}" if facet else title)
+        axes[-1][j].set_xlabel("time since the run started (s)")
+    legend_ax = axes[0][-1]
+    if legend_ax.get_legend():
+        sns.move_legend(legend_ax, "upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
     return fig
 
 
@@ -90,8 +112,7 @@ def plot_resources(report: Report) -> Figure | None:
     return _timelines(s[s["rank"] == 0], [("cpu", "CPU used by the run (% of all cores)"),
                                          ("sys_ram_percent", "RAM used on the host (%)"),
                                          ("proc_threads", "threads of the run")],
-                      "usecase", "Resources per configuration (line style: use case; "
-                      "multi-node runs: rank 0)", 9)
+                      None, "Resources (2 s means; multi-node: rank 0)", 9, facet="usecase")
 
 
 def plot_distributed(report: Report) -> Figure | None:
@@ -101,7 +122,7 @@ def plot_distributed(report: Report) -> Figure | None:
     return _timelines(s.assign(node=s["rank"].map(lambda r: f"rank {r}")),
                       [("idle", "CPU idle (% of the host)"),
                        ("sys_iowait_percent", "CPU iowait (%)")],
-                      "node", "Multi-node runs: idle and iowait share per rank", 6)
+                      "node", "Multi-node runs, idle and iowait per rank", 6, facet="usecase")
 
 
 def plot_speedup(report: Report) -> Figure | None:
