@@ -35,7 +35,8 @@ TABLES = {
 }
 STRATEGY_ORDER = ("sequential", "cpu-intraop", "cpu-threads", "cpu-processes", "gpu-data",
                   "pipeline", "hybrid")
-KEY = ["usecase", "config", "strategy", "backend", "nodes", "reduce", "cores", "gpus"]
+KEY = ["usecase", "config", "strategy", "backend", "nodes", "reduce", "precision", "cores",
+       "gpus"]
 
 
 def load_runs(runs_dir: Path) -> list[dict]:
@@ -134,6 +135,7 @@ def runs_frame(manifests: list[dict], planned: list[dict] = ()) -> pd.DataFrame:
             "usecase": m.get("usecase", "?"), "config": config_label(m), "strategy": strategy,
             "backend": backend_name, "nodes": int(backend.get("nodes", 1)),
             "reduce": backend.get("reduce") or backend.get("sync") or "",
+            "precision": m.get("config", {}).get("precision", "fp32"),
             "cores": cores_used(m), "gpus": _gpus(m),
             "table": table_number(strategy, backend_name),
             "repeat": m.get("study", {}).get("repeat", 0), "status": m.get("status", "?"),
@@ -150,6 +152,7 @@ def runs_frame(manifests: list[dict], planned: list[dict] = ()) -> pd.DataFrame:
         rows.append({
             "usecase": c["usecase"], "config": c["label"], "strategy": c["strategy"],
             "backend": backend, "nodes": c.get("nodes", 1), "reduce": "",
+            "precision": c.get("flags", {}).get("precision", "fp32"),
             "cores": c.get("cores", 0),
             "gpus": 0, "table": table_number(c["strategy"], backend),
             "repeat": c.get("repeat", 0), "status": c["status"],
@@ -170,8 +173,10 @@ def runs_frame(manifests: list[dict], planned: list[dict] = ()) -> pd.DataFrame:
 
 
 def is_baseline(frame: pd.DataFrame) -> pd.Series:
-    """The sequential baseline: one process on one node (not sequential ranks under MPI)."""
-    return (frame.strategy == BASELINE) & (frame.backend == "local")
+    """The sequential baseline: one process on one node in fp32 (not sequential ranks under
+    MPI or Spark, not bf16)."""
+    return (frame.strategy == BASELINE) & (frame.backend == "local") & \
+        (frame.precision == "fp32")
 
 
 def short_reason(reason: str) -> str:
