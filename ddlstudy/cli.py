@@ -75,6 +75,10 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
     task.add_argument("--image-size", type=int, help="side in pixels the images are scaled to")
     task.add_argument("--seed", type=int)
     task.add_argument("--lr", type=float, help="learning rate")
+    task.add_argument("--accumulate", type=int, default=1, metavar="K",
+                      help="run each batch as K micro-batches, one optimizer step and one "
+                      "gradient exchange per batch (default 1); --batch-size 64 --accumulate "
+                      "4 trains batches of 64 in the memory of 16")
     task.add_argument("--precision", default="fp32", help="fp32 (default) or bf16 "
                       "(autocast: bfloat16 matmuls and convolutions, fp32 weights)")
     data = p.add_argument_group("data")
@@ -196,6 +200,7 @@ def config_from_args(args: argparse.Namespace):
                      nodes=args.nodes, reduce=args.reduce, spark_master=args.spark_master,
                      spark_sync=args.spark_sync, sync_every=args.sync_every,
                      spark_ui=args.spark_ui, precision=args.precision,
+                     accumulate=args.accumulate,
                      data_dir=args.data_dir, runs_dir=args.runs_dir or DEFAULT_RUNS_DIR,
                      on_bad_image=args.on_bad_image, loader_workers=args.loader_workers,
                      sample_hz=args.sample_hz, max_steps=args.max_steps,

@@ -190,6 +190,9 @@ class RunConfig:
     reduce: str = "allreduce"
     """How nodes average gradients: allreduce, parameter-server, ring-reduce,
     ring-allreduce, step-wise."""
+    accumulate: int = 1
+    """Each step runs its batch as this many micro-batches (gradient accumulation: the
+    memory of a micro-batch, the update of the whole batch; one sync per step)."""
     precision: str = "fp32"
     """fp32, or bf16: forward and backward under torch.autocast (weights stay fp32)."""
     spark_master: str | None = None
@@ -243,6 +246,7 @@ class RunConfig:
             _positive("--nodes", self.nodes)
             if self.backend == "local" and self.nodes > 1:
                 raise ConfigError("--nodes", "more than one node needs --backend mpi or spark")
+        _positive("--accumulate", self.accumulate)
         if self.precision not in PRECISIONS:
             hint = ("; fp16 needs a gradient scaler, not in this version: use bf16"
                     if self.precision == "fp16" else "")

@@ -34,7 +34,14 @@ from ddlstudy.errors import Unavailable
 from ddlstudy.models import build_model
 from ddlstudy.reducers import get_reducer
 from ddlstudy.strategies.base import Job, train_epochs
-from ddlstudy.training import Batch, StepFn, Trainer, make_loaders, seed_everything
+from ddlstudy.training import (
+    Batch,
+    StepFn,
+    Trainer,
+    accumulate_grads,
+    make_loaders,
+    seed_everything,
+)
 
 log = logging.getLogger("ddlstudy")
 
@@ -111,7 +118,7 @@ def _check_views(model: nn.Module, flat: torch.Tensor) -> None:
 
 
 def mpi_step(model: nn.Module, optimizer: torch.optim.Optimizer, flat: torch.Tensor, comm,
-             reduce_name: str, global_batch: int) -> StepFn:
+             reduce_name: str, global_batch: int, accumulate: int = 1) -> StepFn:
     reducer = get_reducer(reduce_name)
     nodes = comm.Get_size()
     buffer = flat.numpy()  # shares memory with flat, hence with every .grad
@@ -122,15 +129,14 @@ def mpi_step(model: nn.Module, optimizer: torch.optim.Optimizer, flat: torch.Ten
         images, labels = batch
         n = labels.numel()
         optimizer.zero_grad(set_to_none=False)  # zero in place: the grads stay views
-        logits = model(images)
-        loss = nn.functional.cross_entropy(logits, labels)
-        (loss * (nodes * n / global_batch)).backward()
+        loss_sum, correct = accumulate_grads(model, nn.CrossEntropyLoss(), images, labels,
+                                             accumulate, scale=nodes * n / global_batch)
         if count == 0:
             _check_views(model, flat)
-        reducer(comm, buffer, step=count)
+        reducer(comm, buffer, step=count)  # once per step, after every micro-batch
         optimizer.step()
         count += 1
-        return loss.item() * n, int((logits.argmax(1) == labels).sum()), n
+        return loss_sum, correct, n
 
     return step
 
@@ -146,7 +152,8 @@ def fit(job: Job, comm) -> None:
     flat = flat_gradients(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=uc.train.lr, momentum=uc.train.momentum)
     train, val = make_loaders(cfg, job.data, shard=(rank, nodes))
-    step = mpi_step(model, optimizer, flat, comm, cfg.reduce, uc.train.batch_size)
+    step = mpi_step(model, optimizer, flat, comm, cfg.reduce, uc.train.batch_size,
+                    cfg.accumulate)
 
     def sum_over_nodes(*values: float) -> list[float]:
         return comm.allreduce(np.asarray(values, dtype=np.float64)).tolist()

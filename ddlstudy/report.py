@@ -99,9 +99,11 @@ def config_label(manifest: dict) -> str:
         "hybrid": lambda: f"{s.get('replicas', '?')} x {s.get('stages', '?')} stages",
     }
     label = f"{name} ({parts[name]()})" if name in parts else name
-    precision = manifest.get("config", {}).get("precision", "fp32")
-    if precision != "fp32":
-        label += f" {precision}"
+    config = manifest.get("config", {})
+    if config.get("precision", "fp32") != "fp32":
+        label += f" {config['precision']}"
+    if config.get("accumulate", 1) > 1:
+        label += f" accumulate {config['accumulate']}"
     backend = manifest.get("backend", {})
     if backend.get("name", "local") != "local":
         how = backend.get("reduce") or backend.get("sync")
@@ -173,10 +175,9 @@ def runs_frame(manifests: list[dict], planned: list[dict] = ()) -> pd.DataFrame:
 
 
 def is_baseline(frame: pd.DataFrame) -> pd.Series:
-    """The sequential baseline: one process on one node in fp32 (not sequential ranks under
-    MPI or Spark, not bf16)."""
-    return (frame.strategy == BASELINE) & (frame.backend == "local") & \
-        (frame.precision == "fp32")
+    """The sequential baseline: one process on one node, nothing varied (not sequential
+    ranks under MPI or Spark, not bf16, not accumulating)."""
+    return (frame.config == BASELINE) & (frame.backend == "local")
 
 
 def short_reason(reason: str) -> str:

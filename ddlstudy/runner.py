@@ -23,7 +23,7 @@ import psutil
 from ddlstudy import environment, mpi, signals
 from ddlstudy.config import RunConfig
 from ddlstudy.data import prepare_data
-from ddlstudy.errors import Unavailable, UsageError
+from ddlstudy.errors import ConfigError, Unavailable, UsageError
 from ddlstudy.runfolder import (
     MANIFEST,
     SNAPSHOT,
@@ -107,6 +107,17 @@ def preflight(cfg: RunConfig, resuming: bool = False) -> Strategy:
         raise Unavailable(flag, f"{strategy.name} cannot yet be resumed exactly (only its "
                           f"epoch-end snapshots are written); strategies that can: "
                           f"{', '.join(exact)}")
+    if cfg.accumulate > 1:
+        can = [name for name, cls in REGISTRY.items() if cls.accumulates]
+        if not strategy.accumulates or (cfg.backend == "spark" and cfg.spark_sync != "gloo"):
+            what = strategy.name if not strategy.accumulates else "--spark-sync allgather"
+            raise Unavailable("--accumulate", f"{what} does not accumulate gradients yet; "
+                              f"strategies that do: {', '.join(can)}")
+        nodes = cfg.nodes or 1
+        share = cfg.usecase.train.batch_size // (nodes * layout_processes(strategy, cfg))
+        if cfg.accumulate > share:
+            raise ConfigError("--accumulate", f"{cfg.accumulate} micro-batches but each "
+                              f"worker gets only {share} image(s) of every batch")
     if resuming and cfg.backend == "mpi" and cfg.reduce == "step-wise":
         raise Unavailable("--resume", "step-wise leaves every node with different weights "
                           "and the snapshot holds rank 0's only; an exact reducer resumes")
@@ -129,6 +140,11 @@ def _study_tag() -> dict:
         return {"study": json.loads(os.environ[STUDY_ENV])}
     except (KeyError, ValueError):
         return {}
+
+
+def layout_processes(strategy: Strategy, cfg: RunConfig) -> int:
+    """Data-parallel processes of the strategy on one node."""
+    return int(strategy.layout(cfg).get("processes", 1))
 
 
 def resume_config(path: Path) -> RunConfig:

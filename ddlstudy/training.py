@@ -168,19 +168,45 @@ def make_loaders(cfg: RunConfig, data: DataPlan, loader_workers: int | None = No
     return train, val_loader(cfg, data, shard, loader_workers)
 
 
+def micro_batches(images: torch.Tensor, labels: torch.Tensor,
+                  k: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """A batch as ``k`` nearly equal non-empty micro-batches (gradient accumulation)."""
+    return [(x, y) for x, y in zip(images.tensor_split(k), labels.tensor_split(k), strict=True)
+            if y.numel()]
+
+
+def accumulate_grads(model: nn.Module, loss_fn: nn.Module, images: torch.Tensor,
+                     labels: torch.Tensor, k: int, scale: float = 1.0,
+                     no_sync: Callable[[], contextlib.AbstractContextManager] | None = None
+                     ) -> tuple[float, int]:
+    """Forward and backward of a batch as ``k`` micro-batches, each micro-batch's mean loss
+    weighted by its share of the batch (x ``scale``), so the summed gradient is the whole
+    batch's; with ``no_sync`` (DDP) only the last backward communicates. With k = 1 it is a
+    plain forward and backward. Returns (summed loss, correct predictions)."""
+    parts = micro_batches(images, labels, k)
+    n = labels.numel()
+    loss_sum, correct = 0.0, 0
+    for i, (x, y) in enumerate(parts):
+        last = i == len(parts) - 1
+        with no_sync() if no_sync is not None and not last else contextlib.nullcontext():
+            logits = model(x)
+            loss = loss_fn(logits, y)
+            (loss * (scale if len(parts) == 1 else scale * y.numel() / n)).backward()
+        loss_sum += loss.item() * y.numel()
+        correct += int((logits.argmax(1) == y).sum())
+    return loss_sum, correct
+
+
 def plain_step(model: nn.Module, optimizer: torch.optim.Optimizer,
-               loss_fn: nn.Module) -> StepFn:
-    """One model, one batch: the sequential baseline's step."""
+               loss_fn: nn.Module, accumulate: int = 1) -> StepFn:
+    """One model, one batch (as ``accumulate`` micro-batches): the baseline's step."""
 
     def step(batch: Batch) -> tuple[float, int, int]:
         images, labels = batch
         optimizer.zero_grad(set_to_none=True)
-        logits = model(images)
-        loss = loss_fn(logits, labels)
-        loss.backward()
+        loss_sum, correct = accumulate_grads(model, loss_fn, images, labels, accumulate)
         optimizer.step()
-        n = labels.numel()
-        return loss.item() * n, int((logits.argmax(1) == labels).sum()), n
+        return loss_sum, correct, labels.numel()
 
     return step
 

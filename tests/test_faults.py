@@ -276,3 +276,15 @@ def test_rendezvous_ports_listen_on_the_loopback_only(tmp_path, datasets_dir):
     assert proc.returncode == 0
     assert len(listening) >= 2  # the rendezvous store and gloo's own sockets
     assert {ip for ip, _ in listening} <= {"127.0.0.1", "::1"}, listening
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--accumulate", "0"], "--accumulate: must be a positive"),
+    (["--accumulate", "17"], "17 micro-batches but each worker gets only 16 image(s)"),
+    (["--strategy", "cpu-threads", "--accumulate", "2"],
+     "cpu-threads does not accumulate gradients yet"),
+])
+def test_bad_accumulate_flags(tmp_path, capsys, args, message):
+    assert main(["run", "--runs-dir", str(tmp_path / "runs"), *args]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()

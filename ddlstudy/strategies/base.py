@@ -108,6 +108,8 @@ class Strategy(ABC):
     flags: ClassVar[str] = ""
     resumable: ClassVar[bool] = False
     """Whether --resume and --snapshot-every continue it bit for bit."""
+    accumulates: ClassVar[bool] = False
+    """Whether it runs --accumulate K micro-batches per step."""
 
     def check(self, cfg: RunConfig) -> None:
         """Refuse flags that do not fit, before anything starts (raise ConfigError)."""

@@ -42,7 +42,14 @@ from ddlstudy.strategies.base import (
     train_epochs,
     warn_if_oversubscribed,
 )
-from ddlstudy.training import Batch, StepFn, Trainer, make_loaders, seed_everything
+from ddlstudy.training import (
+    Batch,
+    StepFn,
+    Trainer,
+    accumulate_grads,
+    make_loaders,
+    seed_everything,
+)
 
 log = logging.getLogger("ddlstudy")
 
@@ -91,7 +98,10 @@ def run_ranks(fn, world: int, args: tuple) -> None:
 
 def ddp_step(model: DistributedDataParallel, optimizer: torch.optim.Optimizer,
              loss_fn: nn.Module, global_batch: int, world: int,
-             device: torch.device | None = None) -> StepFn:
+             device: torch.device | None = None, accumulate: int = 1) -> StepFn:
+    """A rank's slice of the batch (as ``accumulate`` micro-batches, all but the last under
+    ``no_sync``), its loss scaled by world x n / global batch since DDP divides by world."""
+
     def step(batch: Batch) -> tuple[float, int, int]:
         images, labels = batch
         if device is not None:
@@ -99,11 +109,11 @@ def ddp_step(model: DistributedDataParallel, optimizer: torch.optim.Optimizer,
             labels = labels.to(device, non_blocking=True)
         n = labels.numel()
         optimizer.zero_grad(set_to_none=True)
-        logits = model(images)
-        loss = loss_fn(logits, labels)
-        (loss * (world * n / global_batch)).backward()  # DDP divides by world
+        loss_sum, correct = accumulate_grads(model, loss_fn, images, labels, accumulate,
+                                             scale=world * n / global_batch,
+                                             no_sync=model.no_sync)
         optimizer.step()
-        return loss.item() * n, int((logits.argmax(1) == labels).sum()), n
+        return loss_sum, correct, n
 
     return step
 
@@ -188,7 +198,7 @@ def data_parallel_rank(rank: int, world: int, port: int | str, job: Job, threads
         train_loader, val_loader = make_loaders(cfg, job.data, shard=(rank, world),
                                                 loader_workers=loader_workers)
         step = ddp_step(ddp, optimizer, nn.CrossEntropyLoss(), uc.train.batch_size, world,
-                        device)
+                        device, cfg.accumulate)
         trainer = Trainer(model, step, train_loader, val_loader, max_steps=cfg.max_steps,
                           show_progress=job.show_progress and rank == 0,
                           reduce=lambda *v: sum_over_ranks(*v, device=device), device=device,
@@ -201,6 +211,7 @@ def data_parallel_rank(rank: int, world: int, port: int | str, job: Job, threads
 class CpuProcesses(Strategy):
     name = "cpu-processes"
     resumable = True
+    accumulates = True
     summary = ("k processes, each a replica with its slice of every batch, gradients "
                "all-reduced every step over gloo (DDP); the paper's fastest CPU strategy")
     flags = "--workers K (processes, default: usable cores), --loader-workers"
@@ -226,6 +237,7 @@ class CpuProcesses(Strategy):
 class GpuData(Strategy):
     name = "gpu-data"
     resumable = True
+    accumulates = True
     summary = ("one process per GPU, DistributedDataParallel over NCCL, CPU loader workers "
                "decoding ahead so each GPU stays busy")
     flags = "--devices N (GPUs, default: all), --loader-workers (default: cores per GPU - 1)"

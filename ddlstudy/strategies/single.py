@@ -21,7 +21,7 @@ def fit_one_model(job: Job, threads: int, loader_workers: int) -> None:
     model = build_model(uc.model, len(uc.classes))
     optimizer = torch.optim.SGD(model.parameters(), lr=uc.train.lr, momentum=uc.train.momentum)
     train_loader, val_loader = make_loaders(cfg, job.data, loader_workers=loader_workers)
-    step = plain_step(model, optimizer, nn.CrossEntropyLoss())
+    step = plain_step(model, optimizer, nn.CrossEntropyLoss(), cfg.accumulate)
     trainer = Trainer(model, step, train_loader, val_loader, max_steps=cfg.max_steps,
                       show_progress=job.show_progress)
     train_epochs(job, trainer, optimizer)
@@ -31,6 +31,7 @@ def fit_one_model(job: Job, threads: int, loader_workers: int) -> None:
 class Sequential(Strategy):
     name = "sequential"
     resumable = True
+    accumulates = True
     summary = ("the baseline: one process, one intra-op thread, data loaded in that process; "
                "every speedup is measured against it")
 
@@ -46,6 +47,7 @@ class Sequential(Strategy):
 class CpuIntraOp(Strategy):
     name = "cpu-intraop"
     resumable = True
+    accumulates = True
     summary = ("one process, one model, torch's intra-op threads over all cores "
                "(the paper's CPU single-process)")
     flags = "--workers N (threads, default: all usable cores), --loader-workers"
