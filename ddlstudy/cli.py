@@ -75,6 +75,11 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
     task.add_argument("--image-size", type=int, help="side in pixels the images are scaled to")
     task.add_argument("--seed", type=int)
     task.add_argument("--lr", type=float, help="learning rate")
+    task.add_argument("--scaling", default="strong", help="strong (default): --batch-size is "
+                      "the global batch, split over the workers; weak: each worker's batch, "
+                      "so the global batch grows with the workers")
+    task.add_argument("--lr-scaling", default="none", help="none (default) or linear: the "
+                      "learning rate times global batch / the use case's batch")
     task.add_argument("--accumulate", type=int, default=1, metavar="K",
                       help="run each batch as K micro-batches, one optimizer step and one "
                       "gradient exchange per batch (default 1); --batch-size 64 --accumulate "
@@ -200,7 +205,8 @@ def config_from_args(args: argparse.Namespace):
                      nodes=args.nodes, reduce=args.reduce, spark_master=args.spark_master,
                      spark_sync=args.spark_sync, sync_every=args.sync_every,
                      spark_ui=args.spark_ui, precision=args.precision,
-                     accumulate=args.accumulate,
+                     accumulate=args.accumulate, scaling=args.scaling,
+                     lr_scaling=args.lr_scaling,
                      data_dir=args.data_dir, runs_dir=args.runs_dir or DEFAULT_RUNS_DIR,
                      on_bad_image=args.on_bad_image, loader_workers=args.loader_workers,
                      sample_hz=args.sample_hz, max_steps=args.max_steps,

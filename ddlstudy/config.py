@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import os
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -190,6 +191,11 @@ class RunConfig:
     reduce: str = "allreduce"
     """How nodes average gradients: allreduce, parameter-server, ring-reduce,
     ring-allreduce, step-wise."""
+    scaling: str = "strong"
+    """strong: --batch-size is the global batch, split over the data-parallel workers;
+    weak: it is each worker's batch, so the global batch grows with them."""
+    lr_scaling: str = "none"
+    """none, or linear: the learning rate times global batch / the use case's batch."""
     accumulate: int = 1
     """Each step runs its batch as this many micro-batches (gradient accumulation: the
     memory of a micro-batch, the update of the whole batch; one sync per step)."""
@@ -247,6 +253,12 @@ class RunConfig:
             if self.backend == "local" and self.nodes > 1:
                 raise ConfigError("--nodes", "more than one node needs --backend mpi or spark")
         _positive("--accumulate", self.accumulate)
+        if self.scaling not in ("strong", "weak"):
+            raise ConfigError("--scaling", f"unknown scaling {self.scaling!r}; choose one of: "
+                              "strong, weak")
+        if self.lr_scaling not in ("none", "linear"):
+            raise ConfigError("--lr-scaling", f"unknown rule {self.lr_scaling!r}; choose one "
+                              "of: none, linear")
         if self.precision not in PRECISIONS:
             hint = ("; fp16 needs a gradient scaler, not in this version: use bf16"
                     if self.precision == "fp16" else "")
@@ -282,6 +294,31 @@ class RunConfig:
         if self.data_dir is not None and not Path(self.data_dir).is_dir():
             raise ConfigError("--data-dir", f"{self.data_dir} is not a folder; give the root "
                               "of an ImageFolder tree (root/<class>/<image>)")
+
+    def data_parallel(self) -> int:
+        """Workers that each take a slice of every global batch, over all nodes."""
+        from ddlstudy.strategies import get_strategy
+
+        nodes = self.nodes or int(os.environ.get("PMI_SIZE") or
+                                  os.environ.get("OMPI_COMM_WORLD_SIZE") or 1)
+        if self.backend == "spark" and not self.nodes:
+            nodes = 2
+        return get_strategy(self.strategy).data_parallel(self) * (
+            1 if self.backend == "local" else nodes)
+
+    @property
+    def global_batch(self) -> int:
+        """Images per optimizer step over all workers (see ``scaling``)."""
+        batch = self.usecase.train.batch_size
+        return batch * self.data_parallel() if self.scaling == "weak" else batch
+
+    @property
+    def lr(self) -> float:
+        """The learning rate the optimizer uses (see ``lr_scaling``)."""
+        base = self.usecase.train.lr
+        if self.lr_scaling == "linear":
+            return base * self.global_batch / self.usecase.train.batch_size
+        return base
 
     def to_dict(self) -> dict[str, Any]:
         return _jsonable(dataclasses.asdict(self))

@@ -150,9 +150,9 @@ def fit(job: Job, comm) -> None:
     model = build_model(uc.model, len(uc.classes))  # the same weights on every node
     torch.manual_seed(uc.train.seed + rank)  # each node its own dropout masks and flips
     flat = flat_gradients(model)
-    optimizer = torch.optim.SGD(model.parameters(), lr=uc.train.lr, momentum=uc.train.momentum)
+    optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=uc.train.momentum)
     train, val = make_loaders(cfg, job.data, shard=(rank, nodes))
-    step = mpi_step(model, optimizer, flat, comm, cfg.reduce, uc.train.batch_size,
+    step = mpi_step(model, optimizer, flat, comm, cfg.reduce, cfg.global_batch,
                     cfg.accumulate)
 
     def sum_over_nodes(*values: float) -> list[float]:

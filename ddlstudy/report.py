@@ -104,6 +104,11 @@ def config_label(manifest: dict) -> str:
         label += f" {config['precision']}"
     if config.get("accumulate", 1) > 1:
         label += f" accumulate {config['accumulate']}"
+    if config.get("scaling", "strong") == "weak":
+        batch = manifest.get("effective", {}).get("global_batch", "?")
+        label += f" weak (batch {batch})"
+    if config.get("lr_scaling", "none") != "none":
+        label += f" lr {config['lr_scaling']}"
     backend = manifest.get("backend", {})
     if backend.get("name", "local") != "local":
         how = backend.get("reduce") or backend.get("sync")
@@ -138,6 +143,10 @@ def runs_frame(manifests: list[dict], planned: list[dict] = ()) -> pd.DataFrame:
             "backend": backend_name, "nodes": int(backend.get("nodes", 1)),
             "reduce": backend.get("reduce") or backend.get("sync") or "",
             "precision": m.get("config", {}).get("precision", "fp32"),
+            "scaling": m.get("config", {}).get("scaling", "strong"),
+            "global_batch": m.get("effective", {}).get(
+                "global_batch", m.get("config", {}).get("usecase", {}).get("train", {})
+                .get("batch_size")),
             "cores": cores_used(m), "gpus": _gpus(m),
             "table": table_number(strategy, backend_name),
             "repeat": m.get("study", {}).get("repeat", 0), "status": m.get("status", "?"),
@@ -155,6 +164,7 @@ def runs_frame(manifests: list[dict], planned: list[dict] = ()) -> pd.DataFrame:
             "usecase": c["usecase"], "config": c["label"], "strategy": c["strategy"],
             "backend": backend, "nodes": c.get("nodes", 1), "reduce": "",
             "precision": c.get("flags", {}).get("precision", "fp32"),
+            "scaling": c.get("flags", {}).get("scaling", "strong"), "global_batch": None,
             "cores": c.get("cores", 0),
             "gpus": 0, "table": table_number(c["strategy"], backend),
             "repeat": c.get("repeat", 0), "status": c["status"],
@@ -162,9 +172,10 @@ def runs_frame(manifests: list[dict], planned: list[dict] = ()) -> pd.DataFrame:
             "images_per_s": None, "val_accuracy": None, "best_val_accuracy": None,
             "train_time_s": None, "run": "", "path": "",
         })
-    frame = pd.DataFrame(rows, columns=[*KEY, "table", "repeat", "status", "reason", "epochs",
-                                        "epoch_s", "images_per_s", "val_accuracy",
-                                        "best_val_accuracy", "train_time_s", "run", "path"])
+    frame = pd.DataFrame(rows, columns=[*KEY, "scaling", "global_batch", "table", "repeat",
+                                        "status", "reason", "epochs", "epoch_s",
+                                        "images_per_s", "val_accuracy", "best_val_accuracy",
+                                        "train_time_s", "run", "path"])
     baseline = frame[is_baseline(frame) & (frame.status == "completed")]
     base = {uc: _median(list(g.images_per_s.dropna())) for uc, g in baseline.groupby("usecase")}
     frame["speedup"] = [r / base[uc] if base.get(uc) and r is not None and r == r else None

@@ -114,7 +114,7 @@ def preflight(cfg: RunConfig, resuming: bool = False) -> Strategy:
             raise Unavailable("--accumulate", f"{what} does not accumulate gradients yet; "
                               f"strategies that do: {', '.join(can)}")
         nodes = cfg.nodes or 1
-        share = cfg.usecase.train.batch_size // (nodes * layout_processes(strategy, cfg))
+        share = cfg.global_batch // (nodes * layout_processes(strategy, cfg))
         if cfg.accumulate > share:
             raise ConfigError("--accumulate", f"{cfg.accumulate} micro-batches but each "
                               f"worker gets only {share} image(s) of every batch")
@@ -240,6 +240,8 @@ def run(cfg: RunConfig, show_progress: bool = True,
             "backend": backend,
             "config": cfg.to_dict(),
             "seeds": {"train": uc.train.seed, "data": uc.data.seed},
+            "effective": {"scaling": cfg.scaling, "global_batch": cfg.global_batch,
+                          "lr": cfg.lr, "data_parallel_workers": cfg.data_parallel()},
             "data": data.describe(),
             "git": environment.git_state(),
             "versions": environment.versions(),

@@ -272,7 +272,7 @@ def _allgather_rank(ctx, rank: int, world: int, job: Job, threads: int, level: i
         seed_everything(uc.train.seed)
         model = build_model(uc.model, len(uc.classes))  # the same weights in every task
         torch.manual_seed(uc.train.seed + rank)
-        optimizer = torch.optim.SGD(model.parameters(), lr=uc.train.lr,
+        optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr,
                                     momentum=uc.train.momentum)
         train, val = make_loaders(cfg, job.data, shard=(rank, world))
 

@@ -52,7 +52,8 @@ log = logging.getLogger("ddlstudy")
 CELL_KEYS = {"strategy", "workers", "stages", "micro_batches", "replicas", "devices",
              "backend", "nodes", "reduce", "loader_workers", "epochs", "batch_size",
              "image_size", "seed", "lr", "max_steps", "sample_hz", "no_snapshot",
-             "snapshot_every", "precision", "accumulate", "spark_master", "spark_sync",
+             "snapshot_every", "precision", "accumulate",
+             "scaling", "lr_scaling", "spark_master", "spark_sync",
              "sync_every",
              "data_dir", "datasets_dir", "on_bad_image"}
 STUDY_KEYS = {"name", "description", "usecases", "repeat", "runs_dir"}
@@ -215,7 +216,9 @@ def _label(cfg: RunConfig) -> tuple[str, int]:
 
         backend = spark.describe(cfg)
     manifest = {"strategy": {"name": cfg.strategy, **layout}, "backend": backend,
-                "config": {"precision": cfg.precision, "accumulate": cfg.accumulate},
+                "config": {"precision": cfg.precision, "accumulate": cfg.accumulate,
+                           "scaling": cfg.scaling, "lr_scaling": cfg.lr_scaling},
+                "effective": {"global_batch": cfg.global_batch},
                 "host": {"usable_cores": usable_cores()}}
     return config_label(manifest), cores_used(manifest)
 

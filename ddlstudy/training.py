@@ -135,7 +135,7 @@ def train_loader(dataset: Dataset, cfg: RunConfig, *, shard: tuple[int, int] | N
     """
     uc = cfg.usecase
     gen = torch.Generator().manual_seed(uc.train.seed)
-    batches: Sampler = BatchSampler(RandomSampler(dataset, generator=gen), uc.train.batch_size,
+    batches: Sampler = BatchSampler(RandomSampler(dataset, generator=gen), cfg.global_batch,
                                     drop_last)
     if shard is not None:
         batches = ShardedBatches(batches, *shard)

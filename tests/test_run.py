@@ -204,3 +204,19 @@ def test_bf16_trains_tiny_within_a_few_points_of_fp32(quick_config):
 def test_fp16_is_refused_with_the_reason(quick_config):
     with pytest.raises(ConfigError, match="fp16 needs a gradient scaler"):
         quick_config(precision="fp16")
+
+
+def test_weak_scaling_grows_the_global_batch_with_the_workers(quick_config):
+    weak = run(quick_config(strategy="cpu-processes", workers=2, batch_size=8,
+                            scaling="weak", lr_scaling="linear", epochs=2),
+               show_progress=False).manifest
+    strong = run(quick_config(strategy="cpu-processes", workers=2, batch_size=16, lr=0.006,
+                              epochs=2), show_progress=False).manifest
+    assert weak["effective"]["global_batch"] == 16
+    assert weak["effective"]["lr"] == pytest.approx(0.006)  # linear: 0.003 x 16 / 8
+    assert [e["steps"] for e in weak["epochs"]] == [15, 15]  # 240 images / 16
+    # 2 workers x 8 images with the scaled lr is the strong run of 16 at lr 0.006.
+    assert [e["train_loss"] for e in weak["epochs"]] == \
+        [e["train_loss"] for e in strong["epochs"]]
+    seq = quick_config(scaling="weak", batch_size=8)
+    assert seq.global_batch == 8 and seq.lr == pytest.approx(0.003)  # one worker

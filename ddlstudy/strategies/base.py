@@ -123,6 +123,10 @@ class Strategy(ABC):
         """Processes, threads and devices it will use; recorded in the manifest."""
         return {}
 
+    def data_parallel(self, cfg: RunConfig) -> int:
+        """Workers on one node that each take a slice of every batch."""
+        return 1
+
     @abstractmethod
     def fit(self, job: Job) -> None:
         """Train for the configured epochs (``train_epochs`` runs the loop)."""
@@ -130,7 +134,7 @@ class Strategy(ABC):
 
 def require_batch_per_worker(cfg: RunConfig, workers: int, noun: str) -> None:
     """Each data-parallel worker needs at least one image of every global batch."""
-    batch = cfg.usecase.train.batch_size
+    batch = cfg.global_batch
     if batch < workers:
         raise ConfigError("--batch-size", f"{batch} is smaller than the {workers} {noun}; "
                           f"each needs at least one image of every batch")

@@ -215,7 +215,7 @@ def _worker(rank: int, world: int, port: int, job: Job, starts: list[int], micro
         layers = flat_layers(full)
         module = stage_module(layers, starts, index)
         first, last = index == 0, index == stages - 1
-        example = torch.empty(uc.train.batch_size // replicas // micro, 3,
+        example = torch.empty(cfg.global_batch // replicas // micro, 3,
                               uc.train.image_size, uc.train.image_size)
         with torch.no_grad():
             example = nn.Sequential(*layers[:starts[index]])(example).to(device)
@@ -223,7 +223,7 @@ def _worker(rank: int, world: int, port: int, job: Job, starts: list[int], micro
         stage = PipelineStage(module, index, stages, device, input_args=(example,),
                               group=pipes[replica])
         schedule = ScheduleGPipe(stage, micro, loss_fn=nn.CrossEntropyLoss())
-        optimizer = torch.optim.SGD(module.parameters(), lr=uc.train.lr,
+        optimizer = torch.optim.SGD(module.parameters(), lr=cfg.lr,
                                     momentum=uc.train.momentum)
         average = replica_average(list(module.parameters()), data_groups[index], replicas)
         train = _train_loader(cfg, job, first, (replica, replicas))
@@ -264,12 +264,15 @@ class Pipeline(Strategy):
     def replicas(self, cfg: RunConfig) -> int:
         return 1
 
+    def data_parallel(self, cfg: RunConfig) -> int:
+        return self.replicas(cfg)
+
     def stages(self, cfg: RunConfig) -> int:
         return cfg.stages or max(2, usable_cores() // self.replicas(cfg))
 
     def check(self, cfg: RunConfig) -> None:
         r, s, m = self.replicas(cfg), self.stages(cfg), cfg.micro_batches
-        batch = cfg.usecase.train.batch_size
+        batch = cfg.global_batch
         with torch.device("meta"):
             n_layers = len(flat_layers(build_model(cfg.usecase.model, 3)))
         if s < 2:
@@ -302,7 +305,7 @@ class Pipeline(Strategy):
     def fit(self, job: Job) -> None:
         cfg = job.cfg
         r, s, micro = self.replicas(cfg), self.stages(cfg), cfg.micro_batches
-        costs = layer_costs(cfg.usecase, cfg.usecase.train.batch_size // r // micro)
+        costs = layer_costs(cfg.usecase, cfg.global_batch // r // micro)
         starts = balanced_cuts(costs, s)
         if job.folder is not None:
             job.folder.manifest["strategy"].update(stage_starts=starts, layer_costs_s=costs)

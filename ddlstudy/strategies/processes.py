@@ -193,11 +193,11 @@ def data_parallel_rank(rank: int, world: int, port: int | str, job: Job, threads
         model = build_model(uc.model, len(uc.classes)).to(device)  # the same weights everywhere
         torch.manual_seed(uc.train.seed + rank)  # but each rank its own dropout masks, flips
         ddp = DistributedDataParallel(model, device_ids=[rank] if cuda else None)
-        optimizer = torch.optim.SGD(ddp.parameters(), lr=uc.train.lr,
+        optimizer = torch.optim.SGD(ddp.parameters(), lr=cfg.lr,
                                     momentum=uc.train.momentum)
         train_loader, val_loader = make_loaders(cfg, job.data, shard=(rank, world),
                                                 loader_workers=loader_workers)
-        step = ddp_step(ddp, optimizer, nn.CrossEntropyLoss(), uc.train.batch_size, world,
+        step = ddp_step(ddp, optimizer, nn.CrossEntropyLoss(), cfg.global_batch, world,
                         device, cfg.accumulate)
         trainer = Trainer(model, step, train_loader, val_loader, max_steps=cfg.max_steps,
                           show_progress=job.show_progress and rank == 0,
@@ -220,6 +220,9 @@ class CpuProcesses(Strategy):
         k = self.workers(cfg)
         require_batch_per_worker(cfg, k, "processes")
         warn_if_oversubscribed(k)
+
+    def data_parallel(self, cfg: RunConfig) -> int:
+        return self.workers(cfg)
 
     def layout(self, cfg: RunConfig) -> dict[str, Any]:
         k = self.workers(cfg)
@@ -244,6 +247,9 @@ class GpuData(Strategy):
 
     def devices(self, cfg: RunConfig) -> int:
         return cfg.devices or torch.cuda.device_count()
+
+    def data_parallel(self, cfg: RunConfig) -> int:
+        return max(1, self.devices(cfg))
 
     def check(self, cfg: RunConfig) -> None:
         if not torch.cuda.is_available():

@@ -19,7 +19,7 @@ def fit_one_model(job: Job, threads: int, loader_workers: int) -> None:
     torch.set_num_threads(threads)
     seed_everything(uc.train.seed)
     model = build_model(uc.model, len(uc.classes))
-    optimizer = torch.optim.SGD(model.parameters(), lr=uc.train.lr, momentum=uc.train.momentum)
+    optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=uc.train.momentum)
     train_loader, val_loader = make_loaders(cfg, job.data, loader_workers=loader_workers)
     step = plain_step(model, optimizer, nn.CrossEntropyLoss(), cfg.accumulate)
     trainer = Trainer(model, step, train_loader, val_loader, max_steps=cfg.max_steps,

@@ -77,6 +77,9 @@ class CpuThreads(Strategy):
     def check(self, cfg: RunConfig) -> None:
         require_batch_per_worker(cfg, self.workers(cfg), "replicas")
 
+    def data_parallel(self, cfg: RunConfig) -> int:
+        return self.workers(cfg)
+
     def layout(self, cfg: RunConfig) -> dict[str, Any]:
         k = self.workers(cfg)
         return {"processes": 1, "replicas": k, "threads_per_process": k,
@@ -90,7 +93,7 @@ class CpuThreads(Strategy):
         seed_everything(uc.train.seed)
         model = build_model(uc.model, len(uc.classes))
         replicas = [model] + [copy.deepcopy(model) for _ in range(k - 1)]
-        optimizer = torch.optim.SGD(model.parameters(), lr=uc.train.lr,
+        optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr,
                                     momentum=uc.train.momentum)
         train_loader, val_loader = make_loaders(cfg, job.data)
         with ThreadPoolExecutor(k, thread_name_prefix="replica") as pool:
