@@ -58,6 +58,8 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
     nodes.add_argument("--backend", default="local", help="local (default), mpi or spark")
     nodes.add_argument("--nodes", type=int, help="with --backend mpi: start this many MPI ranks "
                        "on this machine (leave out under your own mpiexec)")
+    nodes.add_argument("--compress", default="none", help="gradients on the wire between "
+                       "MPI nodes: none (default), fp16, or topk:<ratio> with error feedback")
     nodes.add_argument("--reduce", default="allreduce", help="how nodes average gradients: "
                        "allreduce, parameter-server, ring-reduce, ring-allreduce, step-wise")
     spark = p.add_argument_group("the Spark backend")
@@ -206,7 +208,7 @@ def config_from_args(args: argparse.Namespace):
                      spark_sync=args.spark_sync, sync_every=args.sync_every,
                      spark_ui=args.spark_ui, precision=args.precision,
                      accumulate=args.accumulate, scaling=args.scaling,
-                     lr_scaling=args.lr_scaling,
+                     lr_scaling=args.lr_scaling, compress=args.compress,
                      data_dir=args.data_dir, runs_dir=args.runs_dir or DEFAULT_RUNS_DIR,
                      on_bad_image=args.on_bad_image, loader_workers=args.loader_workers,
                      sample_hz=args.sample_hz, max_steps=args.max_steps,

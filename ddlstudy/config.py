@@ -191,6 +191,8 @@ class RunConfig:
     reduce: str = "allreduce"
     """How nodes average gradients: allreduce, parameter-server, ring-reduce,
     ring-allreduce, step-wise."""
+    compress: str = "none"
+    """Gradient compression between MPI nodes: none, fp16 or topk:<ratio>."""
     scaling: str = "strong"
     """strong: --batch-size is the global batch, split over the data-parallel workers;
     weak: it is each worker's batch, so the global batch grows with them."""
@@ -253,6 +255,16 @@ class RunConfig:
             if self.backend == "local" and self.nodes > 1:
                 raise ConfigError("--nodes", "more than one node needs --backend mpi or spark")
         _positive("--accumulate", self.accumulate)
+        from ddlstudy.compress import parse
+
+        if parse(self.compress) is not None:
+            if self.backend != "mpi":
+                raise ConfigError("--compress", "compresses the gradients sent between "
+                                  "nodes: it needs --backend mpi")
+            if self.reduce != "allreduce":
+                raise ConfigError("--compress", f"exchanges the compressed gradients itself "
+                                  f"(an allgather); leave --reduce at allreduce, not "
+                                  f"{self.reduce}")
         if self.scaling not in ("strong", "weak"):
             raise ConfigError("--scaling", f"unknown scaling {self.scaling!r}; choose one of: "
                               "strong, weak")

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ddlstudy import compress
 from ddlstudy.doctor import find_mpiexec
 from ddlstudy.environment import usable_cores
 from ddlstudy.errors import Unavailable
@@ -118,8 +119,9 @@ def _check_views(model: nn.Module, flat: torch.Tensor) -> None:
 
 
 def mpi_step(model: nn.Module, optimizer: torch.optim.Optimizer, flat: torch.Tensor, comm,
-             reduce_name: str, global_batch: int, accumulate: int = 1) -> StepFn:
-    reducer = get_reducer(reduce_name)
+             reduce_name: str, global_batch: int, accumulate: int = 1,
+             compressor=None) -> StepFn:
+    reducer = compressor or get_reducer(reduce_name)
     nodes = comm.Get_size()
     buffer = flat.numpy()  # shares memory with flat, hence with every .grad
     count = 0
@@ -152,8 +154,9 @@ def fit(job: Job, comm) -> None:
     flat = flat_gradients(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=uc.train.momentum)
     train, val = make_loaders(cfg, job.data, shard=(rank, nodes))
+    compressor = compress.parse(cfg.compress)
     step = mpi_step(model, optimizer, flat, comm, cfg.reduce, cfg.global_batch,
-                    cfg.accumulate)
+                    cfg.accumulate, compressor)
 
     def sum_over_nodes(*values: float) -> list[float]:
         return comm.allreduce(np.asarray(values, dtype=np.float64)).tolist()
@@ -162,3 +165,9 @@ def fit(job: Job, comm) -> None:
                       show_progress=job.show_progress and rank == 0, reduce=sum_over_nodes)
     train_epochs(job, trainer, optimizer, rank=rank, writer=rank == 0,
                  gather=lambda state: comm.gather(state, root=0), barrier=comm.Barrier)
+    if compressor is not None and job.folder is not None:
+        job.folder.manifest["backend"]["compress"] = {
+            "method": compressor.name, "bytes_sent_per_step": compressor.sent_bytes,
+            "uncompressed_bytes": flat.numel() * 4,
+            "factor": flat.numel() * 4 / max(compressor.sent_bytes, 1)}
+        job.folder.write_manifest()

@@ -107,6 +107,8 @@ def config_label(manifest: dict) -> str:
     if config.get("scaling", "strong") == "weak":
         batch = manifest.get("effective", {}).get("global_batch", "?")
         label += f" weak (batch {batch})"
+    if config.get("compress", "none") != "none":
+        label += f" compress {config['compress']}"
     if config.get("lr_scaling", "none") != "none":
         label += f" lr {config['lr_scaling']}"
     backend = manifest.get("backend", {})

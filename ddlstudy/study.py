@@ -53,7 +53,7 @@ CELL_KEYS = {"strategy", "workers", "stages", "micro_batches", "replicas", "devi
              "backend", "nodes", "reduce", "loader_workers", "epochs", "batch_size",
              "image_size", "seed", "lr", "max_steps", "sample_hz", "no_snapshot",
              "snapshot_every", "precision", "accumulate",
-             "scaling", "lr_scaling", "spark_master", "spark_sync",
+             "scaling", "lr_scaling", "compress", "spark_master", "spark_sync",
              "sync_every",
              "data_dir", "datasets_dir", "on_bad_image"}
 STUDY_KEYS = {"name", "description", "usecases", "repeat", "runs_dir"}

@@ -113,3 +113,31 @@ def test_accumulating_nodes_match_accumulating_local_processes(tmp_path, dataset
     assert _losses(manifest) == pytest.approx(_losses(local.manifest), rel=1e-4)
     # (Against --accumulate 1 the losses drift apart: dropout draws its masks per
     # micro-batch. The step-level equivalence, dropout off, is in test_strategies.)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method, factor", [("fp16", 2.0), ("topk:0.1", 5.0)])
+def test_compressed_gradients_send_fewer_bytes_and_still_train(tmp_path, datasets_dir,
+                                                               method, factor):
+    manifest, _ = _mpi_run(tmp_path, datasets_dir, "--nodes", "2", "--epochs", "10",
+                           "--compress", method, "--sample-hz", "0")
+    compress = manifest["backend"]["compress"]
+    assert compress["method"] == method
+    assert compress["factor"] == pytest.approx(factor, rel=1e-3)  # bytes, not a claim
+    best = max(e["val_accuracy"] for e in manifest["epochs"])
+    assert best >= 0.45, best  # chance is 1/3; uncompressed reaches 0.45-0.6 here
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--backend", "mpi", "--compress", "zip"], "unknown compression 'zip'"),
+    (["--backend", "mpi", "--compress", "topk:2"], "topk needs a ratio in (0, 1]"),
+    (["--compress", "fp16"], "it needs --backend mpi"),
+    (["--backend", "mpi", "--compress", "fp16", "--reduce", "ring-reduce"],
+     "leave --reduce at allreduce, not ring-reduce"),
+])
+def test_bad_compress_flags(tmp_path, capsys, args, message):
+    from ddlstudy.cli import main
+
+    assert main(["run", "--runs-dir", str(tmp_path / "runs"), *args]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
