@@ -107,13 +107,13 @@ def config_label(manifest: dict) -> str:
     if config.get("scaling", "strong") == "weak":
         batch = manifest.get("effective", {}).get("global_batch", "?")
         label += f" weak (batch {batch})"
-    if config.get("compress", "none") != "none":
-        label += f" compress {config['compress']}"
     if config.get("lr_scaling", "none") != "none":
         label += f" lr {config['lr_scaling']}"
     backend = manifest.get("backend", {})
     if backend.get("name", "local") != "local":
         how = backend.get("reduce") or backend.get("sync")
+        if config.get("compress", "none") != "none":  # replaces the reducer
+            how = f"{config['compress']} allgather"
         how = f", {how}" if how else ""
         if backend.get("sync") == "allgather":
             how += f" every {backend.get('sync_every', '?')}"

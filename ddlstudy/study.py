@@ -217,7 +217,8 @@ def _label(cfg: RunConfig) -> tuple[str, int]:
         backend = spark.describe(cfg)
     manifest = {"strategy": {"name": cfg.strategy, **layout}, "backend": backend,
                 "config": {"precision": cfg.precision, "accumulate": cfg.accumulate,
-                           "scaling": cfg.scaling, "lr_scaling": cfg.lr_scaling},
+                           "scaling": cfg.scaling, "lr_scaling": cfg.lr_scaling,
+                           "compress": cfg.compress},
                 "effective": {"global_batch": cfg.global_batch},
                 "host": {"usable_cores": usable_cores()}}
     return config_label(manifest), cores_used(manifest)

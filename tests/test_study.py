@@ -158,7 +158,7 @@ def test_a_use_case_is_not_a_plan_and_a_plan_is_not_a_use_case(capsys):
 
 
 def test_the_shipped_plans_are_valid():
-    for name in ("demo", "paper"):
+    for name in ("demo", "efficiency", "paper"):
         plan = load_plan(REPO_ROOT / "usecases" / f"{name}.toml")
         cells = expand(plan, {})
         assert all(c.cfg is not None for c in cells)
