@@ -16,6 +16,7 @@ Each reports the bytes it sent per step, so the manifest can show the saving aga
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from ddlstudy.errors import ConfigError
 
@@ -35,11 +36,16 @@ class Fp16(Compressor):
     name = "fp16"
 
     def __call__(self, comm, buf: np.ndarray, step: int = 0) -> None:
-        mine = buf.astype(np.float16)
-        everyone = np.empty((comm.Get_size(), buf.size), dtype=np.float16)
-        comm.Allgather(mine, everyone)
-        np.mean(everyone, axis=0, dtype=np.float32, out=buf)
-        self.sent_bytes = mine.nbytes
+        # torch converts float16 with vector instructions; numpy's casts are ~20x slower
+        mine = torch.from_numpy(buf).to(torch.float16)
+        everyone = torch.empty((comm.Get_size(), buf.size), dtype=torch.float16)
+        comm.Allgather(mine.numpy(), everyone.numpy())
+        total = torch.from_numpy(buf)
+        total.copy_(everyone[0])
+        for r in range(1, everyone.shape[0]):  # rank order: the same sum on every rank
+            total.add_(everyone[r])
+        total.div_(everyone.shape[0])
+        self.sent_bytes = mine.numel() * 2
 
 
 class TopK(Compressor):
