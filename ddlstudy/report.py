@@ -217,7 +217,8 @@ def speedup_table(manifests: list[dict], planned: list[dict] = ()) -> pd.DataFra
         ok = g[g.status == "completed"]
         times = list(ok.epoch_s.dropna())
         rows.append({
-            **dict(zip(KEY, key, strict=True)), "table": int(g.table.iloc[0]), "runs": len(ok),
+            **dict(zip(KEY, key, strict=True)), "table": int(g.table.iloc[0]),
+            "scaling": g.scaling.iloc[0], "runs": len(ok),
             "status": _status(list(g.status), list(g.reason)),
             "epoch_s": _median(times),
             "epoch_s_spread": f"{min(times):.2f}-{max(times):.2f}" if times else "",
@@ -226,8 +227,8 @@ def speedup_table(manifests: list[dict], planned: list[dict] = ()) -> pd.DataFra
             "efficiency": _median(list(ok.efficiency.dropna())),
             "val_accuracy": _median(list(ok.val_accuracy.dropna())),
         })
-    columns = [*KEY, "table", "runs", "status", "epoch_s", "epoch_s_spread", "images_per_s",
-               "speedup", "efficiency", "val_accuracy"]
+    columns = [*KEY, "table", "scaling", "runs", "status", "epoch_s", "epoch_s_spread",
+               "images_per_s", "speedup", "efficiency", "val_accuracy"]
     table = pd.DataFrame(rows, columns=columns)
     # Baseline first, then by table and speed within each use case.
     rank = {name: i for i, name in enumerate(STRATEGY_ORDER)}
@@ -299,8 +300,8 @@ def to_latex(frame: pd.DataFrame, caption: str = "") -> str:
     return "\n".join(lines)
 
 
-SUMMARY_COLUMNS = ["usecase", "config", "cores", "runs", "status", "epoch_s", "epoch_s_spread",
-                   "images_per_s", "speedup", "efficiency", "val_accuracy"]
+SUMMARY_COLUMNS = ["usecase", "config", "scaling", "cores", "runs", "status", "epoch_s",
+                   "epoch_s_spread", "images_per_s", "speedup", "efficiency", "val_accuracy"]
 
 
 def render(frame: pd.DataFrame, fmt: str, caption: str = "") -> str:

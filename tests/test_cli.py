@@ -116,6 +116,7 @@ def test_report_speedup_against_the_baseline():
                            manifest("cpu-intraop", 50.0, threads=2),
                            manifest("cpu-intraop", 0, threads=2, status="failed"),
                            manifest("sequential", 40.0, nodes=2)])  # not the baseline
+    assert set(table.scaling) == {"strong"}  # the tables say how the batch was scaled
     mpi = table[table.backend == "mpi"].iloc[0]
     assert mpi["speedup"] == pytest.approx(1.6) and mpi["cores"] == 2
     assert mpi["config"] == "mpi 2 nodes, allreduce: sequential"
