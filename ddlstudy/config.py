@@ -311,12 +311,16 @@ class RunConfig:
         """Workers that each take a slice of every global batch, over all nodes."""
         from ddlstudy.strategies import get_strategy
 
-        nodes = self.nodes or int(os.environ.get("PMI_SIZE") or
-                                  os.environ.get("OMPI_COMM_WORLD_SIZE") or 1)
-        if self.backend == "spark" and not self.nodes:
-            nodes = 2
-        return get_strategy(self.strategy).data_parallel(self) * (
-            1 if self.backend == "local" else nodes)
+        if self.backend == "local":
+            nodes = 1
+        elif self.backend == "spark":
+            from ddlstudy import spark
+
+            nodes = spark.nodes(self)  # --nodes, or the master's task slots
+        else:  # under someone else's mpiexec, the world size it set
+            nodes = self.nodes or int(os.environ.get("PMI_SIZE") or
+                                      os.environ.get("OMPI_COMM_WORLD_SIZE") or 1)
+        return get_strategy(self.strategy).data_parallel(self) * nodes
 
     @property
     def global_batch(self) -> int:

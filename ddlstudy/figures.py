@@ -14,7 +14,6 @@ here, shown inline in the notebook.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -42,8 +41,8 @@ def _first_completed(runs: pd.DataFrame) -> pd.DataFrame:
     return done.groupby(["usecase", "config"], sort=False).head(1)
 
 
-def samples_of(runs: pd.DataFrame, scope: str = "node") -> pd.DataFrame:
-    """The resource samples of ``runs`` (rows of ``Report.runs``) in one frame, with the
+def samples_of(report: Report, runs: pd.DataFrame, scope: str = "node") -> pd.DataFrame:
+    """The resource samples of ``runs`` (rows of ``report.runs``) in one frame, with the
     time since the run started and the process tree's CPU as a share of the host's cores."""
     frames = []
     for r in runs.itertuples(index=False):
@@ -54,11 +53,7 @@ def samples_of(runs: pd.DataFrame, scope: str = "node") -> pd.DataFrame:
         s = s[s.scope == scope]
         if s.empty:
             continue
-        try:
-            cores = json.loads((Path(r.path) / "manifest.json").read_text())["host"][
-                "usable_cores"]
-        except (OSError, ValueError, KeyError):
-            cores = 1
+        cores = report.by_id.get(r.run, {}).get("host", {}).get("usable_cores") or 1
         s = s.assign(usecase=r.usecase, config=r.config, t=s.time - s.time.min(),
                      cpu=s.proc_cpu_percent / max(cores, 1),
                      idle=100 - s.sys_cpu_percent)
@@ -106,7 +101,7 @@ def _timelines(s: pd.DataFrame, panels: list[tuple[str, str]], style: str | None
 
 
 def plot_resources(report: Report) -> Figure | None:
-    s = samples_of(_first_completed(report.runs))
+    s = samples_of(report, _first_completed(report.runs))
     if s.empty:
         return None
     return _timelines(s[s["rank"] == 0], [("cpu", "CPU used by the run (% of all cores)"),
@@ -116,7 +111,7 @@ def plot_resources(report: Report) -> Figure | None:
 
 
 def plot_distributed(report: Report) -> Figure | None:
-    s = samples_of(_first_completed(report.runs[report.runs.backend != "local"]))
+    s = samples_of(report, _first_completed(report.runs[report.runs.backend != "local"]))
     if s.empty:
         return None
     return _timelines(s.assign(node=s["rank"].map(lambda r: f"rank {r}")),
@@ -168,10 +163,9 @@ def plot_scaling(report: Report) -> Figure | None:
 
 def plot_accuracy(report: Report) -> Figure | None:
     rows = []
-    by_id = {m.get("id"): m for m in report.manifests}
     for r in _first_completed(report.runs).itertuples(index=False):
         wall = 0.0
-        for e in by_id.get(r.run, {}).get("epochs", []):
+        for e in report.by_id.get(r.run, {}).get("epochs", []):
             wall += e["epoch_time_s"]
             rows.append({"usecase": r.usecase, "config": r.config, "wall": wall,
                          "accuracy": e["val_accuracy"]})

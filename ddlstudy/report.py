@@ -318,6 +318,7 @@ class Report:
     def __init__(self, runs_dir: Path) -> None:
         self.runs_dir = Path(runs_dir)
         self.manifests = load_runs(self.runs_dir)
+        self.by_id = {m.get("id"): m for m in self.manifests}
         self.planned = load_planned(self.runs_dir)
         self.runs = runs_frame(self.manifests, self.planned)
         self.table = speedup_table(self.manifests, self.planned)

@@ -113,8 +113,7 @@ def preflight(cfg: RunConfig, resuming: bool = False) -> Strategy:
             what = strategy.name if not strategy.accumulates else "--spark-sync allgather"
             raise Unavailable("--accumulate", f"{what} does not accumulate gradients yet; "
                               f"strategies that do: {', '.join(can)}")
-        nodes = cfg.nodes or 1
-        share = cfg.global_batch // (nodes * layout_processes(strategy, cfg))
+        share = cfg.global_batch // cfg.data_parallel()
         if cfg.accumulate > share:
             raise ConfigError("--accumulate", f"{cfg.accumulate} micro-batches but each "
                               f"worker gets only {share} image(s) of every batch")
@@ -140,11 +139,6 @@ def _study_tag() -> dict:
         return {"study": json.loads(os.environ[STUDY_ENV])}
     except (KeyError, ValueError):
         return {}
-
-
-def layout_processes(strategy: Strategy, cfg: RunConfig) -> int:
-    """Data-parallel processes of the strategy on one node."""
-    return int(strategy.layout(cfg).get("processes", 1))
 
 
 def resume_config(path: Path) -> RunConfig:

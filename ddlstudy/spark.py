@@ -45,7 +45,14 @@ from ddlstudy.models import build_model
 from ddlstudy.sampler import ResourceSampler
 from ddlstudy.strategies.base import Job, train_epochs
 from ddlstudy.strategies.processes import data_parallel_rank, free_port
-from ddlstudy.training import Batch, StepFn, Trainer, make_loaders, seed_everything
+from ddlstudy.training import (
+    Batch,
+    StepFn,
+    Trainer,
+    make_loaders,
+    plain_step,
+    seed_everything,
+)
 
 log = logging.getLogger("ddlstudy")
 
@@ -243,22 +250,18 @@ def average_weights(ctx, model: nn.Module, world: int) -> None:
 
 def _local_step(model: nn.Module, optimizer: torch.optim.Optimizer, ctx, world: int,
                 every: int) -> StepFn:
-    """Local SGD on this task's slice; weights averaged every ``every`` steps."""
+    """Local SGD on this task's slice (the baseline's step); weights averaged every
+    ``every`` steps."""
+    local = plain_step(model, optimizer, nn.CrossEntropyLoss())
     count = 0
 
     def step(batch: Batch) -> tuple[float, int, int]:
         nonlocal count
-        images, labels = batch
-        optimizer.zero_grad(set_to_none=True)
-        logits = model(images)
-        loss = nn.functional.cross_entropy(logits, labels)
-        loss.backward()
-        optimizer.step()
+        result = local(batch)
         count += 1
         if count % every == 0:
             average_weights(ctx, model, world)
-        n = labels.numel()
-        return loss.item() * n, int((logits.argmax(1) == labels).sum()), n
+        return result
 
     return step
 

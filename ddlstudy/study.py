@@ -224,28 +224,23 @@ def _label(cfg: RunConfig) -> tuple[str, int]:
     return config_label(manifest), cores_used(manifest)
 
 
-def _finished_runs(runs_dir: Path, study: str) -> dict[tuple[str, int], str]:
-    """(cell id, repeat) -> run id of this study's completed runs in ``runs_dir``."""
-    done = {}
+def _study_runs(runs_dir: Path, study: str) -> list[dict[str, Any]]:
+    """The manifests of ``study``'s runs in ``runs_dir``."""
+    runs = []
     for path in sorted(Path(runs_dir).glob(f"*/{MANIFEST}")):
         try:
             m = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
-        tag = m.get("study") or {}
-        if tag.get("name") == study and m.get("status") == "completed" and "config" in m:
-            done[(config_key(m["config"]), tag.get("repeat"))] = m["id"]
-    return done
+        if (m.get("study") or {}).get("name") == study:
+            runs.append(m)
+    return runs
 
 
-def _has_runs_of(runs_dir: Path, study: str) -> bool:
-    for path in Path(runs_dir).glob(f"*/{MANIFEST}"):
-        try:
-            if (json.loads(path.read_text()).get("study") or {}).get("name") == study:
-                return True
-        except (OSError, ValueError):
-            continue
-    return False
+def _finished(runs: list[dict[str, Any]]) -> dict[tuple[str, int], str]:
+    """(cell id, repeat) -> run id of the completed ones among ``runs``."""
+    return {(config_key(m["config"]), m["study"].get("repeat")): m["id"] for m in runs
+            if m.get("status") == "completed" and "config" in m}
 
 
 def _clock(seconds: float) -> str:
@@ -269,13 +264,14 @@ class Study:
     def run(self, resume: bool) -> int:
         """Run every pending cell; 0 when none failed, 1 otherwise (130/143 interrupted)."""
         runs_dir = self.plan.runs_dir
-        if not resume and _has_runs_of(runs_dir, self.plan.name):
+        earlier = _study_runs(runs_dir, self.plan.name)
+        if not resume and earlier:
             raise UsageError(f"{runs_dir} already holds runs of study {self.plan.name!r}; "
                              f"add --resume to reuse the finished ones, or give another "
                              f"--runs-dir")
         runs_dir.mkdir(parents=True, exist_ok=True)
         if resume:
-            done = _finished_runs(runs_dir, self.plan.name)
+            done = _finished(earlier)
             for c in self.cells:
                 if c.status == "pending" and (c.id, c.repeat) in done:
                     c.status, c.run = "reused", done[(c.id, c.repeat)]

@@ -28,7 +28,14 @@ from ddlstudy.strategies.base import (
     require_batch_per_worker,
     train_epochs,
 )
-from ddlstudy.training import Batch, StepFn, Trainer, make_loaders, seed_everything
+from ddlstudy.training import (
+    Batch,
+    StepFn,
+    Trainer,
+    make_loaders,
+    micro_batches,
+    seed_everything,
+)
 
 
 def replica_step(replicas: list[nn.Module], optimizer: torch.optim.Optimizer,
@@ -47,9 +54,7 @@ def replica_step(replicas: list[nn.Module], optimizer: torch.optim.Optimizer,
     def step(batch: Batch) -> tuple[float, int, int]:
         images, labels = batch
         total = labels.numel()
-        parts = [(x, y) for x, y in zip(images.tensor_split(len(replicas)),
-                                        labels.tensor_split(len(replicas)), strict=True)
-                 if y.numel()]
+        parts = micro_batches(images, labels, len(replicas))
         for r in replicas:
             r.zero_grad(set_to_none=True)
         autocast = (torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"))
