@@ -112,6 +112,29 @@ def test_sigterm_leaves_an_interrupted_manifest(tmp_path, datasets_dir):
     torch.load(next(runs.glob(f"*/{SNAPSHOT}")), weights_only=True)  # last snapshot loads
 
 
+def test_sigterm_between_an_epochs_record_and_its_snapshot_waits_for_the_snapshot(
+        quick_config, monkeypatch):
+    """The window CI once hit: the epoch is on record, the signal lands before its snapshot
+    is written. The snapshot is written first, so every recorded epoch can be resumed."""
+    import ddlstudy.runfolder as runfolder_module
+    import ddlstudy.runner as runner_module
+
+    real_record = runfolder_module.RunFolder.record_epoch
+
+    def record_then_terminate(self, result):
+        real_record(self, result)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)  # the handler runs here
+
+    monkeypatch.setattr(runfolder_module.RunFolder, "record_epoch", record_then_terminate)
+    with pytest.raises(runner_module.RunFailed) as stopped:
+        run(quick_config(epochs=3), show_progress=False)
+    path = stopped.value.folder.path
+    assert stopped.value.exit_code == 143
+    assert len(json.loads((path / MANIFEST).read_text())["epochs"]) == 1
+    assert torch.load(path / SNAPSHOT, weights_only=True)["epoch"] == 1
+
+
 def test_cpu_processes_merges_every_workers_samples(quick_config):
     folder = run(quick_config(strategy="cpu-processes", workers=2, sample_hz=20, snapshot=False),
                  show_progress=False)

@@ -16,6 +16,7 @@ from ddlstudy.data import DataPlan
 from ddlstudy.environment import usable_cores
 from ddlstudy.errors import ConfigError
 from ddlstudy.runfolder import RunFolder
+from ddlstudy.signals import deferred
 from ddlstudy.training import EpochResult, Trainer, log_epoch, rng_state, set_rng_state
 
 log = logging.getLogger("ddlstudy")
@@ -84,11 +85,14 @@ def train_epochs(job: Job, trainer: Trainer, optimizer: torch.optim.Optimizer, *
         trainer.after_step = after_step
     for epoch in range(first, cfg.usecase.train.epochs + 1):
         result = trainer.train_epoch(epoch)
-        if writer:
-            job_epoch(job, result)
-        if cfg.snapshot:
-            snapshot(epoch, {"generator": trainer.generator.get_state(),
-                             "sums": dict(trainer.sums)})
+        # The epoch's record and its snapshot land together: a Ctrl-C or SIGTERM between
+        # them would leave an epoch on record that --resume cannot continue from.
+        with deferred():
+            if writer:
+                job_epoch(job, result)
+            if cfg.snapshot:
+                snapshot(epoch, {"generator": trainer.generator.get_state(),
+                                 "sums": dict(trainer.sums)})
         barrier()
 
 
