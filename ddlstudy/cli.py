@@ -58,6 +58,9 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
     nodes.add_argument("--backend", default="local", help="local (default), mpi or spark")
     nodes.add_argument("--nodes", type=int, help="with --backend mpi: start this many MPI ranks "
                        "on this machine (leave out under your own mpiexec)")
+    nodes.add_argument("--hosts", help="with --backend mpi --nodes N: place the ranks on "
+                       "host1,host2,... (mpiexec's ssh launcher) or on emulated[:PREFIX], "
+                       "the hosts of `ddlstudy hosts up`")
     nodes.add_argument("--compress", default="none", help="gradients on the wire between "
                        "MPI nodes: none (default), fp16, or topk:<ratio> with error feedback")
     nodes.add_argument("--reduce", default="allreduce", help="how nodes average gradients: "
@@ -163,6 +166,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("a", type=Path, help="a run folder or its manifest.json")
     p.add_argument("b", type=Path)
 
+    p = sub.add_parser("hosts", help="emulated hosts (network namespaces) for multi-host runs")
+    hsub = p.add_subparsers(dest="hosts_command", required=True, metavar="WHAT")
+    h = hsub.add_parser("up", help="create N hosts joined by a bridge (root, iproute2)")
+    h.add_argument("--count", type=int, default=2, help="hosts (default 2)")
+    h.add_argument("--delay", help="one-way delay added on every host's link, e.g. 2ms")
+    h.add_argument("--rate", help="bandwidth of every host's link, e.g. 1gbit")
+    h.add_argument("--subnet", default="10.77.0", help="their /24 (default 10.77.0)")
+    for name, help_ in (("down", "remove the hosts and what runs on them"),
+                        ("status", "the hosts that are up, their links and Spark daemons"),
+                        ("spark", "a Spark standalone master on host 1 and a worker on each"),
+                        ("up", None)):
+        h = hsub.choices[name] if help_ is None else hsub.add_parser(name, help=help_)
+        h.add_argument("--prefix", default="ddl", help="names the set (default ddl)")
+    hsub.choices["spark"].add_argument("--cores", type=int, default=1,
+                                       help="task slots per worker (default 1)")
+
     p = sub.add_parser("bench", help="performance figures, measured side by side")
     bsub = p.add_subparsers(dest="bench_command", required=True, metavar="WHAT")
     b = bsub.add_parser("sampler", help="step time with the sampler on against off")
@@ -204,7 +223,8 @@ def config_from_args(args: argparse.Namespace):
     return RunConfig(usecase=usecase, strategy=args.strategy, workers=args.workers,
                      stages=args.stages, micro_batches=args.micro_batches,
                      replicas=args.replicas, devices=args.devices, backend=args.backend,
-                     nodes=args.nodes, reduce=args.reduce, spark_master=args.spark_master,
+                     nodes=args.nodes, hosts=args.hosts, reduce=args.reduce,
+                     spark_master=args.spark_master,
                      spark_sync=args.spark_sync, sync_every=args.sync_every,
                      spark_ui=args.spark_ui, precision=args.precision,
                      accumulate=args.accumulate, scaling=args.scaling,
@@ -356,8 +376,37 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_hosts(args: argparse.Namespace) -> int:
+    from ddlstudy import hosts
+
+    if args.hosts_command == "up":
+        made = hosts.up(args.count, args.prefix, args.subnet, args.delay, args.rate)
+        link = ", ".join(x for x in (made.delay and f"delay {made.delay}",
+                                     made.rate and f"rate {made.rate}") if x) or "unshaped"
+        print(f"{made.count} hosts up ({link}): "
+              + ", ".join(f"{n} {a}" for n, a in made.members))
+        flag = "emulated" if args.prefix == hosts.DEFAULT_PREFIX else f"emulated:{args.prefix}"
+        print(f"  MPI:   ddlstudy run ... --backend mpi --nodes {made.count} --hosts {flag}")
+        named = "" if flag == "emulated" else f" --prefix {args.prefix}"
+        print(f"  Spark: ddlstudy hosts spark{named}, then --backend spark --spark-master "
+              f"{made.spark_master}")
+    elif args.hosts_command == "down":
+        hosts.down(args.prefix)
+        print(f"hosts {args.prefix}-h* removed")
+    elif args.hosts_command == "spark":
+        if args.cores <= 0:
+            raise ConfigError("--cores", f"must be a positive integer, got {args.cores}")
+        up = hosts.load(args.prefix)
+        print(f"Spark master {hosts.spark_up(up, cores=args.cores)} with {up.count} worker(s) "
+              f"of {args.cores} core(s)")
+    else:
+        up = hosts.load(args.prefix)
+        print(hosts.status(up))
+    return 0
+
+
 COMMANDS = {"run": cmd_run, "dataset": cmd_dataset, "strategies": cmd_strategies,
-            "doctor": cmd_doctor, "report": cmd_report, "bench": cmd_bench,
+            "hosts": cmd_hosts, "doctor": cmd_doctor, "report": cmd_report, "bench": cmd_bench,
             "study": cmd_study, "replay": cmd_replay, "compare": cmd_compare}
 
 

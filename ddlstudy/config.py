@@ -188,6 +188,9 @@ class RunConfig:
     """local (one node) or mpi (each MPI rank a node)."""
     nodes: int | None = None
     """MPI ranks ddlstudy starts with mpiexec on this machine (backend mpi)."""
+    hosts: str | None = None
+    """Where ddlstudy's mpiexec places the ranks: host1,host2,... (ssh) or emulated[:PREFIX]
+    (the network namespaces of ``ddlstudy hosts up``); default: this machine."""
     reduce: str = "allreduce"
     """How nodes average gradients: allreduce, parameter-server, ring-reduce,
     ring-allreduce, step-wise."""
@@ -254,6 +257,14 @@ class RunConfig:
             _positive("--nodes", self.nodes)
             if self.backend == "local" and self.nodes > 1:
                 raise ConfigError("--nodes", "more than one node needs --backend mpi or spark")
+        if self.hosts is not None:
+            if self.backend != "mpi":
+                raise ConfigError("--hosts", "places MPI ranks: it needs --backend mpi (for "
+                                  "Spark, give --spark-master spark://host:port)")
+            names = self.hosts.split(",")
+            if not all(names) or any(" " in n for n in names):
+                raise ConfigError("--hosts", f"{self.hosts!r}; give host names separated by "
+                                  "commas, or emulated[:PREFIX]")
         _positive("--accumulate", self.accumulate)
         from ddlstudy.compress import parse
 

@@ -72,15 +72,33 @@ def require_mpiexec() -> str:
     return mpiexec
 
 
-def launch(argv: list[str], nodes: int, run_id: str) -> tuple[int, int | None]:
+def placement(hosts: str | None, nodes: int) -> tuple[list[str], dict[str, str]]:
+    """mpiexec's flags and environment for ``--hosts``: a list of real hosts, or the
+    emulated hosts (their launcher, and a netmod that sends over their network)."""
+    if hosts is None:
+        return [], {}
+    if hosts == "emulated" or hosts.startswith("emulated:"):
+        from ddlstudy import hosts as emulated
+
+        found = emulated.load(hosts.partition(":")[2] or emulated.DEFAULT_PREFIX)
+        if nodes > found.count:
+            log.warning("%d ranks on %d emulated hosts: some hosts run several", nodes,
+                        found.count)
+        return found.mpiexec_args(nodes), dict(emulated.MPI_ENV)
+    return ["-hosts", hosts], {}
+
+
+def launch(argv: list[str], nodes: int, run_id: str,
+           hosts: str | None = None) -> tuple[int, int | None]:
     """Run this same command as ``mpiexec -n nodes``.
 
     Returns mpiexec's exit code and, when a rank died, the PID that mpiexec reports for it
     (its output is passed on to stderr line by line while it is read for that).
     """
     mpiexec = require_mpiexec()
-    env = os.environ | {CHILD_ENV: "1", RUN_ID_ENV: run_id}
-    cmd = [mpiexec, "-n", str(nodes), sys.executable, "-m", "ddlstudy", *argv]
+    where, netmod = placement(hosts, nodes)
+    env = os.environ | netmod | {CHILD_ENV: "1", RUN_ID_ENV: run_id}
+    cmd = [mpiexec, *where, "-n", str(nodes), sys.executable, "-m", "ddlstudy", *argv]
     log.info("launching %d MPI ranks: %s", nodes, " ".join(cmd))
     dead_pid = None
     with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -115,11 +115,27 @@ def _session(cfg: RunConfig):
     if not cfg.spark_master or cfg.spark_master.startswith("local"):
         builder = builder.config("spark.driver.host", "127.0.0.1") \
             .config("spark.driver.bindAddress", "127.0.0.1")
+    elif cfg.spark_master.startswith("spark://"):
+        # The executors call the driver back: give them this machine's address on the
+        # route to the master (its host name may resolve to an address they cannot reach).
+        host, _, port = cfg.spark_master.removeprefix("spark://").split(",")[0].partition(":")
+        builder = builder.config("spark.driver.host", address_towards(host, int(port or 7077)))
     with warnings.catch_warnings():  # pyspark's pandas version notice is not ours to fix
         warnings.simplefilter("ignore", FutureWarning)
         spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+def address_towards(host: str, port: int) -> str:
+    """This machine's address on the route to ``host`` (nothing is sent)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((host, port))
+            return probe.getsockname()[0]
+    except OSError as exc:
+        raise Unavailable("--spark-master", f"no route to the master's host {host!r}: "
+                          f"{exc.strerror or exc}") from None
 
 
 def fit(job: Job) -> None:
@@ -190,11 +206,11 @@ def _spark_reason(exc) -> str:
     return " ".join(lines[:3])[:600]
 
 
-def _threads(cfg: RunConfig, infos) -> int:
+def _threads(cfg: RunConfig, infos, rank: int) -> int:
     if cfg.strategy == "sequential":
         return 1
-    here = socket.gethostname()
-    on_host = sum(1 for i in infos if i.address.rsplit(":", 1)[0] in ("127.0.0.1", here)) or 1
+    mine = infos[rank].address.rsplit(":", 1)[0]
+    on_host = sum(1 for i in infos if i.address.rsplit(":", 1)[0] == mine)
     return cfg.workers or max(1, usable_cores() // on_host)
 
 
@@ -206,7 +222,7 @@ def _task(job: Job, level: int, _partition):
     rank, infos = ctx.partitionId(), ctx.getTaskInfos()
     world = len(infos)
     os.environ["RANK"] = str(rank)
-    threads = _threads(job.cfg, infos)
+    threads = _threads(job.cfg, infos, rank)
     if ctx.attemptNumber() and rank == 0:
         logging.getLogger("ddlstudy").warning("Spark attempt %d of the stage: training starts "
                                               "again", ctx.attemptNumber() + 1)
