@@ -113,31 +113,20 @@ GRADIENT_FLOATS = {"alexnet": 57_016_131, "vgg16": 134_272_835}
 """Parameters of the 3-class torchvision models: the gradient each step averages."""
 
 
-def bench_reduce(size: str, nodes: int, repeats: int = 5) -> str:
-    """Every reducer on a gradient-sized buffer between ``nodes`` MPI ranks on this host."""
-    import json
-    import subprocess
-    import sys
-
-    from ddlstudy.doctor import find_mpiexec
-    from ddlstudy.errors import ConfigError, UsageError
+def bench_reduce(size: str, nodes: int, repeats: int = 5, hosts: str | None = None) -> str:
+    """Every reducer on a gradient-sized buffer between ``nodes`` MPI ranks (on this host,
+    or placed on ``hosts``)."""
+    from ddlstudy.errors import ConfigError
+    from ddlstudy.predict import measure_reducers
 
     floats = GRADIENT_FLOATS.get(size) or (int(size) if size.isdigit() else 0)
     if floats <= 0:
         raise ConfigError("--size", f"give alexnet, vgg16 or a number of floats, got {size!r}")
-    mpiexec = find_mpiexec()
-    if mpiexec is None:
-        raise UsageError("mpiexec not found; pip install mpich mpi4py (make install does)")
-    out = subprocess.run([mpiexec, "-n", str(nodes), sys.executable, "-m",
-                          "ddlstudy.bench_reduce", "--floats", str(floats), "--repeats",
-                          str(repeats)], capture_output=True, text=True)
-    if out.returncode != 0:
-        raise UsageError(f"mpiexec failed ({out.returncode}): {out.stderr.strip()[-500:]}")
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+    result = {"ms": measure_reducers(floats, nodes, repeats, hosts)}
     mib = 4 * floats / 2**20
     reference = statistics.median(result["ms"]["allreduce"])
     lines = [f"reducers on {size} ({floats:,} floats, {mib:.0f} MiB) between {nodes} MPI ranks "
-             f"on this host, {repeats} repeats",
+             f"on {hosts or 'this host'}, {repeats} repeats",
              "| reducer | ms min / median / max | GB/s (size / median) | x allreduce |",
              "|---|---|---|---|"]
     for name, ms in result["ms"].items():

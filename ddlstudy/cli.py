@@ -61,6 +61,9 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
     nodes.add_argument("--hosts", help="with --backend mpi --nodes N: place the ranks on "
                        "host1,host2,... (mpiexec's ssh launcher) or on emulated[:PREFIX], "
                        "the hosts of `ddlstudy hosts up`")
+    nodes.add_argument("--balance", default="equal", help="equal (default): each node an "
+                       "equal slice of every global batch; throughput: slices in proportion "
+                       "to each node's images/s, measured over the first steps")
     nodes.add_argument("--compress", default="none", help="gradients on the wire between "
                        "MPI nodes: none (default), fp16, or topk:<ratio> with error feedback")
     nodes.add_argument("--reduce", default="allreduce", help="how nodes average gradients: "
@@ -172,6 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--count", type=int, default=2, help="hosts (default 2)")
     h.add_argument("--delay", help="one-way delay added on every host's link, e.g. 2ms")
     h.add_argument("--rate", help="bandwidth of every host's link, e.g. 1gbit")
+    h.add_argument("--cpus", help="CPU time per host in cores, e.g. 1,0.5 (unequal nodes)")
     h.add_argument("--subnet", default="10.77.0", help="their /24 (default 10.77.0)")
     for name, help_ in (("down", "remove the hosts and what runs on them"),
                         ("status", "the hosts that are up, their links and Spark daemons"),
@@ -181,6 +185,20 @@ def build_parser() -> argparse.ArgumentParser:
         h.add_argument("--prefix", default="ddl", help="names the set (default ddl)")
     hsub.choices["spark"].add_argument("--cores", type=int, default=1,
                                        help="task slots per worker (default 1)")
+
+    p = sub.add_parser("predict", help="alpha-beta model fitted from runs: 1 to 256 nodes")
+    p.add_argument("runs", type=Path, help="a folder holding a one-node run (and multi-node "
+                   "MPI runs to check the model against)")
+    p.add_argument("--hosts", help="where the runs' ranks ran (emulated[:PREFIX] or "
+                   "host1,host2): the reducers are timed there")
+    p.add_argument("--nodes", default=",".join(map(str, (1, 2, 3, 4, 8, 16, 32, 64, 128, 256))),
+                   help="node counts to predict (default 1,2,3,4,8,...,256)")
+    p.add_argument("--links", default="1gbit,10gbit,25gbit",
+                   help="link rates to predict besides the measured one")
+    p.add_argument("--batches", help="global batches (default: the runs' batch)")
+    p.add_argument("--repeats", type=int, default=5, help="timings per reducer and size")
+    p.add_argument("--out", type=Path, help="where predict.{json,md,png,svg} go "
+                   "(default RUNS/predict)")
 
     p = sub.add_parser("bench", help="performance figures, measured side by side")
     bsub = p.add_subparsers(dest="bench_command", required=True, metavar="WHAT")
@@ -192,7 +210,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--threads", type=int, default=1)
     b = bsub.add_parser("reduce", help="every gradient-averaging algorithm under mpiexec")
     b.add_argument("--size", default="alexnet", help="alexnet, vgg16 or a number of floats")
-    b.add_argument("--nodes", type=int, default=2, help="MPI ranks on this host")
+    b.add_argument("--nodes", type=int, default=2, help="MPI ranks (default 2)")
+    b.add_argument("--hosts", help="place them on emulated[:PREFIX] or host1,host2 "
+                   "(default: this host)")
     b.add_argument("--repeats", type=int, default=5)
     b = bsub.add_parser("overhead", help="ddlstudy's loop against a raw torch loop")
     b.add_argument("--usecase", default="tiny")
@@ -228,7 +248,7 @@ def config_from_args(args: argparse.Namespace):
                      spark_sync=args.spark_sync, sync_every=args.sync_every,
                      spark_ui=args.spark_ui, precision=args.precision,
                      accumulate=args.accumulate, scaling=args.scaling,
-                     lr_scaling=args.lr_scaling, compress=args.compress,
+                     lr_scaling=args.lr_scaling, compress=args.compress, balance=args.balance,
                      data_dir=args.data_dir, runs_dir=args.runs_dir or DEFAULT_RUNS_DIR,
                      on_bad_image=args.on_bad_image, loader_workers=args.loader_workers,
                      sample_hz=args.sample_hz, max_steps=args.max_steps,
@@ -366,7 +386,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if getattr(args, name, 1) <= 0:
             raise ConfigError(f"--{name}", f"must be a positive integer, got {getattr(args, name)}")
     if args.bench_command == "reduce":
-        print(bench_reduce(args.size, args.nodes, args.repeats))
+        print(bench_reduce(args.size, args.nodes, args.repeats, args.hosts))
     elif args.bench_command == "sampler":
         print(bench_sampler(args.usecase, steps=args.steps, repeats=args.repeats, hz=args.hz,
                             threads=args.threads))
@@ -380,9 +400,11 @@ def cmd_hosts(args: argparse.Namespace) -> int:
     from ddlstudy import hosts
 
     if args.hosts_command == "up":
-        made = hosts.up(args.count, args.prefix, args.subnet, args.delay, args.rate)
+        made = hosts.up(args.count, args.prefix, args.subnet, args.delay, args.rate,
+                        hosts.parse_cpus(args.cpus))
         link = ", ".join(x for x in (made.delay and f"delay {made.delay}",
-                                     made.rate and f"rate {made.rate}") if x) or "unshaped"
+                                     made.rate and f"rate {made.rate}",
+                                     made.cpus and f"cpus {args.cpus}") if x) or "unshaped"
         print(f"{made.count} hosts up ({link}): "
               + ", ".join(f"{n} {a}" for n, a in made.members))
         flag = "emulated" if args.prefix == hosts.DEFAULT_PREFIX else f"emulated:{args.prefix}"
@@ -405,8 +427,28 @@ def cmd_hosts(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_predict(args: argparse.Namespace) -> int:
+    from ddlstudy import predict
+
+    if args.repeats <= 0:
+        raise ConfigError("--repeats", f"must be a positive integer, got {args.repeats}")
+    nodes = predict.parse_list("--nodes", args.nodes)
+    batches = predict.parse_list("--batches", args.batches) if args.batches else None
+    links = [x for x in args.links.split(",") if x]
+    if args.hosts is not None:
+        from ddlstudy import mpi
+
+        mpi.placement(args.hosts, 2)  # hosts that are not up: refused before measuring
+    result = predict.predict(args.runs, args.hosts, nodes, links, batches, args.repeats)
+    print(predict.markdown(result))
+    for path in predict.write(result, args.out or args.runs / "predict"):
+        print(f"wrote {path}")
+    return 0
+
+
 COMMANDS = {"run": cmd_run, "dataset": cmd_dataset, "strategies": cmd_strategies,
-            "hosts": cmd_hosts, "doctor": cmd_doctor, "report": cmd_report, "bench": cmd_bench,
+            "hosts": cmd_hosts, "predict": cmd_predict, "doctor": cmd_doctor,
+            "report": cmd_report, "bench": cmd_bench,
             "study": cmd_study, "replay": cmd_replay, "compare": cmd_compare}
 
 

@@ -195,6 +195,9 @@ class RunConfig:
     """How nodes average gradients: allreduce, parameter-server, ring-reduce,
     ring-allreduce, step-wise."""
     compress: str = "none"
+    balance: str = "equal"
+    """equal: every node an equal slice of each global batch; throughput: slices in
+    proportion to each node's measured images/s (MPI nodes of unequal speed)."""
     """Gradient compression between MPI nodes: none, fp16 or topk:<ratio>."""
     scaling: str = "strong"
     """strong: --batch-size is the global batch, split over the data-parallel workers;
@@ -265,6 +268,12 @@ class RunConfig:
             if not all(names) or any(" " in n for n in names):
                 raise ConfigError("--hosts", f"{self.hosts!r}; give host names separated by "
                                   "commas, or emulated[:PREFIX]")
+        if self.balance not in ("equal", "throughput"):
+            raise ConfigError("--balance", f"unknown policy {self.balance!r}; choose one of: "
+                              "equal, throughput")
+        if self.balance == "throughput" and self.backend != "mpi":
+            raise ConfigError("--balance", "throughput shares each global batch between MPI "
+                              "nodes of unequal speed: it needs --backend mpi")
         _positive("--accumulate", self.accumulate)
         from ddlstudy.compress import parse
 

@@ -50,6 +50,8 @@ class Hosts:
     subnet: str
     delay: str | None = None
     rate: str | None = None
+    cpus: list[float] | None = None
+    """CPU time each host may use, in cores (a CFS quota): unequal nodes on one machine."""
 
     @property
     def names(self) -> list[str]:
@@ -120,7 +122,8 @@ def _state_file(prefix: str) -> Path:
     return STATE_DIR / f"{prefix}.json"
 
 
-def validate(count: int, prefix: str, subnet: str, delay: str | None, rate: str | None) -> None:
+def validate(count: int, prefix: str, subnet: str, delay: str | None, rate: str | None,
+             cpus: list[float] | None = None) -> None:
     if not 1 <= count <= 16:
         raise ConfigError("--count", f"{count} hosts; between 1 and 16 can be emulated")
     if not _PREFIX.match(prefix):
@@ -135,6 +138,48 @@ def validate(count: int, prefix: str, subnet: str, delay: str | None, rate: str 
         raise ConfigError("--delay", f"{delay!r}; a tc time such as 500us, 2ms or 0.1s")
     if rate is not None and not _RATE.match(rate):
         raise ConfigError("--rate", f"{rate!r}; a tc rate such as 100mbit or 1gbit")
+    if cpus is not None and (len(cpus) != count or not all(0.05 <= c <= 64 for c in cpus)):
+        raise ConfigError("--cpus", f"{','.join(map(str, cpus))}; give one CPU share per host "
+                          f"({count}), each from 0.05 to 64 cores, e.g. 1,0.5")
+
+
+def parse_cpus(text: str | None) -> list[float] | None:
+    if text is None:
+        return None
+    try:
+        return [float(c) for c in text.split(",")]
+    except ValueError:
+        raise ConfigError("--cpus", f"{text!r}; give one number of cores per host, "
+                          "e.g. 1,0.5") from None
+
+
+def _cgroup(name: str) -> Path | None:
+    """The CPU cgroup of a host (v1's cpu controller, or the unified hierarchy)."""
+    root = Path("/sys/fs/cgroup")
+    if (root / "cpu" / "cpu.cfs_quota_us").exists() or (root / "cpu" / "tasks").exists():
+        return root / "cpu" / f"ddlstudy-{name}"
+    if (root / "cgroup.controllers").exists():
+        return root / f"ddlstudy-{name}"
+    return None
+
+
+def _limit_cpu(name: str, cores: float) -> Path:
+    group = _cgroup(name)
+    if group is None:
+        raise Unavailable("--cpus", "no CPU cgroup here (/sys/fs/cgroup/cpu or cgroup v2), so "
+                          "hosts cannot be given unequal CPU shares")
+    try:
+        group.mkdir(exist_ok=True)
+        period = 10_000  # 10 ms: throttled in slices finer than a training step
+        if (group / "cpu.cfs_quota_us").exists():
+            (group / "cpu.cfs_period_us").write_text(str(period))
+            (group / "cpu.cfs_quota_us").write_text(str(int(cores * period)))
+        else:
+            (group / "cpu.max").write_text(f"{int(cores * period)} {period}")
+    except OSError as exc:
+        raise Unavailable("--cpus", f"cannot set a CPU quota in {group}: {exc.strerror}") \
+            from None
+    return group
 
 
 def load(prefix: str = DEFAULT_PREFIX) -> Hosts:
@@ -158,13 +203,14 @@ def _namespaces() -> set[str]:
 
 
 def up(count: int, prefix: str = DEFAULT_PREFIX, subnet: str = DEFAULT_SUBNET,
-       delay: str | None = None, rate: str | None = None) -> Hosts:
+       delay: str | None = None, rate: str | None = None,
+       cpus: list[float] | None = None) -> Hosts:
     """Create ``count`` hosts (replacing a set of the same prefix)."""
-    validate(count, prefix, subnet, delay, rate)
+    validate(count, prefix, subnet, delay, rate, cpus)
     why = can_emulate()
     if why:
         raise Unavailable("hosts", why)
-    hosts = Hosts(prefix, count, subnet, delay, rate)
+    hosts = Hosts(prefix, count, subnet, delay, rate, cpus)
     down(prefix)
     try:
         _ip("link", "add", hosts.bridge, "type", "bridge")
@@ -187,6 +233,8 @@ def up(count: int, prefix: str = DEFAULT_PREFIX, subnet: str = DEFAULT_SUBNET,
                     f"{a} {n}\n" for n, a in hosts.members)
                 + f"{hosts.gateway} {prefix}-gw\n")
         _shape(hosts)
+        for name, cores in zip(hosts.names, hosts.cpus or [], strict=False):
+            _limit_cpu(name, cores)
         STATE_DIR.mkdir(parents=True, exist_ok=True)
         _write_launcher(hosts)
         _state_file(prefix).write_text(json.dumps(asdict(hosts), indent=2) + "\n")
@@ -201,28 +249,34 @@ def up(count: int, prefix: str = DEFAULT_PREFIX, subnet: str = DEFAULT_SUBNET,
 
 
 def _shape(hosts: Hosts) -> None:
-    """Shape every host's egress, so each direction of a link gets the rate and delay:
+    """Shape every host's link, each direction getting the rate and delay:
     ``tbf`` for a rate alone, ``netem`` when there is a delay (kernels without netem, as
     some VMs', can still cap the rate)."""
     if hosts.delay is None and hosts.rate is None:
         return
-    if hosts.delay:
-        qdisc = ["netem", "delay", hosts.delay, *(["rate", hosts.rate] if hosts.rate else [])]
-    else:
-        bits = rate_bits(hosts.rate)
+    tbf = None
+    if hosts.rate:
         # a bucket of 10 ms at the rate (at least a few full frames), queued up to 100 ms
-        qdisc = ["tbf", "rate", hosts.rate, "burst", str(max(15000, int(bits / 8 / 100))),
-                 "latency", "100ms"]
-    for name in hosts.names:
-        done = subprocess.run(["ip", "netns", "exec", name, "tc", "qdisc", "replace", "dev",
-                               "eth0", "root", *qdisc], capture_output=True, text=True)
-        if done.returncode and qdisc[0] == "netem" and "unknown" in done.stderr:
-            raise Unavailable("--delay", "this kernel has no netem qdisc "
-                              "(CONFIG_NET_SCH_NETEM), so links cannot be delayed here; "
-                              "--rate alone works (tbf)")
-        if done.returncode:
-            raise Unavailable("--rate" if hosts.rate else "--delay",
-                              f"tc qdisc {' '.join(qdisc)} failed: {done.stderr.strip()}")
+        tbf = ["tbf", "rate", hosts.rate, "burst",
+               str(max(15000, int(rate_bits(hosts.rate) / 8 / 100))), "latency", "100ms"]
+    sent = ["netem", "delay", hosts.delay, *(["rate", hosts.rate] if hosts.rate else [])] \
+        if hosts.delay else tbf
+    # Both ends of every veth pair: the host's eth0 shapes (and delays) what it sends, the
+    # bridge's port caps what it receives, as a real link caps both directions.
+    for i, name in enumerate(hosts.names, start=1):
+        for where, dev, qdisc in ((["ip", "netns", "exec", name, "tc"], "eth0", sent),
+                                  (["tc"], f"{hosts.prefix}-v{i}", tbf)):
+            if qdisc is None:
+                continue
+            done = subprocess.run([*where, "qdisc", "replace", "dev", dev, "root", *qdisc],
+                                  capture_output=True, text=True)
+            if done.returncode and qdisc[0] == "netem" and "unknown" in done.stderr:
+                raise Unavailable("--delay", "this kernel has no netem qdisc "
+                                  "(CONFIG_NET_SCH_NETEM), so links cannot be delayed here; "
+                                  "--rate alone works (tbf)")
+            if done.returncode:
+                raise Unavailable("--rate" if hosts.rate else "--delay",
+                                  f"tc qdisc {' '.join(qdisc)} failed: {done.stderr.strip()}")
 
 
 _UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}
@@ -238,7 +292,11 @@ def rate_bits(rate: str) -> float:
 
 def _write_launcher(hosts: Hosts) -> None:
     """The script hydra calls instead of ssh: ``launcher [-x ...] host command...``."""
-    cases = "".join(f"  {a}|{n}) ns={n};;\n" for n, a in hosts.members)
+    def enter(name: str) -> str:  # join the host's CPU cgroup, if it has one
+        group = _cgroup(name) if hosts.cpus else None
+        return f" echo $$ > {group}/cgroup.procs;" if group else ""
+
+    cases = "".join(f"  {a}|{n}) ns={n};{enter(n)};\n" for n, a in hosts.members)
     script = f"""#!/bin/sh
 # ddlstudy's emulated hosts ({hosts.prefix}): enter a host's namespaces and run a command.
 while [ "${{1#-}}" != "$1" ]; do shift; done   # ssh options hydra passes (-x)
@@ -270,6 +328,11 @@ def down(prefix: str = DEFAULT_PREFIX) -> None:
     for veth in re.findall(rf"^\d+: ({re.escape(prefix)}-v\d+)@", links, re.M):
         _ip("link", "del", veth, check=False)
     _ip("link", "del", f"{prefix}br0", check=False)
+    for group in Path("/sys/fs/cgroup").glob(f"**/ddlstudy-{prefix}-h*"):
+        try:
+            group.rmdir()  # empty once the processes above are gone
+        except OSError:
+            pass
     for path in (_state_file(prefix), STATE_DIR / f"{prefix}-launch"):
         path.unlink(missing_ok=True)
 

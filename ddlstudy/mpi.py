@@ -23,6 +23,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 import numpy as np
 import torch
@@ -37,6 +38,7 @@ from ddlstudy.reducers import get_reducer
 from ddlstudy.strategies.base import Job, train_epochs
 from ddlstudy.training import (
     Batch,
+    ShardedBatches,
     StepFn,
     Trainer,
     accumulate_grads,
@@ -136,9 +138,43 @@ def _check_views(model: nn.Module, flat: torch.Tensor) -> None:
                            "would not see it")
 
 
+class Balancer:
+    """``--balance throughput``: times this node's forward and backward (not the exchange,
+    where a fast node waits for a slow one) over steps ``WARMUP + 1`` to ``WARMUP + STEPS``,
+    then gives every node a share of each later global batch in proportion to its images/s.
+    Each node's loss is weighted by its slice, so the update is still the global batch's
+    mean gradient; only who computes which image changes."""
+
+    WARMUP, STEPS = 2, 4
+
+    def __init__(self, comm, sharded: ShardedBatches) -> None:
+        self.comm, self.sharded = comm, sharded
+        self.steps, self.seconds, self.images = 0, 0.0, 0
+        self.result: dict | None = None
+
+    def timed(self, images: int, seconds: float) -> None:
+        """After every step's compute (a collective once, at the same step on every node)."""
+        self.steps += 1
+        if self.result is not None or self.steps <= self.WARMUP:
+            return
+        self.seconds += seconds
+        self.images += images
+        if self.steps == self.WARMUP + self.STEPS:
+            rates = self.comm.allgather(self.images / max(self.seconds, 1e-9))
+            total = sum(rates)
+            self.sharded.shares = [r / total for r in rates]
+            self.result = {"after_steps": self.steps,
+                           "compute_images_per_s": [round(r, 2) for r in rates],
+                           "shares": [round(r / total, 4) for r in rates]}
+            if self.comm.Get_rank() == 0:
+                log.info("balance: nodes compute %s images/s; slices of each global batch "
+                         "from now on: %s", ", ".join(f"{r:.1f}" for r in rates),
+                         ", ".join(f"{r / total:.0%}" for r in rates))
+
+
 def mpi_step(model: nn.Module, optimizer: torch.optim.Optimizer, flat: torch.Tensor, comm,
              reduce_name: str, global_batch: int, accumulate: int = 1,
-             compressor=None) -> StepFn:
+             compressor=None, balancer: Balancer | None = None) -> StepFn:
     reducer = compressor or get_reducer(reduce_name)
     nodes = comm.Get_size()
     buffer = flat.numpy()  # shares memory with flat, hence with every .grad
@@ -149,8 +185,11 @@ def mpi_step(model: nn.Module, optimizer: torch.optim.Optimizer, flat: torch.Ten
         images, labels = batch
         n = labels.numel()
         optimizer.zero_grad(set_to_none=False)  # zero in place: the grads stay views
+        start = time.perf_counter()
         loss_sum, correct = accumulate_grads(model, nn.CrossEntropyLoss(), images, labels,
                                              accumulate, scale=nodes * n / global_batch)
+        if balancer is not None:
+            balancer.timed(n, time.perf_counter() - start)
         if count == 0:
             _check_views(model, flat)
         reducer(comm, buffer, step=count)  # once per step, after every micro-batch
@@ -173,8 +212,10 @@ def fit(job: Job, comm) -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=uc.train.momentum)
     train, val = make_loaders(cfg, job.data, shard=(rank, nodes))
     compressor = compress.parse(cfg.compress)
+    balancer = Balancer(comm, train.batch_sampler.batches) \
+        if cfg.balance == "throughput" and nodes > 1 else None
     step = mpi_step(model, optimizer, flat, comm, cfg.reduce, cfg.global_batch,
-                    cfg.accumulate, compressor)
+                    cfg.accumulate, compressor, balancer)
 
     def sum_over_nodes(*values: float) -> list[float]:
         return comm.allreduce(np.asarray(values, dtype=np.float64)).tolist()
@@ -183,6 +224,11 @@ def fit(job: Job, comm) -> None:
                       show_progress=job.show_progress and rank == 0, reduce=sum_over_nodes)
     train_epochs(job, trainer, optimizer, rank=rank, writer=rank == 0,
                  gather=lambda state: comm.gather(state, root=0), barrier=comm.Barrier)
+    if balancer is not None and job.folder is not None:
+        job.folder.manifest["backend"]["balance"] = balancer.result or {
+            "after_steps": None, "note": f"fewer than {balancer.WARMUP + balancer.STEPS} "
+                                         "steps: never measured, slices stayed equal"}
+        job.folder.write_manifest()
     if compressor is not None and job.folder is not None:
         job.folder.manifest["backend"]["compress"] = {
             "method": compressor.name, "bytes_sent_per_step": compressor.sent_bytes,

@@ -64,20 +64,43 @@ def seed_everything(seed: int) -> None:
 class ShardedBatches(Sampler[list[int]]):
     """Rank ``rank``'s slice of every global batch of ``batches``.
 
-    A final global batch smaller than the world size is dropped, so that no rank ever gets
+    Slices are equal (to an image) unless ``shares`` is set: then rank r gets about
+    ``shares[r]`` of each batch (``--balance throughput``), at least one image each. A
+    final global batch smaller than the world size is dropped, so that no rank ever gets
     an empty slice (all ranks must take part in every all-reduce).
     """
 
     def __init__(self, batches: Iterable[list[int]], rank: int, world: int) -> None:
         self.batches, self.rank, self.world = batches, rank, world
+        self.shares: list[float] | None = None
 
     def __iter__(self) -> Iterator[list[int]]:
         for batch in self.batches:
             if len(batch) >= self.world:
-                yield np.array_split(np.asarray(batch), self.world)[self.rank].tolist()
+                sizes = split_sizes(len(batch), self.world, self.shares)
+                start = sum(sizes[:self.rank])
+                yield list(batch[start:start + sizes[self.rank]])
 
     def __len__(self) -> int:
         return len(self.batches)  # type: ignore[arg-type]
+
+
+def split_sizes(n: int, world: int, shares: list[float] | None = None) -> list[int]:
+    """How many of ``n`` images each of ``world`` ranks takes: equal (the first ``n %
+    world`` one more, as np.array_split), or by ``shares`` (largest remainders get the
+    images rounding leaves), at least one each."""
+    if shares is None:
+        return [n // world + (r < n % world) for r in range(world)]
+    total = sum(shares)
+    want = [n * s / total for s in shares]
+    sizes = [int(w) for w in want]
+    for r in sorted(range(world), key=lambda r: sizes[r] - want[r])[:n - sum(sizes)]:
+        sizes[r] += 1
+    for r in range(world):
+        if sizes[r] == 0:  # every rank takes part in every exchange
+            sizes[max(range(world), key=sizes.__getitem__)] -= 1
+            sizes[r] = 1
+    return sizes
 
 
 class ResumableBatches(Sampler[list[int]]):

@@ -163,6 +163,29 @@ def test_spark_standalone_across_hosts_trains_like_local_spark(tmp_path, dataset
     assert _curve(spread) == _curve(local)
 
 
+@pytest.mark.slow
+@needs_hosts
+def test_balance_gives_the_faster_host_the_larger_slice(tmp_path, datasets_dir):
+    """Host 2 may use 0.3 of a core, host 1 a whole one: --balance throughput measures
+    that and cuts the later global batches about 3 : 1, covering every image still; the
+    run learns as the equal split does."""
+    unequal = hosts.up(2, prefix="dcpu", subnet="10.80.0", cpus=[1.0, 0.3])
+    try:
+        runs = {b: _run(tmp_path / b, datasets_dir, "--backend", "mpi", "--nodes", "2",
+                        "--hosts", "emulated:dcpu", "--balance", b, "--sample-hz", "0",
+                        "--epochs", "3")[0] for b in ("equal", "throughput")}
+    finally:
+        hosts.down(unequal.prefix)
+    balance = runs["throughput"]["backend"]["balance"]
+    assert "balance" not in runs["equal"]["backend"]
+    fast, slow = balance["compute_images_per_s"]
+    assert fast > 1.5 * slow, balance
+    assert balance["shares"][0] > 0.6 and sum(balance["shares"]) == pytest.approx(1, abs=1e-3)
+    assert [e["train_images"] for e in runs["throughput"]["epochs"]] == [240] * 3
+    losses = {b: m["epochs"][-1]["train_loss"] for b, m in runs.items()}
+    assert losses["throughput"] == pytest.approx(losses["equal"], rel=0.1), losses
+
+
 @pytest.mark.parametrize("args, message", [
     (["hosts", "up", "--count", "0", "--prefix", "dbad"], "--count: 0 hosts"),
     (["hosts", "up", "--prefix", "Bad-Name"], "--prefix: 'Bad-Name'"),
@@ -172,6 +195,10 @@ def test_spark_standalone_across_hosts_trains_like_local_spark(tmp_path, dataset
     (["run", "--usecase", "tiny", "--backend", "mpi", "--nodes", "2",
       "--hosts", "emulated:dnone"], "no emulated hosts named 'dnone'"),
     (["run", "--usecase", "tiny", "--hosts", "a,b"], "--hosts: places MPI ranks"),
+    (["hosts", "up", "--count", "2", "--cpus", "1", "--prefix", "dbad"], "one CPU share"),
+    (["hosts", "up", "--cpus", "1,x", "--prefix", "dbad"], "--cpus: '1,x'"),
+    (["run", "--usecase", "tiny", "--balance", "throughput"], "it needs --backend mpi"),
+    (["run", "--usecase", "tiny", "--backend", "mpi", "--balance", "fast"], "equal, throughput"),
     (["run", "--usecase", "tiny", "--backend", "mpi", "--hosts", "a,,b"], "separated by"),
 ])
 def test_bad_hosts_input(tmp_path, capsys, args, message):

@@ -24,7 +24,7 @@ from ddlstudy.runner import run
 from ddlstudy.strategies import REGISTRY, get_strategy
 from ddlstudy.strategies.processes import ddp_step, free_port
 from ddlstudy.strategies.threads import replica_step
-from ddlstudy.training import ShardedBatches, plain_step
+from ddlstudy.training import ShardedBatches, plain_step, split_sizes
 
 BATCH = 16
 TOLERANCE = 1e-5
@@ -103,6 +103,23 @@ def test_sharded_batches_cover_each_batch_once():
     batches = [[7, 3, 9, 1, 4], [2, 8], [5]]
     shards = [list(ShardedBatches(batches, r, 2)) for r in range(2)]
     assert shards[0] == [[7, 3, 9], [2]] and shards[1] == [[1, 4], [8]]  # [5] < world: dropped
+
+
+def test_shares_cut_each_batch_in_proportion_and_still_cover_it_once():
+    batches = [list(range(16)), list(range(100, 103))]
+    shards = []
+    for r in range(2):
+        sharded = ShardedBatches(batches, r, 2)
+        sharded.shares = [0.75, 0.25]
+        shards.append(list(sharded))
+    assert [len(s) for s in shards[0]] == [12, 2] and [len(s) for s in shards[1]] == [4, 1]
+    assert [a + b for a, b in zip(*shards, strict=True)] == batches
+    assert split_sizes(16, 2, [100, 1]) == [15, 1]  # at least one image each
+    assert split_sizes(17, 3, [1, 1, 1]) == split_sizes(17, 3) == [6, 6, 5]
+    assert split_sizes(16, 2, [2, 1]) == [11, 5]  # 10.67 and 5.33, largest remainders
+    for n, world, shares in [(16, 2, [0.7, 0.3]), (5, 3, [3, 1, 1]), (33, 4, [1, 2, 3, 4])]:
+        sizes = split_sizes(n, world, shares)
+        assert sum(sizes) == n and min(sizes) >= 1
 
 
 def test_registry_lists_the_strategies():

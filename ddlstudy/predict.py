@@ -1,0 +1,338 @@
+"""`ddlstudy predict`: an alpha-beta model of data-parallel training, fitted from what was
+measured, that predicts epoch time, speedup and efficiency from 1 to 256 nodes.
+
+    ddlstudy predict runs/scale [--hosts emulated] [--links 1gbit,10gbit,25gbit]
+
+A step on N nodes with global batch B (strong scaling) costs
+
+    t(N) = (B / N) / r  +  m(N) * alpha + f(N) * S * beta
+
+- r: one node's training images/s, from the folder's one-node run of the use case
+  (steady images/s, so the warm-up steps are left out);
+- S: the gradient's bytes (4 per parameter of the use case's model);
+- alpha, beta: each reducer's latency per message and time per byte, fitted by timing the
+  reducer on two buffer sizes between 2 MPI ranks placed as the runs were (``--hosts``);
+- m(N), f(N): the messages and buffer-sizes on a reducer's critical path at N nodes
+  (p: the largest power of two <= N; the terms in brackets when N is not one):
+
+  ==================  ===============  ==================
+  reducer             m(N)             f(N)
+  ==================  ===============  ==================
+  allreduce (MPICH)   2 log2 p (+2)    2 (p-1)/p (+2)
+  ring-allreduce      2 (N-1)          2 (N-1)/N
+  parameter-server    2 (N-1)          2 (N-1)
+  ring-reduce         2 (N-1)          2 (N-1)
+  step-wise           N-1              N-1
+  ==================  ===============  ==================
+
+An epoch is ceil(images / B) steps plus the one-node validation time / N. No overlap of
+the exchange with the backward pass is modelled (ddlstudy's reducers do not overlap);
+``overlap`` gives the other bound, where the exchange hides behind the backward pass (2/3
+of the compute). Links other than the measured one keep the fitted alpha and take
+beta = 8 / rate.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from ddlstudy.errors import ConfigError, UsageError
+
+REDUCERS = ("allreduce", "ring-allreduce", "parameter-server", "ring-reduce", "step-wise")
+DEFAULT_NODES = (1, 2, 3, 4, 8, 16, 32, 64, 128, 256)
+BACKWARD_SHARE = 2 / 3
+"""Of a step's compute, the backward pass (about twice the forward's work)."""
+
+
+def terms(reducer: str, n: int) -> tuple[float, float]:
+    """(messages, buffer sizes) on the reducer's critical path between ``n`` nodes."""
+    if n <= 1:
+        return 0.0, 0.0
+    if reducer == "allreduce":
+        # MPICH's long-message algorithm (Rabenseifner): reduce-scatter and allgather by
+        # recursive halving and doubling among p = 2^floor(log2 n) ranks; the n - p extra
+        # ranks first hand their whole buffer to a partner and get the result back.
+        p = 2 ** int(math.log2(n))
+        extra = 2 if n > p else 0
+        return 2 * math.log2(p) + extra, 2 * (p - 1) / p + extra
+    if reducer == "ring-allreduce":
+        return 2 * (n - 1), 2 * (n - 1) / n
+    if reducer in ("parameter-server", "ring-reduce"):
+        return 2 * (n - 1), 2 * (n - 1)
+    if reducer == "step-wise":
+        return n - 1, n - 1
+    raise ConfigError("--reduce", f"no cost model for {reducer!r}")
+
+
+@dataclass(frozen=True)
+class Cost:
+    """One reducer's fitted latency (s per message) and inverse bandwidth (s per byte)."""
+
+    alpha: float
+    beta: float
+
+    def seconds(self, reducer: str, n: int, nbytes: float) -> float:
+        m, f = terms(reducer, n)
+        return m * self.alpha + f * nbytes * self.beta
+
+
+def fit(samples: dict[str, dict[int, float]]) -> dict[str, Cost]:
+    """Alpha and beta per reducer from its median seconds at two buffer sizes (2 ranks)."""
+    costs = {}
+    for reducer, by_bytes in samples.items():
+        (s1, t1), (s2, t2) = sorted(by_bytes.items())[:1] + sorted(by_bytes.items())[-1:]
+        m, f = terms(reducer, 2)
+        beta = max((t2 - t1) / (f * (s2 - s1)), 0.0)
+        alpha = max((t1 - f * s1 * beta) / m, 0.0)
+        costs[reducer] = Cost(alpha, beta)
+    return costs
+
+
+def measure_reducers(floats: int, nodes: int, repeats: int,
+                     hosts: str | None = None) -> dict[str, list[float]]:
+    """Milliseconds of every reducer on a buffer of ``floats`` between ``nodes`` ranks."""
+    from ddlstudy import mpi
+
+    mpiexec = mpi.require_mpiexec()
+    where, netmod = mpi.placement(hosts, nodes)
+    out = subprocess.run([mpiexec, *where, "-n", str(nodes), sys.executable, "-m",
+                          "ddlstudy.bench_reduce", "--floats", str(floats), "--repeats",
+                          str(repeats)], capture_output=True, text=True,
+                         env=os.environ | netmod)
+    if out.returncode != 0:
+        raise UsageError(f"mpiexec failed ({out.returncode}): {out.stderr.strip()[-500:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])["ms"]
+
+
+def calibrate(gradient_bytes: int, hosts: str | None, repeats: int = 5) -> dict[str, Cost]:
+    """Time every reducer on the gradient and on 1/16 of it, between 2 ranks."""
+    samples: dict[str, dict[int, float]] = {r: {} for r in REDUCERS}
+    for floats in (gradient_bytes // 4, max(gradient_bytes // 64, 1024)):
+        for reducer, ms in measure_reducers(floats, 2, repeats, hosts).items():
+            if reducer in samples:
+                samples[reducer][4 * floats] = statistics.median(ms) / 1e3
+    return fit(samples)
+
+
+@dataclass(frozen=True)
+class Node:
+    """What one node does, from a one-node run."""
+
+    usecase: str
+    images_per_s: float
+    train_images: int
+    batch: int
+    val_s: float
+    gradient_bytes: int
+    run: str
+
+    def step_s(self, cost: Cost, reducer: str, n: int, batch: int, overlap: bool = False,
+               nbytes: float | None = None) -> float:
+        compute = math.ceil(batch / n) / self.images_per_s
+        exchange = cost.seconds(reducer, n, self.gradient_bytes if nbytes is None else nbytes)
+        if overlap:
+            return compute + max(0.0, exchange - BACKWARD_SHARE * compute)
+        return compute + exchange
+
+    def epoch_s(self, cost: Cost, reducer: str, n: int, batch: int,
+                overlap: bool = False) -> float:
+        steps = math.ceil(self.train_images / batch)
+        return steps * self.step_s(cost, reducer, n, batch, overlap) + self.val_s / n
+
+
+def _gradient_bytes(manifest: dict) -> int:
+    from ddlstudy.config import load_usecase
+    from ddlstudy.models import build_model
+
+    uc = load_usecase(manifest["usecase"])
+    model = build_model(uc.model, len(uc.classes))
+    return 4 * sum(p.numel() for p in model.parameters())
+
+
+def one_node(manifests: list[dict]) -> Node:
+    """The one-node run the model starts from: MPI with one node, else a local run."""
+    done = [m for m in manifests if m.get("status") == "completed" and m.get("epochs")]
+    ones = [m for m in done if m["backend"].get("nodes", 1) == 1]
+    ones.sort(key=lambda m: m["backend"].get("name") != "mpi")
+    if not ones:
+        raise UsageError("predict needs a completed one-node run in the folder (e.g. "
+                         "ddlstudy run --backend mpi --nodes 1 ...) to measure a node's speed")
+    m = ones[0]
+    epochs = m["epochs"]
+    return Node(usecase=m["usecase"],
+                images_per_s=statistics.median(e["steady_images_per_s"] for e in epochs),
+                train_images=epochs[-1]["train_images"],
+                batch=m["effective"]["global_batch"],
+                val_s=statistics.median(e["val_time_s"] for e in epochs),
+                gradient_bytes=_gradient_bytes(m), run=m["id"])
+
+
+def validate(node: Node, costs: dict[str, Cost], manifests: list[dict]) -> list[dict]:
+    """Predicted against measured steady images/s for every multi-node MPI run."""
+    rows = []
+    for m in manifests:
+        b = m.get("backend", {})
+        if (m.get("status") != "completed" or b.get("name") != "mpi" or m["usecase"]
+                != node.usecase or b.get("nodes", 1) < 2 or m["config"].get("compress",
+                                                                         "none") != "none"):
+            continue
+        n, reducer, batch = b["nodes"], b["reduce"], m["effective"]["global_batch"]
+        measured = statistics.median(e["steady_images_per_s"] for e in m["epochs"])
+        predicted = batch / node.step_s(costs[reducer], reducer, n, batch)
+        rows.append({"run": m["id"], "nodes": n, "reduce": reducer, "batch": batch,
+                     "measured_images_per_s": round(measured, 1),
+                     "predicted_images_per_s": round(predicted, 1),
+                     "error_percent": round(100 * (predicted / measured - 1), 1)})
+    return sorted(rows, key=lambda r: (r["reduce"], r["nodes"]))
+
+
+def parse_list(flag: str, text: str, kind=int) -> list:
+    try:
+        values = [kind(v) for v in text.split(",")]
+    except ValueError:
+        raise ConfigError(flag, f"{text!r}; give comma-separated values") from None
+    if kind is int and not all(v > 0 for v in values):
+        raise ConfigError(flag, f"{text!r}; every value must be positive")
+    return values
+
+
+def predict(runs_dir: Path, hosts: str | None, nodes: list[int], links: list[str],
+            batches: list[int] | None, repeats: int = 5) -> dict:
+    from ddlstudy.hosts import rate_bits
+    from ddlstudy.report import load_runs
+
+    for link in links:
+        rate_bits(link)  # a bad rate is refused before anything is measured
+    manifests = load_runs(runs_dir)
+    node = one_node(manifests)
+    costs = calibrate(node.gradient_bytes, hosts, repeats)
+    scenarios = {"measured": costs} | {
+        link: {r: Cost(c.alpha, 8 / rate_bits(link)) for r, c in costs.items()}
+        for link in links}
+    batches = batches or [node.batch]
+    one = {b: node.epoch_s(costs["allreduce"], "allreduce", 1, b) for b in batches}
+    table = []
+    for link, link_costs in scenarios.items():
+        for reducer, cost in link_costs.items():
+            for batch in batches:
+                for n in nodes:
+                    for overlap in (False, True):
+                        epoch = node.epoch_s(cost, reducer, n, batch, overlap)
+                        table.append({"link": link, "reduce": reducer, "batch": batch,
+                                      "nodes": n, "overlap": overlap,
+                                      "epoch_s": epoch, "speedup": one[batch] / epoch,
+                                      "efficiency": one[batch] / epoch / n})
+    return {"node": node.__dict__,
+            "costs": {r: {"alpha_s": c.alpha, "beta_s_per_byte": c.beta,
+                          "bandwidth_gbit_s": 8e-9 / c.beta if c.beta else None}
+                      for r, c in costs.items()},
+            "hosts": hosts, "validation": validate(node, costs, manifests), "table": table}
+
+
+def published() -> list[dict]:
+    """Horovod (Sergeev & Del Balso 2018): 128 servers of 4 Pascal GPUs on 25 Gbit RoCE,
+    scaling efficiency 90 % for ResNet-101 and 68 % for VGG-16. The per-GPU speeds are
+    inputs (tf_cnn_benchmarks-era P100 figures, batch 64): ResNet-101 ~130 images/s and
+    VGG-16 ~150. Servers reduce their 4 GPUs internally, so the ring runs between 128
+    servers, each step's compute being one GPU's batch of 64."""
+    rows = []
+    for model, params, speed, reported in (("ResNet-101", 44_549_160, 130.0, 0.90),
+                                           ("VGG-16", 138_357_544, 150.0, 0.68)):
+        node = Node(model, speed, 0, 64, 0.0, 4 * params, "")
+        cost = Cost(alpha=20e-6, beta=8 / 25e9)
+        one = node.step_s(cost, "ring-allreduce", 1, 64)
+        row = {"model": model, "reported_efficiency": reported}
+        for overlap in (False, True):
+            step = node.step_s(cost, "ring-allreduce", 128, 64 * 128, overlap)
+            row["overlap" if overlap else "no_overlap"] = round(one / step, 3)
+        rows.append(row)
+    return rows
+
+
+def markdown(result: dict, nodes_shown: tuple[int, ...] = (1, 2, 3, 4, 16, 64, 256)) -> str:
+    node = result["node"]
+    lines = [f"one node ({node['run']}): {node['images_per_s']:.1f} images/s, "
+             f"{node['train_images']} images an epoch, batch {node['batch']}, gradient "
+             f"{node['gradient_bytes'] / 1e6:.1f} MB",
+             "", "fitted between 2 ranks" + (f" on {result['hosts']}" if result["hosts"]
+                                            else " on this host") + ":",
+             "| reducer | alpha (us) | bandwidth (Gbit/s) |", "|---|---|---|"]
+    for r, c in result["costs"].items():
+        bw = f"{c['bandwidth_gbit_s']:.2f}" if c["bandwidth_gbit_s"] else "inf"
+        lines.append(f"| {r} | {1e6 * c['alpha_s']:.0f} | {bw} |")
+    if result["validation"]:
+        lines += ["", "predicted against measured (steady images/s):",
+                  "| run | nodes | reducer | measured | predicted | error |",
+                  "|---|---|---|---|---|---|"]
+        for v in result["validation"]:
+            lines.append(f"| {v['run']} | {v['nodes']} | {v['reduce']} | "
+                         f"{v['measured_images_per_s']} | {v['predicted_images_per_s']} | "
+                         f"{v['error_percent']:+.1f} % |")
+    shown = [n for n in nodes_shown if any(r["nodes"] == n for r in result["table"])]
+    lines += ["", "predicted efficiency (no overlap), batch "
+              f"{node['batch']}:", "| link | reducer | " + " | ".join(map(str, shown)) + " |",
+              "|---|---|" + "---|" * len(shown)]
+    for link in dict.fromkeys(r["link"] for r in result["table"]):
+        for reducer in REDUCERS:
+            cells = {r["nodes"]: r["efficiency"] for r in result["table"]
+                     if r["link"] == link and r["reduce"] == reducer and not r["overlap"]
+                     and r["batch"] == node["batch"]}
+            lines.append(f"| {link} | {reducer} | "
+                         + " | ".join(f"{cells[n]:.0%}" for n in shown) + " |")
+    lines += ["", "published (Horovod, 128 servers x 4 GPUs, 25 Gbit): model with and "
+              "without overlap against the reported efficiency",
+              "| model | reported | predicted, no overlap | predicted, full overlap |",
+              "|---|---|---|---|"]
+    for p in published():
+        lines.append(f"| {p['model']} | {p['reported_efficiency']:.0%} | "
+                     f"{p['no_overlap']:.0%} | {p['overlap']:.0%} |")
+    return "\n".join(lines)
+
+
+def figure(result: dict):
+    """Speedup against nodes (log-log) per reducer, one panel per link; the measured runs
+    as points on the measured link's panel."""
+    import pandas as pd
+    from matplotlib.figure import Figure
+
+    table = pd.DataFrame(result["table"])
+    batch = result["node"]["batch"]
+    table = table[(table["batch"] == batch) & ~table["overlap"]]
+    links = list(dict.fromkeys(table["link"]))
+    fig = Figure(figsize=(4.2 * len(links), 3.8), layout="constrained")
+    axes = fig.subplots(1, len(links), squeeze=False, sharey=True)[0]
+    for ax, link in zip(axes, links, strict=True):
+        for reducer in REDUCERS:  # the parameter server's cost is the ring reduce's: dashed
+            part = table[(table["link"] == link) & (table["reduce"] == reducer)]
+            ax.plot(part["nodes"], part["speedup"], marker=".", label=reducer,
+                    linestyle="--" if reducer == "parameter-server" else "-", zorder=3)
+        top = table["nodes"].max()
+        ax.plot([1, top], [1, top], color="grey", linestyle=":", label="ideal")
+        if link == "measured":
+            one = result["node"]["images_per_s"]
+            for v in result["validation"]:
+                ax.scatter(v["nodes"], v["measured_images_per_s"] / one, color="black",
+                           marker="x", zorder=5)
+        ax.set(xscale="log", yscale="log", xlabel="nodes", title=f"link: {link}")
+    axes[0].set_ylabel(f"predicted speedup (batch {batch})")
+    axes[-1].legend(fontsize=7)
+    return fig
+
+
+def write(result: dict, out: Path) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / "predict.json", out / "predict.md"]
+    paths[0].write_text(json.dumps(result | {"published": published()}, indent=2) + "\n")
+    paths[1].write_text(markdown(result) + "\n")
+    fig = figure(result)
+    for ext in ("png", "svg"):
+        fig.savefig(out / f"predict.{ext}", dpi=120)
+        paths.append(out / f"predict.{ext}")
+    return paths

@@ -1,0 +1,84 @@
+"""`ddlstudy predict`: the alpha-beta model, its fit, and the command on real runs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from ddlstudy.cli import main
+from ddlstudy.predict import REDUCERS, Cost, Node, fit, terms
+
+
+def test_reducer_terms_follow_their_algorithms():
+    assert all(terms(r, 1) == (0, 0) for r in REDUCERS)
+    assert terms("ring-allreduce", 4) == (6, 1.5)
+    assert terms("ring-allreduce", 256)[1] == pytest.approx(2, rel=0.01)  # -> 2 S
+    assert terms("allreduce", 8) == (6, 1.75)  # log2 8 halvings and doublings
+    assert terms("allreduce", 3) == (4, 3)  # 2 ranks' algorithm + the extra rank's hand-off
+    assert terms("parameter-server", 5) == terms("ring-reduce", 5) == (8, 8)
+    assert terms("step-wise", 5) == (4, 4)
+
+
+def test_fit_recovers_alpha_and_beta():
+    alpha, beta = 50e-6, 8 / 1e9  # 50 us, 1 Gbit/s
+    samples = {r: {s: Cost(alpha, beta).seconds(r, 2, s) for s in (1e6, 16e6)}
+               for r in REDUCERS}
+    for cost in fit(samples).values():
+        assert cost.alpha == pytest.approx(alpha) and cost.beta == pytest.approx(beta)
+
+
+def test_strong_scaling_saturates_where_the_exchange_dominates():
+    node = Node("x", images_per_s=100.0, train_images=3200, batch=32, val_s=0.0,
+                gradient_bytes=100_000_000, run="")
+    cost = Cost(20e-6, 8 / 10e9)
+    one = node.epoch_s(cost, "ring-allreduce", 1, 32)
+    assert one == pytest.approx(100 * 32 / 100.0)  # 100 steps of 0.32 s, no exchange
+    speedups = [one / node.epoch_s(cost, "ring-allreduce", n, 32) for n in (2, 8, 64)]
+    assert speedups == sorted(speedups) and speedups[-1] < 32 / (2 * 0.08 * 100 / 32 + 0.5)
+    overlapped = one / node.epoch_s(cost, "ring-allreduce", 8, 32, overlap=True)
+    assert overlapped > speedups[1]
+
+
+@pytest.mark.slow
+def test_predict_from_real_runs_checks_itself_against_them(tmp_path, datasets_dir):
+    runs = tmp_path / "runs"
+    for nodes in ("1", "2"):
+        out = subprocess.run([sys.executable, "-m", "ddlstudy", "run", "--usecase", "tiny",
+                              "--datasets-dir", str(datasets_dir), "--runs-dir", str(runs),
+                              "--backend", "mpi", "--nodes", nodes, "--epochs", "2",
+                              "--no-snapshot", "--quiet", "--sample-hz", "0"],
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+    out = subprocess.run([sys.executable, "-m", "ddlstudy", "predict", str(runs),
+                          "--repeats", "2", "--nodes", "1,2,4,256", "--links", "10gbit"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads((runs / "predict" / "predict.json").read_text())
+    assert (runs / "predict" / "predict.png").stat().st_size > 10_000
+    (check,) = result["validation"]
+    assert check["nodes"] == 2 and check["measured_images_per_s"] > 0
+    assert check["error_percent"] == pytest.approx(
+        100 * (check["predicted_images_per_s"] / check["measured_images_per_s"] - 1), abs=0.2)
+    rows = [r for r in result["table"] if r["link"] == "10gbit" and not r["overlap"]
+            and r["reduce"] == "ring-reduce"]
+    assert [r["nodes"] for r in rows] == [1, 2, 4, 256] and rows[0]["speedup"] == 1
+    assert rows[-1]["efficiency"] < rows[1]["efficiency"]
+    assert result["costs"]["allreduce"]["beta_s_per_byte"] > 0
+    assert "| ResNet-101 | 90% |" in out.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--nodes", "1,x"], "--nodes: '1,x'"),
+    (["--nodes", "0,2"], "must be positive"),
+    (["--links", "fast"], "--rate: 'fast'"),
+    (["--hosts", "emulated:dnone"], "no emulated hosts named 'dnone'"),
+    ([], "no runs in"),
+])
+def test_bad_predict_input(tmp_path, capsys, args, message):
+    (tmp_path / "runs").mkdir()
+    assert main(["predict", str(tmp_path / "runs"), *args]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "runs" / "predict").exists()
