@@ -20,6 +20,7 @@ import argparse
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 
 from ddlstudy.errors import ConfigError, UsageError
@@ -214,6 +215,16 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--hosts", help="place them on emulated[:PREFIX] or host1,host2 "
                    "(default: this host)")
     b.add_argument("--repeats", type=int, default=5)
+    b = bsub.add_parser("all", help="every figure in one go, as ratios: JSON and Markdown")
+    b.add_argument("--usecase", default="tiny")
+    b.add_argument("--steps", type=int, default=10, help="timed steps per measurement")
+    b.add_argument("--repeats", type=int, default=3)
+    b.add_argument("--only", help="comma-separated groups: overhead, sampler, loader, "
+                   "strategies, reducers, spark (default: all)")
+    b.add_argument("--hosts", help="time the reducers on emulated[:PREFIX] or host1,host2")
+    b.add_argument("--datasets-dir", type=Path, help="where the synthetic sets are")
+    b.add_argument("--out", type=Path, help="where bench.json and bench.md go "
+                   "(default runs/bench/<time>)")
     b = bsub.add_parser("overhead", help="ddlstudy's loop against a raw torch loop")
     b.add_argument("--usecase", default="tiny")
     b.add_argument("--steps", type=int, default=20, help="timed steps per repeat")
@@ -385,7 +396,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
     for name in ("steps", "repeats", "threads", "nodes"):
         if getattr(args, name, 1) <= 0:
             raise ConfigError(f"--{name}", f"must be a positive integer, got {getattr(args, name)}")
-    if args.bench_command == "reduce":
+    if args.bench_command == "all":
+        from ddlstudy import bench_all
+
+        groups = args.only.split(",") if args.only else list(bench_all.GROUPS)
+        result = bench_all.bench_all(args.usecase, args.steps, args.repeats, groups,
+                                     args.hosts, args.datasets_dir)
+        print(bench_all.markdown(result))
+        out = args.out or Path("runs") / "bench" / time.strftime("%Y%m%d-%H%M%S")
+        for path in bench_all.write(result, out):
+            print(f"wrote {path}")
+    elif args.bench_command == "reduce":
         print(bench_reduce(args.size, args.nodes, args.repeats, args.hosts))
     elif args.bench_command == "sampler":
         print(bench_sampler(args.usecase, steps=args.steps, repeats=args.repeats, hz=args.hz,

@@ -117,6 +117,10 @@ def config_label(manifest: dict) -> str:
         how = f", {how}" if how else ""
         if backend.get("sync") == "allgather":
             how += f" every {backend.get('sync_every', '?')}"
+        if config.get("balance", "equal") != "equal":
+            how += f", balance {config['balance']}"
+        if config.get("hosts"):
+            how += f", hosts {config['hosts']}"
         label = f"{backend['name']} {backend.get('nodes', '?')} nodes{how}: {label}"
     return label
 

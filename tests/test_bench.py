@@ -1,0 +1,44 @@
+"""`ddlstudy bench all`: every figure a ratio of two settings measured side by side."""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+import pytest
+
+from ddlstudy.cli import main
+
+
+@pytest.mark.slow
+def test_bench_all_writes_every_ratio_with_its_spread(tmp_path, datasets_dir, capsys):
+    out = tmp_path / "bench"
+    assert main(["bench", "all", "--only", "overhead,sampler,loader,reducers,strategies",
+                 "--steps", "3", "--repeats", "2", "--datasets-dir", str(datasets_dir),
+                 "--out", str(out)]) == 0
+    result = json.loads((out / "bench.json").read_text())
+    names = [f["name"] for f in result["figures"]]
+    assert names[:3] == ["ddlstudy loop / raw torch loop",
+                         "step time, sampler on (10 Hz) / off",
+                         "DataLoader (decode in the loop) / in-memory tensors"]
+    assert sum(n.endswith("/ sequential") for n in names) == 4
+    assert sum("/ MPI Allreduce" in n for n in names) == 4
+    for f in result["figures"]:
+        ratios = [a / b for a, b in zip(f["a"], f["b"], strict=True)]
+        assert f["repeats"] == len(ratios) == 2 and all(r > 0 for r in ratios)
+        assert f["ratio"] == {"min": min(ratios), "median": statistics.median(ratios),
+                              "max": max(ratios)}
+    table = (out / "bench.md").read_text()
+    assert table.count("\n| ") == len(names) + 1  # a header and a row per figure
+    assert "| strategies | cpu-processes / sequential |" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--only", "overhead,warp"], "unknown group(s) warp"),
+    (["--usecase", "nope"], "nope"),
+    (["--steps", "0"], "--steps: must be a positive integer"),
+])
+def test_bad_bench_input(tmp_path, capsys, args, message):
+    assert main(["bench", "all", "--out", str(tmp_path / "b"), *args]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "b").exists()
