@@ -62,6 +62,9 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
     nodes.add_argument("--hosts", help="with --backend mpi --nodes N: place the ranks on "
                        "host1,host2,... (mpiexec's ssh launcher) or on emulated[:PREFIX], "
                        "the hosts of `ddlstudy hosts up`")
+    nodes.add_argument("--bucket-mb", type=float, help="with --reduce allreduce: reduce the "
+                       "gradients in buckets of this many MiB, each as soon as backward has "
+                       "filled it, overlapping the exchange with the backward pass")
     nodes.add_argument("--balance", default="equal", help="equal (default): each node an "
                        "equal slice of every global batch; throughput: slices in proportion "
                        "to each node's images/s, measured over the first steps")
@@ -260,6 +263,7 @@ def config_from_args(args: argparse.Namespace):
                      spark_ui=args.spark_ui, precision=args.precision,
                      accumulate=args.accumulate, scaling=args.scaling,
                      lr_scaling=args.lr_scaling, compress=args.compress, balance=args.balance,
+                     bucket_mb=args.bucket_mb,
                      data_dir=args.data_dir, runs_dir=args.runs_dir or DEFAULT_RUNS_DIR,
                      on_bad_image=args.on_bad_image, loader_workers=args.loader_workers,
                      sample_hz=args.sample_hz, max_steps=args.max_steps,

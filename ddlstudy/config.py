@@ -195,6 +195,9 @@ class RunConfig:
     """How nodes average gradients: allreduce, parameter-server, ring-reduce,
     ring-allreduce, step-wise."""
     compress: str = "none"
+    bucket_mb: float | None = None
+    """Overlap the allreduce with the backward pass: gradients reduced in buckets of this
+    many MiB, each as soon as backward has filled it (MPI, --reduce allreduce)."""
     balance: str = "equal"
     """equal: every node an equal slice of each global batch; throughput: slices in
     proportion to each node's measured images/s (MPI nodes of unequal speed)."""
@@ -268,6 +271,14 @@ class RunConfig:
             if not all(names) or any(" " in n for n in names):
                 raise ConfigError("--hosts", f"{self.hosts!r}; give host names separated by "
                                   "commas, or emulated[:PREFIX]")
+        if self.bucket_mb is not None:
+            if not self.bucket_mb > 0:
+                raise ConfigError("--bucket-mb", f"must be a positive size in MiB, got "
+                                  f"{self.bucket_mb}")
+            if self.backend != "mpi" or self.reduce != "allreduce" or \
+                    self.compress != "none":
+                raise ConfigError("--bucket-mb", "buckets MPI's own Iallreduce: it needs "
+                                  "--backend mpi with --reduce allreduce and no --compress")
         if self.balance not in ("equal", "throughput"):
             raise ConfigError("--balance", f"unknown policy {self.balance!r}; choose one of: "
                               "equal, throughput")

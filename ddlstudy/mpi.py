@@ -172,10 +172,85 @@ class Balancer:
                          ", ".join(f"{r / total:.0%}" for r in rates))
 
 
+class Buckets:
+    """``--bucket-mb``: the flat gradient buffer cut into buckets of about that size, in
+    the order backward fills them (last layers first); each bucket's Iallreduce starts as
+    soon as its last gradient is accumulated, while the backward pass goes on with the
+    layers before it (as DDP's buckets do). Later hooks poke MPI's progress engine, and
+    ``finish`` waits for every bucket and divides by the node count."""
+
+    def __init__(self, model: nn.Module, flat: torch.Tensor, comm, bucket_bytes: int,
+                 accumulate: int = 1) -> None:
+        self.comm, self.flat, self.nodes = comm, flat.numpy(), comm.Get_size()
+        params = [p for p in model.parameters() if p.requires_grad]
+        offsets, offset = [], 0
+        for p in params:
+            offsets.append(offset)
+            offset += p.numel()
+        # Walk the parameters backwards, closing a bucket when it holds bucket_bytes.
+        self.ranges: list[tuple[int, int]] = []
+        self.owner: dict[int, int] = {}
+        end, size = offset, 0
+        for i in reversed(range(len(params))):
+            self.owner[id(params[i])] = len(self.ranges)
+            size += 4 * params[i].numel()
+            if size >= bucket_bytes or i == 0:
+                self.ranges.append((offsets[i], end))
+                end, size = offsets[i], 0
+        self.expected = [0] * len(self.ranges)
+        for p in params:
+            self.expected[self.owner[id(p)]] += accumulate  # one hook per micro-batch
+        self.ready = [0] * len(self.ranges)
+        self.requests: list = [None] * len(self.ranges)
+        self.handles = [p.register_post_accumulate_grad_hook(self._ready) for p in params]
+        self.early = self.total = 0
+
+    def describe(self) -> dict:
+        """For the manifest: the buckets, and the share of them whose exchange started
+        while the backward pass was still running."""
+        return {"count": len(self.ranges),
+                "mib": [round(4 * (hi - lo) / 2**20, 2) for lo, hi in self.ranges],
+                "started_during_backward": round(self.early / max(self.total, 1), 4)}
+
+    def _ready(self, param: torch.Tensor) -> None:
+        from mpi4py import MPI
+
+        b = self.owner[id(param)]
+        self.ready[b] += 1
+        if self.ready[b] == self.expected[b]:
+            lo, hi = self.ranges[b]
+            self.requests[b] = self.comm.Iallreduce(MPI.IN_PLACE, self.flat[lo:hi],
+                                                    op=MPI.SUM)
+        started = [r for r in self.requests if r is not None]
+        if started:
+            MPI.Request.Testall(started)  # progress for the buckets already on their way
+
+    def finish(self) -> None:
+        """After backward: start any bucket whose hooks did not all fire, wait for all."""
+        from mpi4py import MPI
+
+        self.total += len(self.ranges)
+        for b, (lo, hi) in enumerate(self.ranges):
+            if self.requests[b] is not None:
+                self.early += 1
+            else:
+                self.requests[b] = self.comm.Iallreduce(MPI.IN_PLACE, self.flat[lo:hi],
+                                                        op=MPI.SUM)
+        MPI.Request.Waitall(self.requests)
+        self.flat /= self.nodes
+        self.ready = [0] * len(self.ranges)
+        self.requests = [None] * len(self.ranges)
+
+
 def mpi_step(model: nn.Module, optimizer: torch.optim.Optimizer, flat: torch.Tensor, comm,
              reduce_name: str, global_batch: int, accumulate: int = 1,
-             compressor=None, balancer: Balancer | None = None) -> StepFn:
+             compressor=None, balancer: Balancer | None = None,
+             buckets: Buckets | None = None) -> StepFn:
     reducer = compressor or get_reducer(reduce_name)
+    if buckets is not None:
+        def reducer(comm, buffer, step=0) -> None:  # noqa: ARG001 - the buckets' own
+            buckets.finish()
+
     nodes = comm.Get_size()
     buffer = flat.numpy()  # shares memory with flat, hence with every .grad
     count = 0
@@ -214,8 +289,10 @@ def fit(job: Job, comm) -> None:
     compressor = compress.parse(cfg.compress)
     balancer = Balancer(comm, train.batch_sampler.batches) \
         if cfg.balance == "throughput" and nodes > 1 else None
+    buckets = Buckets(model, flat, comm, int(cfg.bucket_mb * 2**20), cfg.accumulate) \
+        if cfg.bucket_mb else None
     step = mpi_step(model, optimizer, flat, comm, cfg.reduce, cfg.global_batch,
-                    cfg.accumulate, compressor, balancer)
+                    cfg.accumulate, compressor, balancer, buckets)
 
     def sum_over_nodes(*values: float) -> list[float]:
         return comm.allreduce(np.asarray(values, dtype=np.float64)).tolist()
@@ -224,6 +301,9 @@ def fit(job: Job, comm) -> None:
                       show_progress=job.show_progress and rank == 0, reduce=sum_over_nodes)
     train_epochs(job, trainer, optimizer, rank=rank, writer=rank == 0,
                  gather=lambda state: comm.gather(state, root=0), barrier=comm.Barrier)
+    if buckets is not None and job.folder is not None:
+        job.folder.manifest["backend"]["buckets"] = buckets.describe()
+        job.folder.write_manifest()
     if balancer is not None and job.folder is not None:
         job.folder.manifest["backend"]["balance"] = balancer.result or {
             "after_steps": None, "note": f"fewer than {balancer.WARMUP + balancer.STEPS} "

@@ -117,6 +117,8 @@ def config_label(manifest: dict) -> str:
         how = f", {how}" if how else ""
         if backend.get("sync") == "allgather":
             how += f" every {backend.get('sync_every', '?')}"
+        if config.get("bucket_mb"):
+            how += f" in {config['bucket_mb']:g} MiB buckets"
         if config.get("balance", "equal") != "equal":
             how += f", balance {config['balance']}"
         if config.get("hosts"):

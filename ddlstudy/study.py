@@ -54,7 +54,7 @@ CELL_KEYS = {"strategy", "workers", "stages", "micro_batches", "replicas", "devi
              "image_size", "seed", "lr", "max_steps", "sample_hz", "no_snapshot",
              "snapshot_every", "precision", "accumulate",
              "scaling", "lr_scaling", "compress", "spark_master", "spark_sync",
-             "sync_every", "hosts", "balance",
+             "sync_every", "hosts", "balance", "bucket_mb",
              "data_dir", "datasets_dir", "on_bad_image"}
 STUDY_KEYS = {"name", "description", "usecases", "repeat", "runs_dir"}
 
@@ -219,6 +219,7 @@ def _label(cfg: RunConfig) -> tuple[str, int]:
                 "config": {"precision": cfg.precision, "accumulate": cfg.accumulate,
                            "scaling": cfg.scaling, "lr_scaling": cfg.lr_scaling,
                            "compress": cfg.compress, "balance": cfg.balance,
+                           "bucket_mb": cfg.bucket_mb,
                            "hosts": cfg.hosts},
                 "effective": {"global_batch": cfg.global_batch},
                 "host": {"usable_cores": usable_cores()}}

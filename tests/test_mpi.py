@@ -116,6 +116,24 @@ def test_accumulating_nodes_match_accumulating_local_processes(tmp_path, dataset
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("accumulate", ["1", "2"])
+def test_buckets_start_during_backward_and_train_like_one_allreduce(tmp_path, datasets_dir,
+                                                                     accumulate):
+    """--bucket-mb 0.25 on three nodes: the 14 MB gradient goes as buckets of whole
+    parameters, closed at 0.25 MiB (the 9 MiB classifier weight is a bucket of its own),
+    each started by its last gradient's hook while backward runs on (after the last
+    micro-batch only), and the training is the one whole-buffer Allreduce gives."""
+    flags = ["--nodes", "3", "--epochs", "2", "--sample-hz", "0", "--accumulate", accumulate]
+    bucketed, _ = _mpi_run(tmp_path / "a", datasets_dir, *flags, "--bucket-mb", "0.25")
+    whole, _ = _mpi_run(tmp_path / "b", datasets_dir, *flags)
+    buckets = bucketed["backend"]["buckets"]
+    assert buckets["count"] >= 4 and buckets["mib"][:2] == [4.02, 9.0]  # last layers first
+    assert sum(buckets["mib"]) == pytest.approx(14.3e6 / 2**20, rel=0.01)
+    assert buckets["started_during_backward"] == 1.0
+    assert _losses(bucketed) == pytest.approx(_losses(whole), rel=1e-6)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("method, factor", [("fp16", 2.0), ("topk:0.1", 5.0)])
 def test_compressed_gradients_send_fewer_bytes_and_still_train(tmp_path, datasets_dir,
                                                                method, factor):
@@ -134,6 +152,9 @@ def test_compressed_gradients_send_fewer_bytes_and_still_train(tmp_path, dataset
     (["--compress", "fp16"], "it needs --backend mpi"),
     (["--backend", "mpi", "--compress", "fp16", "--reduce", "ring-reduce"],
      "leave --reduce at allreduce, not ring-reduce"),
+    (["--backend", "mpi", "--bucket-mb", "0"], "--bucket-mb: must be a positive size"),
+    (["--bucket-mb", "25"], "it needs --backend mpi with --reduce allreduce"),
+    (["--backend", "mpi", "--reduce", "step-wise", "--bucket-mb", "25"], "--reduce allreduce"),
 ])
 def test_bad_compress_flags(tmp_path, capsys, args, message):
     from ddlstudy.cli import main
