@@ -279,6 +279,10 @@ class RunConfig:
                     self.compress != "none":
                 raise ConfigError("--bucket-mb", "buckets MPI's own Iallreduce: it needs "
                                   "--backend mpi with --reduce allreduce and no --compress")
+            if self.strategy == "cpu-threads":
+                raise ConfigError("--bucket-mb", "a bucket is sent when backward fills it, "
+                                  "but cpu-threads sums its replicas' gradients after "
+                                  "backward; use sequential or cpu-intraop nodes")
         if self.balance not in ("equal", "throughput"):
             raise ConfigError("--balance", f"unknown policy {self.balance!r}; choose one of: "
                               "equal, throughput")

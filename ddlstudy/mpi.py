@@ -18,12 +18,14 @@ rank that raises aborts the whole job (MPI_Abort), so no rank waits forever.
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import re
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -52,8 +54,9 @@ CHILD_ENV = "DDLSTUDY_MPI_CHILD"
 RUN_ID_ENV = "DDLSTUDY_RUN_ID"
 _BAD_TERMINATION = re.compile(r"^=\s+PID (\d+) RUNNING AT")
 """How hydra's mpiexec names a rank that died ("=   PID 12868 RUNNING AT host")."""
-MPI_STRATEGIES = ("sequential", "cpu-intraop")
-"""Local strategies a node can run under the MPI backend (one process per node)."""
+MPI_STRATEGIES = ("sequential", "cpu-intraop", "cpu-threads")
+"""Local strategies a node can run under the MPI backend (one process per node; with
+cpu-threads the node first sums its replicas' gradients, then the nodes average)."""
 
 
 def under_mpiexec() -> bool:
@@ -245,7 +248,11 @@ class Buckets:
 def mpi_step(model: nn.Module, optimizer: torch.optim.Optimizer, flat: torch.Tensor, comm,
              reduce_name: str, global_batch: int, accumulate: int = 1,
              compressor=None, balancer: Balancer | None = None,
-             buckets: Buckets | None = None) -> StepFn:
+             buckets: Buckets | None = None, local=None, after=None) -> StepFn:
+    """One node's step: its gradients (``local``, e.g. cpu-threads' replicas, or the model
+    on its slice as ``accumulate`` micro-batches), weighted by the slice's share of the
+    global batch, then averaged across the nodes by the reducer, then the optimizer (and
+    ``after``: cpu-threads copies the new weights to its other replicas)."""
     reducer = compressor or get_reducer(reduce_name)
     if buckets is not None:
         def reducer(comm, buffer, step=0) -> None:  # noqa: ARG001 - the buckets' own
@@ -261,14 +268,20 @@ def mpi_step(model: nn.Module, optimizer: torch.optim.Optimizer, flat: torch.Ten
         n = labels.numel()
         optimizer.zero_grad(set_to_none=False)  # zero in place: the grads stay views
         start = time.perf_counter()
-        loss_sum, correct = accumulate_grads(model, nn.CrossEntropyLoss(), images, labels,
-                                             accumulate, scale=nodes * n / global_batch)
+        if local is not None:
+            loss_sum, correct, _ = local(batch, nodes * n / global_batch)
+        else:
+            loss_sum, correct = accumulate_grads(model, nn.CrossEntropyLoss(), images,
+                                                 labels, accumulate,
+                                                 scale=nodes * n / global_batch)
         if balancer is not None:
             balancer.timed(n, time.perf_counter() - start)
         if count == 0:
             _check_views(model, flat)
         reducer(comm, buffer, step=count)  # once per step, after every micro-batch
         optimizer.step()
+        if after is not None:
+            after()
         count += 1
         return loss_sum, correct, n
 
@@ -278,12 +291,31 @@ def mpi_step(model: nn.Module, optimizer: torch.optim.Optimizer, flat: torch.Ten
 def fit(job: Job, comm) -> None:
     """Train this rank's node (a one-process local strategy) and average across nodes."""
     cfg, uc = job.cfg, job.cfg.usecase
-    rank, nodes = comm.Get_rank(), comm.Get_size()
-    torch.set_num_threads(1 if cfg.strategy == "sequential" else (cfg.workers or usable_cores()))
+    rank = comm.Get_rank()
+    cores = usable_cores()
+    replicas = (cfg.workers or cores) if cfg.strategy == "cpu-threads" else 1
+    torch.set_num_threads(1 if cfg.strategy == "sequential" else
+                          max(1, cores // replicas) if cfg.strategy == "cpu-threads" else
+                          (cfg.workers or cores))
     seed_everything(uc.train.seed)
     model = build_model(uc.model, len(uc.classes))  # the same weights on every node
     torch.manual_seed(uc.train.seed + rank)  # each node its own dropout masks and flips
     flat = flat_gradients(model)
+    if cfg.strategy != "cpu-threads":
+        _fit(job, comm, model, flat)
+        return
+    from ddlstudy.strategies.threads import replica_grads, sync_replicas
+
+    copies = [model] + [copy.deepcopy(model) for _ in range(replicas - 1)]
+    with ThreadPoolExecutor(replicas, thread_name_prefix="replica") as pool:
+        _fit(job, comm, model, flat, local=replica_grads(copies, nn.CrossEntropyLoss(), pool),
+             after=lambda: sync_replicas(copies))
+
+
+def _fit(job: Job, comm, model: nn.Module, flat: torch.Tensor, local=None,
+         after=None) -> None:
+    cfg, uc = job.cfg, job.cfg.usecase
+    rank, nodes = comm.Get_rank(), comm.Get_size()
     optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=uc.train.momentum)
     train, val = make_loaders(cfg, job.data, shard=(rank, nodes))
     compressor = compress.parse(cfg.compress)
@@ -292,7 +324,7 @@ def fit(job: Job, comm) -> None:
     buckets = Buckets(model, flat, comm, int(cfg.bucket_mb * 2**20), cfg.accumulate) \
         if cfg.bucket_mb else None
     step = mpi_step(model, optimizer, flat, comm, cfg.reduce, cfg.global_batch,
-                    cfg.accumulate, compressor, balancer, buckets)
+                    cfg.accumulate, compressor, balancer, buckets, local, after)
 
     def sum_over_nodes(*values: float) -> list[float]:
         return comm.allreduce(np.asarray(values, dtype=np.float64)).tolist()

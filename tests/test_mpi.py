@@ -116,6 +116,25 @@ def test_accumulating_nodes_match_accumulating_local_processes(tmp_path, dataset
 
 
 @pytest.mark.slow
+def test_thread_replicas_inside_each_node_train_like_four_local_processes(
+        tmp_path, datasets_dir, quick_config):
+    """Hierarchical: 2 MPI nodes of 2 cpu-threads replicas each (a node sums its replicas'
+    gradients, then the nodes average) are 4 workers on slices of 4 of every global batch
+    of 16, as 4 local processes are; only dropout masks and flips differ between them."""
+    manifest, _ = _mpi_run(tmp_path, datasets_dir, "--nodes", "2", "--strategy",
+                           "cpu-threads", "--workers", "2", "--epochs", "6",
+                           "--sample-hz", "0")
+    local = run(quick_config(strategy="cpu-processes", workers=4, epochs=6, snapshot=False),
+                show_progress=False)
+    assert manifest["strategy"]["replicas"] == 2
+    assert manifest["effective"]["data_parallel_workers"] == 4
+    assert manifest["epochs"][-1]["train_images"] == 240
+    ours, theirs = _losses(manifest), _losses(local.manifest)
+    assert ours[-1] < 0.9 * ours[0]  # it learns
+    assert ours[-1] == pytest.approx(theirs[-1], rel=0.1)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("accumulate", ["1", "2"])
 def test_buckets_start_during_backward_and_train_like_one_allreduce(tmp_path, datasets_dir,
                                                                      accumulate):
@@ -155,6 +174,8 @@ def test_compressed_gradients_send_fewer_bytes_and_still_train(tmp_path, dataset
     (["--backend", "mpi", "--bucket-mb", "0"], "--bucket-mb: must be a positive size"),
     (["--bucket-mb", "25"], "it needs --backend mpi with --reduce allreduce"),
     (["--backend", "mpi", "--reduce", "step-wise", "--bucket-mb", "25"], "--reduce allreduce"),
+    (["--backend", "mpi", "--strategy", "cpu-threads", "--bucket-mb", "25"],
+     "cpu-threads sums its replicas' gradients after backward"),
 ])
 def test_bad_compress_flags(tmp_path, capsys, args, message):
     from ddlstudy.cli import main

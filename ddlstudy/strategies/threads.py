@@ -12,6 +12,7 @@ the threads reach it, so runs with dropout are not bit-for-bit repeatable.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -38,36 +39,58 @@ from ddlstudy.training import (
 )
 
 
-def replica_step(replicas: list[nn.Module], optimizer: torch.optim.Optimizer,
-                 loss_fn: nn.Module, pool: ThreadPoolExecutor) -> StepFn:
-    """A step that trains ``replicas`` on slices of the batch; ``optimizer`` owns replica 0."""
+def replica_grads(replicas: list[nn.Module], loss_fn: nn.Module, pool: ThreadPoolExecutor
+                  ) -> Callable[..., tuple[float, int, int]]:
+    """``grads(batch, scale=1)``: forward and backward of a batch split over ``replicas``,
+    one thread each; the gradients summed into replica 0's (in place: they may be views of
+    a flat buffer), each slice's loss weighted by its share of the batch (x ``scale``).
+    The caller zeroes replica 0's gradients and steps."""
     params = [list(r.parameters()) for r in replicas]
 
     def work(i: int, images: torch.Tensor, labels: torch.Tensor, total: int,
-             autocast: tuple[bool, torch.dtype]):
+             autocast: tuple[bool, torch.dtype], scale: float):
         with torch.autocast("cpu", dtype=autocast[1], enabled=autocast[0]):  # thread-local
             logits = replicas[i](images)
             loss = loss_fn(logits, labels)
-        (loss * (labels.numel() / total)).backward()
+        (loss * (scale * labels.numel() / total)).backward()
         return loss.item() * labels.numel(), int((logits.argmax(1) == labels).sum())
 
-    def step(batch: Batch) -> tuple[float, int, int]:
+    def grads(batch: Batch, scale: float = 1.0) -> tuple[float, int, int]:
         images, labels = batch
         total = labels.numel()
         parts = micro_batches(images, labels, len(replicas))
-        for r in replicas:
+        for r in replicas[1:]:
             r.zero_grad(set_to_none=True)
         autocast = (torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"))
-        results = list(pool.map(lambda a: work(a[0], *a[1], total, autocast),
+        results = list(pool.map(lambda a: work(a[0], *a[1], total, autocast, scale),
                                 enumerate(parts)))
         grads0 = [p.grad for p in params[0]]
         for i in range(1, len(parts)):
             torch._foreach_add_(grads0, [p.grad for p in params[i]])
-        optimizer.step()
-        with torch.no_grad():
-            for other in params[1:]:
-                torch._foreach_copy_(other, params[0])
         return sum(r[0] for r in results), sum(r[1] for r in results), total
+
+    return grads
+
+
+def sync_replicas(replicas: list[nn.Module]) -> None:
+    """Copy replica 0's weights (just stepped) to the others."""
+    with torch.no_grad():
+        first = list(replicas[0].parameters())
+        for other in replicas[1:]:
+            torch._foreach_copy_(list(other.parameters()), first)
+
+
+def replica_step(replicas: list[nn.Module], optimizer: torch.optim.Optimizer,
+                 loss_fn: nn.Module, pool: ThreadPoolExecutor) -> StepFn:
+    """A step that trains ``replicas`` on slices of the batch; ``optimizer`` owns replica 0."""
+    grads = replica_grads(replicas, loss_fn, pool)
+
+    def step(batch: Batch) -> tuple[float, int, int]:
+        replicas[0].zero_grad(set_to_none=True)
+        out = grads(batch)
+        optimizer.step()
+        sync_replicas(replicas)
+        return out
 
     return step
 
