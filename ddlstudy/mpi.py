@@ -180,7 +180,9 @@ class Buckets:
     the order backward fills them (last layers first); each bucket's Iallreduce starts as
     soon as its last gradient is accumulated, while the backward pass goes on with the
     layers before it (as DDP's buckets do). Later hooks poke MPI's progress engine, and
-    ``finish`` waits for every bucket and divides by the node count."""
+    ``finish`` waits for every bucket and divides by the node count. Non-blocking
+    collectives must start in the same order on every rank: they do, as every rank runs
+    the same model, whose backward fills the buckets in the same order."""
 
     def __init__(self, model: nn.Module, flat: torch.Tensor, comm, bucket_bytes: int,
                  accumulate: int = 1) -> None:
@@ -255,7 +257,7 @@ def mpi_step(model: nn.Module, optimizer: torch.optim.Optimizer, flat: torch.Ten
     ``after``: cpu-threads copies the new weights to its other replicas)."""
     reducer = compressor or get_reducer(reduce_name)
     if buckets is not None:
-        def reducer(comm, buffer, step=0) -> None:  # noqa: ARG001 - the buckets' own
+        def reducer(comm, buffer, step=0) -> None:  # the buckets' exchange, already begun
             buckets.finish()
 
     nodes = comm.Get_size()

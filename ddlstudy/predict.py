@@ -160,7 +160,11 @@ def one_node(manifests: list[dict]) -> Node:
     """The one-node run the model starts from: MPI with one node, else a local run."""
     done = [m for m in manifests if m.get("status") == "completed" and m.get("epochs")]
     ones = [m for m in done if m["backend"].get("nodes", 1) == 1]
-    ones.sort(key=lambda m: m["backend"].get("name") != "mpi")
+    # The node the multi-node runs ran: their most common local strategy, under MPI.
+    many = [m["strategy"]["name"] for m in done if m["backend"].get("nodes", 1) > 1]
+    usual = max(set(many), key=many.count) if many else None
+    ones.sort(key=lambda m: (m["strategy"]["name"] != usual,
+                             m["backend"].get("name") != "mpi"))
     if not ones:
         raise UsageError("predict needs a completed one-node run in the folder (e.g. "
                          "ddlstudy run --backend mpi --nodes 1 ...) to measure a node's speed")
