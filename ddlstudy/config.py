@@ -34,7 +34,7 @@ class Arch(enum.StrEnum):
 
 BACKENDS = ("local", "mpi", "spark")
 SPARK_SYNCS = ("gloo", "allgather")
-PRECISIONS = ("fp32", "bf16")
+PRECISIONS = ("fp32", "bf16", "fp16")
 _SPARK_MASTER = re.compile(r"^(local(\[(\d+|\*)(,\d+)?\])?|local-cluster\[(\d+),(\d+),(\d+)\]"
                            r"|spark://[\w.\-]+(:\d+)?(,[\w.\-]+(:\d+)?)*)$")
 
@@ -211,7 +211,9 @@ class RunConfig:
     """Each step runs its batch as this many micro-batches (gradient accumulation: the
     memory of a micro-batch, the update of the whole batch; one sync per step)."""
     precision: str = "fp32"
-    """fp32, or bf16: forward and backward under torch.autocast (weights stay fp32)."""
+    """fp32, bf16 or fp16: forward and backward under torch.autocast (weights stay fp32);
+    fp16 with a gradient scaler (sequential, cpu-intraop, cpu-processes, gpu-data, MPI
+    nodes of the first two, Spark gloo)."""
     spark_master: str | None = None
     """local[N], local-cluster[N,cores,MiB] or spark://host:port (default: local[nodes])."""
     spark_sync: str = "gloo"
@@ -307,10 +309,8 @@ class RunConfig:
             raise ConfigError("--lr-scaling", f"unknown rule {self.lr_scaling!r}; choose one "
                               "of: none, linear")
         if self.precision not in PRECISIONS:
-            hint = ("; fp16 needs a gradient scaler, not in this version: use bf16"
-                    if self.precision == "fp16" else "")
             raise ConfigError("--precision", f"unknown precision {self.precision!r}; choose "
-                              f"one of: {', '.join(PRECISIONS)}{hint}")
+                              f"one of: {', '.join(PRECISIONS)}")
         if self.spark_sync not in SPARK_SYNCS:
             raise ConfigError("--spark-sync", f"unknown mode {self.spark_sync!r}; choose one "
                               f"of: {', '.join(SPARK_SYNCS)}")

@@ -45,6 +45,8 @@ from ddlstudy.training import (
     Trainer,
     accumulate_grads,
     make_loaders,
+    make_scaler,
+    optimizer_step,
     seed_everything,
 )
 
@@ -250,7 +252,8 @@ class Buckets:
 def mpi_step(model: nn.Module, optimizer: torch.optim.Optimizer, flat: torch.Tensor, comm,
              reduce_name: str, global_batch: int, accumulate: int = 1,
              compressor=None, balancer: Balancer | None = None,
-             buckets: Buckets | None = None, local=None, after=None) -> StepFn:
+             buckets: Buckets | None = None, local=None, after=None,
+             scaler: torch.amp.GradScaler | None = None) -> StepFn:
     """One node's step: its gradients (``local``, e.g. cpu-threads' replicas, or the model
     on its slice as ``accumulate`` micro-batches), weighted by the slice's share of the
     global batch, then averaged across the nodes by the reducer, then the optimizer (and
@@ -275,13 +278,14 @@ def mpi_step(model: nn.Module, optimizer: torch.optim.Optimizer, flat: torch.Ten
         else:
             loss_sum, correct = accumulate_grads(model, nn.CrossEntropyLoss(), images,
                                                  labels, accumulate,
-                                                 scale=nodes * n / global_batch)
+                                                 scale=nodes * n / global_batch,
+                                                 scaler=scaler)
         if balancer is not None:
             balancer.timed(n, time.perf_counter() - start)
         if count == 0:
             _check_views(model, flat)
         reducer(comm, buffer, step=count)  # once per step, after every micro-batch
-        optimizer.step()
+        optimizer_step(optimizer, scaler)  # fp16: every node sees the same averaged inf
         if after is not None:
             after()
         count += 1
@@ -326,7 +330,8 @@ def _fit(job: Job, comm, model: nn.Module, flat: torch.Tensor, local=None,
     buckets = Buckets(model, flat, comm, int(cfg.bucket_mb * 2**20), cfg.accumulate) \
         if cfg.bucket_mb else None
     step = mpi_step(model, optimizer, flat, comm, cfg.reduce, cfg.global_batch,
-                    cfg.accumulate, compressor, balancer, buckets, local, after)
+                    cfg.accumulate, compressor, balancer, buckets, local, after,
+                    make_scaler(cfg.precision))
 
     def sum_over_nodes(*values: float) -> list[float]:
         return comm.allreduce(np.asarray(values, dtype=np.float64)).tolist()

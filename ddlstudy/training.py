@@ -198,10 +198,28 @@ def micro_batches(images: torch.Tensor, labels: torch.Tensor,
             if y.numel()]
 
 
+def make_scaler(precision: str, device_type: str = "cpu") -> torch.amp.GradScaler | None:
+    """fp16's gradient scaler (None for fp32 and bf16, which need none): the loss is
+    multiplied before backward so small gradients survive float16, the gradients divided
+    back before the step, and a step whose gradients overflowed is skipped with the
+    scale halved."""
+    return torch.amp.GradScaler(device_type) if precision == "fp16" else None
+
+
+def optimizer_step(optimizer: torch.optim.Optimizer,
+                   scaler: torch.amp.GradScaler | None = None) -> None:
+    """The optimizer's step, through the fp16 scaler when there is one."""
+    if scaler is None:
+        optimizer.step()
+    else:
+        scaler.step(optimizer)
+        scaler.update()
+
+
 def accumulate_grads(model: nn.Module, loss_fn: nn.Module, images: torch.Tensor,
                      labels: torch.Tensor, k: int, scale: float = 1.0,
-                     no_sync: Callable[[], contextlib.AbstractContextManager] | None = None
-                     ) -> tuple[float, int]:
+                     no_sync: Callable[[], contextlib.AbstractContextManager] | None = None,
+                     scaler: torch.amp.GradScaler | None = None) -> tuple[float, int]:
     """Forward and backward of a batch as ``k`` micro-batches, each micro-batch's mean loss
     weighted by its share of the batch (x ``scale``), so the summed gradient is the whole
     batch's; with ``no_sync`` (DDP) only the last backward communicates. With k = 1 it is a
@@ -214,21 +232,24 @@ def accumulate_grads(model: nn.Module, loss_fn: nn.Module, images: torch.Tensor,
         with no_sync() if no_sync is not None and not last else contextlib.nullcontext():
             logits = model(x)
             loss = loss_fn(logits, y)
-            (loss * (scale if len(parts) == 1 else scale * y.numel() / n)).backward()
+            weighted = loss * (scale if len(parts) == 1 else scale * y.numel() / n)
+            (weighted if scaler is None else scaler.scale(weighted)).backward()
         loss_sum += loss.item() * y.numel()
         correct += int((logits.argmax(1) == y).sum())
     return loss_sum, correct
 
 
 def plain_step(model: nn.Module, optimizer: torch.optim.Optimizer,
-               loss_fn: nn.Module, accumulate: int = 1) -> StepFn:
+               loss_fn: nn.Module, accumulate: int = 1,
+               scaler: torch.amp.GradScaler | None = None) -> StepFn:
     """One model, one batch (as ``accumulate`` micro-batches): the baseline's step."""
 
     def step(batch: Batch) -> tuple[float, int, int]:
         images, labels = batch
         optimizer.zero_grad(set_to_none=True)
-        loss_sum, correct = accumulate_grads(model, loss_fn, images, labels, accumulate)
-        optimizer.step()
+        loss_sum, correct = accumulate_grads(model, loss_fn, images, labels, accumulate,
+                                             scaler=scaler)
+        optimizer_step(optimizer, scaler)
         return loss_sum, correct, labels.numel()
 
     return step
@@ -319,7 +340,8 @@ class Trainer:
         if self.precision == "fp32":
             return contextlib.nullcontext()
         device = self.device.type if self.device is not None else "cpu"
-        return torch.autocast(device, dtype=torch.bfloat16)
+        dtype = torch.float16 if self.precision == "fp16" else torch.bfloat16
+        return torch.autocast(device, dtype=dtype)
 
     def train_epoch(self, epoch: int) -> EpochResult:
         self.model.train()

@@ -212,21 +212,53 @@ def test_sigterm_during_a_write_lands_after_it(tmp_path):
     assert list(tmp_path.iterdir()) == [target]
 
 
-def test_bf16_trains_tiny_within_a_few_points_of_fp32(quick_config):
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_half_precision_trains_tiny_within_a_few_points_of_fp32(quick_config, precision):
     fp32 = run(quick_config(epochs=10), show_progress=False).manifest
-    bf16 = run(quick_config(epochs=10, precision="bf16"), show_progress=False).manifest
-    assert bf16["config"]["precision"] == "bf16"
+    half = run(quick_config(epochs=10, precision=precision), show_progress=False).manifest
+    assert half["config"]["precision"] == precision
     losses32 = [e["train_loss"] for e in fp32["epochs"]]
-    losses16 = [e["train_loss"] for e in bf16["epochs"]]
-    assert losses16 != losses32  # autocast really ran in bfloat16
+    losses16 = [e["train_loss"] for e in half["epochs"]]
+    assert losses16 != losses32  # autocast really ran in 16 bits
     best32 = max(e["val_accuracy"] for e in fp32["epochs"])
-    best16 = max(e["val_accuracy"] for e in bf16["epochs"])
+    best16 = max(e["val_accuracy"] for e in half["epochs"])
     assert best16 >= 0.5 and abs(best16 - best32) <= 0.1, (best16, best32)
 
 
-def test_fp16_is_refused_with_the_reason(quick_config):
-    with pytest.raises(ConfigError, match="fp16 needs a gradient scaler"):
-        quick_config(precision="fp16")
+def test_fp16_scaler_skips_an_overflowing_step_and_lowers_its_scale():
+    """A loss scale of 2^40 overflows float16 in backward: the step leaves the weights as
+    they were and halves the scale; at a sane scale the next step moves them."""
+    from torch import nn
+
+    from ddlstudy.training import plain_step
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 40)
+    step = plain_step(model, optimizer, nn.CrossEntropyLoss(), scaler=scaler)
+    batch = (torch.randn(4, 8), torch.tensor([0, 1, 2, 0]))
+    before = [p.detach().clone() for p in model.parameters()]
+    with torch.autocast("cpu", dtype=torch.float16):
+        step(batch)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    assert scaler.get_scale() == 2.0 ** 39
+    scaler.update(2.0 ** 8)
+    with torch.autocast("cpu", dtype=torch.float16):
+        step(batch)
+    assert not all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"strategy": "cpu-threads", "workers": 2}, "cpu-threads has no fp16 gradient scaler"),
+    ({"snapshot_every": 2}, "fp16 runs cannot be resumed exactly yet"),
+])
+def test_fp16_where_no_scaler_is_wired_is_refused_with_the_reason(quick_config, kwargs,
+                                                                   message):
+    from ddlstudy.runner import preflight
+
+    with pytest.raises(ConfigError, match=message):
+        preflight(quick_config(precision="fp16", **kwargs))
 
 
 def test_weak_scaling_grows_the_global_batch_with_the_workers(quick_config):

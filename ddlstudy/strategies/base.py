@@ -113,7 +113,8 @@ class Strategy(ABC):
     resumable: ClassVar[bool] = False
     """Whether --resume and --snapshot-every continue it bit for bit."""
     accumulates: ClassVar[bool] = False
-    """Whether it runs --accumulate K micro-batches per step."""
+    """Whether it trains with the shared step (training.accumulate_grads): --accumulate K
+    micro-batches per step, and fp16's gradient scaler."""
 
     def check(self, cfg: RunConfig) -> None:
         """Refuse flags that do not fit, before anything starts (raise ConfigError)."""

@@ -48,6 +48,8 @@ from ddlstudy.training import (
     Trainer,
     accumulate_grads,
     make_loaders,
+    make_scaler,
+    optimizer_step,
     seed_everything,
 )
 
@@ -98,7 +100,8 @@ def run_ranks(fn, world: int, args: tuple) -> None:
 
 def ddp_step(model: DistributedDataParallel, optimizer: torch.optim.Optimizer,
              loss_fn: nn.Module, global_batch: int, world: int,
-             device: torch.device | None = None, accumulate: int = 1) -> StepFn:
+             device: torch.device | None = None, accumulate: int = 1,
+             scaler: torch.amp.GradScaler | None = None) -> StepFn:
     """A rank's slice of the batch (as ``accumulate`` micro-batches, all but the last under
     ``no_sync``), its loss scaled by world x n / global batch since DDP divides by world."""
 
@@ -111,8 +114,8 @@ def ddp_step(model: DistributedDataParallel, optimizer: torch.optim.Optimizer,
         optimizer.zero_grad(set_to_none=True)
         loss_sum, correct = accumulate_grads(model, loss_fn, images, labels, accumulate,
                                              scale=world * n / global_batch,
-                                             no_sync=model.no_sync)
-        optimizer.step()
+                                             no_sync=model.no_sync, scaler=scaler)
+        optimizer_step(optimizer, scaler)
         return loss_sum, correct, n
 
     return step
@@ -198,7 +201,7 @@ def data_parallel_rank(rank: int, world: int, port: int | str, job: Job, threads
         train_loader, val_loader = make_loaders(cfg, job.data, shard=(rank, world),
                                                 loader_workers=loader_workers)
         step = ddp_step(ddp, optimizer, nn.CrossEntropyLoss(), cfg.global_batch, world,
-                        device, cfg.accumulate)
+                        device, cfg.accumulate, make_scaler(cfg.precision, device.type))
         trainer = Trainer(model, step, train_loader, val_loader, max_steps=cfg.max_steps,
                           show_progress=job.show_progress and rank == 0,
                           reduce=lambda *v: sum_over_ranks(*v, device=device), device=device,

@@ -10,7 +10,13 @@ from torch import nn
 from ddlstudy.config import RunConfig
 from ddlstudy.models import build_model
 from ddlstudy.strategies.base import Job, Strategy, register, train_epochs
-from ddlstudy.training import Trainer, make_loaders, plain_step, seed_everything
+from ddlstudy.training import (
+    Trainer,
+    make_loaders,
+    make_scaler,
+    plain_step,
+    seed_everything,
+)
 
 
 def fit_one_model(job: Job, threads: int, loader_workers: int) -> None:
@@ -21,7 +27,8 @@ def fit_one_model(job: Job, threads: int, loader_workers: int) -> None:
     model = build_model(uc.model, len(uc.classes))
     optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=uc.train.momentum)
     train_loader, val_loader = make_loaders(cfg, job.data, loader_workers=loader_workers)
-    step = plain_step(model, optimizer, nn.CrossEntropyLoss(), cfg.accumulate)
+    step = plain_step(model, optimizer, nn.CrossEntropyLoss(), cfg.accumulate,
+                      make_scaler(cfg.precision))
     trainer = Trainer(model, step, train_loader, val_loader, max_steps=cfg.max_steps,
                       show_progress=job.show_progress)
     train_epochs(job, trainer, optimizer)
