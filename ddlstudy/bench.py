@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import statistics
 import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -19,6 +21,31 @@ from ddlstudy.sampler import ResourceSampler
 from ddlstudy.training import WARMUP_STEPS, Trainer, make_loaders, plain_step, seed_everything
 
 
+@dataclass
+class Ratio:
+    """One figure: settings A and B measured alternately, one value each per repeat."""
+
+    group: str
+    name: str
+    """What over what, e.g. 'cpu-processes / sequential'."""
+    unit: str
+    """What A and B are in (images/s, ms)."""
+    a: list[float] = field(default_factory=list)
+    b: list[float] = field(default_factory=list)
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def ratios(self) -> list[float]:
+        return [x / y for x, y in zip(self.a, self.b, strict=True) if y]
+
+    def summary(self) -> dict:
+        r = self.ratios
+        return {"min": min(r), "median": statistics.median(r), "max": max(r)} if r else {}
+
+    def as_dict(self) -> dict:
+        return asdict(self) | {"ratio": self.summary(), "repeats": len(self.ratios)}
+
+
 def _timed_steps(step, batch, steps: int) -> float:
     for _ in range(WARMUP_STEPS):
         step(batch)
@@ -26,6 +53,20 @@ def _timed_steps(step, batch, steps: int) -> float:
     for _ in range(steps):
         step(batch)
     return (time.perf_counter() - start) / steps
+
+
+def images_per_s(step, batches, steps: int) -> float:
+    """``step`` over the first WARMUP_STEPS + ``steps`` of ``batches``: images per second
+    after the warm-up steps."""
+    seen, start = 0, 0.0
+    for i, batch in enumerate(batches):
+        if i == WARMUP_STEPS:
+            seen, start = 0, time.perf_counter()
+        step(batch)
+        seen += batch[1].numel()
+        if i + 1 == WARMUP_STEPS + steps:
+            break
+    return seen / (time.perf_counter() - start)
 
 
 def _spread(xs: list[float], scale: float = 1.0, fmt: str = "{:.2f}") -> str:
@@ -37,17 +78,14 @@ def _raw_loop(model, loader, steps: int) -> float:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.001, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
     model.train()
-    seen, start = 0, 0.0
-    for i, (images, labels) in enumerate(loader):
-        if i == WARMUP_STEPS:
-            seen, start = 0, time.perf_counter()
+
+    def step(batch) -> None:
+        images, labels = batch
         optimizer.zero_grad()
         loss_fn(model(images), labels).backward()
         optimizer.step()
-        seen += labels.numel()
-        if i + 1 == WARMUP_STEPS + steps:
-            break
-    return seen / (time.perf_counter() - start)
+
+    return images_per_s(step, loader, steps)
 
 
 def _framework_loop(model, loader, steps: int) -> float:
@@ -58,54 +96,80 @@ def _framework_loop(model, loader, steps: int) -> float:
     return trainer.train_epoch(1).steady_images_per_s
 
 
-def bench_overhead(usecase: str, steps: int = 20, repeats: int = 3, threads: int = 1) -> str:
+def run_config(uc, datasets_dir: Path | None = None) -> RunConfig:
+    """A config to read the use case's data with (the default datasets folder if None)."""
+    return RunConfig(usecase=uc, sample_hz=0,
+                     **({"datasets_dir": datasets_dir} if datasets_dir else {}))
+
+
+def overhead(usecase: str, steps: int, repeats: int,
+             datasets_dir: Path | None = None) -> Ratio:
     """ddlstudy's training loop against a raw torch loop on the same data and model."""
     uc = load_usecase(usecase)
-    torch.set_num_threads(threads)
-    cfg = RunConfig(usecase=uc, sample_hz=0)
+    cfg = run_config(uc, datasets_dir)
     loader, _ = make_loaders(cfg, prepare_data(cfg), loader_workers=0)
-    raw, ours = [], []
+    ratio = Ratio("overhead", "ddlstudy loop / raw torch loop", "images/s")
     for _ in range(repeats):  # alternate, so drift hits both
-        for fn, out in ((_raw_loop, raw), (_framework_loop, ours)):
+        for fn, out in ((_raw_loop, ratio.b), (_framework_loop, ratio.a)):
             seed_everything(0)
             out.append(fn(build_model(uc.model, len(uc.classes)), loader, steps))
-    ratio = [o / r for o, r in zip(ours, raw, strict=True)]
+    return ratio
+
+
+def model_step(uc):
+    """The use case's model (seed 0) and the baseline's step on it."""
+    seed_everything(0)
+    model = build_model(uc.model, len(uc.classes))
+    opt = torch.optim.SGD(model.parameters(), lr=uc.train.lr, momentum=uc.train.momentum)
+    return model, plain_step(model, opt, nn.CrossEntropyLoss())
+
+
+def sampler(usecase: str, steps: int, repeats: int, hz: float = 10.0) -> Ratio:
+    """Step time of the use case's model with the sampler at ``hz`` against without it
+    (``extra['samples']``: the rows the sampler took)."""
+    uc = load_usecase(usecase)
+    _, step = model_step(uc)
+    size, bs = uc.train.image_size, uc.train.batch_size
+    batch = (torch.randn(bs, 3, size, size), torch.randint(0, len(uc.classes), (bs,)))
+    ratio = Ratio("sampler", f"step time, sampler on ({hz:g} Hz) / off", "ms",
+                  extra={"samples": 0})
+    for _ in range(repeats):
+        ratio.b.append(1e3 * _timed_steps(step, batch, steps))
+        with ResourceSampler(hz) as running:
+            ratio.a.append(1e3 * _timed_steps(step, batch, steps))
+        ratio.extra["samples"] += len(running.rows)
+    return ratio
+
+
+def bench_overhead(usecase: str, steps: int = 20, repeats: int = 3, threads: int = 1) -> str:
+    torch.set_num_threads(threads)
+    r = overhead(usecase, steps, repeats)
+    uc = load_usecase(usecase)
     return "\n".join([
         f"framework overhead on {uc.name} ({uc.model.arch}, batch {uc.train.batch_size}, "
         f"{threads} thread(s), data decoded in the loop, {repeats} repeats x {steps} steps)",
-        f"  raw torch loop  min/median/max img/s: {_spread(raw)}",
-        f"  ddlstudy loop   min/median/max img/s: {_spread(ours)}",
-        f"  ddlstudy / raw  min/median/max: {_spread(ratio, fmt='{:.3f}')} "
-        f"(overhead {100 * (1 - statistics.median(ratio)):+.2f} %)",
+        f"  raw torch loop  min/median/max img/s: {_spread(r.b)}",
+        f"  ddlstudy loop   min/median/max img/s: {_spread(r.a)}",
+        f"  ddlstudy / raw  min/median/max: {_spread(r.ratios, fmt='{:.3f}')} "
+        f"(overhead {100 * (1 - r.summary()['median']):+.2f} %)",
     ])
 
 
 def bench_sampler(usecase: str, steps: int = 30, repeats: int = 5, hz: float = 10.0,
                   threads: int = 1) -> str:
-    """Step time of the use case's model with the sampler at ``hz`` against without it."""
-    uc = load_usecase(usecase)
     torch.set_num_threads(threads)
-    seed_everything(0)
-    model = build_model(uc.model, len(uc.classes))
-    opt = torch.optim.SGD(model.parameters(), lr=uc.train.lr, momentum=uc.train.momentum)
-    step = plain_step(model, opt, nn.CrossEntropyLoss())
-    size, bs = uc.train.image_size, uc.train.batch_size
-    batch = (torch.randn(bs, 3, size, size), torch.randint(0, len(uc.classes), (bs,)))
-    off, on, rows = [], [], 0
-    for _ in range(repeats):
-        off.append(_timed_steps(step, batch, steps))
-        with ResourceSampler(hz) as sampler:
-            on.append(_timed_steps(step, batch, steps))
-        rows += len(sampler.rows)
-    overhead = [b / a - 1 for a, b in zip(off, on, strict=True)]
+    r = sampler(usecase, steps, repeats, hz)
+    uc = load_usecase(usecase)
+    overhead_ = [x - 1 for x in r.ratios]
     return "\n".join([
-        f"sampler overhead on {uc.name} ({uc.model.arch}, batch {bs}, {size} px, "
-        f"{threads} thread(s), {hz:g} Hz, {repeats} repeats x {steps} steps)",
-        f"  step time off  min/median/max ms: {_spread(off, 1e3)}",
-        f"  step time on   min/median/max ms: {_spread(on, 1e3)}",
-        f"  overhead median {100 * statistics.median(overhead):+.2f} % "
-        f"(min {100 * min(overhead):+.2f} %, max {100 * max(overhead):+.2f} %), "
-        f"{rows} samples taken",
+        f"sampler overhead on {uc.name} ({uc.model.arch}, batch {uc.train.batch_size}, "
+        f"{uc.train.image_size} px, {threads} thread(s), {hz:g} Hz, {repeats} repeats x "
+        f"{steps} steps)",
+        f"  step time off  min/median/max ms: {_spread(r.b)}",
+        f"  step time on   min/median/max ms: {_spread(r.a)}",
+        f"  overhead median {100 * statistics.median(overhead_):+.2f} % "
+        f"(min {100 * min(overhead_):+.2f} %, max {100 * max(overhead_):+.2f} %), "
+        f"{r.extra['samples']} samples taken",
     ])
 
 

@@ -22,12 +22,18 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-from torch import nn
 
+from ddlstudy.bench import (
+    Ratio,
+    images_per_s,
+    model_step,
+    overhead,
+    run_config,
+    sampler,
+)
 from ddlstudy.errors import ConfigError, UsageError
 
 GROUPS = ("overhead", "sampler", "loader", "strategies", "reducers", "spark")
@@ -36,46 +42,15 @@ STRATEGY_FLAGS = {"cpu-intraop": [], "cpu-threads": ["--workers", "2"],
                   "pipeline": ["--stages", "2", "--micro-batches", "4"]}
 
 
-@dataclass
-class Ratio:
-    group: str
-    name: str
-    """What over what, e.g. 'cpu-processes / sequential'."""
-    unit: str
-    """What A and B are in (images/s, ms)."""
-    a: list[float] = field(default_factory=list)
-    b: list[float] = field(default_factory=list)
-
-    @property
-    def ratios(self) -> list[float]:
-        return [x / y for x, y in zip(self.a, self.b, strict=True) if y]
-
-    def summary(self) -> dict:
-        r = self.ratios
-        return {"min": min(r), "median": statistics.median(r), "max": max(r)} if r else {}
-
-    def as_dict(self) -> dict:
-        return asdict(self) | {"ratio": self.summary(), "repeats": len(self.ratios)}
-
-
 def _steady(manifest: dict) -> float:
     return statistics.median(e["steady_images_per_s"] for e in manifest["epochs"])
 
 
-DATASETS: dict[str, Path] = {}
-"""``datasets_dir`` of the bench in progress (the default folder when empty)."""
-
-
-def _config(uc):
-    from ddlstudy.config import RunConfig
-
-    return RunConfig(usecase=uc, sample_hz=0, **DATASETS)
-
-
-def _run(runs: Path, usecase: str, steps: int, *flags: str) -> float:
+def _run(runs: Path, datasets_dir: Path | None, usecase: str, steps: int,
+         *flags: str) -> float:
     """One real ``ddlstudy run`` of a few steps; its steady images/s."""
     before = set(runs.glob("*/manifest.json"))
-    where = ["--datasets-dir", str(DATASETS["datasets_dir"])] if DATASETS else []
+    where = ["--datasets-dir", str(datasets_dir)] if datasets_dir else []
     out = subprocess.run([sys.executable, "-m", "ddlstudy", "run", "--usecase", usecase,
                           *where, "--runs-dir", str(runs), "--epochs", "1", "--max-steps",
                           str(steps), "--no-snapshot", "--sample-hz", "0", "--quiet", *flags],
@@ -87,90 +62,37 @@ def _run(runs: Path, usecase: str, steps: int, *flags: str) -> float:
     return _steady(json.loads(path.read_text()))
 
 
-def overhead(usecase: str, steps: int, repeats: int) -> Ratio:
-    from ddlstudy.bench import _framework_loop, _raw_loop
-    from ddlstudy.config import load_usecase
-    from ddlstudy.data import prepare_data
-    from ddlstudy.models import build_model
-    from ddlstudy.training import make_loaders, seed_everything
-
-    uc = load_usecase(usecase)
-    cfg = _config(uc)
-    loader, _ = make_loaders(cfg, prepare_data(cfg), loader_workers=0)
-    ratio = Ratio("overhead", "ddlstudy loop / raw torch loop", "images/s")
-    for _ in range(repeats):
-        for fn, out in ((_framework_loop, ratio.a), (_raw_loop, ratio.b)):
-            seed_everything(0)
-            out.append(fn(build_model(uc.model, len(uc.classes)), loader, steps))
-    return ratio
-
-
-def _model_step(usecase: str):
-    from ddlstudy.config import load_usecase
-    from ddlstudy.models import build_model
-    from ddlstudy.training import plain_step, seed_everything
-
-    uc = load_usecase(usecase)
-    seed_everything(0)
-    model = build_model(uc.model, len(uc.classes))
-    opt = torch.optim.SGD(model.parameters(), lr=uc.train.lr, momentum=uc.train.momentum)
-    return uc, model, plain_step(model, opt, nn.CrossEntropyLoss())
-
-
-def sampler(usecase: str, steps: int, repeats: int) -> Ratio:
-    from ddlstudy.bench import _timed_steps
-    from ddlstudy.sampler import ResourceSampler
-
-    uc, _, step = _model_step(usecase)
-    size, bs = uc.train.image_size, uc.train.batch_size
-    batch = (torch.randn(bs, 3, size, size), torch.randint(0, len(uc.classes), (bs,)))
-    ratio = Ratio("sampler", "step time, sampler on (10 Hz) / off", "ms")
-    for _ in range(repeats):
-        with ResourceSampler(10.0):
-            ratio.a.append(1e3 * _timed_steps(step, batch, steps))
-        ratio.b.append(1e3 * _timed_steps(step, batch, steps))
-    return ratio
-
-
-def loader(usecase: str, steps: int, repeats: int) -> Ratio:
+def loader(usecase: str, steps: int, repeats: int, datasets_dir: Path | None) -> Ratio:
     """The same batches, decoded and augmented by the DataLoader in the loop, against
     held in memory as tensors: what reading the data costs the training."""
+    from ddlstudy.config import load_usecase
     from ddlstudy.data import prepare_data
     from ddlstudy.training import WARMUP_STEPS, make_loaders
 
-    uc, model, step = _model_step(usecase)
-    cfg = _config(uc)
+    uc = load_usecase(usecase)
+    _, step = model_step(uc)
+    cfg = run_config(uc, datasets_dir)
     train, _ = make_loaders(cfg, prepare_data(cfg), loader_workers=0)
     n = WARMUP_STEPS + steps
     held = [b for _, b in zip(range(n), train, strict=False)]
     if len(held) < n:
         raise ConfigError("--steps", f"the use case has {len(held)} batches an epoch; ask "
                           f"for at most {len(held) - WARMUP_STEPS} steps")
-
-    def images_per_s(batches) -> float:
-        seen, start = 0, 0.0
-        for i, batch in enumerate(batches):
-            if i == WARMUP_STEPS:
-                seen, start = 0, time.perf_counter()
-            step(batch)
-            seen += batch[1].numel()
-            if i + 1 == n:
-                break
-        return seen / (time.perf_counter() - start)
-
     ratio = Ratio("loader", "DataLoader (decode in the loop) / in-memory tensors", "images/s")
     for _ in range(repeats):
-        ratio.a.append(images_per_s(train))
-        ratio.b.append(images_per_s(held))
+        ratio.a.append(images_per_s(step, train, steps))
+        ratio.b.append(images_per_s(step, held, steps))
     return ratio
 
 
-def strategies(usecase: str, steps: int, repeats: int, runs: Path) -> list[Ratio]:
+def strategies(usecase: str, steps: int, repeats: int, runs: Path,
+               datasets_dir: Path | None) -> list[Ratio]:
     ratios = {s: Ratio("strategies", f"{s} / sequential", "images/s") for s in STRATEGY_FLAGS}
     for _ in range(repeats):
         for name, flags in STRATEGY_FLAGS.items():
-            ratios[name].a.append(_run(runs, usecase, steps, "--strategy", name, *flags))
-            ratios[name].b.append(_run(runs, usecase, steps))
+            ratios[name].a.append(_run(runs, datasets_dir, usecase, steps, "--strategy",
+                                       name, *flags))
+            ratios[name].b.append(_run(runs, datasets_dir, usecase, steps))
     return list(ratios.values())
 
 
@@ -187,11 +109,13 @@ def reducers(usecase: str, repeats: int, hosts: str | None) -> list[Ratio]:
             if name != "allreduce"]
 
 
-def spark(usecase: str, steps: int, repeats: int, runs: Path) -> Ratio:
+def spark(usecase: str, steps: int, repeats: int, runs: Path,
+          datasets_dir: Path | None) -> Ratio:
     ratio = Ratio("spark", "Spark, 2 tasks / MPI, 2 nodes", "images/s")
     for _ in range(repeats):
-        ratio.a.append(_run(runs, usecase, steps, "--backend", "spark", "--nodes", "2"))
-        ratio.b.append(_run(runs, usecase, steps, "--backend", "mpi", "--nodes", "2"))
+        for out, backend in ((ratio.a, "spark"), (ratio.b, "mpi")):
+            out.append(_run(runs, datasets_dir, usecase, steps, "--backend", backend,
+                            "--nodes", "2"))
     return ratio
 
 
@@ -205,9 +129,6 @@ def bench_all(usecase: str, steps: int, repeats: int, groups: list[str],
         raise ConfigError("--only", f"unknown group(s) {', '.join(unknown)}; choose from: "
                           f"{', '.join(GROUPS)}")
     load_usecase(usecase)  # an unknown use case is refused before anything runs
-    DATASETS.clear()
-    if datasets_dir is not None:
-        DATASETS["datasets_dir"] = Path(datasets_dir)
     torch.set_num_threads(1)
     results: list[Ratio] = []
     skipped: dict[str, str] = {}
@@ -217,19 +138,19 @@ def bench_all(usecase: str, steps: int, repeats: int, groups: list[str],
         for group in groups:
             t0 = time.time()
             if group == "overhead":
-                results.append(overhead(usecase, steps, repeats))
+                results.append(overhead(usecase, steps, repeats, datasets_dir))
             elif group == "sampler":
                 results.append(sampler(usecase, steps, repeats))
             elif group == "loader":
-                results.append(loader(usecase, steps, repeats))
+                results.append(loader(usecase, steps, repeats, datasets_dir))
             elif group == "strategies":
-                results += strategies(usecase, steps, repeats, runs)
+                results += strategies(usecase, steps, repeats, runs, datasets_dir)
             elif group == "reducers":
                 results += reducers(usecase, repeats, hosts)
             elif shutil.which("java") is None:
                 skipped["spark"] = "no Java on this machine (Spark's JVM needs it)"
             else:
-                results.append(spark(usecase, steps, repeats, runs))
+                results.append(spark(usecase, steps, repeats, runs, datasets_dir))
             print(f"  {group}: {time.time() - t0:.0f} s", file=sys.stderr)
     return {"usecase": usecase, "steps": steps, "repeats": repeats,
             "seconds": round(time.time() - started, 1), "host": environment.host(),
