@@ -181,14 +181,13 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--rate", help="bandwidth of every host's link, e.g. 1gbit")
     h.add_argument("--cpus", help="CPU time per host in cores, e.g. 1,0.5 (unequal nodes)")
     h.add_argument("--subnet", default="10.77.0", help="their /24 (default 10.77.0)")
-    for name, help_ in (("down", "remove the hosts and what runs on them"),
-                        ("status", "the hosts that are up, their links and Spark daemons"),
-                        ("spark", "a Spark standalone master on host 1 and a worker on each"),
-                        ("up", None)):
-        h = hsub.choices[name] if help_ is None else hsub.add_parser(name, help=help_)
+    hsub.add_parser("down", help="remove the hosts and what runs on them")
+    hsub.add_parser("status", help="the hosts that are up, their links and Spark daemons")
+    h = hsub.add_parser("spark", help="a Spark standalone master on host 1 and a worker on "
+                        "each")
+    h.add_argument("--cores", type=int, default=1, help="task slots per worker (default 1)")
+    for h in hsub.choices.values():
         h.add_argument("--prefix", default="ddl", help="names the set (default ddl)")
-    hsub.choices["spark"].add_argument("--cores", type=int, default=1,
-                                       help="task slots per worker (default 1)")
 
     p = sub.add_parser("predict", help="alpha-beta model fitted from runs: 1 to 256 nodes")
     p.add_argument("runs", type=Path, help="a folder holding a one-node run (and multi-node "

@@ -23,7 +23,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -90,16 +92,12 @@ class Hosts:
                 "-localhost", self.gateway,
                 "-hosts", ",".join(self.addresses[:min(nodes, self.count)])]
 
+    def command(self, host: int, command: list[str]) -> list[str]:
+        """``command`` run on host ``host`` (1-based), through the launcher as hydra does."""
+        return [str(self.launcher), self.addresses[host - 1], shlex.join(command)]
+
     def run_on(self, host: int, command: list[str], **kwargs) -> subprocess.CompletedProcess:
-        """Run a command on host ``host`` (1-based), as the launcher would."""
-        return subprocess.run([str(self.launcher), self.addresses[host - 1],
-                               " ".join(_quote(c) for c in command)], **kwargs)
-
-
-def _quote(arg: str) -> str:
-    import shlex
-
-    return shlex.quote(arg)
+        return subprocess.run(self.command(host, command), **kwargs)
 
 
 def can_emulate() -> str | None:
@@ -315,13 +313,8 @@ exec ip netns exec "$ns" unshare --uts sh -c "hostname $ns && exec $*"
 def down(prefix: str = DEFAULT_PREFIX) -> None:
     """Remove the hosts of ``prefix`` and whatever still runs in them."""
     spark_down(prefix)
+    _kill(prefix, signal.SIGKILL)
     for name in sorted(n for n in _namespaces() if n.startswith(f"{prefix}-h")):
-        pids = _ip("netns", "pids", name, check=False).stdout.split()
-        for pid in pids:
-            try:
-                os.kill(int(pid), 9)
-            except (ProcessLookupError, ValueError):
-                pass
         _ip("netns", "del", name, check=False)
         shutil.rmtree(Path("/etc/netns") / name, ignore_errors=True)
     links = _ip("-o", "link", "show", check=False).stdout
@@ -356,10 +349,9 @@ def spark_up(hosts: Hosts, cores: int = 1, memory: str = "2g", timeout: float = 
 
     def start(host: int, what: str, *args: str) -> None:
         command = [_spark_class(), what, "--host", hosts.addresses[host - 1], *args]
-        log = open(logs / f"{what.rsplit('.', 1)[1].lower()}-h{host}.log", "w")
-        subprocess.Popen([str(hosts.launcher), hosts.addresses[host - 1],
-                          " ".join(_quote(c) for c in command)], env=env, stdout=log,
-                         stderr=subprocess.STDOUT, start_new_session=True)
+        with open(logs / f"{what.rsplit('.', 1)[1].lower()}-h{host}.log", "w") as log:
+            subprocess.Popen(hosts.command(host, command), env=env, stdout=log,
+                             stderr=subprocess.STDOUT, start_new_session=True)
 
     start(1, "org.apache.spark.deploy.master.Master", "--port", str(SPARK_PORT),
           "--webui-port", "8080")
@@ -385,13 +377,24 @@ def _registered_workers(logs: Path) -> int:
 
 def spark_down(prefix: str) -> None:
     """Stop the Spark daemons on the hosts (every JVM in their namespaces)."""
+    _kill(prefix, signal.SIGTERM, only="java")
+
+
+def _pids(name: str) -> list[int]:
+    """The processes in host ``name``'s network namespace."""
+    return [int(p) for p in _ip("netns", "pids", name, check=False).stdout.split()]
+
+
+def _kill(prefix: str, sig: int, only: str | None = None) -> None:
+    """Send ``sig`` to every process on the hosts of ``prefix`` (whose name holds
+    ``only``, if given)."""
     for name in (n for n in _namespaces() if n.startswith(f"{prefix}-h")):
-        for pid in _ip("netns", "pids", name, check=False).stdout.split():
-            try:
-                if "java" in Path(f"/proc/{pid}/comm").read_text():
-                    os.kill(int(pid), 15)
-            except (OSError, ValueError):
-                pass
+        for pid in _pids(name):
+            if only is None or only in _comm(pid):
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
 
 
 def status(hosts: Hosts) -> str:
@@ -404,15 +407,14 @@ def status(hosts: Hosts) -> str:
 
         qdisc = subprocess.run(["ip", "netns", "exec", name, "tc", "qdisc", "show", "dev",
                                 "eth0"], capture_output=True, text=True).stdout.split("\n")[0]
-        java = sum(1 for pid in _ip("netns", "pids", name, check=False).stdout.split()
-                   if "java" in _comm(pid))
+        java = sum(1 for pid in _pids(name) if "java" in _comm(pid))
         lines.append(f"{name} {address}  sent {counter['tx'] / 1e6:.1f} MB, received "
                      f"{counter['rx'] / 1e6:.1f} MB  [{qdisc.strip() or 'no qdisc'}]"
                      f"{f'  {java} Spark JVM(s)' if java else ''}")
     return "\n".join(lines)
 
 
-def _comm(pid: str) -> str:
+def _comm(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/comm").read_text()
     except OSError:

@@ -33,10 +33,10 @@ from torch import nn
 
 from ddlstudy import compress
 from ddlstudy.doctor import find_mpiexec
-from ddlstudy.environment import usable_cores
 from ddlstudy.errors import Unavailable
 from ddlstudy.models import build_model
 from ddlstudy.reducers import get_reducer
+from ddlstudy.strategies import get_strategy
 from ddlstudy.strategies.base import Job, train_epochs
 from ddlstudy.training import (
     Batch,
@@ -96,16 +96,16 @@ def placement(hosts: str | None, nodes: int) -> tuple[list[str], dict[str, str]]
 
 
 def launch(argv: list[str], nodes: int, run_id: str,
-           hosts: str | None = None) -> tuple[int, int | None]:
+           where: tuple[list[str], dict[str, str]] = ([], {})) -> tuple[int, int | None]:
     """Run this same command as ``mpiexec -n nodes``.
 
     Returns mpiexec's exit code and, when a rank died, the PID that mpiexec reports for it
     (its output is passed on to stderr line by line while it is read for that).
     """
     mpiexec = require_mpiexec()
-    where, netmod = placement(hosts, nodes)
+    flags, netmod = where  # placement(--hosts, nodes)
     env = os.environ | netmod | {CHILD_ENV: "1", RUN_ID_ENV: run_id}
-    cmd = [mpiexec, *where, "-n", str(nodes), sys.executable, "-m", "ddlstudy", *argv]
+    cmd = [mpiexec, *flags, "-n", str(nodes), sys.executable, "-m", "ddlstudy", *argv]
     log.info("launching %d MPI ranks: %s", nodes, " ".join(cmd))
     dead_pid = None
     with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -298,16 +298,15 @@ def fit(job: Job, comm) -> None:
     """Train this rank's node (a one-process local strategy) and average across nodes."""
     cfg, uc = job.cfg, job.cfg.usecase
     rank = comm.Get_rank()
-    cores = usable_cores()
-    replicas = (cfg.workers or cores) if cfg.strategy == "cpu-threads" else 1
-    torch.set_num_threads(1 if cfg.strategy == "sequential" else
-                          max(1, cores // replicas) if cfg.strategy == "cpu-threads" else
-                          (cfg.workers or cores))
+    # The node's threads and replicas as its strategy lays them out (and records them).
+    layout = get_strategy(cfg.strategy).layout(cfg)
+    replicas = layout.get("replicas", 1)
+    torch.set_num_threads(layout.get("intraop_threads", layout["threads_per_process"]))
     seed_everything(uc.train.seed)
     model = build_model(uc.model, len(uc.classes))  # the same weights on every node
     torch.manual_seed(uc.train.seed + rank)  # each node its own dropout masks and flips
     flat = flat_gradients(model)
-    if cfg.strategy != "cpu-threads":
+    if replicas == 1:
         _fit(job, comm, model, flat)
         return
     from ddlstudy.strategies.threads import replica_grads, sync_replicas

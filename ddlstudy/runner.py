@@ -311,8 +311,8 @@ def launch_mpi(cfg: RunConfig, argv: list[str], resume: Path | None = None) -> R
     preflight(cfg, resuming=resume is not None)
     run_id = (Path(resume).name if resume else os.environ.get(mpi.RUN_ID_ENV)
               or new_run_id(cfg.usecase.name, cfg.strategy))
-    mpi.placement(cfg.hosts, cfg.nodes or 1)  # emulated hosts that are gone: refused here
-    code, dead_pid = mpi.launch(argv, cfg.nodes or 1, run_id, cfg.hosts)
+    where = mpi.placement(cfg.hosts, cfg.nodes or 1)  # hosts that are gone: refused here
+    code, dead_pid = mpi.launch(argv, cfg.nodes or 1, run_id, where)
     path = Path(cfg.runs_dir) / run_id
     if not (path / MANIFEST).is_file():
         if code:
