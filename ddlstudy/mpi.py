@@ -14,6 +14,9 @@ buffer, backward accumulates into it, and the reducer averages the buffer in pla
 its numpy view. Each node weights its loss by nodes x (its images / global batch), so the
 average is the global batch's mean gradient even when the slices differ by an image. A
 rank that raises aborts the whole job (MPI_Abort), so no rank waits forever.
+
+A node whose strategy runs several processes (cpu-processes, gpu-data, pipeline, hybrid)
+is led by its rank: see ``ddlstudy.nodes``.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -33,11 +37,11 @@ from torch import nn
 
 from ddlstudy import compress
 from ddlstudy.doctor import find_mpiexec
-from ddlstudy.errors import Unavailable
+from ddlstudy.errors import ConfigError, Unavailable
 from ddlstudy.models import build_model
 from ddlstudy.reducers import get_reducer
 from ddlstudy.strategies import get_strategy
-from ddlstudy.strategies.base import Job, train_epochs
+from ddlstudy.strategies.base import Job, Link, train_epochs
 from ddlstudy.training import (
     Batch,
     ShardedBatches,
@@ -56,19 +60,32 @@ CHILD_ENV = "DDLSTUDY_MPI_CHILD"
 RUN_ID_ENV = "DDLSTUDY_RUN_ID"
 _BAD_TERMINATION = re.compile(r"^=\s+PID (\d+) RUNNING AT")
 """How hydra's mpiexec names a rank that died ("=   PID 12868 RUNNING AT host")."""
-MPI_STRATEGIES = ("sequential", "cpu-intraop", "cpu-threads")
-"""Local strategies a node can run under the MPI backend (one process per node; with
-cpu-threads the node first sums its replicas' gradients, then the nodes average)."""
+RANK_FAILED = "run failed: "
+"""What a rank logs before its MPI_Abort; mpi.launch reads the first such line, to record
+why in the manifest when that rank is not rank 0 (which mpiexec then ends unannounced)."""
 
 
 def under_mpiexec() -> bool:
     return any(v in os.environ for v in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", CHILD_ENV))
 
 
-def check(strategy: str) -> None:
-    if strategy not in MPI_STRATEGIES:
-        raise Unavailable("--strategy", f"{strategy!r} cannot yet run inside MPI ranks; with "
-                          f"--backend mpi use one of: {', '.join(MPI_STRATEGIES)}")
+def check(cfg) -> None:
+    """What a node's strategy can do under MPI (the strategy has checked its own flags).
+    Every local strategy can: a one-process one runs in the rank, a multi-process one in a
+    node the rank leads (``ddlstudy.nodes``)."""
+    if get_strategy(cfg.strategy).layout(cfg).get("processes", 1) > 1:
+        what = f"{cfg.strategy} nodes (their workers sum on the leader first)"
+        if cfg.balance != "equal":
+            raise Unavailable("--balance", f"throughput balancing is not written for {what}; "
+                              "use sequential or cpu-intraop nodes")
+        if cfg.bucket_mb:
+            raise Unavailable("--bucket-mb", f"buckets are not written for {what}; use "
+                              "sequential or cpu-intraop nodes")
+    workers = cfg.data_parallel()
+    if cfg.global_batch < workers:
+        raise ConfigError("--batch-size", f"{cfg.global_batch} is smaller than the {workers} "
+                          "data-parallel workers of all the nodes; each needs at least one "
+                          "image of every batch")
 
 
 def require_mpiexec() -> str:
@@ -95,27 +112,37 @@ def placement(hosts: str | None, nodes: int) -> tuple[list[str], dict[str, str]]
     return ["-hosts", hosts], {}
 
 
-def launch(argv: list[str], nodes: int, run_id: str,
-           where: tuple[list[str], dict[str, str]] = ([], {})) -> tuple[int, int | None]:
-    """Run this same command as ``mpiexec -n nodes``.
+@dataclass
+class Launched:
+    """How mpiexec ended: its exit code, the PID it reported for a rank that died, and
+    the first error a failing rank logged."""
 
-    Returns mpiexec's exit code and, when a rank died, the PID that mpiexec reports for it
-    (its output is passed on to stderr line by line while it is read for that).
-    """
+    code: int
+    dead_pid: int | None = None
+    failure: str | None = None
+
+
+def launch(argv: list[str], nodes: int, run_id: str,
+           where: tuple[list[str], dict[str, str]] = ([], {})) -> Launched:
+    """Run this same command as ``mpiexec -n nodes`` and say how it ended (its output is
+    passed on to stderr line by line while it is read for that)."""
     mpiexec = require_mpiexec()
     flags, netmod = where  # placement(--hosts, nodes)
     env = os.environ | netmod | {CHILD_ENV: "1", RUN_ID_ENV: run_id}
     cmd = [mpiexec, *flags, "-n", str(nodes), sys.executable, "-m", "ddlstudy", *argv]
     log.info("launching %d MPI ranks: %s", nodes, " ".join(cmd))
-    dead_pid = None
+    ended = Launched(0)
     with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True, bufsize=1) as proc:
         for line in proc.stdout:
             sys.stderr.write(line)
             found = _BAD_TERMINATION.search(line)
-            if found and dead_pid is None:
-                dead_pid = int(found.group(1))
-    return proc.returncode, dead_pid
+            if found and ended.dead_pid is None:
+                ended.dead_pid = int(found.group(1))
+            if RANK_FAILED in line and ended.failure is None:
+                ended.failure = line.split(RANK_FAILED, 1)[1].strip()
+    ended.code = proc.returncode
+    return ended
 
 
 def world():
@@ -127,7 +154,7 @@ def world():
 def flat_gradients(model: nn.Module) -> torch.Tensor:
     """One buffer holding every parameter's gradient; each ``.grad`` becomes a view of it."""
     params = list(model.parameters())
-    flat = torch.zeros(sum(p.numel() for p in params))
+    flat = torch.zeros(sum(p.numel() for p in params), device=params[0].device)
     offset = 0
     for p in params:
         p.grad = flat[offset:offset + p.numel()].view_as(p)
@@ -135,7 +162,7 @@ def flat_gradients(model: nn.Module) -> torch.Tensor:
     return flat
 
 
-def _check_views(model: nn.Module, flat: torch.Tensor) -> None:
+def check_views(model: nn.Module, flat: torch.Tensor) -> None:
     """Autograd accumulates into an existing .grad in place; make sure it still does."""
     start, end = flat.data_ptr(), flat.data_ptr() + flat.element_size() * flat.numel()
     if not all(start <= p.grad.data_ptr() < end for p in model.parameters()):
@@ -249,22 +276,27 @@ class Buckets:
         self.requests = [None] * len(self.ranges)
 
 
-def mpi_step(model: nn.Module, optimizer: torch.optim.Optimizer, flat: torch.Tensor, comm,
-             reduce_name: str, global_batch: int, accumulate: int = 1,
-             compressor=None, balancer: Balancer | None = None,
-             buckets: Buckets | None = None, local=None, after=None,
-             scaler: torch.amp.GradScaler | None = None) -> StepFn:
-    """One node's step: its gradients (``local``, e.g. cpu-threads' replicas, or the model
-    on its slice as ``accumulate`` micro-batches), weighted by the slice's share of the
-    global batch, then averaged across the nodes by the reducer, then the optimizer (and
-    ``after``: cpu-threads copies the new weights to its other replicas)."""
-    reducer = compressor or get_reducer(reduce_name)
-    if buckets is not None:
-        def reducer(comm, buffer, step=0) -> None:  # the buckets' exchange, already begun
-            buckets.finish()
+def node_link(comm, reducer) -> Link:
+    """One process per node: the reducer averages between the MPI ranks."""
 
-    nodes = comm.Get_size()
-    buffer = flat.numpy()  # shares memory with flat, hence with every .grad
+    def exchange(flat: torch.Tensor, step: int) -> None:
+        reducer(comm, flat.numpy(), step=step)  # shares memory with flat, hence every .grad
+
+    def sum_over_nodes(*values: float) -> list[float]:
+        return comm.allreduce(np.asarray(values, dtype=np.float64)).tolist()
+
+    return Link(comm.Get_rank(), comm.Get_size(), exchange, sum_over_nodes,
+                lambda obj: comm.gather(obj, root=0), comm.Barrier)
+
+
+def mpi_step(model: nn.Module, optimizer: torch.optim.Optimizer, flat: torch.Tensor,
+             link: Link, global_batch: int, accumulate: int = 1,
+             balancer: Balancer | None = None, local=None, after=None,
+             scaler: torch.amp.GradScaler | None = None) -> StepFn:
+    """One worker's step: its gradients (``local``, e.g. cpu-threads' replicas, or the model
+    on its slice as ``accumulate`` micro-batches), weighted by the slice's share of the
+    global batch, then averaged over every worker by ``link``, then the optimizer (and
+    ``after``: cpu-threads copies the new weights to its other replicas)."""
     count = 0
 
     def step(batch: Batch) -> tuple[float, int, int]:
@@ -273,19 +305,21 @@ def mpi_step(model: nn.Module, optimizer: torch.optim.Optimizer, flat: torch.Ten
         n = labels.numel()
         optimizer.zero_grad(set_to_none=False)  # zero in place: the grads stay views
         start = time.perf_counter()
+        scale = link.world * n / global_batch
         if local is not None:
-            loss_sum, correct, _ = local(batch, nodes * n / global_batch)
+            loss_sum, correct, _ = local(batch, scale)
         else:
+            if images.device != flat.device:
+                images, labels = images.to(flat.device), labels.to(flat.device)
             loss_sum, correct = accumulate_grads(model, nn.CrossEntropyLoss(), images,
-                                                 labels, accumulate,
-                                                 scale=nodes * n / global_batch,
+                                                 labels, accumulate, scale=scale,
                                                  scaler=scaler)
         if balancer is not None:
             balancer.timed(n, time.perf_counter() - start)
         if count == 0:
-            _check_views(model, flat)
-        reducer(comm, buffer, step=count)  # once per step, after every micro-batch
-        optimizer_step(optimizer, scaler)  # fp16: every node sees the same averaged inf
+            check_views(model, flat)
+        link.exchange(flat, count)  # once per step, after every micro-batch
+        optimizer_step(optimizer, scaler)  # fp16: every worker sees the same averaged inf
         if after is not None:
             after()
         count += 1
@@ -294,12 +328,17 @@ def mpi_step(model: nn.Module, optimizer: torch.optim.Optimizer, flat: torch.Ten
     return step
 
 
-def fit(job: Job, comm) -> None:
-    """Train this rank's node (a one-process local strategy) and average across nodes."""
+def fit(job: Job, comm) -> list[dict]:
+    """Train this rank's node and average across nodes. Returns the samples of the node's
+    other processes (none unless its strategy runs several)."""
     cfg, uc = job.cfg, job.cfg.usecase
-    rank = comm.Get_rank()
-    # The node's threads and replicas as its strategy lays them out (and records them).
+    # The node's processes, threads and replicas as its strategy lays them out (and records).
     layout = get_strategy(cfg.strategy).layout(cfg)
+    if layout.get("processes", 1) > 1:
+        from ddlstudy import nodes
+
+        return nodes.fit(job, comm, layout)
+    rank = comm.Get_rank()
     replicas = layout.get("replicas", 1)
     torch.set_num_threads(layout.get("intraop_threads", layout["threads_per_process"]))
     seed_everything(uc.train.seed)
@@ -308,48 +347,67 @@ def fit(job: Job, comm) -> None:
     flat = flat_gradients(model)
     if replicas == 1:
         _fit(job, comm, model, flat)
-        return
+        return []
     from ddlstudy.strategies.threads import replica_grads, sync_replicas
 
     copies = [model] + [copy.deepcopy(model) for _ in range(replicas - 1)]
     with ThreadPoolExecutor(replicas, thread_name_prefix="replica") as pool:
         _fit(job, comm, model, flat, local=replica_grads(copies, nn.CrossEntropyLoss(), pool),
              after=lambda: sync_replicas(copies))
+    return []
 
 
 def _fit(job: Job, comm, model: nn.Module, flat: torch.Tensor, local=None,
          after=None) -> None:
-    cfg, uc = job.cfg, job.cfg.usecase
+    cfg = job.cfg
     rank, nodes = comm.Get_rank(), comm.Get_size()
-    optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=uc.train.momentum)
-    train, val = make_loaders(cfg, job.data, shard=(rank, nodes))
     compressor = compress.parse(cfg.compress)
-    balancer = Balancer(comm, train.batch_sampler.batches) \
-        if cfg.balance == "throughput" and nodes > 1 else None
+    link = node_link(comm, compressor or get_reducer(cfg.reduce))
     buckets = Buckets(model, flat, comm, int(cfg.bucket_mb * 2**20), cfg.accumulate) \
         if cfg.bucket_mb else None
-    step = mpi_step(model, optimizer, flat, comm, cfg.reduce, cfg.global_batch,
-                    cfg.accumulate, compressor, balancer, buckets, local, after,
-                    make_scaler(cfg.precision))
-
-    def sum_over_nodes(*values: float) -> list[float]:
-        return comm.allreduce(np.asarray(values, dtype=np.float64)).tolist()
-
-    trainer = Trainer(model, step, train, val, max_steps=cfg.max_steps,
-                      show_progress=job.show_progress and rank == 0, reduce=sum_over_nodes)
-    train_epochs(job, trainer, optimizer, rank=rank, writer=rank == 0,
-                 gather=lambda state: comm.gather(state, root=0), barrier=comm.Barrier)
-    if buckets is not None and job.folder is not None:
-        job.folder.manifest["backend"]["buckets"] = buckets.describe()
-        job.folder.write_manifest()
-    if balancer is not None and job.folder is not None:
-        job.folder.manifest["backend"]["balance"] = balancer.result or {
+    if buckets is not None:  # the buckets' exchange, begun during backward
+        link.exchange = lambda flat, step: buckets.finish()
+    train, val = make_loaders(cfg, job.data, shard=(rank, nodes))
+    balancer = Balancer(comm, train.batch_sampler.batches) \
+        if cfg.balance == "throughput" and nodes > 1 else None
+    optimizer = new_optimizer(model, cfg)
+    step = mpi_step(model, optimizer, flat, link, cfg.global_batch, cfg.accumulate,
+                    balancer, local, after, make_scaler(cfg.precision))
+    train_worker(job, link, model, optimizer, step, train, val)
+    if buckets is not None:
+        record(job, "buckets", buckets.describe())
+    if balancer is not None:
+        record(job, "balance", balancer.result or {
             "after_steps": None, "note": f"fewer than {balancer.WARMUP + balancer.STEPS} "
-                                         "steps: never measured, slices stayed equal"}
+                                         "steps: never measured, slices stayed equal"})
+    record_compression(job, compressor, flat.numel())
+
+
+def new_optimizer(model: nn.Module, cfg) -> torch.optim.Optimizer:
+    return torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.usecase.train.momentum)
+
+
+def train_worker(job: Job, link: Link, model: nn.Module, optimizer: torch.optim.Optimizer,
+                 step: StepFn, train, val, device: torch.device | None = None) -> None:
+    """The epochs of one worker; worker 0 writes the run folder."""
+    cuda = device is not None and device.type == "cuda"
+    trainer = Trainer(model, step, train, val, max_steps=job.cfg.max_steps,
+                      show_progress=job.show_progress and link.rank == 0, reduce=link.sum,
+                      device=device, sync=torch.cuda.synchronize if cuda else (lambda: None))
+    train_epochs(job, trainer, optimizer, rank=link.rank, writer=link.rank == 0,
+                 gather=link.gather, barrier=link.barrier)
+
+
+def record(job: Job, key: str, value: dict) -> None:
+    """Add what the backend measured to the manifest (the writer's ``backend`` section)."""
+    if job.folder is not None:
+        job.folder.manifest["backend"][key] = value
         job.folder.write_manifest()
-    if compressor is not None and job.folder is not None:
-        job.folder.manifest["backend"]["compress"] = {
+
+
+def record_compression(job: Job, compressor, parameters: int) -> None:
+    if compressor is not None:
+        record(job, "compress", {
             "method": compressor.name, "bytes_sent_per_step": compressor.sent_bytes,
-            "uncompressed_bytes": flat.numel() * 4,
-            "factor": flat.numel() * 4 / max(compressor.sent_bytes, 1)}
-        job.folder.write_manifest()
+            "uncompressed_bytes": parameters * 4,
+            "factor": parameters * 4 / max(compressor.sent_bytes, 1)})

@@ -139,11 +139,9 @@ class RunFolder:
 
     def write_worker_samples(self, rank: int, rows: list[dict[str, Any]]) -> None:
         """A worker's own samples, merged into samples.parquet when the run ends."""
-        from ddlstudy.sampler import samples_frame
+        from ddlstudy.sampler import write_rows
 
-        frame = samples_frame(rows)
-        atomic_write(self.path / f".samples-rank{rank}.parquet",
-                     lambda f: frame.to_parquet(f, index=False))
+        write_rows(self.path / f".samples-rank{rank}.parquet", rows)
 
     def write_samples(self, rows: list[dict[str, Any]]) -> None:
         """This process's samples and every worker's, in one file sorted by time."""

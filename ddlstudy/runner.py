@@ -137,7 +137,7 @@ def preflight(cfg: RunConfig, resuming: bool = False) -> Strategy:
         raise Unavailable("--resume", "step-wise leaves every node with different weights "
                           "and the snapshot holds rank 0's only; an exact reducer resumes")
     if cfg.backend == "mpi":
-        mpi.check(cfg.strategy)
+        mpi.check(cfg)
         if not mpi.under_mpiexec():
             mpi.require_mpiexec()
     elif cfg.backend == "spark":
@@ -277,8 +277,8 @@ def run(cfg: RunConfig, show_progress: bool = True,
             elif comm is None:
                 strategy.fit(job)
             else:
-                mpi.fit(job, comm)
-                rows_by_rank = comm.gather(sampler.stop(), root=0)
+                workers_rows = mpi.fit(job, comm)  # the node's processes' own samples
+                rows_by_rank = comm.gather(sampler.stop() + workers_rows, root=0)
     except KeyboardInterrupt:
         outcome = Outcome("interrupted", 130, "interrupted by SIGINT (Ctrl-C)")
     except signals.Terminated:
@@ -288,7 +288,7 @@ def run(cfg: RunConfig, show_progress: bool = True,
             (folder.path / "error.log").write_text(traceback.format_exc())
         where = f" on MPI rank {rank}" if comm else ""
         outcome = Outcome("failed", 1, f"{type(exc).__name__}{where}: {exc}")
-        log.error("%s", outcome.error)
+        log.error("%s%s", mpi.RANK_FAILED if comm else "", outcome.error)
     finally:
         own_rows = sampler.stop()
         if folder is not None:
@@ -312,7 +312,8 @@ def launch_mpi(cfg: RunConfig, argv: list[str], resume: Path | None = None) -> R
     run_id = (Path(resume).name if resume else os.environ.get(mpi.RUN_ID_ENV)
               or new_run_id(cfg.usecase.name, cfg.strategy))
     where = mpi.placement(cfg.hosts, cfg.nodes or 1)  # hosts that are gone: refused here
-    code, dead_pid = mpi.launch(argv, cfg.nodes or 1, run_id, where)
+    ended = mpi.launch(argv, cfg.nodes or 1, run_id, where)
+    code, dead_pid = ended.code, ended.dead_pid
     path = Path(cfg.runs_dir) / run_id
     if not (path / MANIFEST).is_file():
         if code:
@@ -323,7 +324,8 @@ def launch_mpi(cfg: RunConfig, argv: list[str], resume: Path | None = None) -> R
         pids = folder.manifest["backend"].get("pids", [])
         who = f"MPI rank {pids.index(dead_pid)} (PID {dead_pid})" if dead_pid in pids \
             else "an MPI rank"
-        folder.finish("failed", code or 1, f"{who} died; mpiexec exit code {code}")
+        folder.finish("failed", code or 1, ended.failure or
+                      f"{who} died; mpiexec exit code {code}")
     if folder.manifest["exit_code"]:
         raise RunFailed(folder, folder.manifest["exit_code"],
                         f"run {run_id} {folder.manifest['status']}: {folder.manifest['error']}")

@@ -164,3 +164,17 @@ def samples_frame(rows: list[dict[str, Any]]):
     import pandas as pd
 
     return pd.DataFrame(rows, columns=list(COLUMNS))
+
+
+def write_rows(path, rows: list[dict[str, Any]]) -> None:
+    """Rows to a parquet file, atomically (a worker's samples for its parent to merge)."""
+    from ddlstudy.runfolder import atomic_write
+
+    frame = samples_frame(rows)
+    atomic_write(path, lambda f: frame.to_parquet(f, index=False))
+
+
+def read_rows(path) -> list[dict[str, Any]]:
+    import pandas as pd
+
+    return pd.read_parquet(path).to_dict("records")

@@ -52,8 +52,8 @@ def cli(tmp_path, datasets_dir, capsys):
     (["run", "--backend", "slurm"], "--backend: unknown backend 'slurm'; choose one of: local"),
     (["run", "--nodes", "2"], "--nodes: more than one node needs --backend mpi"),
     (["run", "--backend", "mpi", "--reduce", "gossip"], "unknown reducer 'gossip'"),
-    (["run", "--backend", "mpi", "--nodes", "2", "--strategy", "pipeline"],
-     "'pipeline' cannot yet run inside MPI ranks"),
+    (["run", "--backend", "mpi", "--nodes", "3", "--strategy", "pipeline", "--stages", "2"],
+     "the batch of 16 does not split into 3 nodes x 1 replica(s) x 4 equal micro-batches"),
 ])
 def test_bad_flags(cli, args, message):
     code, err, runs = cli(*args)

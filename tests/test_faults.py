@@ -36,18 +36,20 @@ def _cli(*args: str, preexec=None, timeout: int = 300) -> subprocess.CompletedPr
 def _victims(proc: psutil.Process, which: str) -> list[psutil.Process]:
     if which == "run":
         return [proc]
-    mpi_ranks, workers = [], []
+    mpi_ranks, workers, node_workers = [], [], []
     for child in proc.children(recursive=True):
         try:
             env, cmd = child.environ(), " ".join(child.cmdline())
         except psutil.Error:
             continue
-        if env.get("PMI_RANK") == "1" and "ddlstudy" in cmd:
+        if "spawn_main" in cmd:  # spawned by the run, or by MPI rank 1 (its environment)
+            (node_workers if env.get("PMI_RANK") == "1" else workers).append(child)
+        elif env.get("PMI_RANK") == "1" and "ddlstudy" in cmd:
             mpi_ranks.append(child)
-        elif "spawn_main" in cmd:
-            workers.append(child)
     if which == "mpi-rank-1":
         return mpi_ranks
+    if which == "node-1-worker":  # MPI rank 1 leads its node; it spawned one other worker
+        return node_workers
     workers.sort(key=lambda p: p.pid)  # torch spawns rank 0 first
     return workers[1:2] if len(workers) == 2 else []
 
@@ -105,7 +107,9 @@ def _reference(tmp_path, datasets_dir, *extra: str) -> Path:
     ((), "run"),
     (("--strategy", "cpu-processes", "--workers", "2"), "worker-1"),
     (("--backend", "mpi", "--nodes", "2"), "mpi-rank-1"),
-], ids=["sequential", "cpu-processes", "mpi"])
+    (("--backend", "mpi", "--nodes", "2", "--strategy", "cpu-processes", "--workers", "2"),
+     "node-1-worker"),
+], ids=["sequential", "cpu-processes", "mpi", "mpi-nodes-of-processes"])
 def test_killed_then_resumed_ends_bit_identical(tmp_path, datasets_dir, extra, victim):
     runs = tmp_path / "runs"
     code, seconds, folder = run_and_kill(_args(runs, datasets_dir, *extra), runs, victim)
@@ -113,7 +117,9 @@ def test_killed_then_resumed_ends_bit_identical(tmp_path, datasets_dir, extra, v
     manifest = _manifest(folder)
     if victim != "run":  # the job lived to say which rank died
         assert manifest["status"] == "failed"
-        assert ("worker rank 1" if victim == "worker-1" else "MPI rank 1") in manifest["error"]
+        assert {"worker-1": "worker rank 1", "mpi-rank-1": "MPI rank 1",
+                "node-1-worker": "WorkerDied on MPI rank 1: worker 1 of node 1"}[victim] \
+            in manifest["error"]
     assert torch.load(folder / SNAPSHOT, weights_only=True)["epoch"] < EPOCHS
     resumed = _cli("run", "--resume", str(folder), "--quiet")
     assert resumed.returncode == 0, resumed.stderr

@@ -11,11 +11,12 @@ from ddlstudy.runfolder import MANIFEST, SAMPLES
 from ddlstudy.runner import run
 
 
-def _mpi_run(tmp_path, datasets_dir, *flags):
+def _mpi_run(tmp_path, datasets_dir, *flags, snapshot=False):
     runs = tmp_path / "runs"
     out = subprocess.run([sys.executable, "-m", "ddlstudy", "run", "--usecase", "tiny",
                           "--datasets-dir", str(datasets_dir), "--runs-dir", str(runs),
-                          "--backend", "mpi", "--no-snapshot", *flags],
+                          "--backend", "mpi", *([] if snapshot else ["--no-snapshot"]),
+                          *flags],
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     folders = list(runs.iterdir())
@@ -134,6 +135,92 @@ def test_thread_replicas_inside_each_node_train_like_four_local_processes(
     assert ours[-1] == pytest.approx(theirs[-1], rel=0.1)
 
 
+def _relative_gap(a: dict, b: dict) -> float:
+    diff = sum(float(((a[k] - b[k]) ** 2).sum()) for k in b)
+    return (diff / sum(float((b[k] ** 2).sum()) for k in b)) ** 0.5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("nodes, workers, reduce", [("2", "2", "allreduce"),
+                                                    ("3", "2", "ring-allreduce")])
+def test_nodes_of_processes_step_like_local_processes(tmp_path, datasets_dir, quick_config,
+                                                      nodes, workers, reduce):
+    """Hierarchical: N MPI nodes of K cpu-processes workers are worker i*K+w of N*K, with
+    that slice of every batch and that seed; after 3 steps their weights are those of N*K
+    local DDP processes (3 x 2: 16 images cut 3+3+3+3+2+2). 1e-6: only the order of the
+    float32 sums differs (reduce on the leader, then MPI), measured ~1e-8."""
+    import torch
+
+    from ddlstudy.runfolder import SNAPSHOT
+
+    manifest, folder = _mpi_run(tmp_path, datasets_dir, "--nodes", nodes, "--strategy",
+                                "cpu-processes", "--workers", workers, "--reduce", reduce,
+                                "--max-steps", "3", "--epochs", "1", "--sample-hz", "20",
+                                snapshot=True)
+    world = int(nodes) * int(workers)
+    local = run(quick_config(strategy="cpu-processes", workers=world, max_steps=3),
+                show_progress=False)
+    assert manifest["status"] == "completed" and manifest["strategy"]["processes"] == 2
+    assert manifest["effective"]["data_parallel_workers"] == world
+    ours = torch.load(folder / SNAPSHOT, weights_only=True)
+    theirs = torch.load(local.path / SNAPSHOT, weights_only=True)
+    assert ours["epoch"] == theirs["epoch"] == 1
+    assert len(ours["rng"]) == world  # every worker's random state, for --resume
+    assert _relative_gap(ours["model"], _initial_weights()) > 1e-3  # the steps moved the weights
+    assert _relative_gap(ours["model"], theirs["model"]) < 1e-6
+    samples = pd.read_parquet(folder / SAMPLES)
+    assert sorted(samples[samples.scope == "node"]["rank"].unique()) == \
+        list(range(int(nodes)))
+    assert sorted(samples[samples.scope == "worker"]["rank"].unique()) == list(range(world))
+
+
+def _initial_weights() -> dict:
+    from ddlstudy.config import load_usecase
+    from ddlstudy.models import build_model
+    from ddlstudy.training import seed_everything
+
+    uc = load_usecase("tiny")
+    seed_everything(uc.train.seed)
+    return build_model(uc.model, len(uc.classes)).state_dict()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("node, local", [
+    (("--strategy", "pipeline", "--stages", "2"), {"replicas": 2, "stages": 2}),
+    (("--strategy", "hybrid", "--replicas", "2", "--stages", "2"), {"replicas": 4, "stages": 2}),
+], ids=["pipeline", "hybrid"])
+def test_nodes_of_pipelines_step_like_a_local_hybrid(tmp_path, datasets_dir, quick_config,
+                                                     node, local):
+    """2 MPI nodes of R pipelines are pipelines r and R + r of a local 2R x S hybrid: the
+    same slices and seeds, and the same sums (a stage's gradient plus the other stages'
+    zeros is exact), so after 3 steps the weights are equal."""
+    import torch
+
+    from ddlstudy.runfolder import SNAPSHOT
+
+    manifest, folder = _mpi_run(tmp_path, datasets_dir, "--nodes", "2", *node,
+                                "--micro-batches", "2", "--max-steps", "3", "--epochs", "1",
+                                "--sample-hz", "0", snapshot=True)
+    reference = run(quick_config(strategy="hybrid", micro_batches=2, max_steps=3, **local),
+                    show_progress=False)
+    assert manifest["strategy"]["processes"] == local["replicas"] // 2 * local["stages"]
+    ours = torch.load(folder / SNAPSHOT, weights_only=True)["model"]
+    theirs = torch.load(reference.path / SNAPSHOT, weights_only=True)["model"]
+    assert _relative_gap(ours, _initial_weights()) > 1e-3
+    assert _relative_gap(ours, theirs) < 1e-6
+
+
+@pytest.mark.slow
+def test_nodes_of_processes_learn(tmp_path, datasets_dir):
+    manifest, _ = _mpi_run(tmp_path, datasets_dir, "--nodes", "2", "--strategy",
+                           "cpu-processes", "--workers", "2", "--epochs", "8",
+                           "--sample-hz", "0")
+    losses = _losses(manifest)
+    assert manifest["epochs"][-1]["train_images"] == 240
+    assert losses[-1] < 0.9 * losses[0]
+    assert max(e["val_accuracy"] for e in manifest["epochs"]) >= 0.45  # chance is 1/3
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("accumulate", ["1", "2"])
 def test_buckets_start_during_backward_and_train_like_one_allreduce(tmp_path, datasets_dir,
@@ -176,6 +263,13 @@ def test_compressed_gradients_send_fewer_bytes_and_still_train(tmp_path, dataset
     (["--backend", "mpi", "--reduce", "step-wise", "--bucket-mb", "25"], "--reduce allreduce"),
     (["--backend", "mpi", "--strategy", "cpu-threads", "--bucket-mb", "25"],
      "cpu-threads sums its replicas' gradients after backward"),
+    (["--backend", "mpi", "--strategy", "cpu-processes", "--workers", "2", "--bucket-mb",
+      "25"], "--bucket-mb: buckets are not written for cpu-processes nodes"),
+    (["--backend", "mpi", "--strategy", "cpu-processes", "--workers", "2", "--balance",
+      "throughput"], "--balance: throughput balancing is not written for cpu-processes"),
+    (["--backend", "mpi", "--nodes", "3", "--strategy", "cpu-processes", "--workers", "6"],
+     "--batch-size: 16 is smaller than the 18 data-parallel workers of all the nodes"),
+    (["--backend", "mpi", "--strategy", "gpu-data"], "gpu-data needs CUDA GPUs"),
 ])
 def test_bad_compress_flags(tmp_path, capsys, args, message):
     from ddlstudy.cli import main

@@ -37,6 +37,21 @@ class Job:
     resume: dict | None = None
 
 
+@dataclass
+class Link:
+    """Where one training process stands among a run's data-parallel workers, and how it
+    reaches the others: ``exchange(flat, step)`` averages the gradient buffer over all
+    ``world`` workers in place; ``sum`` adds per-worker counts; ``gather`` collects an
+    object from every worker on worker 0 (None elsewhere); ``barrier`` waits for all."""
+
+    rank: int
+    world: int
+    exchange: Callable[[torch.Tensor, int], None]
+    sum: Callable[..., list[float]]
+    gather: Callable[[Any], list | None]
+    barrier: Callable[[], None]
+
+
 def train_epochs(job: Job, trainer: Trainer, optimizer: torch.optim.Optimizer, *,
                  rank: int = 0, writer: bool = True,
                  gather: Callable[[Any], list | None] = lambda obj: [obj],

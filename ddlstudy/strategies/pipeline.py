@@ -39,6 +39,7 @@ from ddlstudy.errors import ConfigError
 from ddlstudy.models import build_model
 from ddlstudy.strategies.base import (
     Job,
+    Link,
     Strategy,
     register,
     train_epochs,
@@ -133,18 +134,21 @@ class _Labels(Dataset):
 
 def pipeline_step(schedule: ScheduleGPipe, optimizer: torch.optim.Optimizer, first: bool,
                   last: bool, average: Callable[[], None] = lambda: None,
-                  device: torch.device | None = None) -> StepFn:
+                  device: torch.device | None = None,
+                  zero: Callable[[], None] | None = None) -> StepFn:
     """One GPipe step; only the last stage knows the loss and the predictions.
 
     ``average`` runs between the backward passes and the optimizer step: the hybrid's
-    all-reduce of this stage's gradients over the replicas.
+    all-reduce of this stage's gradients over the replicas (or an MPI node's exchange).
+    ``zero`` clears the gradients first (the optimizer's, unless given).
     """
+    zero = zero or (lambda: optimizer.zero_grad(set_to_none=True))
 
     def step(batch: Batch) -> tuple[float, int, int]:
         images, labels = batch
         if device is not None:
             images, labels = images.to(device), labels.to(device)
-        optimizer.zero_grad(set_to_none=True)
+        zero()
         losses: list[torch.Tensor] = []
         args = (images,) if first else ()
         out = schedule.step(*args, target=labels if last else None, losses=losses)
@@ -204,44 +208,85 @@ def _groups(replicas: int, stages: int):
 def _worker(rank: int, world: int, port: int, job: Job, starts: list[int], micro: int,
             replicas: int, threads: int, log_level: int, device_type: str = "cpu") -> None:
     """One stage of one replica: a CPU process over gloo, or GPU ``rank`` over NCCL."""
-    cfg, uc = job.cfg, job.cfg.usecase
-    cuda = device_type == "cuda"
     with spawned_rank(rank, world, port, job, threads, log_level, device_type) as device:
-        stages = world // replicas
-        replica, index = divmod(rank, stages)
-        pipes, data_groups = _groups(replicas, stages)
-        seed_everything(uc.train.seed)
-        full = build_model(uc.model, len(uc.classes))  # the same weights on every rank
-        layers = flat_layers(full)
-        module = stage_module(layers, starts, index)
-        first, last = index == 0, index == stages - 1
-        example = torch.empty(cfg.global_batch // replicas // micro, 3,
-                              uc.train.image_size, uc.train.image_size)
-        with torch.no_grad():
-            example = nn.Sequential(*layers[:starts[index]])(example).to(device)
-        (full if rank == 0 else module).to(device)  # rank 0 also validates the whole model
-        stage = PipelineStage(module, index, stages, device, input_args=(example,),
-                              group=pipes[replica])
-        schedule = ScheduleGPipe(stage, micro, loss_fn=nn.CrossEntropyLoss())
-        optimizer = torch.optim.SGD(module.parameters(), lr=cfg.lr,
-                                    momentum=uc.train.momentum)
+        train_stage(job, device, rank, world, starts, micro, replicas)
+
+
+def train_stage(job: Job, device: torch.device, rank: int, world: int, starts: list[int],
+                micro: int, replicas: int, node: Link | None = None) -> None:
+    """Stage ``rank % stages`` of replica ``rank // stages`` among ``world`` processes.
+
+    Alone, the replicas of a stage all-reduce its gradients. In an MPI node (``node``: this
+    process among every node's, ``ddlstudy.nodes``) every process lays its stage's
+    gradients into one buffer of the whole model's, and the node exchanges that buffer:
+    summed on its leader, divided by the replicas, averaged between the nodes, sent back.
+    """
+    cfg, uc = job.cfg, job.cfg.usecase
+    cuda = device.type == "cuda"
+    stages = world // replicas
+    replica, index = divmod(rank, stages)
+    pipes, data_groups = _groups(replicas, stages)
+    node_index, nodes = (node.rank // world, node.world // world) if node else (0, 1)
+    pipelines = nodes * replicas  # each takes its slice of every global batch
+    seed_everything(uc.train.seed)
+    full = build_model(uc.model, len(uc.classes))  # the same weights on every rank
+    layers = flat_layers(full)
+    module = stage_module(layers, starts, index)
+    first, last = index == 0, index == stages - 1
+    example = torch.empty(cfg.global_batch // pipelines // micro, 3,
+                          uc.train.image_size, uc.train.image_size)
+    with torch.no_grad():
+        example = nn.Sequential(*layers[:starts[index]])(example).to(device)
+    # Rank 0 also validates the whole model; in a node every rank's stage is a part of the
+    # buffer of the whole model's gradients.
+    (full if rank == 0 or node else module).to(device)
+    stage = PipelineStage(module, index, stages, device, input_args=(example,),
+                          group=pipes[replica])
+    schedule = ScheduleGPipe(stage, micro, loss_fn=nn.CrossEntropyLoss())
+    optimizer = torch.optim.SGD(module.parameters(), lr=cfg.lr, momentum=uc.train.momentum)
+    if node is None:
         average = replica_average(list(module.parameters()), data_groups[index], replicas)
-        train = _train_loader(cfg, job, first, (replica, replicas))
-        val = val_loader(cfg, job.data) if rank == 0 else []  # rank 0 validates it all
+        zero = None
+        node = Link(rank, world, lambda flat, step: None,
+                    lambda *v: sum_over_ranks(*v, device=device), gather_to_first,
+                    dist.barrier)
+    else:
+        average, zero = node_exchange(full, node)
+    train = _train_loader(cfg, job, first, (node_index * replicas + replica, pipelines))
+    val = val_loader(cfg, job.data) if node.rank == 0 else []  # rank 0 validates it all
 
-        def collect() -> None:
-            if replica == 0:
-                gather_weights(full, layers, starts, rank, stages)
+    def collect() -> None:
+        if replica == 0:
+            gather_weights(full, layers, starts, rank, stages)
 
-        trainer = Trainer(full if rank == 0 else module,
-                          pipeline_step(schedule, optimizer, first, last, average, device),
-                          train, val, max_steps=cfg.max_steps,
-                          show_progress=job.show_progress and rank == 0,
-                          reduce=lambda *v: sum_over_ranks(*v, device=device),
-                          before_eval=collect, device=device,
-                          sync=torch.cuda.synchronize if cuda else (lambda: None))
-        train_epochs(job, trainer, optimizer, rank=rank, writer=rank == 0,
-                     gather=gather_to_first, barrier=dist.barrier)
+    trainer = Trainer(full if rank == 0 else module,
+                      pipeline_step(schedule, optimizer, first, last, average, device, zero),
+                      train, val, max_steps=cfg.max_steps,
+                      show_progress=job.show_progress and node.rank == 0,
+                      reduce=node.sum, before_eval=collect, device=device,
+                      sync=torch.cuda.synchronize if cuda else (lambda: None))
+    train_epochs(job, trainer, optimizer, rank=node.rank, writer=node.rank == 0,
+                 gather=node.gather, barrier=node.barrier)
+
+
+def node_exchange(full: nn.Module,
+                  node: Link) -> tuple[Callable[[], None], Callable[[], None]]:
+    """The node's exchange of the whole model's gradient buffer (this stage's part filled,
+    the rest zeros), after every step's backward passes; and the zeroing of the whole
+    buffer before them (the exchange leaves the other stages' gradients in it)."""
+    from ddlstudy.mpi import check_views, flat_gradients
+
+    flat = flat_gradients(full)
+    count = 0
+
+    def average() -> None:
+        nonlocal count
+        if count == 0:
+            check_views(full, flat)
+        node.exchange(flat, count)
+        count += 1
+
+    return average, flat.zero_
 
 
 def _train_loader(cfg: RunConfig, job: Job, first: bool, shard: tuple[int, int]):
@@ -272,7 +317,7 @@ class Pipeline(Strategy):
 
     def check(self, cfg: RunConfig) -> None:
         r, s, m = self.replicas(cfg), self.stages(cfg), cfg.micro_batches
-        batch = cfg.global_batch
+        batch, pipelines = cfg.global_batch, cfg.data_parallel()  # x nodes under MPI
         with torch.device("meta"):
             n_layers = len(flat_layers(build_model(cfg.usecase.model, 3)))
         if s < 2:
@@ -280,10 +325,11 @@ class Pipeline(Strategy):
         if s > n_layers:
             raise ConfigError("--stages", f"{s} stages but {cfg.usecase.model.arch} has only "
                               f"{n_layers} layers to share among them")
-        if batch % (r * m):
+        if batch % (pipelines * m):
+            nodes = f"{pipelines // r} nodes x " if pipelines != r else ""
             raise ConfigError("--micro-batches", f"the batch of {batch} does not split into "
-                              f"{r} replica(s) x {m} equal micro-batches; choose sizes whose "
-                              f"product divides {batch}")
+                              f"{nodes}{r} replica(s) x {m} equal micro-batches; choose "
+                              f"sizes whose product divides {batch}")
         if self.device_type(cfg) == "cpu":
             warn_if_oversubscribed(r * s)
 
@@ -302,15 +348,22 @@ class Pipeline(Strategy):
                 "device": self.device_type(cfg), "backend": "nccl" if cuda else "gloo",
                 "schedule": "GPipe"}
 
-    def fit(self, job: Job) -> None:
+    def cuts(self, job: Job) -> list[int]:
+        """Where each stage starts, from the layers' measured forward times (recorded)."""
         cfg = job.cfg
         r, s, micro = self.replicas(cfg), self.stages(cfg), cfg.micro_batches
-        costs = layer_costs(cfg.usecase, cfg.global_batch // r // micro)
+        costs = layer_costs(cfg.usecase, cfg.global_batch // cfg.data_parallel() // micro)
         starts = balanced_cuts(costs, s)
         if job.folder is not None:
             job.folder.manifest["strategy"].update(stage_starts=starts, layer_costs_s=costs)
             job.folder.write_manifest()
         log.info("%s: %d replica(s) of %d stages starting at layers %s", self.name, r, s, starts)
+        return starts
+
+    def fit(self, job: Job) -> None:
+        cfg = job.cfg
+        r, s, micro = self.replicas(cfg), self.stages(cfg), cfg.micro_batches
+        starts = self.cuts(job)
         level = logging.getLogger("ddlstudy").level
         threads = self.layout(cfg)["threads_per_process"]
         run_ranks(_worker, r * s, (free_port(), job, starts, micro, r, threads, level,

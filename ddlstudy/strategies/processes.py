@@ -17,8 +17,10 @@ import contextlib
 import datetime
 import logging
 import os
+import signal
 import socket
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -33,7 +35,7 @@ from ddlstudy.environment import usable_cores
 from ddlstudy.errors import Unavailable
 from ddlstudy.logs import setup_logging
 from ddlstudy.models import build_model
-from ddlstudy.sampler import ResourceSampler
+from ddlstudy.sampler import ResourceSampler, write_rows
 from ddlstudy.strategies.base import (
     Job,
     Strategy,
@@ -88,14 +90,24 @@ def run_ranks(fn, world: int, args: tuple) -> None:
         raise WorkerDied(f"worker rank {exc.error_index} (PID {exc.error_pid}) died: "
                          f"{how}") from None
     finally:
-        for proc in context.processes:  # SIGTERM: a rank in a snapshot write finishes it
-            if proc.is_alive():
-                proc.terminate()
-        for proc in context.processes:
-            proc.join(timeout=WRITE_GRACE_S)
-            if proc.is_alive():  # stuck in a collective: signal handlers cannot run
-                proc.kill()
-                proc.join()
+        stop_ranks(context.processes)
+
+
+def stop_ranks(processes: list) -> None:
+    """End the ranks still running, giving each a grace to finish the file it writes."""
+    for proc in processes:  # SIGTERM: a rank in a snapshot write finishes it
+        if proc.is_alive():
+            proc.terminate()
+    for proc in processes:
+        proc.join(timeout=WRITE_GRACE_S)
+        if proc.is_alive():  # stuck in a collective: signal handlers cannot run
+            proc.kill()
+            proc.join()
+
+
+def exit_reason(code: int) -> str:
+    """A process's exit code in words: a signal's name, or the code."""
+    return f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
 
 
 def ddp_step(model: DistributedDataParallel, optimizer: torch.optim.Optimizer,
@@ -135,53 +147,69 @@ def gather_to_first(obj: Any) -> list | None:
     return out if dist.get_rank() == 0 else None
 
 
-def rendezvous(host: str, port: int, rank: int, world: int):
+def rendezvous(host: str, port: int, rank: int, world: int) -> dist.TCPStore:
     """The TCPStore the ranks meet through, its server listening on ``host`` only (torch's
-    own would listen on every interface). Returns the store and rank 0's listening
-    socket, which must stay open as long as the store."""
-    listener = None
+    own would listen on every interface)."""
+    fd = None
     if host in ("127.0.0.1", "localhost"):
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo's own sockets too
     if rank == 0:
-        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind((host, port))
-        listener.listen(world * 2)
-    store = dist.TCPStore(host, port, world, rank == 0, timeout=COLLECTIVE_TIMEOUT,
-                          master_listen_fd=listener.fileno() if listener else None)
-    return store, listener
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.bind((host, port))
+            listener.listen(world * 2)
+            # The store owns the descriptor from now on and closes it itself: closing it
+            # here as well would close whatever another thread opened under that number
+            # since (the resource sampler's /proc reads failed with EBADF so).
+            fd = listener.detach()
+    return dist.TCPStore(host, port, world, rank == 0, timeout=COLLECTIVE_TIMEOUT,
+                         master_listen_fd=fd)
 
 
 @contextlib.contextmanager
-def spawned_rank(rank: int, world: int, port: int | str, job: Job, threads: int, log_level: int,
-                 device_type: str = "cpu") -> Iterator[torch.device]:
-    """Everything a spawned rank needs around its training: threads, logging, its device,
-    the process group (gloo on CPU, NCCL on ``cuda:rank``) and its own resource sampler,
-    whose rows go to the run folder when it ends. Yields the rank's device."""
-    torch.set_num_threads(threads)
-    os.environ["RANK"] = str(rank)
-    setup_logging(log_level)
+def process_group(rank: int, world: int, port: int | str,
+                  device_type: str = "cpu") -> Iterator[torch.device]:
+    """Join the ranks' process group (gloo on CPU, NCCL on ``cuda:rank``) through the
+    TCPStore at ``port`` ("host:port", or a port on the loopback). Yields the device."""
     cuda = device_type == "cuda"
     device = torch.device("cuda", rank) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
     host, port = port.rsplit(":", 1) if isinstance(port, str) else ("127.0.0.1", port)
-    store, listener = rendezvous(host, int(port), rank, world)
+    store = rendezvous(host, int(port), rank, world)
     dist.init_process_group("nccl" if cuda else "gloo", store=store, rank=rank,
                             world_size=world, timeout=COLLECTIVE_TIMEOUT)
-    sampler = ResourceSampler(job.cfg.sample_hz, rank=rank, scope="worker").start()
     try:
-        with signals.handled(once=True):  # Ctrl-C or SIGTERM wait for a write to end
+        yield device
+    finally:
+        dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def spawned_rank(rank: int, world: int, port: int | str, job: Job, threads: int, log_level: int,
+                 device_type: str = "cpu", tag: int | None = None,
+                 drop: Path | None = None) -> Iterator[torch.device]:
+    """Everything a spawned rank needs around its training: threads, logging, its process
+    group and its own resource sampler, whose rows go to the run folder when it ends (or
+    to ``drop``, a folder its MPI node's leader collects, tagged ``tag``: the rank among
+    every node's workers). Yields the rank's device."""
+    torch.set_num_threads(threads)
+    os.environ["RANK"] = str(rank if tag is None else tag)
+    setup_logging(log_level)
+    tag = rank if tag is None else tag
+    sampler = ResourceSampler(job.cfg.sample_hz, rank=tag, scope="worker").start()
+    try:
+        with process_group(rank, world, port, device_type) as device, \
+                signals.handled(once=True):  # Ctrl-C or SIGTERM wait for a write to end
             yield device
     except signals.Terminated:  # the parent ends this rank: no traceback, exit 143
         raise SystemExit(143) from None
     finally:
         rows = sampler.stop()
-        if job.folder is not None and sampler.enabled:
+        if drop is not None:
+            write_rows(drop / f"rank{tag}.parquet", rows)
+        elif job.folder is not None and sampler.enabled:
             job.folder.write_worker_samples(rank, rows)
-        dist.destroy_process_group()
-        if listener is not None:
-            listener.close()
 
 
 def data_parallel_rank(rank: int, world: int, port: int | str, job: Job, threads: int,

@@ -1,0 +1,198 @@
+"""MPI nodes of several processes: ``--backend mpi --strategy cpu-processes`` (gpu-data,
+pipeline, hybrid).
+
+    ddlstudy run --usecase tiny --backend mpi --nodes 2 --strategy cpu-processes --workers 2
+    mpiexec -n 4 -hosts a,b,c,d ddlstudy run --usecase simple-big --backend mpi \\
+        --strategy cpu-processes --workers 2
+
+Each MPI rank leads a node: it is the node's worker 0 and spawns the node's other K - 1
+workers, which meet it in a process group on the node's loopback (gloo; NCCL on GPUs).
+Only the leaders are MPI processes; the spawned workers never touch MPI. Worker w of node
+i is worker i * K + w of the run's N * K: it takes that slice of every global batch and
+that dropout seed, exactly as rank i * K + w of N * K local cpu-processes would.
+
+A step is a hierarchical all-reduce (as Horovod's): each worker's gradient, its loss
+weighted by N * K x its slice / global batch, is summed on the leader (one reduce over the
+node's group), divided by K, averaged between the leaders by the ``--reduce`` algorithm,
+and sent back to the node's workers (one broadcast). Every gradient is a view of one flat
+buffer, so no step copies a gradient on a CPU node. The node's workers write their
+resource samples to a folder on their own host; the leader hands them to MPI rank 0.
+
+A node of pipelines (``pipeline``, ``hybrid``: R replicas of S stages) exchanges the same
+way: each process lays its stage's gradients into a buffer of the whole model's (zeros
+elsewhere), so the reduce on the leader assembles the node's gradient; the leader divides
+by R. Every node cuts its pipelines where rank 0's measurement says, and takes slice
+i * R + r of every batch, as pipeline r of N * R would.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from ddlstudy import compress
+from ddlstudy.models import build_model
+from ddlstudy.mpi import (
+    flat_gradients,
+    mpi_step,
+    new_optimizer,
+    record_compression,
+    train_worker,
+)
+from ddlstudy.reducers import get_reducer
+from ddlstudy.sampler import ResourceSampler, read_rows, write_rows
+from ddlstudy.strategies import get_strategy
+from ddlstudy.strategies.base import Job, Link
+from ddlstudy.strategies.processes import (
+    WorkerDied,
+    exit_reason,
+    free_port,
+    gather_to_first,
+    process_group,
+    spawned_rank,
+    stop_ranks,
+)
+from ddlstudy.training import make_loaders, make_scaler, seed_everything
+
+log = logging.getLogger("ddlstudy")
+
+
+def node_link(comm, reducer, node: int, nodes: int, local: int, k: int,
+              device: torch.device, spread: int) -> Link:
+    """Process ``local`` of node ``node``'s ``k``; ``comm`` and ``reducer`` on the leader
+    only. ``spread``: the node's processes whose gradients are of the same weights (its
+    data-parallel workers, or its pipelines' replicas), whose sum the leader divides by."""
+    leader = local == 0
+
+    def exchange(flat: torch.Tensor, step: int) -> None:
+        dist.reduce(flat, dst=0)  # the node's gradient, summed on its leader
+        if leader:
+            flat /= spread
+            host = flat.cpu()  # the same memory on a CPU node
+            reducer(comm, host.numpy(), step=step)
+            if host.data_ptr() != flat.data_ptr():
+                flat.copy_(host)
+        dist.broadcast(flat, src=0)
+
+    def total(*values: float) -> list[float]:
+        t = torch.tensor(values, dtype=torch.float64, device=device)
+        dist.reduce(t, dst=0)
+        if leader:
+            t.copy_(torch.from_numpy(comm.allreduce(t.cpu().numpy())))
+        dist.broadcast(t, src=0)
+        return t.tolist()
+
+    def gather(obj: object) -> list | None:
+        mine = gather_to_first(obj)  # the node's workers, in order, on the leader
+        if not leader:
+            return None
+        per_node = comm.gather(mine, root=0)
+        return None if per_node is None else [o for node_objs in per_node for o in node_objs]
+
+    def barrier() -> None:
+        dist.barrier()
+        if leader:
+            comm.Barrier()
+        dist.barrier()
+
+    return Link(node * k + local, nodes * k, exchange, total, gather, barrier)
+
+
+def train_node_worker(job: Job, link: Link, device: torch.device,
+                      loader_workers: int | None) -> None:
+    """One data-parallel worker of a node: the model, its slice of every batch, the epochs."""
+    cfg, uc = job.cfg, job.cfg.usecase
+    seed_everything(uc.train.seed)
+    model = build_model(uc.model, len(uc.classes)).to(device)  # the same weights everywhere
+    torch.manual_seed(uc.train.seed + link.rank)  # each worker its own dropout and flips
+    flat = flat_gradients(model)
+    optimizer = new_optimizer(model, cfg)
+    train, val = make_loaders(cfg, job.data, shard=(link.rank, link.world),
+                              loader_workers=loader_workers)
+    step = mpi_step(model, optimizer, flat, link, cfg.global_batch, cfg.accumulate,
+                    scaler=make_scaler(cfg.precision, device.type))
+    train_worker(job, link, model, optimizer, step, train, val, device)
+
+
+def train_pipeline_stage(job: Job, link: Link, device: torch.device, starts: list[int],
+                         replicas: int) -> None:
+    """One stage of one of a node's pipelines (``pipeline``, ``hybrid``)."""
+    from ddlstudy.strategies.pipeline import train_stage
+
+    k = dist.get_world_size()
+    train_stage(job, device, link.rank % k, k, starts, job.cfg.micro_batches, replicas, link)
+
+
+def _spawned(index: int, k: int, port: int, job: Job, threads: int, level: int,
+             device_type: str, node: int, nodes: int, spread: int, drop: Path, work,
+             args: tuple) -> None:
+    """A node's process 1..K-1, spawned by its leader."""
+    local = index + 1
+    with spawned_rank(local, k, port, job, threads, level, device_type,
+                      tag=node * k + local, drop=drop) as device:
+        work(job, node_link(None, None, node, nodes, local, k, device, spread), device, *args)
+
+
+def _work(job: Job, comm, layout: dict) -> tuple:
+    """What each of the node's processes runs, its arguments, and the node's ``spread``."""
+    strategy = get_strategy(job.cfg.strategy)
+    if job.cfg.strategy in ("pipeline", "hybrid"):
+        # Rank 0 measures the layers; every node cuts its pipelines where rank 0 does.
+        starts = comm.bcast(strategy.cuts(job) if comm.Get_rank() == 0 else None, root=0)
+        return train_pipeline_stage, (starts, layout["replicas"]), layout["replicas"]
+    return train_node_worker, (layout.get("loader_workers"),), layout["processes"]
+
+
+def fit(job: Job, comm, layout: dict) -> list[dict]:
+    """Lead this MPI rank's node of ``layout["processes"]`` processes through the run.
+    Returns the samples of the node's processes (for rank 0's samples.parquet)."""
+    cfg = job.cfg
+    k, threads = layout["processes"], layout["threads_per_process"]
+    device_type = "cuda" if layout.get("backend") == "nccl" else "cpu"
+    node, nodes = comm.Get_rank(), comm.Get_size()
+    compressor = compress.parse(cfg.compress)
+    reducer = compressor or get_reducer(cfg.reduce)
+    work, args, spread = _work(job, comm, layout)
+    port = free_port()
+    level = logging.getLogger("ddlstudy").level
+    with tempfile.TemporaryDirectory(prefix="ddlstudy-node-") as tmp:
+        drop = Path(tmp)
+        context = mp.start_processes(
+            _spawned, args=(k, port, job, threads, level, device_type, node, nodes, spread,
+                            drop, work, args),
+            nprocs=k - 1, join=False, start_method="spawn")
+        torch.set_num_threads(threads)
+        sampler = ResourceSampler(cfg.sample_hz, rank=node * k, scope="worker").start()
+        try:
+            with process_group(0, k, port, device_type) as device:
+                work(job, node_link(comm, reducer, node, nodes, 0, k, device, spread), device,
+                     *args)
+            while not context.join():  # the others end on their own after the last epoch
+                pass
+        except Exception as exc:
+            dead = [(i + 1, p) for i, p in enumerate(context.processes)
+                    if not p.is_alive() and p.exitcode]
+            if dead:  # a process that died made the leader's collective fail: name it
+                local, proc = dead[0]
+                raise WorkerDied(f"worker {local} of node {node} (PID {proc.pid}) died: "
+                                 f"{exit_reason(proc.exitcode)}") from exc
+            raise
+        finally:
+            stop_ranks(context.processes)
+            write_rows(drop / f"rank{node * k}.parquet", sampler.stop())
+        if node == 0:
+            record_compression(job, compressor, count_parameters(cfg))
+        if not sampler.enabled:
+            return []
+        return [row for part in sorted(drop.glob("rank*.parquet")) for row in read_rows(part)]
+
+
+def count_parameters(cfg) -> int:
+    uc = cfg.usecase
+    with torch.device("meta"):
+        return sum(p.numel() for p in build_model(uc.model, len(uc.classes)).parameters())
