@@ -52,6 +52,9 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
     what.add_argument("--stages", type=int, help="pipeline stages (default: one per core)")
     what.add_argument("--micro-batches", type=int, default=4,
                       help="GPipe micro-batches per global batch (default 4)")
+    what.add_argument("--stage-starts", metavar="L0,L1,...",
+                      help="the layer each pipeline stage starts at, e.g. 0,9 (default: "
+                      "balanced by measured forward times)")
     what.add_argument("--replicas", type=int, default=2,
                       help="data-parallel replicas of the pipeline, for hybrid (default 2)")
     what.add_argument("--devices", type=int, help="GPUs for gpu-data (default: all visible)")
@@ -240,6 +243,16 @@ def build_parser() -> argparse.ArgumentParser:
 _TRAIN_FLAGS = ("epochs", "batch_size", "image_size", "seed", "lr")
 
 
+def _layer_list(text: str | None) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise ConfigError("--stage-starts", f"{text!r}: give layer numbers separated by "
+                          "commas, e.g. 0,9") from None
+
+
 def config_from_args(args: argparse.Namespace):
     from ddlstudy.config import DEFAULT_RUNS_DIR, RunConfig, load_usecase, with_overrides
 
@@ -255,6 +268,7 @@ def config_from_args(args: argparse.Namespace):
         extra["datasets_dir"] = args.datasets_dir
     return RunConfig(usecase=usecase, strategy=args.strategy, workers=args.workers,
                      stages=args.stages, micro_batches=args.micro_batches,
+                     stage_starts=_layer_list(args.stage_starts),
                      replicas=args.replicas, devices=args.devices, backend=args.backend,
                      nodes=args.nodes, hosts=args.hosts, reduce=args.reduce,
                      spark_master=args.spark_master,

@@ -180,6 +180,9 @@ class RunConfig:
     """Pipeline stages (default: one per core)."""
     micro_batches: int = 4
     """GPipe micro-batches each global batch is split into."""
+    stage_starts: tuple[int, ...] | None = None
+    """The layer each pipeline stage starts at (default: cut where the measured forward
+    times balance; a replay cuts where the run it replays did)."""
     replicas: int = 2
     """Data-parallel replicas of the pipeline (hybrid)."""
     devices: int | None = None
@@ -255,6 +258,19 @@ class RunConfig:
         if self.stages is not None:
             _positive("--stages", self.stages)
         _positive("--micro-batches", self.micro_batches)
+        if self.stage_starts is not None:
+            object.__setattr__(self, "stage_starts", tuple(self.stage_starts))
+            if self.strategy not in ("pipeline", "hybrid"):
+                raise ConfigError("--stage-starts", "cuts a pipeline into stages: it needs "
+                                  "--strategy pipeline or hybrid")
+            starts = self.stage_starts
+            if not starts or starts[0] != 0 or list(starts) != sorted(set(starts)):
+                raise ConfigError("--stage-starts", f"{','.join(map(str, starts))}: give the "
+                                  "first layer of each stage, starting at 0 and increasing, "
+                                  "e.g. 0,9")
+            if self.stages is not None and self.stages != len(starts):
+                raise ConfigError("--stage-starts", f"{len(starts)} stages start there but "
+                                  f"--stages is {self.stages}")
         _positive("--replicas", self.replicas)
         if self.devices is not None:
             _positive("--devices", self.devices)

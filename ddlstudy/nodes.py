@@ -18,17 +18,19 @@ and sent back to the node's workers (one broadcast). Every gradient is a view of
 buffer, so no step copies a gradient on a CPU node. The node's workers write their
 resource samples to a folder on their own host; the leader hands them to MPI rank 0.
 
-A node of pipelines (``pipeline``, ``hybrid``: R replicas of S stages) exchanges the same
-way: each process lays its stage's gradients into a buffer of the whole model's (zeros
-elsewhere), so the reduce on the leader assembles the node's gradient; the leader divides
-by R. Every node cuts its pipelines where rank 0's measurement says, and takes slice
-i * R + r of every batch, as pipeline r of N * R would.
+A node of pipelines (``pipeline``, ``hybrid``: R replicas of S stages) first averages each
+stage over its replicas, then the first pipeline's stages send their parts of the
+gradient to the leader, which averages the whole buffer with the other leaders and sends
+each part back (``strategies.pipeline.node_exchange``). Every node cuts its pipelines
+where rank 0's measurement says, and takes slice i * R + r of every batch, as pipeline
+r of N * R would.
 """
 
 from __future__ import annotations
 
 import logging
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -69,14 +71,17 @@ def node_link(comm, reducer, node: int, nodes: int, local: int, k: int,
     data-parallel workers, or its pipelines' replicas), whose sum the leader divides by."""
     leader = local == 0
 
+    def between(flat: torch.Tensor, step: int) -> None:
+        host = flat.cpu()  # the same memory on a CPU node
+        reducer(comm, host.numpy(), step=step)
+        if host.data_ptr() != flat.data_ptr():
+            flat.copy_(host)
+
     def exchange(flat: torch.Tensor, step: int) -> None:
         dist.reduce(flat, dst=0)  # the node's gradient, summed on its leader
         if leader:
             flat /= spread
-            host = flat.cpu()  # the same memory on a CPU node
-            reducer(comm, host.numpy(), step=step)
-            if host.data_ptr() != flat.data_ptr():
-                flat.copy_(host)
+            between(flat, step)
         dist.broadcast(flat, src=0)
 
     def total(*values: float) -> list[float]:
@@ -100,7 +105,8 @@ def node_link(comm, reducer, node: int, nodes: int, local: int, k: int,
             comm.Barrier()
         dist.barrier()
 
-    return Link(node * k + local, nodes * k, exchange, total, gather, barrier)
+    return Link(node * k + local, nodes * k, exchange, total, gather, barrier,
+                between if leader else None)
 
 
 def train_node_worker(job: Job, link: Link, device: torch.device,
@@ -175,10 +181,9 @@ def fit(job: Job, comm, layout: dict) -> list[dict]:
             while not context.join():  # the others end on their own after the last epoch
                 pass
         except Exception as exc:
-            dead = [(i + 1, p) for i, p in enumerate(context.processes)
-                    if not p.is_alive() and p.exitcode]
+            dead = _dead(context.processes)
             if dead:  # a process that died made the leader's collective fail: name it
-                local, proc = dead[0]
+                local, proc = dead
                 raise WorkerDied(f"worker {local} of node {node} (PID {proc.pid}) died: "
                                  f"{exit_reason(proc.exitcode)}") from exc
             raise
@@ -190,6 +195,20 @@ def fit(job: Job, comm, layout: dict) -> list[dict]:
         if not sampler.enabled:
             return []
         return [row for part in sorted(drop.glob("rank*.parquet")) for row in read_rows(part)]
+
+
+def _dead(processes: list, wait_s: float = 3.0) -> tuple[int, object] | None:
+    """The first of the node's processes that ended with an error, as (its local rank,
+    it). A killed process's sockets close before it can be reaped, so its peers' error
+    may come first: wait a little for it."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        for i, proc in enumerate(processes):
+            if not proc.is_alive() and proc.exitcode:
+                return i + 1, proc
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.05)
 
 
 def count_parameters(cfg) -> int:

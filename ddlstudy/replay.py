@@ -52,6 +52,10 @@ def config_from_manifest(manifest: dict[str, Any], runs_dir: Path | None = None)
     if dropped:
         log.warning("this version of ddlstudy ignores recorded settings: %s", ", ".join(dropped))
     kwargs = {k: v for k, v in config.items() if k in fields}
+    if "stage_starts" in fields and kwargs.get("stage_starts") is None:
+        # A pipeline cut where its measured times said: cut the replay there too (the
+        # cut decides which process draws each dropout mask).
+        kwargs["stage_starts"] = (manifest.get("strategy") or {}).get("stage_starts")
     for key in _PATHS:
         if kwargs.get(key) is not None:
             kwargs[key] = Path(kwargs[key])

@@ -54,6 +54,15 @@ def cli(tmp_path, datasets_dir, capsys):
     (["run", "--backend", "mpi", "--reduce", "gossip"], "unknown reducer 'gossip'"),
     (["run", "--backend", "mpi", "--nodes", "3", "--strategy", "pipeline", "--stages", "2"],
      "the batch of 16 does not split into 3 nodes x 1 replica(s) x 4 equal micro-batches"),
+    (["run", "--stage-starts", "0,9"], "--stage-starts: cuts a pipeline into stages: it needs"),
+    (["run", "--strategy", "pipeline", "--stage-starts", "0,x"],
+     "--stage-starts: '0,x': give layer numbers separated by commas"),
+    (["run", "--strategy", "pipeline", "--stage-starts", "3,9"],
+     "--stage-starts: 3,9: give the first layer of each stage, starting at 0 and increasing"),
+    (["run", "--strategy", "pipeline", "--stage-starts", "0,99"],
+     "--stage-starts: the last stage starts at layer 99 but alexnet has layers 0 to 21"),
+    (["run", "--strategy", "pipeline", "--stages", "3", "--stage-starts", "0,9"],
+     "--stage-starts: 2 stages start there but --stages is 3"),
 ])
 def test_bad_flags(cli, args, message):
     code, err, runs = cli(*args)

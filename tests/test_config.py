@@ -73,3 +73,22 @@ def test_unknown_usecase_lists_the_names():
 def test_frozen(tiny):
     with pytest.raises(dataclasses.FrozenInstanceError):
         tiny.train.epochs = 5
+
+
+def test_a_replayed_pipeline_cuts_where_its_run_did(tiny):
+    """The cut decides which process draws each dropout mask: a replay of a pipeline whose
+    cut was measured takes the recorded one; a given cut stays given."""
+    from ddlstudy.config import RunConfig
+    from ddlstudy.replay import config_from_manifest
+
+    measured = RunConfig(usecase=tiny, strategy="pipeline", stages=2)
+    manifest = {"config": measured.to_dict(), "id": "run-1",
+                "strategy": {"name": "pipeline", "stage_starts": [0, 16]}}
+    replay = config_from_manifest(manifest)
+    assert replay.stage_starts == (0, 16) and replay.replay_of == "run-1"
+    given = RunConfig(usecase=tiny, strategy="hybrid", stage_starts=[0, 9])
+    assert given.stage_starts == (0, 9)
+    manifest = {"config": given.to_dict(), "strategy": {"stage_starts": [0, 9]}}
+    assert config_from_manifest(manifest).stage_starts == (0, 9)
+    plain = {"config": RunConfig(usecase=tiny).to_dict(), "strategy": {"name": "sequential"}}
+    assert config_from_manifest(plain).stage_starts is None

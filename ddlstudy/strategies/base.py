@@ -42,7 +42,9 @@ class Link:
     """Where one training process stands among a run's data-parallel workers, and how it
     reaches the others: ``exchange(flat, step)`` averages the gradient buffer over all
     ``world`` workers in place; ``sum`` adds per-worker counts; ``gather`` collects an
-    object from every worker on worker 0 (None elsewhere); ``barrier`` waits for all."""
+    object from every worker on worker 0 (None elsewhere); ``barrier`` waits for all;
+    ``between(flat, step)``, on an MPI node's leader only, averages its node's buffer
+    with the other nodes' leaders."""
 
     rank: int
     world: int
@@ -50,6 +52,7 @@ class Link:
     sum: Callable[..., list[float]]
     gather: Callable[[Any], list | None]
     barrier: Callable[[], None]
+    between: Callable[[torch.Tensor, int], None] | None = None
 
 
 def train_epochs(job: Job, trainer: Trainer, optimizer: torch.optim.Optimizer, *,

@@ -251,7 +251,8 @@ def train_stage(job: Job, device: torch.device, rank: int, world: int, starts: l
                     lambda *v: sum_over_ranks(*v, device=device), gather_to_first,
                     dist.barrier)
     else:
-        average, zero = node_exchange(full, node)
+        average, zero = node_exchange(full, node, layers, starts, rank, replicas,
+                                      data_groups[index])
     train = _train_loader(cfg, job, first, (node_index * replicas + replica, pipelines))
     val = val_loader(cfg, job.data) if node.rank == 0 else []  # rank 0 validates it all
 
@@ -269,24 +270,58 @@ def train_stage(job: Job, device: torch.device, rank: int, world: int, starts: l
                  gather=node.gather, barrier=node.barrier)
 
 
-def node_exchange(full: nn.Module,
-                  node: Link) -> tuple[Callable[[], None], Callable[[], None]]:
-    """The node's exchange of the whole model's gradient buffer (this stage's part filled,
-    the rest zeros), after every step's backward passes; and the zeroing of the whole
-    buffer before them (the exchange leaves the other stages' gradients in it)."""
+def node_exchange(full: nn.Module, node: Link, layers: list[nn.Module], starts: list[int],
+                  rank: int, replicas: int,
+                  data_group) -> tuple[Callable[[], None], Callable[[], None]]:
+    """An MPI node's exchange after every step's backward passes, and the zeroing of this
+    stage's gradients before them. Every gradient is a view of one buffer of the whole
+    model's, where each stage's part is one contiguous range (parameters in layer order).
+
+    The replicas of this stage average its range; the first pipeline's stages send theirs
+    to the leader (stage 0 of pipeline 0), which averages the whole buffer between the
+    nodes and sends each range back; the replicas then take it from the first pipeline.
+    """
     from ddlstudy.mpi import check_views, flat_gradients
 
+    stages = len(starts)
+    replica, index = divmod(rank, stages)
     flat = flat_gradients(full)
+    offsets, offset = {}, 0
+    for p in full.parameters():
+        offsets[id(p)] = (offset, offset + p.numel())
+        offset += p.numel()
+    ranges = []
+    for s in range(stages):
+        spans = sorted(offsets[id(p)] for p in stage_module(layers, starts, s).parameters())
+        lo, hi = (spans[0][0], spans[-1][1]) if spans else (0, 0)
+        if sum(b - a for a, b in spans) != hi - lo:
+            raise RuntimeError(f"stage {s}'s parameters are not one range of the buffer")
+        ranges.append((lo, hi))
+    mine = flat[slice(*ranges[index])]
     count = 0
 
     def average() -> None:
         nonlocal count
         if count == 0:
             check_views(full, flat)
-        node.exchange(flat, count)
+        if replicas > 1 and mine.numel():
+            dist.all_reduce(mine, group=data_group)
+            mine.div_(replicas)  # equal slices: the mean of the replicas' mean gradients
+        if node.between is not None:  # the leader
+            others = [(s, flat[lo:hi]) for s, (lo, hi) in enumerate(ranges) if s and hi > lo]
+            for s, part in others:
+                dist.recv(part, src=s)
+            node.between(flat, count)
+            for s, part in others:
+                dist.send(part, dst=s)
+        elif replica == 0 and mine.numel():
+            dist.send(mine, dst=0)
+            dist.recv(mine, src=0)
+        if replicas > 1 and mine.numel():
+            dist.broadcast(mine, src=index, group=data_group)  # from pipeline 0's stage
         count += 1
 
-    return average, flat.zero_
+    return average, mine.zero_
 
 
 def _train_loader(cfg: RunConfig, job: Job, first: bool, shard: tuple[int, int]):
@@ -313,6 +348,8 @@ class Pipeline(Strategy):
         return self.replicas(cfg)
 
     def stages(self, cfg: RunConfig) -> int:
+        if cfg.stage_starts is not None:
+            return len(cfg.stage_starts)
         return cfg.stages or max(2, usable_cores() // self.replicas(cfg))
 
     def check(self, cfg: RunConfig) -> None:
@@ -325,6 +362,10 @@ class Pipeline(Strategy):
         if s > n_layers:
             raise ConfigError("--stages", f"{s} stages but {cfg.usecase.model.arch} has only "
                               f"{n_layers} layers to share among them")
+        if cfg.stage_starts is not None and cfg.stage_starts[-1] >= n_layers:
+            raise ConfigError("--stage-starts", f"the last stage starts at layer "
+                              f"{cfg.stage_starts[-1]} but {cfg.usecase.model.arch} has "
+                              f"layers 0 to {n_layers - 1}")
         if batch % (pipelines * m):
             nodes = f"{pipelines // r} nodes x " if pipelines != r else ""
             raise ConfigError("--micro-batches", f"the batch of {batch} does not split into "
@@ -352,8 +393,11 @@ class Pipeline(Strategy):
         """Where each stage starts, from the layers' measured forward times (recorded)."""
         cfg = job.cfg
         r, s, micro = self.replicas(cfg), self.stages(cfg), cfg.micro_batches
-        costs = layer_costs(cfg.usecase, cfg.global_batch // cfg.data_parallel() // micro)
-        starts = balanced_cuts(costs, s)
+        if cfg.stage_starts is not None:  # given: nothing measured
+            starts, costs = list(cfg.stage_starts), None
+        else:
+            costs = layer_costs(cfg.usecase, cfg.global_batch // cfg.data_parallel() // micro)
+            starts = balanced_cuts(costs, s)
         if job.folder is not None:
             job.folder.manifest["strategy"].update(stage_starts=starts, layer_costs_s=costs)
             job.folder.write_manifest()
