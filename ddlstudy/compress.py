@@ -27,15 +27,22 @@ class Compressor:
     def __init__(self) -> None:
         self.sent_bytes = 0
         """Bytes this rank sent in its last exchange."""
+        self.buffer_bytes = 0
+        """Bytes of the float32 buffer it averaged then (what an uncompressed exchange sends)."""
 
     def __call__(self, comm, buf: np.ndarray, step: int = 0) -> None:
+        self.buffer_bytes = buf.nbytes
+        self.sent_bytes = self._exchange(comm, buf)
+
+    def _exchange(self, comm, buf: np.ndarray) -> int:
+        """Average ``buf`` in place across ``comm``; return the bytes this rank sent."""
         raise NotImplementedError
 
 
 class Fp16(Compressor):
     name = "fp16"
 
-    def __call__(self, comm, buf: np.ndarray, step: int = 0) -> None:
+    def _exchange(self, comm, buf: np.ndarray) -> int:
         # torch converts float16 with vector instructions; numpy's casts are ~20x slower
         mine = torch.from_numpy(buf).to(torch.float16)
         everyone = torch.empty((comm.Get_size(), buf.size), dtype=torch.float16)
@@ -45,7 +52,7 @@ class Fp16(Compressor):
         for r in range(1, everyone.shape[0]):  # rank order: the same sum on every rank
             total.add_(everyone[r])
         total.div_(everyone.shape[0])
-        self.sent_bytes = mine.numel() * 2
+        return mine.numel() * 2
 
 
 class TopK(Compressor):
@@ -55,7 +62,7 @@ class TopK(Compressor):
         self.name = f"topk:{ratio:g}"
         self.residual: np.ndarray | None = None
 
-    def __call__(self, comm, buf: np.ndarray, step: int = 0) -> None:
+    def _exchange(self, comm, buf: np.ndarray) -> int:
         if self.residual is None:
             self.residual = np.zeros_like(buf)
         acc = self.residual
@@ -74,7 +81,7 @@ class TopK(Compressor):
         for r in range(size):  # rank order: the same sum on every rank
             np.add.at(buf, all_index[r], all_values[r])
         buf /= size
-        self.sent_bytes = index.nbytes + values.nbytes
+        return index.nbytes + values.nbytes
 
 
 def parse(spec: str) -> Compressor | None:

@@ -380,7 +380,7 @@ def _fit(job: Job, comm, model: nn.Module, flat: torch.Tensor, local=None,
         record(job, "balance", balancer.result or {
             "after_steps": None, "note": f"fewer than {balancer.WARMUP + balancer.STEPS} "
                                          "steps: never measured, slices stayed equal"})
-    record_compression(job, compressor, flat.numel())
+    record_compression(job, compressor)
 
 
 def new_optimizer(model: nn.Module, cfg) -> torch.optim.Optimizer:
@@ -405,9 +405,9 @@ def record(job: Job, key: str, value: dict) -> None:
         job.folder.write_manifest()
 
 
-def record_compression(job: Job, compressor, parameters: int) -> None:
+def record_compression(job: Job, compressor) -> None:
     if compressor is not None:
         record(job, "compress", {
             "method": compressor.name, "bytes_sent_per_step": compressor.sent_bytes,
-            "uncompressed_bytes": parameters * 4,
-            "factor": parameters * 4 / max(compressor.sent_bytes, 1)})
+            "uncompressed_bytes": compressor.buffer_bytes,
+            "factor": compressor.buffer_bytes / max(compressor.sent_bytes, 1)})

@@ -47,7 +47,7 @@ from ddlstudy.mpi import (
     train_worker,
 )
 from ddlstudy.reducers import get_reducer
-from ddlstudy.sampler import ResourceSampler, read_rows, write_rows
+from ddlstudy.sampler import ResourceSampler, read_rows
 from ddlstudy.strategies import get_strategy
 from ddlstudy.strategies.base import Job, Link
 from ddlstudy.strategies.processes import (
@@ -189,12 +189,12 @@ def fit(job: Job, comm, layout: dict) -> list[dict]:
             raise
         finally:
             stop_ranks(context.processes)
-            write_rows(drop / f"rank{node * k}.parquet", sampler.stop())
+            own = sampler.stop()
         if node == 0:
-            record_compression(job, compressor, count_parameters(cfg))
-        if not sampler.enabled:
-            return []
-        return [row for part in sorted(drop.glob("rank*.parquet")) for row in read_rows(part)]
+            record_compression(job, compressor)
+        # The others' samples, from the files they wrote on this host as they ended.
+        return own + [row for part in sorted(drop.glob("rank*.parquet"))
+                      for row in read_rows(part)]
 
 
 def _dead(processes: list, wait_s: float = 3.0) -> tuple[int, object] | None:
@@ -210,8 +210,3 @@ def _dead(processes: list, wait_s: float = 3.0) -> tuple[int, object] | None:
             return None
         time.sleep(0.05)
 
-
-def count_parameters(cfg) -> int:
-    uc = cfg.usecase
-    with torch.device("meta"):
-        return sum(p.numel() for p in build_model(uc.model, len(uc.classes)).parameters())

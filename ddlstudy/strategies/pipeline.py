@@ -217,9 +217,8 @@ def train_stage(job: Job, device: torch.device, rank: int, world: int, starts: l
     """Stage ``rank % stages`` of replica ``rank // stages`` among ``world`` processes.
 
     Alone, the replicas of a stage all-reduce its gradients. In an MPI node (``node``: this
-    process among every node's, ``ddlstudy.nodes``) every process lays its stage's
-    gradients into one buffer of the whole model's, and the node exchanges that buffer:
-    summed on its leader, divided by the replicas, averaged between the nodes, sent back.
+    process among every node's, ``ddlstudy.nodes``) the node exchanges them with the other
+    nodes through its leader (``node_exchange``).
     """
     cfg, uc = job.cfg, job.cfg.usecase
     cuda = device.type == "cuda"

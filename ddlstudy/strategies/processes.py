@@ -86,9 +86,8 @@ def run_ranks(fn, world: int, args: tuple) -> None:
         while not context.join():
             pass
     except mp.ProcessExitedException as exc:  # killed or exited without a Python error
-        how = f"signal {exc.signal_name}" if exc.signal_name else f"exit code {exc.exit_code}"
         raise WorkerDied(f"worker rank {exc.error_index} (PID {exc.error_pid}) died: "
-                         f"{how}") from None
+                         f"{exit_reason(exc.exit_code)}") from None
     finally:
         stop_ranks(context.processes)
 
@@ -193,10 +192,10 @@ def spawned_rank(rank: int, world: int, port: int | str, job: Job, threads: int,
     group and its own resource sampler, whose rows go to the run folder when it ends (or
     to ``drop``, a folder its MPI node's leader collects, tagged ``tag``: the rank among
     every node's workers). Yields the rank's device."""
-    torch.set_num_threads(threads)
-    os.environ["RANK"] = str(rank if tag is None else tag)
-    setup_logging(log_level)
     tag = rank if tag is None else tag
+    torch.set_num_threads(threads)
+    os.environ["RANK"] = str(tag)
+    setup_logging(log_level)
     sampler = ResourceSampler(job.cfg.sample_hz, rank=tag, scope="worker").start()
     try:
         with process_group(rank, world, port, device_type) as device, \
@@ -206,7 +205,7 @@ def spawned_rank(rank: int, world: int, port: int | str, job: Job, threads: int,
         raise SystemExit(143) from None
     finally:
         rows = sampler.stop()
-        if drop is not None:
+        if drop is not None and sampler.enabled:
             write_rows(drop / f"rank{tag}.parquet", rows)
         elif job.folder is not None and sampler.enabled:
             job.folder.write_worker_samples(rank, rows)
