@@ -1,6 +1,6 @@
 # make demo: .venv, install, synthetic data, a small study (usecases/demo.toml), its
 #            speedup tables and figures (runs/demo/report/).
-# make test: .venv if missing, ruff, the whole test suite.
+# make test: .venv if missing, ruff, the import contracts (lint-imports), the whole test suite.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -26,6 +26,7 @@ notebook: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check ddlstudy tests
+	$(BIN)/lint-imports
 
 test: lint
 	$(BIN)/pytest

@@ -10,74 +10,26 @@ from __future__ import annotations
 
 import csv
 import datetime as dt
-import errno
 import io
 import json
-import os
 import secrets
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ddlstudy.signals import deferred
+from ddlstudy.files import atomic_write, atomic_write_text
+from ddlstudy.sampler import samples_frame, write_rows
 
 MANIFEST = "manifest.json"
 METRICS = "metrics.csv"
 SAMPLES = "samples.parquet"
 SNAPSHOT = "snapshot.pt"
 SCHEMA_VERSION = 1
+RUN_ID_ENV = "DDLSTUDY_RUN_ID"
+"""The run id a launcher (ddlstudy's mpiexec, a study) gives the run folder it starts."""
 
 
 def now_iso() -> str:
     return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")
-
-
-class WriteFailed(RuntimeError):
-    """A file could not be written (disk full, file-size limit); the previous one is kept."""
-
-
-def atomic_write(path: Path, write: Callable[[io.BufferedWriter], None]) -> None:
-    """Write through ``.<name>.tmp-<pid>`` in the same folder, fsync, then rename over
-    ``path``; SIGINT and SIGTERM wait until it is done (see ddlstudy.signals). A failed
-    write leaves ``path`` as it was and no temporary file."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with deferred():  # a Ctrl-C or SIGTERM lands after the write, not inside it
-        try:
-            with open(tmp, "wb") as f:
-                write(f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException as exc:
-            tmp.unlink(missing_ok=True)
-            cause = exc if isinstance(exc, OSError) else exc.__cause__ or exc.__context__
-            if isinstance(exc, OSError | RuntimeError) and isinstance(cause, OSError) \
-                    and cause.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
-                raise WriteFailed(f"could not write {path} ({cause.strerror}); "
-                                  f"the previous {path.name}, if any, is kept: free some space "
-                                  f"and resume the run") from exc
-            raise
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write(path, lambda f: f.write(text.encode()))
-
-
-def sweep_temporaries(folder: Path) -> list[Path]:
-    """Remove the ``.<name>.tmp-<pid>`` files that processes no longer alive left behind
-    (a write killed by SIGKILL cannot clean up after itself)."""
-    import psutil
-
-    swept = []
-    for tmp in Path(folder).glob(".*.tmp-*"):
-        try:
-            pid = int(tmp.name.rsplit("-", 1)[1])
-        except ValueError:
-            continue
-        if pid != os.getpid() and not psutil.pid_exists(pid):
-            tmp.unlink(missing_ok=True)
-            swept.append(tmp)
-    return swept
 
 
 def new_run_id(usecase: str, strategy: str) -> str:
@@ -139,15 +91,11 @@ class RunFolder:
 
     def write_worker_samples(self, rank: int, rows: list[dict[str, Any]]) -> None:
         """A worker's own samples, merged into samples.parquet when the run ends."""
-        from ddlstudy.sampler import write_rows
-
         write_rows(self.path / f".samples-rank{rank}.parquet", rows)
 
     def write_samples(self, rows: list[dict[str, Any]]) -> None:
         """This process's samples and every worker's, in one file sorted by time."""
         import pandas as pd
-
-        from ddlstudy.sampler import samples_frame
 
         parts = sorted(self.path.glob(".samples-rank*.parquet"))
         # samples.parquet exists already only when an earlier attempt of a resumed run wrote it

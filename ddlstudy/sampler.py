@@ -21,6 +21,8 @@ from typing import Any
 
 import psutil
 
+from ddlstudy.files import atomic_write
+
 COLUMNS = (
     "time", "t_s", "rank", "host", "scope", "proc_count", "proc_cpu_percent", "proc_rss_bytes",
     "proc_threads", "sys_cpu_percent", "sys_iowait_percent", "sys_ram_percent",
@@ -168,8 +170,6 @@ def samples_frame(rows: list[dict[str, Any]]):
 
 def write_rows(path, rows: list[dict[str, Any]]) -> None:
     """Rows to a parquet file, atomically (a worker's samples for its parent to merge)."""
-    from ddlstudy.runfolder import atomic_write
-
     frame = samples_frame(rows)
     atomic_write(path, lambda f: frame.to_parquet(f, index=False))
 

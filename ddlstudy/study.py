@@ -40,22 +40,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ddlstudy import mpi
-from ddlstudy.config import DEFAULT_RUNS_DIR, REPO_ROOT, RunConfig, _jsonable
+from ddlstudy.backends import get_backend
+from ddlstudy.backends.mpi.launch import CHILD_ENV
+from ddlstudy.config import DEFAULT_RUNS_DIR, REPO_ROOT, RunConfig
+from ddlstudy.config.options import cell_keys, config_from_args, run_parser
+from ddlstudy.config.run import jsonable
 from ddlstudy.environment import usable_cores
 from ddlstudy.errors import ConfigError, Unavailable, UsageError
+from ddlstudy.files import atomic_write_text
 from ddlstudy.report import STUDY_FILE, Report, config_label, cores_used
-from ddlstudy.runfolder import MANIFEST, atomic_write_text, new_run_id, now_iso
+from ddlstudy.runfolder import MANIFEST, RUN_ID_ENV, new_run_id, now_iso
+from ddlstudy.runner import preflight, resolve
+from ddlstudy.strategies import get_strategy
 
 log = logging.getLogger("ddlstudy")
 
-CELL_KEYS = {"strategy", "workers", "stages", "micro_batches", "replicas", "devices",
-             "backend", "nodes", "reduce", "loader_workers", "epochs", "batch_size",
-             "image_size", "seed", "lr", "max_steps", "sample_hz", "no_snapshot",
-             "snapshot_every", "precision", "accumulate",
-             "scaling", "lr_scaling", "compress", "spark_master", "spark_sync",
-             "sync_every", "hosts", "balance", "bucket_mb",
-             "data_dir", "datasets_dir", "on_bad_image"}
+CELL_KEYS = cell_keys()
 STUDY_KEYS = {"name", "description", "usecases", "repeat", "runs_dir"}
 
 
@@ -75,15 +75,21 @@ class Cell:
     run: str = ""
     seconds: float = 0.0
 
-    def argv(self, runs_dir: Path) -> list[str]:
-        out = ["run", "--usecase", self.usecase, "--runs-dir", str(runs_dir), "--quiet"]
+    def run_flags(self, runs_dir: Path) -> list[str]:
+        """The ``ddlstudy run`` flags of this cell."""
+        out = ["--usecase", self.usecase, "--runs-dir", str(runs_dir)]
         for key, value in self.flags.items():
             flag = "--" + key.replace("_", "-")
             if isinstance(value, bool):
                 out += [flag] if value else []
+            elif isinstance(value, list):  # stage_starts = [0, 9]
+                out += [flag, ",".join(map(str, value))]
             else:
                 out += [flag, str(value)]
         return out
+
+    def argv(self, runs_dir: Path) -> list[str]:
+        return ["run", "--quiet", *self.run_flags(runs_dir)]
 
     def record(self) -> dict[str, Any]:
         return {"id": self.id, "usecase": self.usecase, "label": self.label,
@@ -156,7 +162,7 @@ def config_key(config: dict[str, Any]) -> str:
     """Hash of what defines a run, from its config as a manifest records it: the use case
     and every setting that differs from its default (not where the folder goes). Settings
     that a later version adds with a default leave the key of older runs unchanged."""
-    defaults = {f.name: _jsonable(f.default) for f in dataclasses.fields(RunConfig)
+    defaults = {f.name: jsonable(f.default) for f in dataclasses.fields(RunConfig)
                 if f.default is not dataclasses.MISSING}
     key = {k: v for k, v in config.items()
            if k != "runs_dir" and not (k in defaults and defaults[k] == v)}
@@ -168,9 +174,6 @@ def config_key(config: dict[str, Any]) -> str:
 def expand(plan: Plan, overrides: dict[str, Any]) -> list[Cell]:
     """Every cell of the plan, validated: repeats outermost so slow drift spreads over
     all configurations; the baseline first in each use case."""
-    from ddlstudy.cli import build_parser, config_from_args
-    from ddlstudy.runner import preflight
-
     specs = []
     for uc in plan.usecases:
         cells = [dict(plan.settings) | c | overrides for c in plan.cells]
@@ -182,15 +185,15 @@ def expand(plan: Plan, overrides: dict[str, Any]) -> list[Cell]:
     for repeat in range(1, plan.repeat + 1):
         for uc, flags in specs:
             cell = Cell(usecase=uc, flags=flags, repeat=repeat)
-            args = build_parser().parse_args(cell.argv(plan.runs_dir))
             try:
-                cell.cfg = config_from_args(args)
+                cell.cfg = resolve(config_from_args(
+                    run_parser().parse_args(cell.run_flags(plan.runs_dir))))
             except UsageError as exc:
                 raise UsageError(f"{plan.path}, use case {uc}, cell {flags}: {exc}") from None
             cell.id = config_key(cell.cfg.to_dict())
             cell.label, cell.cores = _label(cell.cfg)
             try:
-                preflight(cell.cfg)
+                cell.cfg = preflight(cell.cfg)
             except Unavailable as exc:
                 cell.status, cell.reason = "skipped", str(exc)
             except UsageError as exc:
@@ -202,26 +205,19 @@ def expand(plan: Plan, overrides: dict[str, Any]) -> list[Cell]:
 def _label(cfg: RunConfig) -> tuple[str, int]:
     """The label the report will give the run (from the layout the strategy will record),
     and the cores it will use."""
-    from ddlstudy.strategies import get_strategy
-
     strategy = get_strategy(cfg.strategy)
     try:
         layout = strategy.layout(cfg)
     except Exception:  # a layout that needs hardware this machine lacks
         layout = {}
-    backend = {"name": cfg.backend, "nodes": cfg.nodes or 1,
-               "reduce": cfg.reduce if cfg.backend == "mpi" else None}
-    if cfg.backend == "spark":
-        from ddlstudy import spark
-
-        backend = spark.describe(cfg)
-    manifest = {"strategy": {"name": cfg.strategy, **layout}, "backend": backend,
+    manifest = {"strategy": {"name": cfg.strategy, **layout},
+                "backend": get_backend(cfg.backend).describe(cfg),
                 "config": {"precision": cfg.precision, "accumulate": cfg.accumulate,
                            "scaling": cfg.scaling, "lr_scaling": cfg.lr_scaling,
                            "compress": cfg.compress, "balance": cfg.balance,
                            "bucket_mb": cfg.bucket_mb,
                            "hosts": cfg.hosts},
-                "effective": {"global_batch": cfg.global_batch},
+                "effective": cfg.effective.as_dict(),
                 "host": {"usable_cores": usable_cores()}}
     return config_label(manifest), cores_used(manifest)
 
@@ -306,11 +302,11 @@ class Study:
         logs = runs_dir / "logs"
         logs.mkdir(exist_ok=True)
         env = os.environ | {
-            mpi.RUN_ID_ENV: cell.run,
+            RUN_ID_ENV: cell.run,
             "DDLSTUDY_STUDY": json.dumps({"name": self.plan.name, "cell": cell.id,
                                           "repeat": cell.repeat}),
         }
-        for var in (mpi.CHILD_ENV, "PMI_RANK", "OMPI_COMM_WORLD_RANK"):
+        for var in (CHILD_ENV, "PMI_RANK", "OMPI_COMM_WORLD_RANK"):
             env.pop(var, None)  # a study under mpiexec still launches its own cells
         cmd = [sys.executable, "-m", "ddlstudy", *cell.argv(runs_dir)]
         start = time.monotonic()

@@ -138,7 +138,7 @@ def test_report_speedup_against_the_baseline():
 
 
 def test_mpi_backend_without_mpiexec(cli, monkeypatch):
-    from ddlstudy import mpi
+    from ddlstudy.backends.mpi import launch as mpi
 
     monkeypatch.setattr(mpi, "find_mpiexec", lambda: None)  # as on a machine without MPI
     code, err, runs = cli("run", "--backend", "mpi", "--nodes", "2")

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from ddlstudy.cli import main
-from ddlstudy.predict import REDUCERS, Cost, Node, fit, terms
+from ddlstudy.tools.predict import REDUCERS, Cost, Node, fit, terms
 
 
 def test_reducer_terms_follow_their_algorithms():

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ddlstudy.doctor import find_mpiexec
+from ddlstudy.backends.mpi.launch import find_mpiexec
 from ddlstudy.errors import ConfigError
 from ddlstudy.reducers import REDUCERS, get_reducer
 

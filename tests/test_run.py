@@ -13,7 +13,7 @@ import torch
 
 from ddlstudy.errors import ConfigError
 from ddlstudy.runfolder import MANIFEST, METRICS, SAMPLES, SNAPSHOT
-from ddlstudy.runner import run
+from ddlstudy.runner import resolve, run
 from ddlstudy.sampler import COLUMNS
 
 
@@ -69,7 +69,7 @@ def test_max_steps_cuts_epochs_short(quick_config):
 
 def test_a_failing_run_says_so_in_its_manifest(quick_config, imagefolder, monkeypatch):
     """An image that vanishes after the check makes training fail: recorded, not hidden."""
-    import ddlstudy.runner as runner_module
+    import ddlstudy.runner.lifecycle as runner_module
 
     real_prepare = runner_module.prepare_data
 
@@ -117,7 +117,7 @@ def test_sigterm_between_an_epochs_record_and_its_snapshot_waits_for_the_snapsho
     """The window CI once hit: the epoch is on record, the signal lands before its snapshot
     is written. The snapshot is written first, so every recorded epoch can be resumed."""
     import ddlstudy.runfolder as runfolder_module
-    import ddlstudy.runner as runner_module
+    import ddlstudy.runner.lifecycle as runner_module
 
     real_record = runfolder_module.RunFolder.record_epoch
 
@@ -273,5 +273,5 @@ def test_weak_scaling_grows_the_global_batch_with_the_workers(quick_config):
     # 2 workers x 8 images with the scaled lr is the strong run of 16 at lr 0.006.
     assert [e["train_loss"] for e in weak["epochs"]] == \
         [e["train_loss"] for e in strong["epochs"]]
-    seq = quick_config(scaling="weak", batch_size=8)
+    seq = resolve(quick_config(scaling="weak", batch_size=8))
     assert seq.global_batch == 8 and seq.lr == pytest.approx(0.003)  # one worker

@@ -176,7 +176,7 @@ def _pipeline_rank(rank, world, port, replicas, micro, out):
         flat_layers,
         gather_weights,
         pipeline_step,
-        replica_average,
+        replica_exchange,
         stage_module,
     )
 
@@ -197,8 +197,10 @@ def _pipeline_rank(rank, world, port, replicas, micro, out):
     stage = PipelineStage(module, index, stages, torch.device("cpu"), input_args=(example,),
                           group=pipes[replica])
     schedule = ScheduleGPipe(stage, micro, loss_fn=nn.CrossEntropyLoss())
-    average = replica_average(list(module.parameters()), data_groups[index], replicas)
-    pipeline_step(schedule, _sgd(module), index == 0, index == stages - 1, average)((x, y))
+    average, zero = replica_exchange(model, module, layers, starts, rank, replicas,
+                                     data_groups[index])
+    pipeline_step(schedule, _sgd(module), index == 0, index == stages - 1, average,
+                  zero=zero)((x, y))
     if replica == 0:
         gather_weights(model, layers, starts, rank, stages)
     if rank == 0:

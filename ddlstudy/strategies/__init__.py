@@ -1,12 +1,9 @@
-"""Local parallelism strategies, one per module, found by name in REGISTRY."""
+"""Local parallelism strategies (how one node trains), one per module, found by name in
+REGISTRY; each module registers its strategy when imported, in the order `ddlstudy
+strategies` lists them."""
 
-import importlib
+# Imported in the order `ddlstudy strategies` lists them: each registers itself.
+from ddlstudy.strategies import single, threads, processes, pipeline, hybrid  # noqa: F401, I001
+from ddlstudy.strategies.base import REGISTRY, Strategy, get_strategy
 
-from ddlstudy.strategies.base import REGISTRY, Job, Strategy, get_strategy
-
-# Each module registers its strategies when imported, in the order `ddlstudy strategies`
-# lists them.
-for _module in ("single", "threads", "processes", "pipeline"):
-    importlib.import_module(f"{__name__}.{_module}")
-
-__all__ = ["REGISTRY", "Job", "Strategy", "get_strategy"]
+__all__ = ["REGISTRY", "Strategy", "get_strategy"]

@@ -2,123 +2,16 @@
 
 from __future__ import annotations
 
-import copy
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
-import torch
-
 from ddlstudy.config import RunConfig
-from ddlstudy.data import DataPlan
 from ddlstudy.environment import usable_cores
 from ddlstudy.errors import ConfigError
-from ddlstudy.runfolder import RunFolder
-from ddlstudy.signals import deferred
-from ddlstudy.training import EpochResult, Trainer, log_epoch, rng_state, set_rng_state
+from ddlstudy.training.job import Job
 
 log = logging.getLogger("ddlstudy")
-
-
-SNAPSHOT_FORMAT = 1
-
-
-@dataclass
-class Job:
-    """What a strategy is handed: the config, the data it trains on, where results go, and
-    the snapshot to continue from (``ddlstudy run --resume``)."""
-
-    cfg: RunConfig
-    data: DataPlan
-    folder: RunFolder | None = None
-    show_progress: bool = True
-    resume: dict | None = None
-
-
-@dataclass
-class Link:
-    """Where one training process stands among a run's data-parallel workers, and how it
-    reaches the others: ``exchange(flat, step)`` averages the gradient buffer over all
-    ``world`` workers in place; ``sum`` adds per-worker counts; ``gather`` collects an
-    object from every worker on worker 0 (None elsewhere); ``barrier`` waits for all;
-    ``between(flat, step)``, on an MPI node's leader only, averages its node's buffer
-    with the other nodes' leaders."""
-
-    rank: int
-    world: int
-    exchange: Callable[[torch.Tensor, int], None]
-    sum: Callable[..., list[float]]
-    gather: Callable[[Any], list | None]
-    barrier: Callable[[], None]
-    between: Callable[[torch.Tensor, int], None] | None = None
-
-
-def train_epochs(job: Job, trainer: Trainer, optimizer: torch.optim.Optimizer, *,
-                 rank: int = 0, writer: bool = True,
-                 gather: Callable[[Any], list | None] = lambda obj: [obj],
-                 barrier: Callable[[], None] = lambda: None) -> None:
-    """The epoch loop every strategy shares.
-
-    Continues from ``job.resume`` when given (weights, optimizer, this rank's random
-    states, the shuffling generator and the position in the epoch), records every epoch
-    (``writer``: the rank that owns the run folder), and snapshots at every epoch end and
-    every ``--snapshot-every`` steps. ``gather`` collects every rank's random states on the
-    writer (a collective: every rank calls it at the same step), ``barrier`` ends an epoch.
-    """
-    cfg = job.cfg
-    trainer.precision = cfg.precision
-    first = 1
-    if job.resume is not None:
-        # A private copy: spawned ranks receive the snapshot's tensors in shared memory, and
-        # the optimizer adopts its momentum buffers as they are; shared, every rank would
-        # update the same buffers.
-        snap = copy.deepcopy(job.resume)
-        trainer.model.load_state_dict(snap["model"])
-        optimizer.load_state_dict(snap["optimizer"])
-        set_rng_state(snap["rng"][rank])
-        trainer.resume_epoch({"generator": snap["position"]["generator"],
-                              "sums": snap["position"]["sums"][rank]})
-        first = snap["epoch"] + 1
-
-    def snapshot(epochs_done: int, position: dict) -> None:
-        # Every rank's own random states and running sums (each sums its slice).
-        ranks = gather({"rng": rng_state(), "sums": position["sums"]})
-        if writer and job.folder is not None:
-            job.folder.save_snapshot({
-                "format": SNAPSHOT_FORMAT, "epoch": epochs_done,
-                "step": position["sums"]["steps"], "model": trainer.model.state_dict(),
-                "optimizer": optimizer.state_dict(),
-                "position": {"generator": position["generator"],
-                             "sums": [r["sums"] for r in ranks]},
-                "rng": [r["rng"] for r in ranks]})
-
-    every = cfg.snapshot_every if cfg.snapshot else None
-    if every:
-        def after_step(epoch: int, step: int) -> None:
-            if step % every == 0:
-                snapshot(epoch - 1, trainer.position())
-
-        trainer.after_step = after_step
-    for epoch in range(first, cfg.usecase.train.epochs + 1):
-        result = trainer.train_epoch(epoch)
-        # The epoch's record and its snapshot land together: a Ctrl-C or SIGTERM between
-        # them would leave an epoch on record that --resume cannot continue from.
-        with deferred():
-            if writer:
-                job_epoch(job, result)
-            if cfg.snapshot:
-                snapshot(epoch, {"generator": trainer.generator.get_state(),
-                                 "sums": dict(trainer.sums)})
-        barrier()
-
-
-def job_epoch(job: Job, result: EpochResult) -> None:
-    """Log the epoch and append it to the run folder."""
-    log_epoch(result, job.cfg.usecase.train.epochs)
-    if job.folder is not None:
-        job.folder.record_epoch(result.as_dict())
 
 
 class Strategy(ABC):

@@ -14,9 +14,7 @@ each epoch the stages send their weights to rank 0, which validates the whole mo
 writes the run folder. Stages run on one GPU each (NCCL) when the machine has a GPU for
 every stage, on CPU processes (gloo) otherwise.
 
-``hybrid`` composes the same pieces: R replicas of an S-stage pipeline (R x S processes,
-global rank = replica * S + stage); each replica trains on its slice of every global batch
-and each stage's gradients are all-reduced over the replicas before the optimizer step.
+``hybrid`` (strategies/hybrid.py) composes the same pieces with R > 1 replicas.
 """
 
 from __future__ import annotations
@@ -37,29 +35,17 @@ from ddlstudy.data.folder import ImageListDataset, make_transform
 from ddlstudy.environment import usable_cores
 from ddlstudy.errors import ConfigError
 from ddlstudy.models import build_model
-from ddlstudy.strategies.base import (
-    Job,
-    Link,
-    Strategy,
-    register,
-    train_epochs,
-    warn_if_oversubscribed,
-)
-from ddlstudy.strategies.processes import (
-    free_port,
-    gather_to_first,
-    run_ranks,
-    spawned_rank,
-    sum_over_ranks,
-)
+from ddlstudy.strategies.base import Strategy, register, warn_if_oversubscribed
 from ddlstudy.training import (
     Batch,
     StepFn,
-    Trainer,
-    seed_everything,
     train_loader,
     val_loader,
 )
+from ddlstudy.training.distributed import free_port, group_link, run_ranks, spawned_rank
+from ddlstudy.training.flat import average, flat_gradients
+from ddlstudy.training.job import Job, Link
+from ddlstudy.training.worker import new_model, new_optimizer, train_worker
 
 log = logging.getLogger("ddlstudy")
 
@@ -163,20 +149,21 @@ def pipeline_step(schedule: ScheduleGPipe, optimizer: torch.optim.Optimizer, fir
     return step
 
 
-def replica_average(params: list[nn.Parameter], group, replicas: int) -> Callable[[], None]:
-    """All-reduce this stage's gradients over the replicas that hold the same stage."""
+StageExchange = Callable[..., tuple[Callable[[], None], Callable[[], None] | None]]
+"""``exchange(full, module, layers, starts, rank, replicas, data_group) -> (average,
+zero)``: what a stage does with its gradients between the backward passes and the step
+(``average``), and how it clears them before a step (``zero``; None: the optimizer's)."""
 
-    def average() -> None:
-        if replicas == 1:
-            return
-        grads = [p.grad for p in params]
-        flat = torch.cat([g.flatten() for g in grads])  # one collective, not one per tensor
-        dist.all_reduce(flat, group=group)
-        flat /= replicas  # equal slices: the mean of the replicas' mean gradients
-        pieces = flat.split([g.numel() for g in grads])
-        torch._foreach_copy_(grads, [x.view_as(g) for x, g in zip(pieces, grads, strict=True)])
 
-    return average
+def replica_exchange(full: nn.Module, module: nn.Module, layers: list[nn.Module],
+                     starts: list[int], rank: int, replicas: int,
+                     data_group) -> tuple[Callable[[], None], Callable[[], None] | None]:
+    """A stage alone on its node: its replicas average its gradients, one collective on
+    one buffer of which every gradient is a view."""
+    if replicas == 1 or not list(module.parameters()):
+        return (lambda: None), None
+    flat = flat_gradients(module)
+    return (lambda: average(flat, data_group, replicas)), flat.zero_
 
 
 def gather_weights(full: nn.Module | None, layers: list[nn.Module], starts: list[int],
@@ -209,118 +196,52 @@ def _worker(rank: int, world: int, port: int, job: Job, starts: list[int], micro
             replicas: int, threads: int, log_level: int, device_type: str = "cpu") -> None:
     """One stage of one replica: a CPU process over gloo, or GPU ``rank`` over NCCL."""
     with spawned_rank(rank, world, port, job, threads, log_level, device_type) as device:
-        train_stage(job, device, rank, world, starts, micro, replicas)
+        train_stage(job, device, group_link(rank, world, device), starts, micro, replicas)
 
 
-def train_stage(job: Job, device: torch.device, rank: int, world: int, starts: list[int],
-                micro: int, replicas: int, node: Link | None = None) -> None:
-    """Stage ``rank % stages`` of replica ``rank // stages`` among ``world`` processes.
+def train_stage(job: Job, device: torch.device, link: Link, starts: list[int], micro: int,
+                replicas: int, exchange: StageExchange = replica_exchange) -> None:
+    """Stage ``rank % stages`` of replica ``rank // stages`` of this process group (``rank``
+    its rank in the group); ``link``: this process among every data-parallel worker of the
+    run (the group's, or every MPI node's, ``ddlstudy.backends.mpi.nodes``).
 
-    Alone, the replicas of a stage all-reduce its gradients. In an MPI node (``node``: this
-    process among every node's, ``ddlstudy.nodes``) the node exchanges them with the other
-    nodes through its leader (``node_exchange``).
+    ``exchange`` decides what the stage does with its gradients before each step: alone,
+    the replicas of a stage average them; in an MPI node, the node exchanges them with the
+    other nodes through its leader.
     """
-    cfg, uc = job.cfg, job.cfg.usecase
-    cuda = device.type == "cuda"
+    cfg = job.cfg
+    rank, world = dist.get_rank(), dist.get_world_size()
     stages = world // replicas
     replica, index = divmod(rank, stages)
     pipes, data_groups = _groups(replicas, stages)
-    node_index, nodes = (node.rank // world, node.world // world) if node else (0, 1)
+    node_index, nodes = link.rank // world, link.world // world
     pipelines = nodes * replicas  # each takes its slice of every global batch
-    seed_everything(uc.train.seed)
-    full = build_model(uc.model, len(uc.classes))  # the same weights on every rank
+    full = new_model(cfg)  # the same weights on every rank
     layers = flat_layers(full)
     module = stage_module(layers, starts, index)
     first, last = index == 0, index == stages - 1
     example = torch.empty(cfg.global_batch // pipelines // micro, 3,
-                          uc.train.image_size, uc.train.image_size)
+                          cfg.usecase.train.image_size, cfg.usecase.train.image_size)
     with torch.no_grad():
         example = nn.Sequential(*layers[:starts[index]])(example).to(device)
-    # Rank 0 also validates the whole model; in a node every rank's stage is a part of the
-    # buffer of the whole model's gradients.
-    (full if rank == 0 or node else module).to(device)
+    # Rank 0 also validates the whole model; in an MPI node every rank's stage is a part of
+    # the buffer of the whole model's gradients.
+    (full if rank == 0 or exchange is not replica_exchange else module).to(device)
     stage = PipelineStage(module, index, stages, device, input_args=(example,),
                           group=pipes[replica])
     schedule = ScheduleGPipe(stage, micro, loss_fn=nn.CrossEntropyLoss())
-    optimizer = torch.optim.SGD(module.parameters(), lr=cfg.lr, momentum=uc.train.momentum)
-    if node is None:
-        average = replica_average(list(module.parameters()), data_groups[index], replicas)
-        zero = None
-        node = Link(rank, world, lambda flat, step: None,
-                    lambda *v: sum_over_ranks(*v, device=device), gather_to_first,
-                    dist.barrier)
-    else:
-        average, zero = node_exchange(full, node, layers, starts, rank, replicas,
-                                      data_groups[index])
+    optimizer = new_optimizer(module.parameters(), cfg)
+    average, zero = exchange(full, module, layers, starts, rank, replicas, data_groups[index])
     train = _train_loader(cfg, job, first, (node_index * replicas + replica, pipelines))
-    val = val_loader(cfg, job.data) if node.rank == 0 else []  # rank 0 validates it all
+    val = val_loader(cfg, job.data) if link.rank == 0 else []  # rank 0 validates it all
 
     def collect() -> None:
         if replica == 0:
             gather_weights(full, layers, starts, rank, stages)
 
-    trainer = Trainer(full if rank == 0 else module,
-                      pipeline_step(schedule, optimizer, first, last, average, device, zero),
-                      train, val, max_steps=cfg.max_steps,
-                      show_progress=job.show_progress and node.rank == 0,
-                      reduce=node.sum, before_eval=collect, device=device,
-                      sync=torch.cuda.synchronize if cuda else (lambda: None))
-    train_epochs(job, trainer, optimizer, rank=node.rank, writer=node.rank == 0,
-                 gather=node.gather, barrier=node.barrier)
-
-
-def node_exchange(full: nn.Module, node: Link, layers: list[nn.Module], starts: list[int],
-                  rank: int, replicas: int,
-                  data_group) -> tuple[Callable[[], None], Callable[[], None]]:
-    """An MPI node's exchange after every step's backward passes, and the zeroing of this
-    stage's gradients before them. Every gradient is a view of one buffer of the whole
-    model's, where each stage's part is one contiguous range (parameters in layer order).
-
-    The replicas of this stage average its range; the first pipeline's stages send theirs
-    to the leader (stage 0 of pipeline 0), which averages the whole buffer between the
-    nodes and sends each range back; the replicas then take it from the first pipeline.
-    """
-    from ddlstudy.mpi import check_views, flat_gradients
-
-    stages = len(starts)
-    replica, index = divmod(rank, stages)
-    flat = flat_gradients(full)
-    offsets, offset = {}, 0
-    for p in full.parameters():
-        offsets[id(p)] = (offset, offset + p.numel())
-        offset += p.numel()
-    ranges = []
-    for s in range(stages):
-        spans = sorted(offsets[id(p)] for p in stage_module(layers, starts, s).parameters())
-        lo, hi = (spans[0][0], spans[-1][1]) if spans else (0, 0)
-        if sum(b - a for a, b in spans) != hi - lo:
-            raise RuntimeError(f"stage {s}'s parameters are not one range of the buffer")
-        ranges.append((lo, hi))
-    mine = flat[slice(*ranges[index])]
-    count = 0
-
-    def average() -> None:
-        nonlocal count
-        if count == 0:
-            check_views(full, flat)
-        if replicas > 1 and mine.numel():
-            dist.all_reduce(mine, group=data_group)
-            mine.div_(replicas)  # equal slices: the mean of the replicas' mean gradients
-        if node.between is not None:  # the leader
-            others = [(s, flat[lo:hi]) for s, (lo, hi) in enumerate(ranges) if s and hi > lo]
-            for s, part in others:
-                dist.recv(part, src=s)
-            node.between(flat, count)
-            for s, part in others:
-                dist.send(part, dst=s)
-        elif replica == 0 and mine.numel():
-            dist.send(mine, dst=0)
-            dist.recv(mine, src=0)
-        if replicas > 1 and mine.numel():
-            dist.broadcast(mine, src=index, group=data_group)  # from pipeline 0's stage
-        count += 1
-
-    return average, mine.zero_
+    train_worker(job, link, full if rank == 0 else module, optimizer,
+                 pipeline_step(schedule, optimizer, first, last, average, device, zero),
+                 train, val, device=device, before_eval=collect)
 
 
 def _train_loader(cfg: RunConfig, job: Job, first: bool, shard: tuple[int, int]):
@@ -413,15 +334,3 @@ class Pipeline(Strategy):
                                    self.device_type(cfg)))
 
 
-@register
-class Hybrid(Pipeline):
-    name = "hybrid"
-    summary = ("data parallel replicas of a pipeline: --replicas R pipelines of --stages S, "
-               "each stage's gradients all-reduced over the replicas; R x S processes")
-    flags = "--replicas R (default 2), --stages S (default 2), --micro-batches M (default 4)"
-
-    def replicas(self, cfg: RunConfig) -> int:
-        return cfg.replicas
-
-    def stages(self, cfg: RunConfig) -> int:
-        return cfg.stages or 2

@@ -8,30 +8,21 @@ import torch
 from torch import nn
 
 from ddlstudy.config import RunConfig
-from ddlstudy.models import build_model
-from ddlstudy.strategies.base import Job, Strategy, register, train_epochs
-from ddlstudy.training import (
-    Trainer,
-    make_loaders,
-    make_scaler,
-    plain_step,
-    seed_everything,
-)
+from ddlstudy.strategies.base import Strategy, register
+from ddlstudy.training import Job, Link, make_loaders, make_scaler, plain_step
+from ddlstudy.training.worker import new_model, new_optimizer, train_worker
 
 
 def fit_one_model(job: Job, threads: int, loader_workers: int) -> None:
     """Train one model in this process with ``threads`` intra-op threads."""
-    cfg, uc = job.cfg, job.cfg.usecase
+    cfg = job.cfg
     torch.set_num_threads(threads)
-    seed_everything(uc.train.seed)
-    model = build_model(uc.model, len(uc.classes))
-    optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=uc.train.momentum)
-    train_loader, val_loader = make_loaders(cfg, job.data, loader_workers=loader_workers)
+    model = new_model(cfg)
+    optimizer = new_optimizer(model.parameters(), cfg)
+    train, val = make_loaders(cfg, job.data, loader_workers=loader_workers)
     step = plain_step(model, optimizer, nn.CrossEntropyLoss(), cfg.accumulate,
                       make_scaler(cfg.precision))
-    trainer = Trainer(model, step, train_loader, val_loader, max_steps=cfg.max_steps,
-                      show_progress=job.show_progress)
-    train_epochs(job, trainer, optimizer)
+    train_worker(job, Link.alone(), model, optimizer, step, train, val)
 
 
 @register

@@ -21,22 +21,15 @@ from torch import nn
 
 from ddlstudy.config import RunConfig
 from ddlstudy.environment import usable_cores
-from ddlstudy.models import build_model
-from ddlstudy.strategies.base import (
-    Job,
-    Strategy,
-    register,
-    require_batch_per_worker,
-    train_epochs,
-)
+from ddlstudy.strategies.base import Strategy, register, require_batch_per_worker
 from ddlstudy.training import (
     Batch,
     StepFn,
-    Trainer,
     make_loaders,
     micro_batches,
-    seed_everything,
 )
+from ddlstudy.training.job import Job, Link
+from ddlstudy.training.worker import new_model, new_optimizer, train_worker
 
 
 def replica_grads(replicas: list[nn.Module], loss_fn: nn.Module, pool: ThreadPoolExecutor
@@ -115,17 +108,13 @@ class CpuThreads(Strategy):
                 "loader_workers": cfg.loader_workers}
 
     def fit(self, job: Job) -> None:
-        cfg, uc = job.cfg, job.cfg.usecase
+        cfg = job.cfg
         k = self.workers(cfg)
         torch.set_num_threads(max(1, usable_cores() // k))
-        seed_everything(uc.train.seed)
-        model = build_model(uc.model, len(uc.classes))
+        model = new_model(cfg)
         replicas = [model] + [copy.deepcopy(model) for _ in range(k - 1)]
-        optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr,
-                                    momentum=uc.train.momentum)
-        train_loader, val_loader = make_loaders(cfg, job.data)
+        optimizer = new_optimizer(model.parameters(), cfg)
+        train, val = make_loaders(cfg, job.data)
         with ThreadPoolExecutor(k, thread_name_prefix="replica") as pool:
             step = replica_step(replicas, optimizer, nn.CrossEntropyLoss(), pool)
-            trainer = Trainer(model, step, train_loader, val_loader, max_steps=cfg.max_steps,
-                              show_progress=job.show_progress)
-            train_epochs(job, trainer, optimizer)
+            train_worker(job, Link.alone(), model, optimizer, step, train, val)

@@ -21,36 +21,33 @@ resource samples to a folder on their own host; the leader hands them to MPI ran
 A node of pipelines (``pipeline``, ``hybrid``: R replicas of S stages) first averages each
 stage over its replicas, then the first pipeline's stages send their parts of the
 gradient to the leader, which averages the whole buffer with the other leaders and sends
-each part back (``strategies.pipeline.node_exchange``). Every node cuts its pipelines
+each part back (``node_exchange``). Every node cuts its pipelines
 where rank 0's measurement says, and takes slice i * R + r of every batch, as pipeline
 r of N * R would.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch import nn
 
-from ddlstudy import compress
-from ddlstudy.models import build_model
-from ddlstudy.mpi import (
-    flat_gradients,
-    mpi_step,
-    new_optimizer,
-    record_compression,
-    train_worker,
-)
+from ddlstudy.backends.mpi.node import mpi_step, record_compression
 from ddlstudy.reducers import get_reducer
+from ddlstudy.reducers.compress import parse as parse_compress
 from ddlstudy.sampler import ResourceSampler, read_rows
 from ddlstudy.strategies import get_strategy
-from ddlstudy.strategies.base import Job, Link
-from ddlstudy.strategies.processes import (
+from ddlstudy.strategies.pipeline import Pipeline, stage_module, train_stage
+from ddlstudy.training import make_loaders, make_scaler
+from ddlstudy.training.distributed import (
     WorkerDied,
     exit_reason,
     free_port,
@@ -59,7 +56,9 @@ from ddlstudy.strategies.processes import (
     spawned_rank,
     stop_ranks,
 )
-from ddlstudy.training import make_loaders, make_scaler, seed_everything
+from ddlstudy.training.flat import check_views, flat_gradients, param_ranges
+from ddlstudy.training.job import Job, Link
+from ddlstudy.training.worker import new_model, new_optimizer, train_worker
 
 log = logging.getLogger("ddlstudy")
 
@@ -112,26 +111,22 @@ def node_link(comm, reducer, node: int, nodes: int, local: int, k: int,
 def train_node_worker(job: Job, link: Link, device: torch.device,
                       loader_workers: int | None) -> None:
     """One data-parallel worker of a node: the model, its slice of every batch, the epochs."""
-    cfg, uc = job.cfg, job.cfg.usecase
-    seed_everything(uc.train.seed)
-    model = build_model(uc.model, len(uc.classes)).to(device)  # the same weights everywhere
-    torch.manual_seed(uc.train.seed + link.rank)  # each worker its own dropout and flips
+    cfg = job.cfg
+    model = new_model(cfg, link.rank, device)  # the same weights, each its own dropout
     flat = flat_gradients(model)
-    optimizer = new_optimizer(model, cfg)
+    optimizer = new_optimizer(model.parameters(), cfg)
     train, val = make_loaders(cfg, job.data, shard=(link.rank, link.world),
                               loader_workers=loader_workers)
     step = mpi_step(model, optimizer, flat, link, cfg.global_batch, cfg.accumulate,
                     scaler=make_scaler(cfg.precision, device.type))
-    train_worker(job, link, model, optimizer, step, train, val, device)
+    train_worker(job, link, model, optimizer, step, train, val, device=device)
 
 
 def train_pipeline_stage(job: Job, link: Link, device: torch.device, starts: list[int],
                          replicas: int) -> None:
     """One stage of one of a node's pipelines (``pipeline``, ``hybrid``)."""
-    from ddlstudy.strategies.pipeline import train_stage
-
-    k = dist.get_world_size()
-    train_stage(job, device, link.rank % k, k, starts, job.cfg.micro_batches, replicas, link)
+    train_stage(job, device, link, starts, job.cfg.micro_batches, replicas,
+                exchange=functools.partial(node_exchange, link))
 
 
 def _spawned(index: int, k: int, port: int, job: Job, threads: int, level: int,
@@ -147,7 +142,7 @@ def _spawned(index: int, k: int, port: int, job: Job, threads: int, level: int,
 def _work(job: Job, comm, layout: dict) -> tuple:
     """What each of the node's processes runs, its arguments, and the node's ``spread``."""
     strategy = get_strategy(job.cfg.strategy)
-    if job.cfg.strategy in ("pipeline", "hybrid"):
+    if isinstance(strategy, Pipeline):  # hybrid too
         # Rank 0 measures the layers; every node cuts its pipelines where rank 0 does.
         starts = comm.bcast(strategy.cuts(job) if comm.Get_rank() == 0 else None, root=0)
         return train_pipeline_stage, (starts, layout["replicas"]), layout["replicas"]
@@ -161,7 +156,7 @@ def fit(job: Job, comm, layout: dict) -> list[dict]:
     k, threads = layout["processes"], layout["threads_per_process"]
     device_type = "cuda" if layout.get("backend") == "nccl" else "cpu"
     node, nodes = comm.Get_rank(), comm.Get_size()
-    compressor = compress.parse(cfg.compress)
+    compressor = parse_compress(cfg.compress)
     reducer = compressor or get_reducer(cfg.reduce)
     work, args, spread = _work(job, comm, layout)
     port = free_port()
@@ -210,3 +205,52 @@ def _dead(processes: list, wait_s: float = 3.0) -> tuple[int, object] | None:
             return None
         time.sleep(0.05)
 
+
+
+def node_exchange(node: Link, full: nn.Module, module: nn.Module, layers: list[nn.Module],
+                  starts: list[int], rank: int, replicas: int,
+                  data_group) -> tuple[Callable[[], None], Callable[[], None]]:
+    """An MPI node's exchange after every step's backward passes, and the zeroing of this
+    stage's gradients before them. Every gradient is a view of one buffer of the whole
+    model's, where each stage's part is one contiguous range (parameters in layer order).
+
+    The replicas of this stage average its range; the first pipeline's stages send theirs
+    to the leader (stage 0 of pipeline 0), which averages the whole buffer between the
+    nodes and sends each range back; the replicas then take it from the first pipeline.
+    """
+    stages = len(starts)
+    replica, index = divmod(rank, stages)
+    flat = flat_gradients(full)
+    offsets = param_ranges(full)
+    ranges = []
+    for s in range(stages):
+        spans = sorted(offsets[id(p)] for p in stage_module(layers, starts, s).parameters())
+        lo, hi = (spans[0][0], spans[-1][1]) if spans else (0, 0)
+        if sum(b - a for a, b in spans) != hi - lo:
+            raise RuntimeError(f"stage {s}'s parameters are not one range of the buffer")
+        ranges.append((lo, hi))
+    mine = flat[slice(*ranges[index])]
+    count = 0
+
+    def average() -> None:
+        nonlocal count
+        if count == 0:
+            check_views(full, flat)
+        if replicas > 1 and mine.numel():
+            dist.all_reduce(mine, group=data_group)
+            mine.div_(replicas)  # equal slices: the mean of the replicas' mean gradients
+        if node.between is not None:  # the leader
+            others = [(s, flat[lo:hi]) for s, (lo, hi) in enumerate(ranges) if s and hi > lo]
+            for s, part in others:
+                dist.recv(part, src=s)
+            node.between(flat, count)
+            for s, part in others:
+                dist.send(part, dst=s)
+        elif replica == 0 and mine.numel():
+            dist.send(mine, dst=0)
+            dist.recv(mine, src=0)
+        if replicas > 1 and mine.numel():
+            dist.broadcast(mine, src=index, group=data_group)  # from pipeline 0's stage
+        count += 1
+
+    return average, mine.zero_

@@ -20,20 +20,17 @@ from pathlib import Path
 
 import psutil
 
-from ddlstudy import environment, mpi, signals
-from ddlstudy.config import RunConfig
+from ddlstudy import environment, signals
+from ddlstudy.backends import Environment, get_backend
+from ddlstudy.config import Effective, RunConfig
 from ddlstudy.data import prepare_data
 from ddlstudy.errors import ConfigError, Unavailable, UsageError
-from ddlstudy.runfolder import (
-    MANIFEST,
-    SNAPSHOT,
-    RunFolder,
-    new_run_id,
-    now_iso,
-    sweep_temporaries,
-)
+from ddlstudy.files import sweep_temporaries
+from ddlstudy.runfolder import MANIFEST, RUN_ID_ENV, SNAPSHOT, RunFolder, new_run_id, now_iso
+from ddlstudy.runner.replay import config_from_manifest, read_manifest
 from ddlstudy.sampler import ResourceSampler
-from ddlstudy.strategies import REGISTRY, Job, Strategy, get_strategy
+from ddlstudy.strategies import REGISTRY, Strategy, get_strategy
+from ddlstudy.training import Job
 
 log = logging.getLogger("ddlstudy")
 
@@ -69,37 +66,36 @@ def _summary(epochs: list[dict]) -> dict:
     }
 
 
-def _prepare(cfg: RunConfig, comm):
-    """Rank 0 generates, scans and splits the data; the other MPI ranks receive the list."""
-    if comm is None:
-        return prepare_data(cfg)
+def _prepare(cfg: RunConfig, env: Environment):
+    """Node 0 generates, scans and splits the data; the other nodes receive the list."""
     data: object = None
-    if comm.Get_rank() == 0:
+    if env.rank == 0:
         try:
             data = prepare_data(cfg)
-        except UsageError as exc:  # every rank must hear of it, or they would wait forever
+        except UsageError as exc:  # every node must hear of it, or they would wait forever
             data = exc
-    data = comm.bcast(data, root=0)
+    data = env.bcast(data)
     if isinstance(data, UsageError):
         raise data
     return data
 
 
-def _backend(cfg: RunConfig, comm) -> dict:
-    if cfg.backend == "spark":
-        from ddlstudy import spark
+def resolve(cfg: RunConfig) -> RunConfig:
+    """``cfg`` with its effective parallelism: the strategy's data-parallel workers on a
+    node times the backend's nodes, and the global batch and learning rate they give."""
+    if cfg.effective is not None:
+        return cfg
+    workers = get_strategy(cfg.strategy).data_parallel(cfg) * \
+        get_backend(cfg.backend).nodes(cfg)
+    return dataclasses.replace(cfg, effective=Effective.of(cfg, workers))
 
-        return spark.describe(cfg)
-    if comm is None:
-        return {"name": "local", "nodes": 1}
-    return {"name": "mpi", "nodes": comm.Get_size(), "reduce": cfg.reduce,
-            "hosts": comm.allgather(socket.gethostname()), "pids": comm.allgather(os.getpid())}
 
-
-def preflight(cfg: RunConfig, resuming: bool = False) -> Strategy:
+def preflight(cfg: RunConfig, resuming: bool = False) -> RunConfig:
     """Refuse what cannot run before anything starts: ConfigError for a bad combination,
-    Unavailable for one this machine or this version cannot run (no GPU, no mpiexec)."""
-    strategy = get_strategy(cfg.strategy)
+    Unavailable for one this machine or this version cannot run (no GPU, no mpiexec).
+    Returns ``cfg`` resolved (its effective parallelism computed, once)."""
+    strategy, backend = get_strategy(cfg.strategy), get_backend(cfg.backend)
+    cfg = resolve(cfg)
     strategy.check(cfg)
     exact = [name for name, cls in REGISTRY.items() if cls.resumable]
     if (resuming or cfg.snapshot_every) and not strategy.resumable:
@@ -110,9 +106,9 @@ def preflight(cfg: RunConfig, resuming: bool = False) -> Strategy:
     # --accumulate and fp16's gradient scaler live in the step every accumulating
     # strategy shares (training.accumulate_grads and optimizer_step).
     can = [name for name, cls in REGISTRY.items() if cls.accumulates]
-    what = strategy.name if not strategy.accumulates else "--spark-sync allgather"
-    shared_step = strategy.accumulates and not (cfg.backend == "spark"
-                                                and cfg.spark_sync != "gloo")
+    what = strategy.name if not strategy.accumulates else f"--backend {backend.name} " \
+        f"--spark-sync {cfg.spark_sync}"
+    shared_step = strategy.accumulates and backend.accumulates(cfg)
     if cfg.precision == "fp16":
         if not shared_step:
             raise Unavailable("--precision", f"{what} has no fp16 gradient scaler yet; use "
@@ -133,21 +129,8 @@ def preflight(cfg: RunConfig, resuming: bool = False) -> Strategy:
         if cfg.accumulate > share:
             raise ConfigError("--accumulate", f"{cfg.accumulate} micro-batches but each "
                               f"worker gets only {share} image(s) of every batch")
-    if resuming and cfg.backend == "mpi" and cfg.reduce == "step-wise":
-        raise Unavailable("--resume", "step-wise leaves every node with different weights "
-                          "and the snapshot holds rank 0's only; an exact reducer resumes")
-    if cfg.backend == "mpi":
-        mpi.check(cfg)
-        if not mpi.under_mpiexec():
-            mpi.require_mpiexec()
-    elif cfg.backend == "spark":
-        from ddlstudy import spark
-
-        spark.check(cfg)
-        if resuming:
-            raise Unavailable("--resume", "Spark runs cannot be resumed yet (Spark retries "
-                              "a failed stage itself); use --backend mpi")
-    return strategy
+    backend.check(cfg, strategy, resuming)
+    return cfg
 
 
 def _study_tag() -> dict:
@@ -159,8 +142,6 @@ def _study_tag() -> dict:
 
 def resume_config(path: Path) -> RunConfig:
     """The configuration a run folder recorded, to continue it (its data must not change)."""
-    from ddlstudy.replay import config_from_manifest, read_manifest
-
     manifest = read_manifest(path)
     cfg = config_from_manifest(manifest, Path(manifest["path"]).parent)
     return dataclasses.replace(cfg, replay_of=manifest["config"].get("replay_of"))
@@ -208,77 +189,79 @@ def _reopen(path: Path, backend: dict) -> tuple[RunFolder, dict]:
     return folder, snap
 
 
-def _open_folder(comm, resume: Path | None, backend: dict):
-    """Rank 0 reopens the run to resume; every rank gets its snapshot (or the UsageError)."""
+def _open_folder(env: Environment, resume: Path | None, backend: dict):
+    """Node 0 reopens the run to resume; every node gets its snapshot (or the UsageError)."""
     if resume is None:
         return None, None
     folder, outcome = None, None
-    if comm is None or comm.Get_rank() == 0:
+    if env.rank == 0:
         try:
             folder, outcome = _reopen(Path(resume), backend)
-        except UsageError as exc:  # every rank must hear of it, or they would wait forever
+        except UsageError as exc:  # every node must hear of it, or they would wait forever
             outcome = exc
-    if comm is not None:
-        outcome = comm.bcast(outcome, root=0)
+    outcome = env.bcast(outcome)
     if isinstance(outcome, UsageError):
         raise outcome
     return folder, outcome
 
 
+def _create(cfg: RunConfig, strategy: Strategy, backend: dict, data) -> RunFolder:
+    """Node 0's new run folder, its manifest written before training starts."""
+    uc = cfg.usecase
+    for old in Path(cfg.runs_dir).glob("*/"):
+        sweep_temporaries(old)
+    run_id = os.environ.get(RUN_ID_ENV) or new_run_id(uc.name, strategy.name)
+    folder = RunFolder.create(cfg.runs_dir, run_id, {
+        "command": environment.command_line(),
+        "usecase": uc.name,
+        "strategy": {"name": strategy.name, **strategy.layout(cfg)},
+        "backend": backend,
+        "config": cfg.to_dict(),
+        "seeds": {"train": uc.train.seed, "data": uc.data.seed},
+        "effective": cfg.effective.as_dict(),
+        "data": data.describe(),
+        "git": environment.git_state(),
+        "versions": environment.versions(),
+        "host": environment.host(),
+        "sampler": {"hz": cfg.sample_hz},
+        "pid": os.getpid(),
+        **_study_tag(),
+    })
+    log.info("run %s: %s on %s (%s backend, %d node(s)), %d train / %d validation images",
+             folder.path.name, strategy.name, uc.name, backend["name"], backend["nodes"],
+             len(data.train), len(data.val))
+    return folder
+
+
 def run(cfg: RunConfig, show_progress: bool = True,
         resume: Path | None = None) -> RunFolder | None:
-    """Train ``cfg`` and return its run folder; raises RunFailed when training did not end.
+    """Train ``cfg`` in this process and return its run folder; raises RunFailed when
+    training did not end.
 
-    With ``resume`` (a run folder), continue that run from its snapshot. Under the MPI
-    backend every rank calls this; rank 0 gets the folder, the others None.
+    With ``resume`` (a run folder), continue that run from its snapshot. Where the backend
+    has several nodes (MPI ranks) every node calls this; node 0 gets the folder, the
+    others None.
     """
-    strategy = preflight(cfg, resuming=resume is not None)
-    comm = mpi.world() if cfg.backend == "mpi" else None
-    rank = comm.Get_rank() if comm else 0
-    data = _prepare(cfg, comm)
-    uc = cfg.usecase
-    backend = _backend(cfg, comm)
-    folder, snapshot = _open_folder(comm, resume, backend)
-    if rank == 0 and folder is None:
-        for old in Path(cfg.runs_dir).glob("*/"):
-            sweep_temporaries(old)
-        run_id = os.environ.get(mpi.RUN_ID_ENV) or new_run_id(uc.name, strategy.name)
-        folder = RunFolder.create(cfg.runs_dir, run_id, {
-            "command": environment.command_line(),
-            "usecase": uc.name,
-            "strategy": {"name": strategy.name, **strategy.layout(cfg)},
-            "backend": backend,
-            "config": cfg.to_dict(),
-            "seeds": {"train": uc.train.seed, "data": uc.data.seed},
-            "effective": {"scaling": cfg.scaling, "global_batch": cfg.global_batch,
-                          "lr": cfg.lr, "data_parallel_workers": cfg.data_parallel()},
-            "data": data.describe(),
-            "git": environment.git_state(),
-            "versions": environment.versions(),
-            "host": environment.host(),
-            "sampler": {"hz": cfg.sample_hz},
-            "pid": os.getpid(),
-            **_study_tag(),
-        })
-        log.info("run %s: %s on %s (%s backend, %d node(s)), %d train / %d validation images",
-                 folder.path.name, strategy.name, uc.name, backend["name"], backend["nodes"],
-                 len(data.train), len(data.val))
-    sampler = ResourceSampler(cfg.sample_hz, rank=rank).start()
+    return _run(preflight(cfg, resuming=resume is not None), show_progress, resume)
+
+
+def _run(cfg: RunConfig, show_progress: bool, resume: Path | None) -> RunFolder | None:
+    strategy, backend = get_strategy(cfg.strategy), get_backend(cfg.backend)
+    env = backend.environment(cfg)
+    data = _prepare(cfg, env)
+    described = backend.describe(cfg) | env.placement()
+    folder, snapshot = _open_folder(env, resume, described)
+    if env.rank == 0 and folder is None:
+        folder = _create(cfg, strategy, described, data)
+    sampler = ResourceSampler(cfg.sample_hz, rank=env.rank).start()
     outcome = Outcome("completed", 0)
-    rows_by_rank = None
+    rows_by_node = None
     try:
         with signals.handled():
             job = Job(cfg=cfg, data=data, folder=folder, show_progress=show_progress,
                       resume=snapshot)
-            if cfg.backend == "spark":
-                from ddlstudy import spark
-
-                spark.fit(job)
-            elif comm is None:
-                strategy.fit(job)
-            else:
-                workers_rows = mpi.fit(job, comm)  # the node's processes' own samples
-                rows_by_rank = comm.gather(sampler.stop() + workers_rows, root=0)
+            others = backend.fit(job, env)  # the samples of the node's other processes
+            rows_by_node = env.gather(sampler.stop() + others)
     except KeyboardInterrupt:
         outcome = Outcome("interrupted", 130, "interrupted by SIGINT (Ctrl-C)")
     except signals.Terminated:
@@ -286,41 +269,42 @@ def run(cfg: RunConfig, show_progress: bool = True,
     except Exception as exc:  # recorded in the manifest, then reported by the CLI
         if folder is not None:
             (folder.path / "error.log").write_text(traceback.format_exc())
-        where = f" on MPI rank {rank}" if comm else ""
-        outcome = Outcome("failed", 1, f"{type(exc).__name__}{where}: {exc}")
-        log.error("%s%s", mpi.RANK_FAILED if comm else "", outcome.error)
+        outcome = Outcome("failed", 1, f"{type(exc).__name__}{env.where}: {exc}")
+        log.error("%s", env.failed(outcome.error))
     finally:
         own_rows = sampler.stop()
         if folder is not None:
             folder.reload_epochs()
-            rows = [r for rank_rows in rows_by_rank for r in rank_rows] if rows_by_rank \
+            rows = [r for node_rows in rows_by_node for r in node_rows] if rows_by_node \
                 else own_rows
             folder.write_samples(rows)
             folder.finish(outcome.status, outcome.exit_code, outcome.error,
                           summary=_summary(folder.manifest["epochs"]))
-        if comm is not None and outcome.exit_code:
-            comm.Abort(outcome.exit_code)  # the other ranks would wait in a collective
+        if outcome.exit_code:
+            env.abort(outcome.exit_code)  # the other nodes would wait in a collective
     if outcome.exit_code:
         raise RunFailed(folder, outcome.exit_code, f"run {folder.path.name} {outcome.status}: "
                         f"{outcome.error} (details in {folder.path})")
     return folder
 
 
-def launch_mpi(cfg: RunConfig, argv: list[str], resume: Path | None = None) -> RunFolder:
-    """``--backend mpi --nodes N`` from a plain shell: start mpiexec and wait for it."""
-    preflight(cfg, resuming=resume is not None)
-    run_id = (Path(resume).name if resume else os.environ.get(mpi.RUN_ID_ENV)
+def start(cfg: RunConfig, argv: list[str], resume: Path | None = None) -> RunFolder | None:
+    """``ddlstudy run``: train here, or, where the backend starts the run's processes
+    itself (``--backend mpi --nodes N`` from a plain shell), launch them and wait."""
+    cfg = preflight(cfg, resuming=resume is not None)
+    run_id = (Path(resume).name if resume else os.environ.get(RUN_ID_ENV)
               or new_run_id(cfg.usecase.name, cfg.strategy))
-    where = mpi.placement(cfg.hosts, cfg.nodes or 1)  # hosts that are gone: refused here
-    ended = mpi.launch(argv, cfg.nodes or 1, run_id, where)
+    ended = get_backend(cfg.backend).launch(cfg, argv, run_id)
+    if ended is None:
+        return _run(cfg, True, resume)
     code, dead_pid = ended.code, ended.dead_pid
     path = Path(cfg.runs_dir) / run_id
     if not (path / MANIFEST).is_file():
         if code:
-            raise UsageError(f"mpiexec exited with code {code} before the run started")
-        raise UsageError("mpiexec ended without writing a run folder")
+            raise UsageError(f"the launcher exited with code {code} before the run started")
+        raise UsageError("the launcher ended without writing a run folder")
     folder = RunFolder.open(path)
-    if folder.manifest["status"] == "running":  # rank 0 was killed before it could say
+    if folder.manifest["status"] == "running":  # node 0 was killed before it could say
         pids = folder.manifest["backend"].get("pids", [])
         who = f"MPI rank {pids.index(dead_pid)} (PID {dead_pid})" if dead_pid in pids \
             else "an MPI rank"

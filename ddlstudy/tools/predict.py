@@ -43,6 +43,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from ddlstudy.backends.mpi.launch import placement, require_mpiexec
 from ddlstudy.errors import ConfigError, UsageError
 
 REDUCERS = ("allreduce", "ring-allreduce", "parameter-server", "ring-reduce", "step-wise")
@@ -98,12 +99,11 @@ def fit(samples: dict[str, dict[int, float]]) -> dict[str, Cost]:
 def measure_reducers(floats: int, nodes: int, repeats: int,
                      hosts: str | None = None) -> dict[str, list[float]]:
     """Milliseconds of every reducer on a buffer of ``floats`` between ``nodes`` ranks."""
-    from ddlstudy import mpi
 
-    mpiexec = mpi.require_mpiexec()
-    where, netmod = mpi.placement(hosts, nodes)
+    mpiexec = require_mpiexec()
+    where, netmod = placement(hosts, nodes)
     out = subprocess.run([mpiexec, *where, "-n", str(nodes), sys.executable, "-m",
-                          "ddlstudy.bench_reduce", "--floats", str(floats), "--repeats",
+                          "ddlstudy.tools.bench_reduce", "--floats", str(floats), "--repeats",
                           str(repeats)], capture_output=True, text=True,
                          env=os.environ | netmod)
     if out.returncode != 0:

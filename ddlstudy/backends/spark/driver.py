@@ -1,31 +1,11 @@
-"""The Spark backend: one barrier task per node, gang-scheduled, each training the node's
-one-process local strategy (sequential or cpu-intraop) on its slice of every global batch.
-
-The driver (the `ddlstudy run` process) starts a SparkSession on ``--spark-master`` (timed
-apart from training: ``backend.session_start_s`` in the manifest), then runs a single
-barrier stage of ``--nodes`` tasks. Two ways to keep the nodes in step:
-
-- ``--spark-sync gloo``: the tasks exchange "host:port" with ``BarrierTaskContext.allGather``
-  and form a torch.distributed gloo group (as Spark's own TorchDistributor does); each
-  task is then exactly a cpu-processes rank (DDP, gradients all-reduced every step), so
-  the run computes what ``--strategy cpu-processes --workers N`` computes.
-- ``--spark-sync allgather`` (SparkNet): each task trains on its own slice with local SGD
-  and every ``--sync-every`` steps (and at every epoch end) the weights are averaged
-  through ``allGather`` itself, in chunks small enough for Spark's RPC messages. Each
-  such barrier call costs Spark a round trip through the driver, hence the K steps.
-
-Task 0 writes the run folder (the runs and data folders must be visible to the executors:
-a shared file system on a real cluster, as for MPI). If a task fails Spark retries the
-whole barrier stage; the attempt number is recorded in the manifest and the log.
-"""
+"""The Spark driver's side of a run: the session, the barrier stage, what Spark did; and
+what each barrier task runs (``--spark-sync gloo``; allgather mode is in ``allgather``)."""
 
 from __future__ import annotations
 
-import base64
 import functools
 import logging
 import os
-import pickle
 import shutil
 import socket
 import sys
@@ -33,33 +13,18 @@ import time
 import warnings
 from typing import Any
 
-import numpy as np
-import torch
-from torch import nn
-
+from ddlstudy.backends.spark.allgather import RPC_MAX_MB, allgather_rank
 from ddlstudy.config import RunConfig, spark_slots
 from ddlstudy.environment import usable_cores
 from ddlstudy.errors import Unavailable
-from ddlstudy.logs import setup_logging
-from ddlstudy.models import build_model
-from ddlstudy.sampler import ResourceSampler
-from ddlstudy.strategies.base import Job, train_epochs
-from ddlstudy.strategies.processes import data_parallel_rank, free_port
-from ddlstudy.training import (
-    Batch,
-    StepFn,
-    Trainer,
-    make_loaders,
-    plain_step,
-    seed_everything,
-)
+from ddlstudy.strategies.processes import data_parallel_rank
+from ddlstudy.training.distributed import free_port
+from ddlstudy.training.job import Job
 
 log = logging.getLogger("ddlstudy")
 
 SPARK_STRATEGIES = ("sequential", "cpu-intraop")
 """Local strategies a Spark task can run (one process per node)."""
-RPC_MAX_MB = 512
-"""spark.rpc.message.maxSize: an allGather reply carries every task's chunk."""
 BARRIER_TIMEOUT_S = 600
 """A task that stops answering fails the stage after this long instead of hanging it."""
 
@@ -232,81 +197,11 @@ def _task(job: Job, level: int, _partition):
         addresses = ctx.allGather(f"{host}:{free_port(host)}")
         data_parallel_rank(rank, world, addresses[0], job, threads, level)
     else:
-        _allgather_rank(ctx, rank, world, job, threads, level)
+        allgather_rank(ctx, rank, world, job, threads, level)
     yield {"rank": rank, "attempt": ctx.attemptNumber(), "host": socket.gethostname(),
            "pid": os.getpid(), "threads": threads}
 
 
 # --- --spark-sync allgather (SparkNet) ----------------------------------------------------
 
-def _gather(ctx, obj: Any) -> list[Any]:
-    """Every task's ``obj``, in rank order, through Spark's barrier allGather."""
-    text = base64.b64encode(pickle.dumps(obj)).decode()
-    return [pickle.loads(base64.b64decode(m)) for m in ctx.allGather(text)]
 
-
-def average_weights(ctx, model: nn.Module, world: int) -> None:
-    """Replace every task's weights by their mean, sent through allGather in chunks that
-    keep each reply under spark.rpc.message.maxSize."""
-    params = [p for p in model.parameters()]
-    flat = torch.cat([p.detach().reshape(-1) for p in params]).numpy()
-    chunk = max(1 << 20, (RPC_MAX_MB << 20) // 2 // world * 3 // 4 // 4)  # floats
-    out = np.empty_like(flat)
-    for start in range(0, flat.size, chunk):
-        part = flat[start:start + chunk]
-        msgs = ctx.allGather(base64.b64encode(part.tobytes()).decode())
-        stacked = np.stack([np.frombuffer(base64.b64decode(m), dtype=np.float32) for m in msgs])
-        out[start:start + chunk] = stacked.mean(axis=0, dtype=np.float64)
-    offset = 0
-    with torch.no_grad():
-        for p in params:
-            p.copy_(torch.from_numpy(out[offset:offset + p.numel()]).view_as(p))
-            offset += p.numel()
-
-
-def _local_step(model: nn.Module, optimizer: torch.optim.Optimizer, ctx, world: int,
-                every: int) -> StepFn:
-    """Local SGD on this task's slice (the baseline's step); weights averaged every
-    ``every`` steps."""
-    local = plain_step(model, optimizer, nn.CrossEntropyLoss())
-    count = 0
-
-    def step(batch: Batch) -> tuple[float, int, int]:
-        nonlocal count
-        result = local(batch)
-        count += 1
-        if count % every == 0:
-            average_weights(ctx, model, world)
-        return result
-
-    return step
-
-
-def _allgather_rank(ctx, rank: int, world: int, job: Job, threads: int, level: int) -> None:
-    cfg, uc = job.cfg, job.cfg.usecase
-    torch.set_num_threads(threads)
-    setup_logging(level)
-    sampler = ResourceSampler(cfg.sample_hz, rank=rank, scope="worker").start()
-    try:
-        seed_everything(uc.train.seed)
-        model = build_model(uc.model, len(uc.classes))  # the same weights in every task
-        torch.manual_seed(uc.train.seed + rank)
-        optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr,
-                                    momentum=uc.train.momentum)
-        train, val = make_loaders(cfg, job.data, shard=(rank, world))
-
-        def sum_over_tasks(*values: float) -> list[float]:
-            return np.sum(_gather(ctx, np.asarray(values, dtype=np.float64)), axis=0).tolist()
-
-        trainer = Trainer(model, _local_step(model, optimizer, ctx, world, cfg.sync_every),
-                          train, val, max_steps=cfg.max_steps,
-                          show_progress=job.show_progress and rank == 0,
-                          reduce=sum_over_tasks,
-                          before_eval=lambda: average_weights(ctx, model, world))
-        train_epochs(job, trainer, optimizer, rank=rank, writer=rank == 0,
-                     gather=lambda obj: _gather(ctx, obj),
-                     barrier=ctx.barrier)
-    finally:
-        rows = sampler.stop()
-        if job.folder is not None and sampler.enabled:
-            job.folder.write_worker_samples(rank, rows)

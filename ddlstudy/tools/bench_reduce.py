@@ -1,7 +1,7 @@
 """Times every reducer on one gradient-sized buffer; run under mpiexec by `ddlstudy bench
 reduce`, which launches it:
 
-    mpiexec -n 2 python -m ddlstudy.bench_reduce --floats 57016131 --repeats 5
+    mpiexec -n 2 python -m ddlstudy.tools.bench_reduce --floats 57016131 --repeats 5
 
 Each repeat starts after a barrier and counts the slowest rank's time. Rank 0 prints one
 JSON line with the milliseconds of every repeat per reducer.

@@ -17,6 +17,7 @@ from torch import nn
 from ddlstudy.config import RunConfig, load_usecase
 from ddlstudy.data import prepare_data
 from ddlstudy.models import build_model
+from ddlstudy.runner import resolve
 from ddlstudy.sampler import ResourceSampler
 from ddlstudy.training import WARMUP_STEPS, Trainer, make_loaders, plain_step, seed_everything
 
@@ -97,9 +98,10 @@ def _framework_loop(model, loader, steps: int) -> float:
 
 
 def run_config(uc, datasets_dir: Path | None = None) -> RunConfig:
-    """A config to read the use case's data with (the default datasets folder if None)."""
-    return RunConfig(usecase=uc, sample_hz=0,
-                     **({"datasets_dir": datasets_dir} if datasets_dir else {}))
+    """The sequential baseline's config, to read the use case's data with (the default
+    datasets folder if None)."""
+    return resolve(RunConfig(usecase=uc, sample_hz=0,
+                             **({"datasets_dir": datasets_dir} if datasets_dir else {})))
 
 
 def overhead(usecase: str, steps: int, repeats: int,
@@ -181,7 +183,7 @@ def bench_reduce(size: str, nodes: int, repeats: int = 5, hosts: str | None = No
     """Every reducer on a gradient-sized buffer between ``nodes`` MPI ranks (on this host,
     or placed on ``hosts``)."""
     from ddlstudy.errors import ConfigError
-    from ddlstudy.predict import measure_reducers
+    from ddlstudy.tools.predict import measure_reducers
 
     floats = GRADIENT_FLOATS.get(size) or (int(size) if size.isdigit() else 0)
     if floats <= 0:

@@ -23,6 +23,7 @@ from pathlib import Path
 import pandas as pd
 
 from ddlstudy.errors import UsageError
+from ddlstudy.files import atomic_write_text
 from ddlstudy.runfolder import MANIFEST
 
 BASELINE = "sequential"
@@ -338,8 +339,8 @@ class Report:
             parts += [render(t, fmt, TABLES[n]) for n, t in self.paper.items()]
         return "\n\n".join(parts)
 
-    def write(self, out: Path, fmt: str = "markdown", figures: bool = True) -> list[Path]:
-        """Tables in ``fmt`` (plus the tidy runs.csv) and, with ``figures``, the figures."""
+    def write_tables(self, out: Path, fmt: str = "markdown") -> list[Path]:
+        """Tables in ``fmt`` (plus the tidy runs.csv)."""
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
         ext = FORMATS[fmt]
@@ -347,13 +348,6 @@ class Report:
                    out / "runs.csv": self.runs.to_csv(index=False)}
         for n, t in self.paper.items():
             written[out / f"table{n}.{ext}"] = render(t, fmt, TABLES[n])
-        from ddlstudy.runfolder import atomic_write_text
-
         for path, text in written.items():
             atomic_write_text(path, text.rstrip("\n") + "\n")
-        paths = list(written)
-        if figures:
-            from ddlstudy.figures import make_figures
-
-            paths += make_figures(self, out / "figures")
-        return paths
+        return list(written)

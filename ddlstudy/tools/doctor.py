@@ -5,10 +5,10 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 from ddlstudy import environment
+from ddlstudy.backends.mpi.launch import find_mpiexec
 
 
 def _first_line(cmd: list[str], containing: str = "") -> str | None:
@@ -18,12 +18,6 @@ def _first_line(cmd: list[str], containing: str = "") -> str | None:
         return None
     lines = [ln.strip() for ln in (out.stdout + out.stderr).splitlines() if containing in ln]
     return lines[0] if out.returncode == 0 and lines else None
-
-
-def find_mpiexec() -> str | None:
-    """The mpiexec beside this Python (the mpich wheel puts it there), else on PATH."""
-    beside = Path(sys.executable).parent / "mpiexec"
-    return str(beside) if beside.exists() else shutil.which("mpiexec")
 
 
 def find_java() -> str | None:

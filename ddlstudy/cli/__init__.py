@@ -23,6 +23,7 @@ import sys
 import time
 from pathlib import Path
 
+from ddlstudy.config.options import add_run_options
 from ddlstudy.errors import ConfigError, UsageError
 from ddlstudy.logs import setup_logging
 
@@ -41,100 +42,20 @@ def _shard(text: str) -> tuple[int, int]:
     return i, n
 
 
-def _add_run_args(p: argparse.ArgumentParser) -> None:
-    what = p.add_argument_group("what to train")
-    what.add_argument("--usecase", default="tiny",
-                      help="a name from usecases/ or a path to a TOML file (default: tiny)")
-    what.add_argument("--strategy", default="sequential",
-                      help="local parallelism strategy; `ddlstudy strategies` lists them")
-    what.add_argument("--workers", type=int, help="replicas, processes or threads of the "
-                      "strategy (default: one per usable core)")
-    what.add_argument("--stages", type=int, help="pipeline stages (default: one per core)")
-    what.add_argument("--micro-batches", type=int, default=4,
-                      help="GPipe micro-batches per global batch (default 4)")
-    what.add_argument("--stage-starts", metavar="L0,L1,...",
-                      help="the layer each pipeline stage starts at, e.g. 0,9 (default: "
-                      "balanced by measured forward times)")
-    what.add_argument("--replicas", type=int, default=2,
-                      help="data-parallel replicas of the pipeline, for hybrid (default 2)")
-    what.add_argument("--devices", type=int, help="GPUs for gpu-data (default: all visible)")
-    nodes = p.add_argument_group("several nodes")
-    nodes.add_argument("--backend", default="local", help="local (default), mpi or spark")
-    nodes.add_argument("--nodes", type=int, help="with --backend mpi: start this many MPI ranks "
-                       "on this machine (leave out under your own mpiexec)")
-    nodes.add_argument("--hosts", help="with --backend mpi --nodes N: place the ranks on "
-                       "host1,host2,... (mpiexec's ssh launcher) or on emulated[:PREFIX], "
-                       "the hosts of `ddlstudy hosts up`")
-    nodes.add_argument("--bucket-mb", type=float, help="with --reduce allreduce: reduce the "
-                       "gradients in buckets of this many MiB, each as soon as backward has "
-                       "filled it, overlapping the exchange with the backward pass")
-    nodes.add_argument("--balance", default="equal", help="equal (default): each node an "
-                       "equal slice of every global batch; throughput: slices in proportion "
-                       "to each node's images/s, measured over the first steps")
-    nodes.add_argument("--compress", default="none", help="gradients on the wire between "
-                       "MPI nodes: none (default), fp16, or topk:<ratio> with error feedback")
-    nodes.add_argument("--reduce", default="allreduce", help="how nodes average gradients: "
-                       "allreduce, parameter-server, ring-reduce, ring-allreduce, step-wise")
-    spark = p.add_argument_group("the Spark backend")
-    spark.add_argument("--spark-master", help="local[N] (default: local[nodes]), "
-                       "local-cluster[N,cores,MiB] or spark://host:port")
-    spark.add_argument("--spark-sync", default="gloo", help="gloo (default): gradients "
-                       "all-reduced every step between the tasks over torch.distributed; "
-                       "allgather: weights averaged through Spark every --sync-every steps")
-    spark.add_argument("--sync-every", type=int, default=10,
-                       help="steps between weight averages with --spark-sync allgather")
-    spark.add_argument("--spark-ui", action="store_true", help="start Spark's web UI")
-    task = p.add_argument_group("training task (override the use case's [train] table)")
-    task.add_argument("--epochs", type=int)
-    task.add_argument("--batch-size", type=int, help="global batch size")
-    task.add_argument("--image-size", type=int, help="side in pixels the images are scaled to")
-    task.add_argument("--seed", type=int)
-    task.add_argument("--lr", type=float, help="learning rate")
-    task.add_argument("--scaling", default="strong", help="strong (default): --batch-size is "
-                      "the global batch, split over the workers; weak: each worker's batch, "
-                      "so the global batch grows with the workers")
-    task.add_argument("--lr-scaling", default="none", help="none (default) or linear: the "
-                      "learning rate times global batch / the use case's batch")
-    task.add_argument("--accumulate", type=int, default=1, metavar="K",
-                      help="run each batch as K micro-batches, one optimizer step and one "
-                      "gradient exchange per batch (default 1); --batch-size 64 --accumulate "
-                      "4 trains batches of 64 in the memory of 16")
-    task.add_argument("--precision", default="fp32", help="fp32 (default) or bf16 "
-                      "(autocast: bfloat16 matmuls and convolutions, fp32 weights)")
-    data = p.add_argument_group("data")
-    data.add_argument("--data-dir", type=Path, help="a real ImageFolder tree (root/<class>/<img>) "
-                      "instead of the use case's synthetic set")
-    data.add_argument("--datasets-dir", type=Path, help="where synthetic sets live "
-                      "(default: datasets/)")
-    data.add_argument("--on-bad-image", default="fail", help="fail (default): stop naming the "
-                      "file; skip: train without it and list it in the manifest")
-    data.add_argument("--loader-workers", type=int, default=0,
-                      help="DataLoader processes that decode and augment (default 0)")
-    out = p.add_argument_group("output")
-    out.add_argument("--runs-dir", type=Path, help="where run folders go (default: runs/)")
-    out.add_argument("--sample-hz", type=float, default=10.0,
-                     help="resource sampling rate, 0 to turn it off (default 10)")
-    out.add_argument("--max-steps", type=int, help="stop each epoch after this many steps")
-    out.add_argument("--no-snapshot", action="store_true",
-                     help="do not write snapshot.pt after each epoch")
-    out.add_argument("--snapshot-every", type=int, metavar="N",
-                     help="also snapshot every N steps inside an epoch")
-    faults = p.add_argument_group("faults")
-    faults.add_argument("--resume", type=Path, metavar="RUN", help="continue runs/<id> from "
-                        "its last snapshot (its recorded configuration; other flags ignored)")
-    faults.add_argument("--max-restarts", type=int, default=0, metavar="N",
-                        help="when a worker dies, restart from the last snapshot up to N "
-                        "times (default 0)")
-    out.add_argument("--quiet", action="store_true", help="warnings and errors only")
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ddlstudy", description=__doc__.split("\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("run", help="train one use case with one strategy into runs/<id>/")
-    _add_run_args(p)
+    add_run_options(p)
+    faults = p.add_argument_group("faults")
+    faults.add_argument("--resume", type=Path, metavar="RUN", help="continue runs/<id> from "
+                        "its last snapshot (its recorded configuration; other flags ignored)")
+    faults.add_argument("--max-restarts", type=int, default=0, metavar="N",
+                        help="when a worker dies, restart from the last snapshot up to N "
+                        "times (default 0)")
+    p.add_argument("--quiet", action="store_true", help="warnings and errors only")
 
     p = sub.add_parser("dataset", help="synthetic data sets")
     dsub = p.add_subparsers(dest="dataset_command", required=True, metavar="ACTION")
@@ -240,50 +161,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 # --- commands ---------------------------------------------------------------------------
 
-_TRAIN_FLAGS = ("epochs", "batch_size", "image_size", "seed", "lr")
-
-
-def _layer_list(text: str | None) -> tuple[int, ...] | None:
-    if text is None:
-        return None
-    try:
-        return tuple(int(x) for x in text.split(","))
-    except ValueError:
-        raise ConfigError("--stage-starts", f"{text!r}: give layer numbers separated by "
-                          "commas, e.g. 0,9") from None
-
-
-def config_from_args(args: argparse.Namespace):
-    from ddlstudy.config import DEFAULT_RUNS_DIR, RunConfig, load_usecase, with_overrides
-
-    usecase = load_usecase(args.usecase)
-    overrides = {k: getattr(args, k) for k in _TRAIN_FLAGS}
-    try:
-        usecase = with_overrides(usecase, **overrides)
-    except ConfigError as exc:  # name the flag the user typed, not the TOML field
-        flag = exc.field.removeprefix("train.").replace("_", "-")
-        raise ConfigError(f"--{flag}", str(exc).split(": ", 1)[1]) from None
-    extra = {}
-    if args.datasets_dir:
-        extra["datasets_dir"] = args.datasets_dir
-    return RunConfig(usecase=usecase, strategy=args.strategy, workers=args.workers,
-                     stages=args.stages, micro_batches=args.micro_batches,
-                     stage_starts=_layer_list(args.stage_starts),
-                     replicas=args.replicas, devices=args.devices, backend=args.backend,
-                     nodes=args.nodes, hosts=args.hosts, reduce=args.reduce,
-                     spark_master=args.spark_master,
-                     spark_sync=args.spark_sync, sync_every=args.sync_every,
-                     spark_ui=args.spark_ui, precision=args.precision,
-                     accumulate=args.accumulate, scaling=args.scaling,
-                     lr_scaling=args.lr_scaling, compress=args.compress, balance=args.balance,
-                     bucket_mb=args.bucket_mb,
-                     data_dir=args.data_dir, runs_dir=args.runs_dir or DEFAULT_RUNS_DIR,
-                     on_bad_image=args.on_bad_image, loader_workers=args.loader_workers,
-                     sample_hz=args.sample_hz, max_steps=args.max_steps,
-                     snapshot=not args.no_snapshot, snapshot_every=args.snapshot_every,
-                     **extra)
-
-
 def cmd_run(args: argparse.Namespace) -> int:
     if args.max_restarts < 0:
         raise ConfigError("--max-restarts", f"must be 0 or more, got {args.max_restarts}")
@@ -291,23 +168,22 @@ def cmd_run(args: argparse.Namespace) -> int:
         from ddlstudy.runner import resume_config
 
         return train(resume_config(args.resume), args.argv, args.resume, args.max_restarts)
+    from ddlstudy.config.options import config_from_args
+
     return train(config_from_args(args), args.argv, max_restarts=args.max_restarts)
 
 
 def train(cfg, argv: list[str], resume: Path | None = None, max_restarts: int = 0) -> int:
     """Run ``cfg`` (launching mpiexec for --backend mpi) and print where it went; with
     ``max_restarts``, a run that failed after a snapshot continues from it."""
-    from ddlstudy import mpi
+    from ddlstudy.backends.mpi.launch import CHILD_ENV
     from ddlstudy.runfolder import SNAPSHOT, RunFolder
-    from ddlstudy.runner import RunFailed, launch_mpi, run
+    from ddlstudy.runner import RunFailed, start
 
     restarts = 0
     while True:
         try:
-            if cfg.backend == "mpi" and not mpi.under_mpiexec():
-                folder = launch_mpi(cfg, argv, resume)
-            else:
-                folder = run(cfg, resume=resume)
+            folder = start(cfg, argv, resume)
             break
         except RunFailed as exc:
             restartable = (exc.folder is not None and exc.exit_code not in (2, 130, 143)
@@ -320,7 +196,7 @@ def train(cfg, argv: list[str], resume: Path | None = None, max_restarts: int = 
             argv = ["run", "--resume", str(resume), *(["--quiet"] if "--quiet" in argv else [])]
             log.warning("%s; restarting from its last snapshot (restart %d of %d)", exc,
                         restarts, max_restarts)
-    if not isinstance(folder, RunFolder) or os.environ.get(mpi.CHILD_ENV):
+    if not isinstance(folder, RunFolder) or os.environ.get(CHILD_ENV):
         return 0  # other MPI ranks stay quiet; under our own launcher, the launcher reports
     summary = folder.manifest.get("summary", {})
     print(f"{folder.path}  val accuracy {summary.get('final_val_accuracy', float('nan')):.3f}  "
@@ -354,7 +230,7 @@ def cmd_strategies(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from ddlstudy.doctor import doctor
+    from ddlstudy.tools.doctor import doctor
 
     return doctor()
 
@@ -390,7 +266,7 @@ def cmd_study(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from ddlstudy.replay import config_from_manifest, differences, read_manifest
+    from ddlstudy.runner.replay import config_from_manifest, differences, read_manifest
 
     manifest = read_manifest(args.manifest)
     runs_dir = args.runs_dir or Path(manifest["path"]).parent
@@ -401,20 +277,20 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from ddlstudy.replay import compare, read_manifest
+    from ddlstudy.runner.replay import compare, read_manifest
 
     print(compare(read_manifest(args.a), read_manifest(args.b)))
     return 0
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from ddlstudy.bench import bench_overhead, bench_reduce, bench_sampler
+    from ddlstudy.tools.bench import bench_overhead, bench_reduce, bench_sampler
 
     for name in ("steps", "repeats", "threads", "nodes"):
         if getattr(args, name, 1) <= 0:
             raise ConfigError(f"--{name}", f"must be a positive integer, got {getattr(args, name)}")
     if args.bench_command == "all":
-        from ddlstudy import bench_all
+        from ddlstudy.tools import bench_all
 
         groups = args.only.split(",") if args.only else list(bench_all.GROUPS)
         result = bench_all.bench_all(args.usecase, args.steps, args.repeats, groups,
@@ -466,7 +342,7 @@ def cmd_hosts(args: argparse.Namespace) -> int:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    from ddlstudy import predict
+    from ddlstudy.tools import predict
 
     if args.repeats <= 0:
         raise ConfigError("--repeats", f"must be a positive integer, got {args.repeats}")
@@ -474,9 +350,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
     batches = predict.parse_list("--batches", args.batches) if args.batches else None
     links = [x for x in args.links.split(",") if x]
     if args.hosts is not None:
-        from ddlstudy import mpi
+        from ddlstudy.backends.mpi.launch import placement
 
-        mpi.placement(args.hosts, 2)  # hosts that are not up: refused before measuring
+        placement(args.hosts, 2)  # hosts that are not up: refused before measuring
     result = predict.predict(args.runs, args.hosts, nodes, links, batches, args.repeats)
     print(predict.markdown(result))
     for path in predict.write(result, args.out or args.runs / "predict"):

@@ -15,16 +15,13 @@ here, shown inline in the notebook.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pandas as pd
 import seaborn as sns
 from matplotlib.figure import Figure
 
 from ddlstudy.runfolder import SAMPLES
-
-if TYPE_CHECKING:
-    from ddlstudy.report import Report
+from ddlstudy.report.tables import Report
 
 
 def _save(fig: Figure, out: Path, name: str) -> list[Path]:

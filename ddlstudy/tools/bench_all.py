@@ -26,15 +26,8 @@ from pathlib import Path
 
 import torch
 
-from ddlstudy.bench import (
-    Ratio,
-    images_per_s,
-    model_step,
-    overhead,
-    run_config,
-    sampler,
-)
 from ddlstudy.errors import ConfigError, UsageError
+from ddlstudy.tools.bench import Ratio, images_per_s, model_step, overhead, run_config, sampler
 
 GROUPS = ("overhead", "sampler", "loader", "strategies", "reducers", "spark")
 STRATEGY_FLAGS = {"cpu-intraop": [], "cpu-threads": ["--workers", "2"],
@@ -99,7 +92,7 @@ def strategies(usecase: str, steps: int, repeats: int, runs: Path,
 def reducers(usecase: str, repeats: int, hosts: str | None) -> list[Ratio]:
     from ddlstudy.config import load_usecase
     from ddlstudy.models import build_model
-    from ddlstudy.predict import measure_reducers
+    from ddlstudy.tools.predict import measure_reducers
 
     uc = load_usecase(usecase)
     floats = sum(p.numel() for p in build_model(uc.model, len(uc.classes)).parameters())

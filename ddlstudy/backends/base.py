@@ -1,0 +1,107 @@
+"""The Backend interface (how nodes are started and talk) and the registry of backends.
+
+A run has two axes: the local Strategy (how one node trains: ``ddlstudy.strategies``) and
+the Backend (how many nodes there are, where their processes come from, and how they
+exchange gradients). ``ddlstudy.runner.run`` asks the backend, once, for everything that
+differs between them:
+
+- ``check(cfg, strategy, resuming)``: refuse, before anything starts, what it cannot run;
+- ``nodes(cfg)``: how many nodes the run has (its effective parallelism needs it);
+- ``describe(cfg)``: the manifest's ``backend`` block;
+- ``launch(cfg, argv, run_id)``: start the run's processes when this one cannot be a node
+  itself (ddlstudy's own ``mpiexec``), or None to run here;
+- ``environment(cfg)``: who this process is among the nodes (an ``Environment``);
+- ``fit(job, env)``: train this node; returns the resource samples of the node's other
+  processes (the runner adds its own and gathers them on node 0).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar
+
+from ddlstudy.config import RunConfig
+from ddlstudy.errors import ConfigError
+from ddlstudy.strategies import Strategy
+from ddlstudy.training import Job
+
+
+class Environment:
+    """This process among the run's nodes: its rank, the world, and the few collectives
+    the runner needs (the data plan from node 0, every node's samples on node 0). One node
+    alone: rank 0 of 1, every collective a no-op."""
+
+    rank: int = 0
+    world: int = 1
+    where: str = ""
+    """How an error names this node (" on MPI rank 3"), empty alone."""
+
+    def bcast(self, obj: Any) -> Any:
+        """Node 0's ``obj`` on every node."""
+        return obj
+
+    def gather(self, obj: Any) -> list[Any] | None:
+        """Every node's ``obj`` on node 0 (None elsewhere)."""
+        return [obj]
+
+    def placement(self) -> dict[str, Any]:
+        """Where the nodes run, for the manifest (hosts and PIDs of several nodes)."""
+        return {}
+
+    def failed(self, message: str) -> str:
+        """The line a failing node logs (a launcher may read it back)."""
+        return message
+
+    def abort(self, code: int) -> None:
+        """End every node after a failure here (the others would wait in a collective)."""
+
+
+class Backend(ABC):
+    """How a run's nodes are started and talk. Subclasses set ``name`` and ``summary``."""
+
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    def accumulates(self, cfg: RunConfig) -> bool:
+        """Whether its nodes train with the shared step (training.accumulate_grads): needed
+        for --accumulate and fp16's gradient scaler."""
+        return True
+
+    def check(self, cfg: RunConfig, strategy: Strategy, resuming: bool) -> None:
+        """Refuse what it cannot run, before anything starts (ConfigError, Unavailable)."""
+        return None
+
+    @abstractmethod
+    def nodes(self, cfg: RunConfig) -> int:
+        """How many nodes the run has."""
+
+    def describe(self, cfg: RunConfig) -> dict[str, Any]:
+        """The manifest's ``backend`` block (before training; ``fit`` may add to it)."""
+        return {"name": self.name, "nodes": self.nodes(cfg)}
+
+    def launch(self, cfg: RunConfig, argv: list[str], run_id: str):
+        """Start the run's processes elsewhere and say how they ended (a
+        ``backends.mpi.launch.Launched``), or None: this process is a node, run here."""
+        return None
+
+    def environment(self, cfg: RunConfig) -> Environment:
+        return Environment()
+
+    @abstractmethod
+    def fit(self, job: Job, env: Environment) -> list[dict]:
+        """Train this node; returns the samples of the node's other processes."""
+
+
+REGISTRY: dict[str, type[Backend]] = {}
+
+
+def register(cls: type[Backend]) -> type[Backend]:
+    REGISTRY[cls.name] = cls
+    return cls
+
+
+def get_backend(name: str) -> Backend:
+    try:
+        return REGISTRY[name]()
+    except KeyError:
+        raise ConfigError("--backend", f"unknown backend {name!r}; choose one of: "
+                          f"{', '.join(REGISTRY)}") from None

@@ -1,0 +1,106 @@
+"""The MPI backend: each MPI rank is a node that trains with a local strategy on its slice
+of every global batch, and the nodes average their gradients with a reducer.
+
+    ddlstudy run --usecase tiny --backend mpi --nodes 2 --reduce ring-allreduce
+    mpiexec -n 4 -hosts a,b,c,d ddlstudy run --usecase simple-big --backend mpi
+
+``--nodes N`` makes ddlstudy start ``mpiexec -n N`` on this machine itself (``launch``); a
+run started under someone else's mpiexec (hosts file, scheduler) just joins. Rank 0 checks
+and scans the data and sends the list to the others, writes the run folder, and gathers
+every rank's resource samples. A node of one process trains in its rank (``node``); a
+node of several is led by its rank (``nodes``). A rank that raises aborts the whole job
+(MPI_Abort), so no rank waits forever.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any
+
+from ddlstudy.backends.base import Backend, Environment, register
+from ddlstudy.backends.mpi import launch, node, nodes
+from ddlstudy.config import RunConfig
+from ddlstudy.errors import ConfigError, Unavailable
+from ddlstudy.strategies import Strategy, get_strategy
+from ddlstudy.training import Job
+
+
+class MpiEnvironment(Environment):
+    """This process is MPI rank ``rank`` of ``world`` nodes."""
+
+    def __init__(self, comm) -> None:
+        self.comm = comm
+        self.rank, self.world = comm.Get_rank(), comm.Get_size()
+        self.where = f" on MPI rank {self.rank}"
+
+    def bcast(self, obj: Any) -> Any:
+        return self.comm.bcast(obj, root=0)
+
+    def gather(self, obj: Any) -> list[Any] | None:
+        return self.comm.gather(obj, root=0)
+
+    def placement(self) -> dict[str, Any]:
+        return {"hosts": self.comm.allgather(socket.gethostname()),
+                "pids": self.comm.allgather(os.getpid())}
+
+    def failed(self, message: str) -> str:
+        return launch.RANK_FAILED + message
+
+    def abort(self, code: int) -> None:
+        self.comm.Abort(code)
+
+
+@register
+class Mpi(Backend):
+    name = "mpi"
+    summary = ("each MPI rank a node running the local strategy; nodes average gradients "
+               "with --reduce (ddlstudy's own mpiexec with --nodes, or yours)")
+
+    def check(self, cfg: RunConfig, strategy: Strategy, resuming: bool) -> None:
+        """What a node's strategy can do under MPI (the strategy has checked its own flags).
+        Every local strategy can: a one-process one runs in the rank, a multi-process one
+        in a node the rank leads (``nodes``)."""
+        if strategy.layout(cfg).get("processes", 1) > 1:
+            what = f"{cfg.strategy} nodes (their workers sum on the leader first)"
+            if cfg.balance != "equal":
+                raise Unavailable("--balance", f"throughput balancing is not written for "
+                                  f"{what}; use sequential or cpu-intraop nodes")
+            if cfg.bucket_mb:
+                raise Unavailable("--bucket-mb", f"buckets are not written for {what}; use "
+                                  "sequential or cpu-intraop nodes")
+        workers = cfg.data_parallel()
+        if cfg.global_batch < workers:
+            raise ConfigError("--batch-size", f"{cfg.global_batch} is smaller than the "
+                              f"{workers} data-parallel workers of all the nodes; each needs "
+                              "at least one image of every batch")
+        if resuming and cfg.reduce == "step-wise":
+            raise Unavailable("--resume", "step-wise leaves every node with different "
+                              "weights and the snapshot holds rank 0's only; an exact "
+                              "reducer resumes")
+        if not launch.under_mpiexec():
+            launch.require_mpiexec()
+
+    def nodes(self, cfg: RunConfig) -> int:
+        # Under someone else's mpiexec, the world size it set.
+        return cfg.nodes or int(os.environ.get("PMI_SIZE") or
+                                os.environ.get("OMPI_COMM_WORLD_SIZE") or 1)
+
+    def describe(self, cfg: RunConfig) -> dict[str, Any]:
+        return super().describe(cfg) | {"reduce": cfg.reduce}
+
+    def launch(self, cfg: RunConfig, argv: list[str], run_id: str) -> launch.Launched | None:
+        if launch.under_mpiexec():
+            return None
+        where = launch.placement(cfg.hosts, self.nodes(cfg))  # hosts gone: refused here
+        return launch.launch(argv, self.nodes(cfg), run_id, where)
+
+    def environment(self, cfg: RunConfig) -> Environment:
+        return MpiEnvironment(launch.world())
+
+    def fit(self, job: Job, env: Environment) -> list[dict]:
+        assert isinstance(env, MpiEnvironment)
+        # The node's processes, threads and replicas as its strategy lays them out.
+        layout = get_strategy(job.cfg.strategy).layout(job.cfg)
+        fit = nodes.fit if layout.get("processes", 1) > 1 else node.fit
+        return fit(job, env.comm, layout)

@@ -1,0 +1,102 @@
+"""Starting MPI ranks: ddlstudy's own ``mpiexec`` (``--nodes N``, ``--hosts``), or joining
+someone else's. Nothing here imports torch or mpi4py, so a refused run answers fast."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from ddlstudy import hosts as emulated
+from ddlstudy.errors import Unavailable
+from ddlstudy.runfolder import RUN_ID_ENV
+
+log = logging.getLogger("ddlstudy")
+
+
+CHILD_ENV = "DDLSTUDY_MPI_CHILD"
+
+
+_BAD_TERMINATION = re.compile(r"^=\s+PID (\d+) RUNNING AT")
+"""How hydra's mpiexec names a rank that died ("=   PID 12868 RUNNING AT host")."""
+
+
+RANK_FAILED = "run failed: "
+"""What a rank logs before its MPI_Abort; mpi.launch reads the first such line, to record
+why in the manifest when that rank is not rank 0 (which mpiexec then ends unannounced)."""
+
+
+def under_mpiexec() -> bool:
+    return any(v in os.environ for v in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", CHILD_ENV))
+
+
+def require_mpiexec() -> str:
+    mpiexec = find_mpiexec()
+    if mpiexec is None:
+        raise Unavailable("--backend", "mpi needs mpiexec, which was not found; pip install "
+                          "mpich mpi4py (make install does) or load your cluster's MPI module")
+    return mpiexec
+
+
+def placement(hosts: str | None, nodes: int) -> tuple[list[str], dict[str, str]]:
+    """mpiexec's flags and environment for ``--hosts``: a list of real hosts, or the
+    emulated hosts (their launcher, and a netmod that sends over their network)."""
+    if hosts is None:
+        return [], {}
+    if hosts == "emulated" or hosts.startswith("emulated:"):
+        found = emulated.load(hosts.partition(":")[2] or emulated.DEFAULT_PREFIX)
+        if nodes > found.count:
+            log.warning("%d ranks on %d emulated hosts: some hosts run several", nodes,
+                        found.count)
+        return found.mpiexec_args(nodes), dict(emulated.MPI_ENV)
+    return ["-hosts", hosts], {}
+
+
+@dataclass
+class Launched:
+    """How mpiexec ended: its exit code, the PID it reported for a rank that died, and
+    the first error a failing rank logged."""
+
+    code: int
+    dead_pid: int | None = None
+    failure: str | None = None
+
+
+def launch(argv: list[str], nodes: int, run_id: str,
+           where: tuple[list[str], dict[str, str]] = ([], {})) -> Launched:
+    """Run this same command as ``mpiexec -n nodes`` and say how it ended (its output is
+    passed on to stderr line by line while it is read for that)."""
+    mpiexec = require_mpiexec()
+    flags, netmod = where  # placement(--hosts, nodes)
+    env = os.environ | netmod | {CHILD_ENV: "1", RUN_ID_ENV: run_id}
+    cmd = [mpiexec, *flags, "-n", str(nodes), sys.executable, "-m", "ddlstudy", *argv]
+    log.info("launching %d MPI ranks: %s", nodes, " ".join(cmd))
+    ended = Launched(0)
+    with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, bufsize=1) as proc:
+        for line in proc.stdout:
+            sys.stderr.write(line)
+            found = _BAD_TERMINATION.search(line)
+            if found and ended.dead_pid is None:
+                ended.dead_pid = int(found.group(1))
+            if RANK_FAILED in line and ended.failure is None:
+                ended.failure = line.split(RANK_FAILED, 1)[1].strip()
+    ended.code = proc.returncode
+    return ended
+
+
+def world():
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD
+
+
+def find_mpiexec() -> str | None:
+    """The mpiexec beside this Python (the mpich wheel puts it there), else on PATH."""
+    beside = Path(sys.executable).parent / "mpiexec"
+    return str(beside) if beside.exists() else shutil.which("mpiexec")

@@ -1,0 +1,57 @@
+"""The Spark backend: one barrier task per node, gang-scheduled, each training the node's
+one-process local strategy (sequential or cpu-intraop) on its slice of every global batch.
+
+The driver (the `ddlstudy run` process) starts a SparkSession on ``--spark-master`` (timed
+apart from training: ``backend.session_start_s`` in the manifest), then runs a single
+barrier stage of ``--nodes`` tasks. Two ways to keep the nodes in step:
+
+- ``--spark-sync gloo``: the tasks exchange "host:port" with ``BarrierTaskContext.allGather``
+  and form a torch.distributed gloo group (as Spark's own TorchDistributor does); each
+  task is then exactly a cpu-processes rank (DDP, gradients all-reduced every step), so
+  the run computes what ``--strategy cpu-processes --workers N`` computes.
+- ``--spark-sync allgather`` (SparkNet): each task trains on its own slice with local SGD
+  and every ``--sync-every`` steps (and at every epoch end) the weights are averaged
+  through ``allGather`` itself, in chunks small enough for Spark's RPC messages. Each
+  such barrier call costs Spark a round trip through the driver, hence the K steps.
+
+Task 0 writes the run folder (the runs and data folders must be visible to the executors:
+a shared file system on a real cluster, as for MPI). If a task fails Spark retries the
+whole barrier stage; the attempt number is recorded in the manifest and the log.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ddlstudy.backends.base import Backend, Environment, register
+from ddlstudy.backends.spark import driver
+from ddlstudy.config import RunConfig
+from ddlstudy.errors import Unavailable
+from ddlstudy.strategies import Strategy
+from ddlstudy.training import Job
+
+
+@register
+class Spark(Backend):
+    name = "spark"
+    summary = ("each Spark barrier task a node running sequential or cpu-intraop; "
+               "gradients over gloo every step, or weights through allGather")
+
+    def accumulates(self, cfg: RunConfig) -> bool:
+        return cfg.spark_sync == "gloo"  # allgather mode's local SGD has its own step
+
+    def check(self, cfg: RunConfig, strategy: Strategy, resuming: bool) -> None:
+        driver.check(cfg)
+        if resuming:
+            raise Unavailable("--resume", "Spark runs cannot be resumed yet (Spark retries "
+                              "a failed stage itself); use --backend mpi")
+
+    def nodes(self, cfg: RunConfig) -> int:
+        return driver.nodes(cfg)
+
+    def describe(self, cfg: RunConfig) -> dict[str, Any]:
+        return driver.describe(cfg)
+
+    def fit(self, job: Job, env: Environment) -> list[dict]:
+        driver.fit(job)  # the tasks write their own samples into the run folder
+        return []

@@ -1,0 +1,89 @@
+"""``--spark-sync allgather`` (SparkNet): each task trains on its own slice with local SGD
+and every ``--sync-every`` steps (and at every epoch end) the weights are averaged through
+Spark's barrier ``allGather`` itself, in chunks small enough for Spark's RPC messages."""
+
+from __future__ import annotations
+
+import base64
+import pickle
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from ddlstudy.logs import setup_logging
+from ddlstudy.sampler import ResourceSampler
+from ddlstudy.training import Batch, Job, Link, StepFn, make_loaders, plain_step
+from ddlstudy.training.worker import new_model, new_optimizer, train_worker
+
+RPC_MAX_MB = 512
+"""spark.rpc.message.maxSize: an allGather reply carries every task's chunk."""
+
+
+def _gather(ctx, obj: Any) -> list[Any]:
+    """Every task's ``obj``, in rank order, through Spark's barrier allGather."""
+    text = base64.b64encode(pickle.dumps(obj)).decode()
+    return [pickle.loads(base64.b64decode(m)) for m in ctx.allGather(text)]
+
+
+def average_weights(ctx, model: nn.Module, world: int) -> None:
+    """Replace every task's weights by their mean, sent through allGather in chunks that
+    keep each reply under spark.rpc.message.maxSize."""
+    params = [p for p in model.parameters()]
+    flat = torch.cat([p.detach().reshape(-1) for p in params]).numpy()
+    chunk = max(1 << 20, (RPC_MAX_MB << 20) // 2 // world * 3 // 4 // 4)  # floats
+    out = np.empty_like(flat)
+    for start in range(0, flat.size, chunk):
+        part = flat[start:start + chunk]
+        msgs = ctx.allGather(base64.b64encode(part.tobytes()).decode())
+        stacked = np.stack([np.frombuffer(base64.b64decode(m), dtype=np.float32) for m in msgs])
+        out[start:start + chunk] = stacked.mean(axis=0, dtype=np.float64)
+    offset = 0
+    with torch.no_grad():
+        for p in params:
+            p.copy_(torch.from_numpy(out[offset:offset + p.numel()]).view_as(p))
+            offset += p.numel()
+
+
+def _local_step(model: nn.Module, optimizer: torch.optim.Optimizer, ctx, world: int,
+                every: int) -> StepFn:
+    """Local SGD on this task's slice (the baseline's step); weights averaged every
+    ``every`` steps."""
+    local = plain_step(model, optimizer, nn.CrossEntropyLoss())
+    count = 0
+
+    def step(batch: Batch) -> tuple[float, int, int]:
+        nonlocal count
+        result = local(batch)
+        count += 1
+        if count % every == 0:
+            average_weights(ctx, model, world)
+        return result
+
+    return step
+
+
+def allgather_rank(ctx, rank: int, world: int, job: Job, threads: int, level: int) -> None:
+    """Task ``rank`` of ``world``: local SGD, weights averaged through ``ctx.allGather``."""
+    cfg = job.cfg
+    torch.set_num_threads(threads)
+    setup_logging(level)
+    sampler = ResourceSampler(cfg.sample_hz, rank=rank, scope="worker").start()
+    try:
+        model = new_model(cfg, rank)  # the same weights in every task, its own dropout
+        optimizer = new_optimizer(model.parameters(), cfg)
+        train, val = make_loaders(cfg, job.data, shard=(rank, world))
+
+        def sum_over_tasks(*values: float) -> list[float]:
+            return np.sum(_gather(ctx, np.asarray(values, dtype=np.float64)), axis=0).tolist()
+
+        link = Link(rank, world, lambda flat, step: None, sum_over_tasks,
+                    lambda obj: _gather(ctx, obj), ctx.barrier)
+        train_worker(job, link, model, optimizer,
+                     _local_step(model, optimizer, ctx, world, cfg.sync_every), train, val,
+                     before_eval=lambda: average_weights(ctx, model, world))
+    finally:
+        rows = sampler.stop()
+        if job.folder is not None and sampler.enabled:
+            job.folder.write_worker_samples(rank, rows)

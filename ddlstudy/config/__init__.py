@@ -1,0 +1,34 @@
+"""What to train and how: use cases (TOML), the run configuration, the run options.
+
+Every config is a frozen, keyword-only dataclass that validates itself in ``__post_init__``
+and names the offending field in its error, so a bad TOML key or CLI flag is refused before
+anything starts.
+"""
+
+from ddlstudy.config.paths import (
+    DEFAULT_DATASETS_DIR,
+    DEFAULT_RUNS_DIR,
+    REPO_ROOT,
+    USECASES_DIR,
+)
+from ddlstudy.config.run import PRECISIONS, SPARK_SYNCS, Effective, RunConfig, spark_slots
+from ddlstudy.config.usecase import (
+    MIN_IMAGE_SIZE,
+    Arch,
+    BadImagePolicy,
+    DataSpec,
+    ModelSpec,
+    TrainSpec,
+    UseCase,
+    available_usecases,
+    load_usecase,
+    resolve_usecase_path,
+    usecase_from_dict,
+    with_overrides,
+)
+
+__all__ = ["DEFAULT_DATASETS_DIR", "DEFAULT_RUNS_DIR", "MIN_IMAGE_SIZE", "PRECISIONS",
+           "REPO_ROOT", "SPARK_SYNCS", "USECASES_DIR", "Arch", "BadImagePolicy", "DataSpec",
+           "Effective", "ModelSpec", "RunConfig", "TrainSpec", "UseCase",
+           "available_usecases", "load_usecase", "resolve_usecase_path", "spark_slots",
+           "usecase_from_dict", "with_overrides"]

@@ -1,0 +1,124 @@
+"""The ``ddlstudy run`` flags and the study plans' cell keys, read from the declarations.
+
+A run option is a ``RunConfig`` field made with ``config.run.option`` (or, for the use
+case's training task, a ``TrainSpec`` field with a ``help``): this module turns those
+fields into argparse arguments (help, type, default shown), into the keys a study plan's
+cells may set, and parsed arguments back into a ``RunConfig``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from ddlstudy.config.run import TASK, WHAT, RunConfig, options
+from ddlstudy.config.usecase import TrainSpec, load_usecase, with_overrides
+from ddlstudy.errors import ConfigError
+
+USECASE_DEFAULT = "tiny"
+
+
+def _layers(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise ConfigError("--stage-starts", f"{text!r}: give layer numbers separated by "
+                          "commas, e.g. 0,9") from None
+
+
+PARSERS = {"layers": _layers}
+"""Converters for flags whose text argparse cannot type by itself (errors name the flag)."""
+
+
+def train_options() -> list[dataclasses.Field]:
+    """The use case's [train] fields a flag may override."""
+    return [f for f in dataclasses.fields(TrainSpec) if "help" in f.metadata]
+
+
+def key(f: dataclasses.Field) -> str:
+    """A field's study-plan key and argparse destination (``no_snapshot`` for snapshot)."""
+    return f"no_{f.name}" if f.metadata.get("negate") else f.name
+
+
+def flag(f: dataclasses.Field) -> str:
+    return "--" + key(f).replace("_", "-")
+
+
+def _shown_default(f: dataclasses.Field) -> str:
+    default = f.default
+    if default is None or f.metadata.get("type") is bool:
+        return ""
+    if isinstance(default, Path):
+        default = f"{default.parent.name}/{default.name}/"
+    return f" (default: {default})"
+
+
+def _add(group: argparse._ArgumentGroup, f: dataclasses.Field) -> None:
+    meta = f.metadata
+    kwargs: dict[str, Any] = {"dest": key(f), "default": None,
+                              "help": meta["help"] + _shown_default(f)}
+    if meta.get("type") is bool:
+        kwargs["action"] = "store_true"
+        kwargs["default"] = False
+    else:
+        if meta.get("type") not in (None, str):
+            kwargs["type"] = meta["type"]
+        if meta.get("metavar"):
+            kwargs["metavar"] = meta["metavar"]
+    group.add_argument(flag(f), **kwargs)
+
+
+def add_run_options(parser: argparse.ArgumentParser) -> None:
+    """Every run option as a flag, in its group."""
+    groups: dict[str, argparse._ArgumentGroup] = {}
+
+    def group(name: str) -> argparse._ArgumentGroup:
+        if name not in groups:
+            groups[name] = parser.add_argument_group(name)
+        return groups[name]
+
+    group(WHAT).add_argument("--usecase", default=USECASE_DEFAULT, help="a name from "
+                             f"usecases/ or a path to a TOML file (default: {USECASE_DEFAULT})")
+    for f in options():
+        if f.metadata["group"] == TASK and not groups.get(TASK):
+            for t in train_options():
+                _add(group(TASK), t)
+        _add(group(f.metadata["group"]), f)
+
+
+def run_parser() -> argparse.ArgumentParser:
+    """A parser of the run options alone (a study's cells, checked as `ddlstudy run` would)."""
+    parser = argparse.ArgumentParser(prog="ddlstudy run")
+    add_run_options(parser)
+    return parser
+
+
+def cell_keys() -> set[str]:
+    """The keys a study plan's cell (or its [settings]) may set: every run option but the
+    use case and the runs folder, which the study sets itself."""
+    return {key(f) for f in [*options(), *train_options()] if f.name != "runs_dir"}
+
+
+def config_from_args(args: argparse.Namespace) -> RunConfig:
+    """The RunConfig of parsed ``ddlstudy run`` arguments (flags left out keep the use
+    case's or the field's default)."""
+    usecase = load_usecase(args.usecase)
+    overrides = {f.name: getattr(args, f.name) for f in train_options()}
+    try:
+        usecase = with_overrides(usecase, **overrides)
+    except ConfigError as exc:  # name the flag the user typed, not the TOML field
+        name = exc.field.removeprefix("train.").replace("_", "-")
+        raise ConfigError(f"--{name}", str(exc).split(": ", 1)[1]) from None
+    kwargs: dict[str, Any] = {}
+    for f in options():
+        value = getattr(args, key(f))
+        if f.metadata.get("negate"):
+            value = not value
+        elif value is None or (f.metadata.get("type") is bool and not value):
+            continue
+        elif f.metadata.get("parse"):
+            value = PARSERS[f.metadata["parse"]](value)
+        kwargs[f.name] = value
+    return RunConfig(usecase=usecase, **kwargs)

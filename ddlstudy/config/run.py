@@ -1,0 +1,339 @@
+"""The resolved configuration of one run, and its effective parallelism.
+
+Every run option is declared once, here, as a ``RunConfig`` field made by ``option``: its
+default, its ``--help`` text and its group. The ``ddlstudy run`` flags, the study plans'
+cell keys and the manifest's ``config`` block are all read from these fields
+(``ddlstudy.config.options``), so they cannot drift apart.
+
+How many workers a run really has (and so its global batch and learning rate) depends on
+the strategy and the backend, which live above this layer: ``Effective`` holds the
+answer, computed once at preflight (``ddlstudy.runner.preflight``) and carried in the
+config from then on. It is the manifest's ``effective`` block.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ddlstudy.config.paths import DEFAULT_DATASETS_DIR, DEFAULT_RUNS_DIR
+from ddlstudy.config.usecase import BadImagePolicy, UseCase, _choices, _positive
+from ddlstudy.errors import ConfigError
+from ddlstudy.reducers import get_reducer
+from ddlstudy.reducers.compress import parse as parse_compress
+
+SPARK_SYNCS = ("gloo", "allgather")
+PRECISIONS = ("fp32", "bf16", "fp16")
+_SPARK_MASTER = re.compile(r"^(local(\[(\d+|\*)(,\d+)?\])?|local-cluster\[(\d+),(\d+),(\d+)\]"
+                           r"|spark://[\w.\-]+(:\d+)?(,[\w.\-]+(:\d+)?)*)$")
+
+
+def spark_slots(master: str) -> int | None:
+    """Task slots a Spark master offers (None: a cluster, known only once it runs)."""
+    found = _SPARK_MASTER.match(master)
+    if not found:
+        raise ConfigError("--spark-master", f"{master!r} is not a Spark master; use local[N], "
+                          f"local-cluster[N,cores,MiB] or spark://host:port")
+    if master == "local":
+        return 1
+    if master.startswith("local["):
+        return None if found.group(3) == "*" else int(found.group(3))
+    if master.startswith("local-cluster"):
+        return int(found.group(5)) * int(found.group(6))
+    return None
+
+
+def option(default: Any, help: str, *, group: str, type: Any = str, metavar: str | None = None,
+           negate: bool = False, parse: str | None = None) -> Any:
+    """A RunConfig field that is also a ``ddlstudy run`` flag and a study-plan key.
+
+    ``type`` converts the flag's text (bool: a switch); ``negate`` makes the flag
+    ``--no-<name>`` (it sets the field False); ``parse`` names a converter in
+    ``config.options`` for values argparse cannot type (a layer list)."""
+    return field(default=default, metadata={"help": help, "group": group, "type": type,
+                                            "metavar": metavar, "negate": negate,
+                                            "parse": parse})
+
+
+WHAT, NODES, SPARK, TASK, DATA, OUTPUT = ("what to train", "several nodes",
+                                          "the Spark backend",
+                                          "training task (override the use case's [train] table)",
+                                          "data", "output")
+
+
+@dataclass(frozen=True)
+class Effective:
+    """What a run really does, once its strategy and backend are known: the data-parallel
+    workers over all nodes, the global batch and the learning rate (the manifest's
+    ``effective`` block)."""
+
+    scaling: str
+    global_batch: int
+    lr: float
+    data_parallel_workers: int
+
+    @classmethod
+    def of(cls, cfg: RunConfig, workers: int) -> Effective:
+        """``cfg`` trained by ``workers`` data-parallel workers (see ``scaling``)."""
+        train = cfg.usecase.train
+        batch = train.batch_size * workers if cfg.scaling == "weak" else train.batch_size
+        lr = train.lr * batch / train.batch_size if cfg.lr_scaling == "linear" else train.lr
+        return cls(scaling=cfg.scaling, global_batch=batch, lr=lr,
+                   data_parallel_workers=workers)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunConfig:
+    """Everything one `ddlstudy run` needs, resolved from the use case and the flags."""
+
+    usecase: UseCase
+    strategy: str = option("sequential", "local parallelism strategy; `ddlstudy strategies` "
+                           "lists them", group=WHAT)
+    workers: int | None = option(None, "replicas, processes or threads of the strategy "
+                                 "(default: one per usable core)", group=WHAT, type=int)
+    stages: int | None = option(None, "pipeline stages (default: one per core)", group=WHAT,
+                                type=int)
+    micro_batches: int = option(4, "GPipe micro-batches each global batch is split into",
+                                group=WHAT, type=int)
+    stage_starts: tuple[int, ...] | None = option(
+        None, "the layer each pipeline stage starts at, e.g. 0,9 (default: cut where the "
+        "measured forward times balance; a replay cuts where the run it replays did)",
+        group=WHAT, metavar="L0,L1,...", parse="layers")
+    replicas: int = option(2, "data-parallel replicas of the pipeline, for hybrid",
+                           group=WHAT, type=int)
+    devices: int | None = option(None, "GPUs for gpu-data (default: all visible)", group=WHAT,
+                                 type=int)
+    backend: str = option("local", "local (one node), mpi (each MPI rank a node) or spark "
+                          "(each barrier task a node)", group=NODES)
+    nodes: int | None = option(None, "with --backend mpi: start this many MPI ranks on this "
+                               "machine (leave out under your own mpiexec); with spark: "
+                               "barrier tasks", group=NODES, type=int)
+    hosts: str | None = option(None, "with --backend mpi --nodes N: place the ranks on "
+                               "host1,host2,... (mpiexec's ssh launcher) or on "
+                               "emulated[:PREFIX], the hosts of `ddlstudy hosts up`",
+                               group=NODES)
+    reduce: str = option("allreduce", "how nodes average gradients: allreduce, "
+                         "parameter-server, ring-reduce, ring-allreduce, step-wise",
+                         group=NODES)
+    compress: str = option("none", "gradients on the wire between MPI nodes: none, fp16, or "
+                           "topk:<ratio> with error feedback", group=NODES)
+    bucket_mb: float | None = option(None, "with --reduce allreduce: reduce the gradients in "
+                                     "buckets of this many MiB, each as soon as backward has "
+                                     "filled it, overlapping the exchange with the backward "
+                                     "pass", group=NODES, type=float)
+    balance: str = option("equal", "equal: each node an equal slice of every global batch; "
+                          "throughput: slices in proportion to each node's images/s, "
+                          "measured over the first steps (MPI nodes of unequal speed)",
+                          group=NODES)
+    scaling: str = option("strong", "strong: --batch-size is the global batch, split over "
+                          "the workers; weak: each worker's batch, so the global batch grows "
+                          "with the workers", group=TASK)
+    lr_scaling: str = option("none", "none, or linear: the learning rate times global batch "
+                             "/ the use case's batch", group=TASK)
+    accumulate: int = option(1, "run each batch as K micro-batches, one optimizer step and "
+                             "one gradient exchange per batch; --batch-size 64 --accumulate "
+                             "4 trains batches of 64 in the memory of 16", group=TASK,
+                             type=int, metavar="K")
+    precision: str = option("fp32", "fp32, bf16 or fp16: forward and backward under "
+                            "torch.autocast (weights stay fp32); fp16 with a gradient scaler "
+                            "(sequential, cpu-intraop, cpu-processes, gpu-data, MPI nodes of "
+                            "the first two, Spark gloo)", group=TASK)
+    spark_master: str | None = option(None, "local[N] (default: local[nodes]), "
+                                      "local-cluster[N,cores,MiB] or spark://host:port",
+                                      group=SPARK)
+    spark_sync: str = option("gloo", "gloo: gradients all-reduced every step between the "
+                             "tasks over torch.distributed; allgather: weights averaged "
+                             "through Spark's barrier allGather every --sync-every steps "
+                             "(SparkNet)", group=SPARK)
+    sync_every: int = option(10, "steps between weight averages with --spark-sync allgather",
+                             group=SPARK, type=int)
+    spark_ui: bool = option(False, "start Spark's web UI", group=SPARK, type=bool)
+    data_dir: Path | None = option(None, "a real ImageFolder tree (root/<class>/<img>) "
+                                   "instead of the use case's synthetic set", group=DATA,
+                                   type=Path)
+    datasets_dir: Path = option(DEFAULT_DATASETS_DIR, "where synthetic sets live",
+                                group=DATA, type=Path)
+    on_bad_image: BadImagePolicy = option(BadImagePolicy.FAIL, "fail: stop naming the file; "
+                                          "skip: train without it and list it in the "
+                                          "manifest", group=DATA)
+    loader_workers: int = option(0, "DataLoader processes that decode and augment (0: in "
+                                 "the training process)", group=DATA, type=int)
+    runs_dir: Path = option(DEFAULT_RUNS_DIR, "where run folders go", group=OUTPUT, type=Path)
+    sample_hz: float = option(10.0, "resource sampling rate, 0 to turn it off", group=OUTPUT,
+                              type=float)
+    max_steps: int | None = option(None, "stop each epoch after this many optimizer steps "
+                                   "(quick measurements)", group=OUTPUT, type=int)
+    snapshot: bool = option(True, "do not write snapshot.pt after each epoch", group=OUTPUT,
+                            type=bool, negate=True)
+    snapshot_every: int | None = option(None, "also snapshot every N steps inside an epoch",
+                                        group=OUTPUT, type=int, metavar="N")
+    expect_fingerprint: str | None = None
+    """Refuse to train unless the data set has this fingerprint (replay)."""
+    replay_of: str | None = None
+    """The run id this run replays."""
+    effective: Effective | None = field(default=None, compare=False)
+    """Set by preflight (``ddlstudy.runner.resolve``); not part of the recorded config."""
+
+    def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "on_bad_image", BadImagePolicy(self.on_bad_image))
+        except ValueError:
+            raise ConfigError("--on-bad-image", f"unknown policy {self.on_bad_image!r}; "
+                              f"choose one of: {_choices(BadImagePolicy)}") from None
+        self._check_layout()
+        self._check_nodes()
+        self._check_task()
+        self._check_output()
+
+    def _check_layout(self) -> None:
+        if self.workers is not None:
+            _positive("--workers", self.workers)
+        if self.stages is not None:
+            _positive("--stages", self.stages)
+        _positive("--micro-batches", self.micro_batches)
+        if self.stage_starts is not None:
+            object.__setattr__(self, "stage_starts", tuple(self.stage_starts))
+            if self.strategy not in ("pipeline", "hybrid"):
+                raise ConfigError("--stage-starts", "cuts a pipeline into stages: it needs "
+                                  "--strategy pipeline or hybrid")
+            starts = self.stage_starts
+            if not starts or starts[0] != 0 or list(starts) != sorted(set(starts)):
+                raise ConfigError("--stage-starts", f"{','.join(map(str, starts))}: give the "
+                                  "first layer of each stage, starting at 0 and increasing, "
+                                  "e.g. 0,9")
+            if self.stages is not None and self.stages != len(starts):
+                raise ConfigError("--stage-starts", f"{len(starts)} stages start there but "
+                                  f"--stages is {self.stages}")
+        _positive("--replicas", self.replicas)
+        if self.devices is not None:
+            _positive("--devices", self.devices)
+
+    def _check_nodes(self) -> None:
+        if self.nodes is not None:
+            _positive("--nodes", self.nodes)
+            if self.backend == "local" and self.nodes > 1:
+                raise ConfigError("--nodes", "more than one node needs --backend mpi or spark")
+        if self.hosts is not None:
+            if self.backend != "mpi":
+                raise ConfigError("--hosts", "places MPI ranks: it needs --backend mpi (for "
+                                  "Spark, give --spark-master spark://host:port)")
+            names = self.hosts.split(",")
+            if not all(names) or any(" " in n for n in names):
+                raise ConfigError("--hosts", f"{self.hosts!r}; give host names separated by "
+                                  "commas, or emulated[:PREFIX]")
+        if self.bucket_mb is not None:
+            if not self.bucket_mb > 0:
+                raise ConfigError("--bucket-mb", f"must be a positive size in MiB, got "
+                                  f"{self.bucket_mb}")
+            if self.backend != "mpi" or self.reduce != "allreduce" or \
+                    self.compress != "none":
+                raise ConfigError("--bucket-mb", "buckets MPI's own Iallreduce: it needs "
+                                  "--backend mpi with --reduce allreduce and no --compress")
+            if self.strategy == "cpu-threads":
+                raise ConfigError("--bucket-mb", "a bucket is sent when backward fills it, "
+                                  "but cpu-threads sums its replicas' gradients after "
+                                  "backward; use sequential or cpu-intraop nodes")
+        if self.balance not in ("equal", "throughput"):
+            raise ConfigError("--balance", f"unknown policy {self.balance!r}; choose one of: "
+                              "equal, throughput")
+        if self.balance == "throughput" and self.backend != "mpi":
+            raise ConfigError("--balance", "throughput shares each global batch between MPI "
+                              "nodes of unequal speed: it needs --backend mpi")
+        if parse_compress(self.compress) is not None:
+            if self.backend != "mpi":
+                raise ConfigError("--compress", "compresses the gradients sent between "
+                                  "nodes: it needs --backend mpi")
+            if self.reduce != "allreduce":
+                raise ConfigError("--compress", f"exchanges the compressed gradients itself "
+                                  f"(an allgather); leave --reduce at allreduce, not "
+                                  f"{self.reduce}")
+        if self.spark_sync not in SPARK_SYNCS:
+            raise ConfigError("--spark-sync", f"unknown mode {self.spark_sync!r}; choose one "
+                              f"of: {', '.join(SPARK_SYNCS)}")
+        _positive("--sync-every", self.sync_every)
+        if self.backend != "spark" and (self.spark_master or self.spark_sync != "gloo"):
+            raise ConfigError("--spark-master" if self.spark_master else "--spark-sync",
+                              "needs --backend spark")
+        if self.spark_master is not None:
+            slots = spark_slots(self.spark_master)
+            if self.nodes and slots is not None and slots < self.nodes:
+                raise ConfigError("--spark-master", f"{self.spark_master} has {slots} task "
+                                  f"slot(s) but --nodes {self.nodes} barrier tasks must run "
+                                  f"at once; give it at least {self.nodes}")
+        get_reducer(self.reduce)
+
+    def _check_task(self) -> None:
+        _positive("--accumulate", self.accumulate)
+        if self.scaling not in ("strong", "weak"):
+            raise ConfigError("--scaling", f"unknown scaling {self.scaling!r}; choose one of: "
+                              "strong, weak")
+        if self.lr_scaling not in ("none", "linear"):
+            raise ConfigError("--lr-scaling", f"unknown rule {self.lr_scaling!r}; choose one "
+                              "of: none, linear")
+        if self.precision not in PRECISIONS:
+            raise ConfigError("--precision", f"unknown precision {self.precision!r}; choose "
+                              f"one of: {', '.join(PRECISIONS)}")
+
+    def _check_output(self) -> None:
+        if self.max_steps is not None:
+            _positive("--max-steps", self.max_steps)
+        if self.snapshot_every is not None:
+            _positive("--snapshot-every", self.snapshot_every)
+            if not self.snapshot:
+                raise ConfigError("--snapshot-every", "cannot be used with --no-snapshot")
+        if isinstance(self.loader_workers, bool) or self.loader_workers < 0:
+            raise ConfigError("--loader-workers", f"must be 0 or more, got {self.loader_workers}")
+        if not 0 <= self.sample_hz <= 100:
+            raise ConfigError("--sample-hz", f"must be between 0 (off) and 100, "
+                              f"got {self.sample_hz}")
+        if self.data_dir is not None and not Path(self.data_dir).is_dir():
+            raise ConfigError("--data-dir", f"{self.data_dir} is not a folder; give the root "
+                              "of an ImageFolder tree (root/<class>/<image>)")
+
+    def _resolved(self) -> Effective:
+        if self.effective is None:
+            raise RuntimeError("this RunConfig has not been through preflight: "
+                               "ddlstudy.runner.resolve(cfg) sets its effective parallelism")
+        return self.effective
+
+    def data_parallel(self) -> int:
+        """Workers that each take a slice of every global batch, over all nodes."""
+        return self._resolved().data_parallel_workers
+
+    @property
+    def global_batch(self) -> int:
+        """Images per optimizer step over all workers (see ``scaling``)."""
+        return self._resolved().global_batch
+
+    @property
+    def lr(self) -> float:
+        """The learning rate the optimizer uses (see ``lr_scaling``)."""
+        return self._resolved().lr
+
+    def to_dict(self) -> dict[str, Any]:
+        """The recorded config (the manifest's ``config``): every field but ``effective``,
+        which the manifest records in a block of its own."""
+        out = jsonable(dataclasses.asdict(self))
+        out.pop("effective")
+        return out
+
+
+def options() -> list[dataclasses.Field]:
+    """The RunConfig fields that are run options (flags and study-plan keys)."""
+    return [f for f in dataclasses.fields(RunConfig) if "help" in f.metadata]
+
+
+def jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    return value

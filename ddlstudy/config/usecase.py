@@ -1,0 +1,225 @@
+"""Use cases (TOML files in usecases/): a model, a data set and the training task.
+
+Every config is a frozen, keyword-only dataclass that validates itself in ``__post_init__``
+and names the offending field in its error, so a bad TOML key or CLI flag is refused before
+anything starts. ``to_dict`` gives the whole config for the manifest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ddlstudy.config.paths import USECASES_DIR
+from ddlstudy.errors import ConfigError, UsageError
+
+# The smallest input each architecture still reduces to a 1x1 map before its classifier.
+MIN_IMAGE_SIZE = {"alexnet": 63, "vgg16": 32}
+
+
+class Arch(enum.StrEnum):
+    ALEXNET = "alexnet"
+    VGG16 = "vgg16"
+
+
+class BadImagePolicy(enum.StrEnum):
+    FAIL = "fail"
+    SKIP = "skip"
+
+
+def _choices(enum_cls: type[enum.StrEnum]) -> str:
+    return ", ".join(m.value for m in enum_cls)
+
+
+def _positive(name: str, value: Any, kind: type = int) -> None:
+    if isinstance(value, bool) or not isinstance(value, kind | int) or value <= 0:
+        raise ConfigError(name, f"must be a positive {kind.__name__}, got {value!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    """Which network to train."""
+
+    arch: Arch
+    """alexnet or vgg16, as in torchvision."""
+    width: float = 1.0
+    """Channel and hidden-unit multiplier; 1.0 is torchvision's own model."""
+
+    def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "arch", Arch(self.arch))
+        except ValueError:
+            raise ConfigError("model.arch", f"unknown architecture {self.arch!r}; "
+                              f"choose one of: {_choices(Arch)}") from None
+        if not isinstance(self.width, int | float) or not 0 < self.width <= 1:
+            raise ConfigError("model.width", f"must be in (0, 1], got {self.width!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataSpec:
+    """The synthetic data set a use case trains on when no --data-dir is given."""
+
+    name: str
+    """Folder under datasets/ that holds the generated ImageFolder tree."""
+    images: int
+    """Total number of images, split as evenly as possible between the classes."""
+    source_size: int
+    """Side in pixels of the generated images."""
+    seed: int = 0
+    difficulty: float = 0.5
+    """0 (large, opaque flames and plumes, few look-alikes) to 1 (small, faint, many)."""
+    label_noise: float = 0.0
+    """Fraction of images drawn as another class than the folder they are filed under."""
+
+    def __post_init__(self) -> None:
+        if not self.name or "/" in self.name or self.name.startswith("."):
+            raise ConfigError("data.name", f"must be a plain folder name, got {self.name!r}")
+        _positive("data.images", self.images)
+        _positive("data.source_size", self.source_size)
+        if self.source_size < 16:
+            raise ConfigError("data.source_size", f"must be at least 16, got {self.source_size}")
+        if not 0 <= self.difficulty <= 1:
+            raise ConfigError("data.difficulty", f"must be in [0, 1], got {self.difficulty!r}")
+        if not 0 <= self.label_noise < 1:
+            raise ConfigError("data.label_noise", f"must be in [0, 1), got {self.label_noise!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainSpec:
+    """The training task: the paper's SGD with momentum on cross-entropy."""
+
+    image_size: int = field(default=224, metadata={
+        "help": "side in pixels the images are scaled to", "type": int})
+    batch_size: int = field(default=32, metadata={
+        "help": "global batch size (see --scaling)", "type": int})
+    epochs: int = field(default=10, metadata={"help": "epochs to train", "type": int})
+    lr: float = field(default=0.001, metadata={
+        "help": "learning rate (see --lr-scaling)", "type": float})
+    momentum: float = 0.9
+    seed: int = field(default=0, metadata={
+        "help": "seed of the weights, the shuffling and the augmentation", "type": int})
+    val_fraction: float = 0.2
+
+    def __post_init__(self) -> None:
+        for name in ("image_size", "batch_size", "epochs"):
+            _positive(f"train.{name}", getattr(self, name))
+        _positive("train.lr", self.lr, float)
+        if not 0 <= self.momentum < 1:
+            raise ConfigError("train.momentum", f"must be in [0, 1), got {self.momentum!r}")
+        if not 0 < self.val_fraction < 1:
+            raise ConfigError("train.val_fraction",
+                              f"must be in (0, 1), got {self.val_fraction!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ConfigError("train.seed", f"must be a non-negative integer, got {self.seed!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class UseCase:
+    """A model and a data set: one row of the paper's tables."""
+
+    name: str
+    description: str = ""
+    classes: tuple[str, ...] = ("fire", "smoke", "nofire")
+    model: ModelSpec
+    data: DataSpec
+    train: TrainSpec = field(default_factory=TrainSpec)
+    source: str = ""
+    """Where the use case was read from."""
+
+    def __post_init__(self) -> None:
+        classes = tuple(self.classes)
+        object.__setattr__(self, "classes", classes)
+        if len(classes) < 2 or len(set(classes)) != len(classes):
+            raise ConfigError("classes", f"need at least two distinct names, got {list(classes)}")
+        if self.data.images < len(classes) * 2:
+            raise ConfigError("data.images", f"need at least 2 images per class "
+                              f"({2 * len(classes)}), got {self.data.images}")
+        min_size = MIN_IMAGE_SIZE[self.model.arch]
+        if self.train.image_size < min_size:
+            raise ConfigError("train.image_size", f"{self.train.image_size} px is too small for "
+                              f"{self.model.arch}; use at least {min_size}")
+
+
+# --- reading use cases -------------------------------------------------------------------
+
+_SECTIONS = {"model": ModelSpec, "data": DataSpec, "train": TrainSpec}
+
+
+def available_usecases() -> list[str]:
+    return sorted(p.stem for p in USECASES_DIR.glob("*.toml") if _is_usecase_file(p))
+
+
+def _is_usecase_file(path: Path) -> bool:
+    try:
+        return "model" in tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError):
+        return False
+
+
+def resolve_usecase_path(name_or_path: str) -> Path:
+    """A name from usecases/ or a path to a TOML file."""
+    path = Path(name_or_path)
+    if path.suffix == ".toml" or "/" in name_or_path:
+        if not path.is_file():
+            raise UsageError(f"use-case file {name_or_path} does not exist")
+        return path
+    candidate = USECASES_DIR / f"{name_or_path}.toml"
+    if candidate.is_file() and not _is_usecase_file(candidate):
+        raise UsageError(f"{candidate} is a study plan, not a use case; run it with "
+                         f"`ddlstudy study {candidate}`")
+    if not candidate.is_file():
+        raise UsageError(f"unknown use case {name_or_path!r}; choose one of: "
+                         f"{', '.join(available_usecases())}, or give a path to a TOML file")
+    return candidate
+
+
+def load_usecase(name_or_path: str) -> UseCase:
+    path = resolve_usecase_path(name_or_path)
+    try:
+        raw = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"{path} is not valid TOML: {exc}") from None
+    return usecase_from_dict(raw, source=str(path))
+
+
+def usecase_from_dict(raw: dict[str, Any], source: str = "") -> UseCase:
+    top = {"name", "description", "classes", *_SECTIONS}
+    _no_unknown_keys(raw, top, "use case")
+    kwargs: dict[str, Any] = {k: raw[k] for k in ("name", "description", "classes") if k in raw}
+    if "name" not in kwargs:
+        raise ConfigError("name", "every use case needs a name")
+    for section, cls in _SECTIONS.items():
+        if section not in raw:
+            if section == "train":
+                continue
+            raise ConfigError(section, f"the [{section}] table is missing")
+        values = raw[section]
+        if not isinstance(values, dict):
+            raise ConfigError(section, f"must be a TOML table [{section}]")
+        allowed = {f.name for f in dataclasses.fields(cls)}
+        _no_unknown_keys(values, allowed, f"[{section}]")
+        missing = [f.name for f in dataclasses.fields(cls)
+                   if f.name not in values and f.default is dataclasses.MISSING]
+        if missing:
+            raise ConfigError(f"{section}.{missing[0]}", "is required")
+        kwargs[section] = cls(**values)
+    return UseCase(**kwargs, source=source)
+
+
+def _no_unknown_keys(values: dict[str, Any], allowed: set[str], where: str) -> None:
+    unknown = sorted(set(values) - allowed)
+    if unknown:
+        raise ConfigError(unknown[0], f"unknown key in {where}; allowed keys: "
+                          f"{', '.join(sorted(allowed))}")
+
+
+def with_overrides(usecase: UseCase, **train_overrides: Any) -> UseCase:
+    """Apply CLI flags such as --epochs to the use case's [train] table (None: keep)."""
+    changes = {k: v for k, v in train_overrides.items() if v is not None}
+    if not changes:
+        return usecase
+    return dataclasses.replace(usecase, train=dataclasses.replace(usecase.train, **changes))

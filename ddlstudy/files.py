@@ -1,0 +1,63 @@
+"""Files written so that a crash, a signal or a full disk never leaves a half-written one.
+
+A write goes through a temporary file beside its target, is fsynced, then renamed over it;
+SIGINT and SIGTERM wait until it is done (``ddlstudy.signals.deferred``).
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+
+from ddlstudy.signals import deferred
+
+
+class WriteFailed(RuntimeError):
+    """A file could not be written (disk full, file-size limit); the previous one is kept."""
+
+
+def atomic_write(path: Path, write: Callable[[io.BufferedWriter], None]) -> None:
+    """Write through ``.<name>.tmp-<pid>`` in the same folder, fsync, then rename over
+    ``path``; SIGINT and SIGTERM wait until it is done (see ddlstudy.signals). A failed
+    write leaves ``path`` as it was and no temporary file."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with deferred():  # a Ctrl-C or SIGTERM lands after the write, not inside it
+        try:
+            with open(tmp, "wb") as f:
+                write(f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException as exc:
+            tmp.unlink(missing_ok=True)
+            cause = exc if isinstance(exc, OSError) else exc.__cause__ or exc.__context__
+            if isinstance(exc, OSError | RuntimeError) and isinstance(cause, OSError) \
+                    and cause.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+                raise WriteFailed(f"could not write {path} ({cause.strerror}); "
+                                  f"the previous {path.name}, if any, is kept: free some space "
+                                  f"and resume the run") from exc
+            raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write(path, lambda f: f.write(text.encode()))
+
+
+def sweep_temporaries(folder: Path) -> list[Path]:
+    """Remove the ``.<name>.tmp-<pid>`` files that processes no longer alive left behind
+    (a write killed by SIGKILL cannot clean up after itself)."""
+    swept = []
+    for tmp in Path(folder).glob(".*.tmp-*"):
+        try:
+            pid = int(tmp.name.rsplit("-", 1)[1])
+        except ValueError:
+            continue
+        if pid != os.getpid() and not psutil.pid_exists(pid):
+            tmp.unlink(missing_ok=True)
+            swept.append(tmp)
+    return swept

@@ -1,0 +1,30 @@
+"""Training, the same for every strategy and backend: the loop (``loop``), the batches
+(``loaders``), one step (``steps``), the epochs and snapshots (``job``), one worker's
+set-up (``worker``), flat gradient buffers (``flat``) and processes that train together
+(``distributed``)."""
+
+from ddlstudy.training.job import Job, Link, train_epochs
+from ddlstudy.training.loaders import (
+    ResumableBatches,
+    ShardedBatches,
+    make_loaders,
+    split_sizes,
+    train_loader,
+    val_loader,
+)
+from ddlstudy.training.loop import WARMUP_STEPS, EpochResult, Trainer, evaluate
+from ddlstudy.training.steps import (
+    Batch,
+    StepFn,
+    accumulate_grads,
+    make_scaler,
+    micro_batches,
+    optimizer_step,
+    plain_step,
+    seed_everything,
+)
+
+__all__ = ["WARMUP_STEPS", "Batch", "EpochResult", "Job", "Link", "ResumableBatches",
+           "ShardedBatches", "StepFn", "Trainer", "accumulate_grads", "evaluate",
+           "make_loaders", "make_scaler", "micro_batches", "optimizer_step", "plain_step",
+           "seed_everything", "split_sizes", "train_epochs", "train_loader", "val_loader"]

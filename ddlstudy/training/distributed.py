@@ -1,0 +1,163 @@
+"""Processes that train together on one host: spawning them, their rendezvous (on the
+loopback unless other hosts must reach it), their process group, and ending them."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import signal
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from ddlstudy import signals
+from ddlstudy.logs import setup_logging
+from ddlstudy.sampler import ResourceSampler, write_rows
+from ddlstudy.training.flat import average
+from ddlstudy.training.job import Job, Link
+
+WRITE_GRACE_S = 30.0
+"""How long a terminated rank may take to finish the file it is writing before SIGKILL."""
+
+
+COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=120)
+"""A rank that stops answering ends the job after this long instead of hanging it."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A free TCP port on ``host`` (the loopback unless other hosts must reach it)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class WorkerDied(RuntimeError):
+    """A spawned rank ended without a Python error (SIGKILL, out of memory, os._exit)."""
+
+
+def run_ranks(fn, world: int, args: tuple) -> None:
+    """Start ``fn(rank, world, *args)`` in ``world`` spawned processes and wait for all.
+
+    The first rank that fails ends the others (torch's ProcessContext.join raises); if this
+    process is interrupted, no rank is left behind.
+    """
+    context = mp.start_processes(fn, args=(world, *args), nprocs=world, join=False,
+                                 start_method="spawn")
+    try:
+        while not context.join():
+            pass
+    except mp.ProcessExitedException as exc:  # killed or exited without a Python error
+        raise WorkerDied(f"worker rank {exc.error_index} (PID {exc.error_pid}) died: "
+                         f"{exit_reason(exc.exit_code)}") from None
+    finally:
+        stop_ranks(context.processes)
+
+
+def stop_ranks(processes: list) -> None:
+    """End the ranks still running, giving each a grace to finish the file it writes."""
+    for proc in processes:  # SIGTERM: a rank in a snapshot write finishes it
+        if proc.is_alive():
+            proc.terminate()
+    for proc in processes:
+        proc.join(timeout=WRITE_GRACE_S)
+        if proc.is_alive():  # stuck in a collective: signal handlers cannot run
+            proc.kill()
+            proc.join()
+
+
+def exit_reason(code: int) -> str:
+    """A process's exit code in words: a signal's name, or the code."""
+    return f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+
+
+def sum_over_ranks(*values: float, device: torch.device | None = None) -> list[float]:
+    """Per-rank sums (loss, correct, images) added up, so rank 0 reports the whole batch."""
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def gather_to_first(obj: Any) -> list | None:
+    """Every rank's ``obj`` in a list on rank 0 (None elsewhere); a collective."""
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out if dist.get_rank() == 0 else None
+
+
+def rendezvous(host: str, port: int, rank: int, world: int) -> dist.TCPStore:
+    """The TCPStore the ranks meet through, its server listening on ``host`` only (torch's
+    own would listen on every interface)."""
+    fd = None
+    if host in ("127.0.0.1", "localhost"):
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo's own sockets too
+    if rank == 0:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.bind((host, port))
+            listener.listen(world * 2)
+            # The store owns the descriptor from now on and closes it itself: closing it
+            # here as well would close whatever another thread opened under that number
+            # since (the resource sampler's /proc reads failed with EBADF so).
+            fd = listener.detach()
+    return dist.TCPStore(host, port, world, rank == 0, timeout=COLLECTIVE_TIMEOUT,
+                         master_listen_fd=fd)
+
+
+@contextlib.contextmanager
+def process_group(rank: int, world: int, port: int | str,
+                  device_type: str = "cpu") -> Iterator[torch.device]:
+    """Join the ranks' process group (gloo on CPU, NCCL on ``cuda:rank``) through the
+    TCPStore at ``port`` ("host:port", or a port on the loopback). Yields the device."""
+    cuda = device_type == "cuda"
+    device = torch.device("cuda", rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    host, port = port.rsplit(":", 1) if isinstance(port, str) else ("127.0.0.1", port)
+    store = rendezvous(host, int(port), rank, world)
+    dist.init_process_group("nccl" if cuda else "gloo", store=store, rank=rank,
+                            world_size=world, timeout=COLLECTIVE_TIMEOUT)
+    try:
+        yield device
+    finally:
+        dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def spawned_rank(rank: int, world: int, port: int | str, job: Job, threads: int, log_level: int,
+                 device_type: str = "cpu", tag: int | None = None,
+                 drop: Path | None = None) -> Iterator[torch.device]:
+    """Everything a spawned rank needs around its training: threads, logging, its process
+    group and its own resource sampler, whose rows go to the run folder when it ends (or
+    to ``drop``, a folder its MPI node's leader collects, tagged ``tag``: the rank among
+    every node's workers). Yields the rank's device."""
+    tag = rank if tag is None else tag
+    torch.set_num_threads(threads)
+    os.environ["RANK"] = str(tag)
+    setup_logging(log_level)
+    sampler = ResourceSampler(job.cfg.sample_hz, rank=tag, scope="worker").start()
+    try:
+        with process_group(rank, world, port, device_type) as device, \
+                signals.handled(once=True):  # Ctrl-C or SIGTERM wait for a write to end
+            yield device
+    except signals.Terminated:  # the parent ends this rank: no traceback, exit 143
+        raise SystemExit(143) from None
+    finally:
+        rows = sampler.stop()
+        if drop is not None and sampler.enabled:
+            write_rows(drop / f"rank{tag}.parquet", rows)
+        elif job.folder is not None and sampler.enabled:
+            job.folder.write_worker_samples(rank, rows)
+
+
+def group_link(rank: int, world: int, device: torch.device | None = None) -> Link:
+    """Rank ``rank`` of a torch.distributed process group of ``world``: the gradient buffer
+    averaged over the group, counts summed, objects gathered on rank 0."""
+    return Link(rank, world, lambda flat, step: average(flat),
+                lambda *values: sum_over_ranks(*values, device=device), gather_to_first,
+                dist.barrier)

@@ -1,0 +1,123 @@
+"""The seeded sequence of global batches every strategy walks, and each rank's slice of it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+import numpy as np
+import torch
+from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, Sampler
+
+from ddlstudy.config import RunConfig
+from ddlstudy.data import DataPlan
+from ddlstudy.data.folder import ImageListDataset, make_transform
+
+
+class ShardedBatches(Sampler[list[int]]):
+    """Rank ``rank``'s slice of every global batch of ``batches``.
+
+    Slices are equal (to an image) unless ``shares`` is set: then rank r gets about
+    ``shares[r]`` of each batch (``--balance throughput``), at least one image each. A
+    final global batch smaller than the world size is dropped, so that no rank ever gets
+    an empty slice (all ranks must take part in every all-reduce).
+    """
+
+    def __init__(self, batches: Iterable[list[int]], rank: int, world: int) -> None:
+        self.batches, self.rank, self.world = batches, rank, world
+        self.shares: list[float] | None = None
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for batch in self.batches:
+            if len(batch) >= self.world:
+                sizes = split_sizes(len(batch), self.world, self.shares)
+                start = sum(sizes[:self.rank])
+                yield list(batch[start:start + sizes[self.rank]])
+
+    def __len__(self) -> int:
+        return len(self.batches)  # type: ignore[arg-type]
+
+
+def split_sizes(n: int, world: int, shares: list[float] | None = None) -> list[int]:
+    """How many of ``n`` images each of ``world`` ranks takes: equal (the first ``n %
+    world`` one more, as np.array_split), or by ``shares`` (largest remainders get the
+    images rounding leaves), at least one each."""
+    if shares is None:
+        return [n // world + (r < n % world) for r in range(world)]
+    total = sum(shares)
+    want = [n * s / total for s in shares]
+    sizes = [int(w) for w in want]
+    for r in sorted(range(world), key=lambda r: sizes[r] - want[r])[:n - sum(sizes)]:
+        sizes[r] += 1
+    for r in range(world):
+        if sizes[r] == 0:  # every rank takes part in every exchange
+            sizes[max(range(world), key=sizes.__getitem__)] -= 1
+            sizes[r] = 1
+    return sizes
+
+
+class ResumableBatches(Sampler[list[int]]):
+    """``batches``, skipping the first ``skip`` of the next pass (a resume mid-epoch).
+
+    The skip happens on indices, before any image is read, and the wrapped sampler is
+    iterated exactly as in an uninterrupted run, so it draws the same random numbers.
+    """
+
+    def __init__(self, batches: Sampler[list[int]]) -> None:
+        self.batches = batches
+        self.skip = 0
+
+    def __iter__(self) -> Iterator[list[int]]:
+        skip, self.skip = self.skip, 0
+        for i, batch in enumerate(self.batches):
+            if i >= skip:
+                yield batch
+
+    def __len__(self) -> int:
+        return len(self.batches)  # type: ignore[arg-type]
+
+
+def _worker_args(workers: int) -> dict:
+    return {"num_workers": workers,
+            **({"persistent_workers": True, "prefetch_factor": 4} if workers else {})}
+
+
+def train_loader(dataset: Dataset, cfg: RunConfig, *, shard: tuple[int, int] | None = None,
+                 drop_last: bool = False, loader_workers: int | None = None) -> DataLoader:
+    """The seeded sequence of global batches every strategy walks (``shard``: rank's slice).
+
+    The generator goes to the DataLoader too, as ``shuffle=True`` does, so that every
+    strategy draws from it in the same order and sees the baseline's batches.
+    """
+    uc = cfg.usecase
+    gen = torch.Generator().manual_seed(uc.train.seed)
+    batches: Sampler = BatchSampler(RandomSampler(dataset, generator=gen), cfg.global_batch,
+                                    drop_last)
+    if shard is not None:
+        batches = ShardedBatches(batches, *shard)
+    batches = ResumableBatches(batches)
+    workers = cfg.loader_workers if loader_workers is None else loader_workers
+    return DataLoader(dataset, batch_sampler=batches, generator=gen, **_worker_args(workers))
+
+
+def val_loader(cfg: RunConfig, data: DataPlan, shard: tuple[int, int] | None = None,
+               loader_workers: int | None = None) -> DataLoader:
+    """The validation images in order (``shard``: this rank's share of them)."""
+    items = data.val
+    if shard is not None:
+        items = [items[i] for i in np.array_split(np.arange(len(items)), shard[1])[shard[0]]]
+    workers = cfg.loader_workers if loader_workers is None else loader_workers
+    dataset = ImageListDataset(data.images.root, items,
+                               make_transform(cfg.usecase.train.image_size, False))
+    return DataLoader(dataset, batch_size=cfg.usecase.train.batch_size, **_worker_args(workers))
+
+
+def make_loaders(cfg: RunConfig, data: DataPlan, loader_workers: int | None = None,
+                 shard: tuple[int, int] | None = None,
+                 drop_last: bool = False) -> tuple[DataLoader, DataLoader]:
+    """Training loader (seeded, ``shard``: this rank's slice) and the validation loader
+    (``shard``: this rank's share of the validation images)."""
+    train_ds = ImageListDataset(data.images.root, data.train,
+                                make_transform(cfg.usecase.train.image_size, True))
+    train = train_loader(train_ds, cfg, shard=shard, drop_last=drop_last,
+                         loader_workers=loader_workers)
+    return train, val_loader(cfg, data, shard, loader_workers)

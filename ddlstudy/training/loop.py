@@ -1,0 +1,197 @@
+"""The training loop every strategy shares: epochs of steps, validation, timing.
+
+A strategy decides what one step is (one model, k thread replicas, a DDP process, a
+pipeline) by giving the Trainer a ``step`` function; the loop around it, the metrics and
+the clock are the same for all, so their numbers compare.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ddlstudy.progress import progress
+from ddlstudy.training.steps import Batch, StepFn
+
+log = logging.getLogger("ddlstudy")
+
+WARMUP_STEPS = 2
+"""Steps left out of the steady-state throughput: allocator and cache warm-up."""
+
+
+
+@dataclass(frozen=True)
+class EpochResult:
+    epoch: int
+    train_loss: float
+    train_accuracy: float
+    val_loss: float
+    val_accuracy: float
+    train_images: int
+    steps: int
+    train_time_s: float
+    images_per_s: float
+    steady_images_per_s: float
+    """Images per second after the first WARMUP_STEPS steps of the epoch."""
+    val_time_s: float
+    epoch_time_s: float
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, loader: Iterable[Batch], loss_fn: nn.Module,
+             device: torch.device | None = None) -> tuple[float, int, int]:
+    """(summed loss, correct, images) over the loader, in eval mode (no dropout)."""
+    was_training = model.training
+    model.eval()
+    total_loss, correct, seen = 0.0, 0, 0
+    for images, labels in loader:
+        if device is not None:
+            images, labels = images.to(device), labels.to(device)
+        logits = model(images)
+        total_loss += loss_fn(logits, labels).item() * labels.numel()
+        correct += int((logits.argmax(1) == labels).sum())
+        seen += labels.numel()
+    model.train(was_training)
+    return total_loss, correct, seen
+
+
+class Trainer:
+    """Runs epochs of ``step`` over ``train_loader`` and validates ``model`` after each."""
+
+    def __init__(self, model: nn.Module, step: StepFn, train_loader: Iterable[Batch],
+                 val_loader: Iterable[Batch], *, max_steps: int | None = None,
+                 show_progress: bool = True, sync: Callable[[], None] = lambda: None,
+                 reduce: Callable[..., list[float]] | None = None,
+                 before_eval: Callable[[], None] = lambda: None,
+                 device: torch.device | None = None) -> None:
+        self.model = model
+        self.step = step
+        self.train_loader = train_loader
+        self.val_loader = val_loader
+        self.max_steps = max_steps
+        self.show_progress = show_progress
+        self.sync = sync  # e.g. torch.cuda.synchronize: the clock is read after the device
+        # Data-parallel ranks each see a slice: ``reduce`` sums their counts (all-reduce).
+        self.reduce = reduce or (lambda *values: list(values))
+        self.before_eval = before_eval  # e.g. gather pipeline stages into one model
+        self.device = device
+        self.loss_fn = nn.CrossEntropyLoss()
+        self.precision = "fp32"
+        """bf16: each step runs under torch.autocast (set by train_epochs from the config)."""
+        self.after_step: Callable[[int, int], None] = lambda epoch, step: None
+        """Called after every step with (epoch, steps done in it), e.g. to snapshot."""
+        self.sums = _zero_sums()
+        """The running sums of the epoch in progress (part of a snapshot)."""
+        self.epoch_start_generator: torch.Tensor | None = None
+        self._clock: tuple[float, float | None, int] = (time.perf_counter(), None, 0)
+
+    @property
+    def generator(self) -> torch.Generator | None:
+        """The generator that shuffles the training batches."""
+        return getattr(self.train_loader, "generator", None)
+
+    def _timing(self) -> tuple[float, int, float]:
+        """(train time, steady images, steady time) of the epoch so far, earlier attempts of
+        a resumed epoch included; each attempt's first WARMUP_STEPS are not steady."""
+        now = time.perf_counter()
+        start, steady_start, steady_from = self._clock
+        sums = self.sums
+        train_time = sums["time_s"] + now - start
+        if steady_start is None:
+            return train_time, sums["steady_images"], sums["steady_time_s"]
+        return (train_time, sums["steady_images"] + sums["images"] - steady_from,
+                sums["steady_time_s"] + now - steady_start)
+
+    def position(self) -> dict:
+        """Where training stands, for a snapshot: the shuffling generator as it was when the
+        epoch in progress began, and that epoch's running sums and times."""
+        gen = self.epoch_start_generator
+        train_time, steady_images, steady_time = self._timing()
+        return {"generator": gen if gen is not None else self.generator.get_state(),
+                "sums": self.sums | {"time_s": train_time, "steady_images": steady_images,
+                                     "steady_time_s": steady_time}}
+
+    def resume_epoch(self, position: dict) -> None:
+        """Make the next ``train_epoch`` continue an epoch a snapshot interrupted."""
+        self.generator.set_state(position["generator"])
+        self.sums = _zero_sums() | position["sums"]
+        self.train_loader.batch_sampler.skip = self.sums["steps"]
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """The mixed-precision context each step runs in (reusable, re-entrant)."""
+        if self.precision == "fp32":
+            return contextlib.nullcontext()
+        device = self.device.type if self.device is not None else "cpu"
+        dtype = torch.float16 if self.precision == "fp16" else torch.bfloat16
+        return torch.autocast(device, dtype=dtype)
+
+    def train_epoch(self, epoch: int) -> EpochResult:
+        self.model.train()
+        gen = self.generator
+        self.epoch_start_generator = gen.get_state() if gen is not None else None
+        sums = self.sums
+        resumed = sums["steps"]  # > 0 when resume_epoch set up a partial epoch
+        total = len(self.train_loader) if hasattr(self.train_loader, "__len__") else None
+        if self.max_steps and total:
+            total = min(total, self.max_steps)
+        start = time.perf_counter()
+        self._clock = (start, None, 0)
+        batches = progress(self.train_loader, total=total, desc=f"epoch {epoch}", unit="batch",
+                           enabled=self.show_progress, initial=resumed)
+        if self.max_steps and sums["steps"] >= self.max_steps:
+            batches = []
+        autocast = self.autocast()
+        for batch in batches:
+            with autocast:
+                batch_loss, batch_correct, n = self.step(batch)
+            sums["loss"] += batch_loss
+            sums["correct"] += batch_correct
+            sums["images"] += n
+            sums["steps"] += 1
+            if sums["steps"] - resumed == WARMUP_STEPS:
+                self.sync()
+                self._clock = (start, time.perf_counter(), sums["images"])
+            self.after_step(epoch, sums["steps"])
+            if self.max_steps and sums["steps"] >= self.max_steps:
+                break
+        self.sync()
+        train_time, steady_images, steady_time = self._timing()
+        self.sums = _zero_sums()
+        val_start = time.perf_counter()
+        self.before_eval()
+        val_sums = evaluate(self.model, self.val_loader, self.loss_fn, self.device)
+        val_time = time.perf_counter() - val_start
+        loss_sum, correct, images, steady_n, val_loss, val_correct, val_seen = self.reduce(
+            sums["loss"], sums["correct"], sums["images"], steady_images, *val_sums)
+        images, steady_n, val_seen = int(images), int(steady_n), max(int(val_seen), 1)
+        return EpochResult(
+            epoch=epoch, train_loss=loss_sum / max(images, 1),
+            train_accuracy=correct / max(images, 1), val_loss=val_loss / val_seen,
+            val_accuracy=val_correct / val_seen, train_images=images, steps=sums["steps"],
+            train_time_s=train_time,
+            images_per_s=images / train_time if train_time else 0.0,
+            steady_images_per_s=(steady_n / steady_time if steady_n and steady_time
+                                 else images / max(train_time, 1e-9)),
+            val_time_s=val_time, epoch_time_s=train_time + val_time)
+
+
+def _zero_sums() -> dict:
+    return {"loss": 0.0, "correct": 0, "images": 0, "steps": 0, "time_s": 0.0,
+            "steady_images": 0, "steady_time_s": 0.0}
+
+
+def log_epoch(result: EpochResult, epochs: int) -> None:
+    log.info("epoch %d/%d  train loss %.4f acc %.3f | val loss %.4f acc %.3f | "
+             "%.1f img/s | %.1f s", result.epoch, epochs, result.train_loss,
+             result.train_accuracy, result.val_loss, result.val_accuracy,
+             result.steady_images_per_s, result.epoch_time_s)

@@ -1,0 +1,96 @@
+"""The architecture's seams: each run option declared once, backends found by name."""
+
+from __future__ import annotations
+
+import pytest
+
+from ddlstudy.backends import base
+from ddlstudy.config import RunConfig
+from ddlstudy.config.options import cell_keys, key, run_parser, train_options
+from ddlstudy.config.run import options
+from ddlstudy.errors import ConfigError
+from ddlstudy.runner import preflight, resolve, run
+from ddlstudy.strategies import get_strategy
+
+RUN_FLAGS = [
+    "--accumulate", "--backend", "--balance", "--batch-size", "--bucket-mb", "--compress",
+    "--data-dir", "--datasets-dir", "--devices", "--epochs", "--hosts", "--image-size",
+    "--loader-workers", "--lr", "--lr-scaling", "--max-steps", "--micro-batches",
+    "--no-snapshot", "--nodes", "--on-bad-image", "--precision", "--reduce", "--replicas",
+    "--runs-dir", "--sample-hz", "--scaling", "--seed", "--snapshot-every", "--spark-master",
+    "--spark-sync", "--spark-ui", "--stage-starts", "--stages", "--strategy", "--sync-every",
+    "--usecase", "--workers",
+]
+
+
+def test_the_run_flags_are_frozen():
+    """A new flag (or a lost one) is a deliberate change: update RUN_FLAGS with it."""
+    parser = run_parser()
+    flags = sorted(o for a in parser._actions for o in a.option_strings
+                   if o not in ("-h", "--help"))
+    assert flags == RUN_FLAGS
+
+
+def test_each_option_is_a_flag_a_study_key_and_a_manifest_entry(tiny):
+    recorded = RunConfig(usecase=tiny).to_dict()
+    keys = cell_keys()
+    for f in options():
+        assert f.name in recorded
+        assert "--" + key(f).replace("_", "-") in RUN_FLAGS
+        assert key(f) in keys or f.name == "runs_dir"  # the study sets the runs folder
+    assert {f.name for f in train_options()} <= keys
+    assert "effective" not in recorded  # the manifest has a block of its own for it
+
+
+def test_a_study_key_and_its_flag_give_the_same_config(tiny):
+    flags = run_parser().parse_args(["--strategy", "hybrid", "--stage-starts", "0,9",
+                                     "--no-snapshot", "--spark-ui", "--backend", "spark",
+                                     "--epochs", "3"])
+    from ddlstudy.config.options import config_from_args
+
+    cfg = config_from_args(flags)
+    assert (cfg.strategy, cfg.stage_starts, cfg.snapshot, cfg.spark_ui) == \
+        ("hybrid", (0, 9), False, True)
+    assert cfg.usecase.train.epochs == 3
+
+
+def test_the_effective_parallelism_is_computed_once_by_preflight(quick_config):
+    cfg = quick_config(strategy="cpu-threads", workers=3, batch_size=4, scaling="weak",
+                       lr_scaling="linear", lr=0.001)
+    with pytest.raises(RuntimeError, match="has not been through preflight"):
+        cfg.global_batch  # noqa: B018
+    done = preflight(cfg)
+    assert done.effective.as_dict() == {"scaling": "weak", "global_batch": 12,
+                                        "lr": pytest.approx(0.003),
+                                        "data_parallel_workers": 3}
+    assert resolve(done) is done
+
+
+def test_an_unknown_backend_lists_the_registered_ones(quick_config):
+    with pytest.raises(ConfigError, match="unknown backend 'slurm'; choose one of: local, "
+                                          "mpi, spark"):
+        preflight(quick_config(backend="slurm"))
+
+
+class _Alone(base.Backend):
+    """A backend written as the README's example: one class and its registration."""
+
+    name = "alone"
+    summary = "one node, this process"
+
+    def nodes(self, cfg):
+        return 1
+
+    def fit(self, job, env):
+        get_strategy(job.cfg.strategy).fit(job)
+        return []
+
+
+def test_a_new_backend_is_one_class_and_its_registration(quick_config, monkeypatch):
+    monkeypatch.setitem(base.REGISTRY, "alone", _Alone)
+    mine = run(quick_config(backend="alone", max_steps=3), show_progress=False).manifest
+    local = run(quick_config(max_steps=3), show_progress=False).manifest
+    assert mine["status"] == "completed"
+    assert mine["backend"] == {"name": "alone", "nodes": 1}
+    assert [e["train_loss"] for e in mine["epochs"]] == \
+        [e["train_loss"] for e in local["epochs"]]
