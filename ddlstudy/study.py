@@ -207,7 +207,7 @@ def _label(cfg: RunConfig) -> tuple[str, int]:
     and the cores it will use."""
     strategy = get_strategy(cfg.strategy)
     try:
-        layout = strategy.layout(cfg)
+        layout = strategy.layout(cfg).as_dict()
     except Exception:  # a layout that needs hardware this machine lacks
         layout = {}
     manifest = {"strategy": {"name": cfg.strategy, **layout},

@@ -199,9 +199,6 @@ class RunConfig:
         _positive("--micro-batches", self.micro_batches)
         if self.stage_starts is not None:
             object.__setattr__(self, "stage_starts", tuple(self.stage_starts))
-            if self.strategy not in ("pipeline", "hybrid"):
-                raise ConfigError("--stage-starts", "cuts a pipeline into stages: it needs "
-                                  "--strategy pipeline or hybrid")
             starts = self.stage_starts
             if not starts or starts[0] != 0 or list(starts) != sorted(set(starts)):
                 raise ConfigError("--stage-starts", f"{','.join(map(str, starts))}: give the "
@@ -235,10 +232,6 @@ class RunConfig:
                     self.compress != "none":
                 raise ConfigError("--bucket-mb", "buckets MPI's own Iallreduce: it needs "
                                   "--backend mpi with --reduce allreduce and no --compress")
-            if self.strategy == "cpu-threads":
-                raise ConfigError("--bucket-mb", "a bucket is sent when backward fills it, "
-                                  "but cpu-threads sums its replicas' gradients after "
-                                  "backward; use sequential or cpu-intraop nodes")
         if self.balance not in ("equal", "throughput"):
             raise ConfigError("--balance", f"unknown policy {self.balance!r}; choose one of: "
                               "equal, throughput")

@@ -1,4 +1,5 @@
-"""Gradient (or weight) averaging between nodes, on mpi4py.
+"""Gradient (or weight) averaging between nodes, on mpi4py: one file per reducer, each
+beside its cost terms for ``ddlstudy predict``, registered by name.
 
 Every reducer averages a contiguous float32 numpy buffer in place across the ranks of an
 MPI communicator. The buffer can be a view of a torch tensor (``tensor.numpy()`` shares
@@ -23,113 +24,33 @@ its memory), so gradients are averaged where they lie, without a copy. All but
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
 
-from ddlstudy.errors import ConfigError
+# Imported in the order the CLI lists them: each registers itself.
+# isort: off
+from ddlstudy.reducers import allreduce  # noqa: F401
+from ddlstudy.reducers import parameter_server  # noqa: F401
+from ddlstudy.reducers import ring_reduce  # noqa: F401
+from ddlstudy.reducers import ring_allreduce  # noqa: F401
+from ddlstudy.reducers import step_wise  # noqa: F401
+# isort: on
+from ddlstudy.reducers.base import REGISTRY, ReduceFn, Reducer, get
 
-Reducer = Callable[..., None]
-"""``reducer(comm, buf, step=0)``: average ``buf`` in place across ``comm``."""
+__all__ = ["EXACT", "REDUCERS", "REGISTRY", "ReduceFn", "Reducer", "get", "get_reducer",
+           "step_wise_expected", "terms"]
 
-_TAG = 77
-
-
-def allreduce(comm, buf: np.ndarray, step: int = 0) -> None:
-    from mpi4py import MPI
-
-    comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
-    buf /= comm.Get_size()
-
-
-def parameter_server(comm, buf: np.ndarray, step: int = 0) -> None:
-    rank, size = comm.Get_rank(), comm.Get_size()
-    if rank == 0:
-        incoming = np.empty_like(buf)
-        for worker in range(1, size):
-            comm.Recv(incoming, source=worker, tag=_TAG)
-            buf += incoming
-        buf /= size
-        for worker in range(1, size):
-            comm.Send(buf, dest=worker, tag=_TAG)
-    else:
-        comm.Send(buf, dest=0, tag=_TAG)
-        comm.Recv(buf, source=0, tag=_TAG)
+REDUCERS: dict[str, ReduceFn] = {name: r.reduce for name, r in REGISTRY.items()}
+EXACT = tuple(name for name, r in REGISTRY.items() if r.exact)
 
 
-def ring_reduce(comm, buf: np.ndarray, step: int = 0) -> None:
-    rank, size = comm.Get_rank(), comm.Get_size()
-    if size == 1:
-        return
-    nxt, prev = (rank + 1) % size, (rank - 1) % size
-    # Reduce: 1 starts, each adds its own and passes on; 0 receives the total last.
-    if rank != 1:
-        incoming = np.empty_like(buf)
-        comm.Recv(incoming, source=prev, tag=_TAG)
-        buf += incoming
-    if rank != 0:
-        comm.Send(buf, dest=nxt, tag=_TAG)
-    else:
-        buf /= size
-    # Broadcast: 0 -> 1 -> ... -> n-1.
-    if rank != 0:
-        comm.Recv(buf, source=prev, tag=_TAG + 1)
-    if rank != size - 1:
-        comm.Send(buf, dest=nxt, tag=_TAG + 1)
+def get_reducer(name: str) -> ReduceFn:
+    """The reduce function of the reducer ``name`` (ConfigError listing them if unknown)."""
+    return get(name).reduce
 
 
-def ring_allreduce(comm, buf: np.ndarray, step: int = 0) -> None:
-    rank, size = comm.Get_rank(), comm.Get_size()
-    if size == 1:
-        return
-    nxt, prev = (rank + 1) % size, (rank - 1) % size
-    chunks = np.array_split(buf, size)  # views: sizes need not divide evenly
-    incoming = np.empty(max(len(c) for c in chunks), dtype=buf.dtype)
-    for i in range(size - 1):  # reduce-scatter: rank r ends owning chunk r+1
-        send, recv = chunks[(rank - i) % size], chunks[(rank - i - 1) % size]
-        comm.Sendrecv(send, dest=nxt, sendtag=_TAG, recvbuf=incoming[:len(recv)],
-                      source=prev, recvtag=_TAG)
-        recv += incoming[:len(recv)]
-    for i in range(size - 1):  # allgather: pass the reduced chunks on
-        send, recv = chunks[(rank - i + 1) % size], chunks[(rank - i) % size]
-        comm.Sendrecv(send, dest=nxt, sendtag=_TAG, recvbuf=incoming[:len(recv)],
-                      source=prev, recvtag=_TAG)
-        recv[:] = incoming[:len(recv)]
-    buf /= size
-
-
-def step_wise(comm, buf: np.ndarray, step: int = 0) -> None:
-    rank, size = comm.Get_rank(), comm.Get_size()
-    if size == 1:
-        return
-    start = step % size
-    position = (rank - start) % size  # 0 for the rank that starts this step's pass
-    if position > 0:  # buf becomes the running sum of the pass so far...
-        incoming = np.empty_like(buf)
-        comm.Recv(incoming, source=(rank - 1) % size, tag=_TAG)
-        buf += incoming
-    if position < size - 1:
-        comm.Send(buf, dest=(rank + 1) % size, tag=_TAG)
-    if position > 0:  # ...and, once passed on, the running mean
-        buf /= position + 1
-
-
-REDUCERS: dict[str, Reducer] = {
-    "allreduce": allreduce,
-    "parameter-server": parameter_server,
-    "ring-reduce": ring_reduce,
-    "ring-allreduce": ring_allreduce,
-    "step-wise": step_wise,
-}
-EXACT = ("allreduce", "parameter-server", "ring-reduce", "ring-allreduce")
-
-
-def get_reducer(name: str) -> Reducer:
-    try:
-        return REDUCERS[name]
-    except KeyError:
-        raise ConfigError("--reduce", f"unknown reducer {name!r}; choose one of: "
-                          f"{', '.join(REDUCERS)}") from None
+def terms(name: str, n: int) -> tuple[float, float]:
+    """(messages, buffer sizes) on reducer ``name``'s critical path between ``n`` nodes."""
+    return (0.0, 0.0) if n <= 1 else get(name).terms(n)
 
 
 def step_wise_expected(buffers: list[np.ndarray], rank: int, step: int) -> np.ndarray:

@@ -96,6 +96,9 @@ def preflight(cfg: RunConfig, resuming: bool = False) -> RunConfig:
     Returns ``cfg`` resolved (its effective parallelism computed, once)."""
     strategy, backend = get_strategy(cfg.strategy), get_backend(cfg.backend)
     cfg = resolve(cfg)
+    if cfg.stage_starts is not None and not strategy.pipelined:
+        raise ConfigError("--stage-starts", "cuts a pipeline into stages: it needs --strategy "
+                          + " or ".join(n for n, c in REGISTRY.items() if c.pipelined))
     strategy.check(cfg)
     exact = [name for name, cls in REGISTRY.items() if cls.resumable]
     if (resuming or cfg.snapshot_every) and not strategy.resumable:
@@ -117,7 +120,7 @@ def preflight(cfg: RunConfig, resuming: bool = False) -> RunConfig:
             raise Unavailable("--resume" if resuming else "--snapshot-every",
                               "fp16 runs cannot be resumed exactly yet (the snapshot does "
                               "not hold the gradient scaler's state)")
-        if strategy.name != "gpu-data":
+        if strategy.layout(cfg).collectives != "nccl":
             log.warning("fp16 on the CPU runs through slow kernels (simple-big sequential "
                         "measured 1.2 images/s against 37 in fp32 on an AVX-512 CPU); it "
                         "is meant for GPUs: on CPUs use --precision bf16")
@@ -214,7 +217,7 @@ def _create(cfg: RunConfig, strategy: Strategy, backend: dict, data) -> RunFolde
     folder = RunFolder.create(cfg.runs_dir, run_id, {
         "command": environment.command_line(),
         "usecase": uc.name,
-        "strategy": {"name": strategy.name, **strategy.layout(cfg)},
+        "strategy": {"name": strategy.name, **strategy.layout(cfg).as_dict()},
         "backend": backend,
         "config": cfg.to_dict(),
         "seeds": {"train": uc.train.seed, "data": uc.data.seed},

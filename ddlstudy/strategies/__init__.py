@@ -3,7 +3,9 @@ REGISTRY; each module registers its strategy when imported, in the order `ddlstu
 strategies` lists them."""
 
 # Imported in the order `ddlstudy strategies` lists them: each registers itself.
-from ddlstudy.strategies import single, threads, processes, pipeline, hybrid  # noqa: F401, I001
-from ddlstudy.strategies.base import REGISTRY, Strategy, get_strategy
+# isort: off
+from ddlstudy.strategies import single, threads, processes, pipeline, hybrid  # noqa: F401
+# isort: on
+from ddlstudy.strategies.base import REGISTRY, Layout, Strategy, get_strategy
 
-__all__ = ["REGISTRY", "Strategy", "get_strategy"]
+__all__ = ["REGISTRY", "Layout", "Strategy", "get_strategy"]

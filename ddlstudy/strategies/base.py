@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from ddlstudy.config import RunConfig
@@ -12,6 +14,39 @@ from ddlstudy.errors import ConfigError
 from ddlstudy.training.job import Job
 
 log = logging.getLogger("ddlstudy")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Layout:
+    """How one node of a strategy is laid out: its processes, threads and devices. The
+    manifest records it (``as_dict``, unset fields left out) and backends read it to
+    start a node."""
+
+    processes: int = 1
+    threads_per_process: int = 1
+    intraop_threads: int | None = None
+    """torch's intra-op threads of each replica, where replicas share a process."""
+    replicas: int | None = None
+    """Model replicas: threads of one process (cpu-threads) or pipelines (hybrid)."""
+    stages: int | None = None
+    micro_batches: int | None = None
+    devices: int | None = None
+    device: str | None = None
+    loader_workers: int | None = None
+    collectives: str | None = None
+    """The torch.distributed backend between the node's processes: gloo or nccl."""
+    schedule: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        out = {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+        if "collectives" in out:  # its name in the manifests
+            out["backend"] = out.pop("collectives")
+        return out
+
+    @property
+    def torch_threads(self) -> int:
+        """The intra-op threads each of the node's processes sets."""
+        return self.intraop_threads or self.threads_per_process
 
 
 class Strategy(ABC):
@@ -23,6 +58,11 @@ class Strategy(ABC):
     flags: ClassVar[str] = ""
     resumable: ClassVar[bool] = False
     """Whether --resume and --snapshot-every continue it bit for bit."""
+    pipelined: ClassVar[bool] = False
+    """Whether it cuts the model into stages (--stage-starts applies)."""
+    grads_in_backward: ClassVar[bool] = True
+    """Whether backward leaves the node's final gradient in place (--bucket-mb can send
+    each part as backward fills it)."""
     accumulates: ClassVar[bool] = False
     """Whether it trains with the shared step (training.accumulate_grads): --accumulate K
     micro-batches per step, and fp16's gradient scaler."""
@@ -35,9 +75,9 @@ class Strategy(ABC):
         """Replicas, processes or threads: --workers, or one per usable core."""
         return cfg.workers or usable_cores()
 
-    def layout(self, cfg: RunConfig) -> dict[str, Any]:
+    def layout(self, cfg: RunConfig) -> Layout:
         """Processes, threads and devices it will use; recorded in the manifest."""
-        return {}
+        return Layout()
 
     def data_parallel(self, cfg: RunConfig) -> int:
         """Workers on one node that each take a slice of every batch."""

@@ -22,7 +22,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -35,7 +34,7 @@ from ddlstudy.data.folder import ImageListDataset, make_transform
 from ddlstudy.environment import usable_cores
 from ddlstudy.errors import ConfigError
 from ddlstudy.models import build_model
-from ddlstudy.strategies.base import Strategy, register, warn_if_oversubscribed
+from ddlstudy.strategies.base import Layout, Strategy, register, warn_if_oversubscribed
 from ddlstudy.training import (
     Batch,
     StepFn,
@@ -257,6 +256,7 @@ def _train_loader(cfg: RunConfig, job: Job, first: bool, shard: tuple[int, int])
 @register
 class Pipeline(Strategy):
     name = "pipeline"
+    pipelined = True
     summary = ("model parallel: the network cut into --stages processes balanced by measured "
                "cost, each batch run as --micro-batches GPipe micro-batches")
     flags = "--stages S (default: usable cores), --micro-batches M (default 4)"
@@ -300,14 +300,14 @@ class Pipeline(Strategy):
         return "cuda" if torch.cuda.is_available() and torch.cuda.device_count() >= wanted \
             else "cpu"
 
-    def layout(self, cfg: RunConfig) -> dict[str, Any]:
+    def layout(self, cfg: RunConfig) -> Layout:
         r, s = self.replicas(cfg), self.stages(cfg)
         cuda = self.device_type(cfg) == "cuda"
-        return {"processes": r * s,
-                "threads_per_process": 1 if cuda else max(1, usable_cores() // (r * s)),
-                "replicas": r, "stages": s, "micro_batches": cfg.micro_batches,
-                "device": self.device_type(cfg), "backend": "nccl" if cuda else "gloo",
-                "schedule": "GPipe"}
+        return Layout(processes=r * s,
+                      threads_per_process=1 if cuda else max(1, usable_cores() // (r * s)),
+                      replicas=r, stages=s, micro_batches=cfg.micro_batches,
+                      device=self.device_type(cfg), collectives="nccl" if cuda else "gloo",
+                      schedule="GPipe")
 
     def cuts(self, job: Job) -> list[int]:
         """Where each stage starts, from the layers' measured forward times (recorded)."""
@@ -329,7 +329,7 @@ class Pipeline(Strategy):
         r, s, micro = self.replicas(cfg), self.stages(cfg), cfg.micro_batches
         starts = self.cuts(job)
         level = logging.getLogger("ddlstudy").level
-        threads = self.layout(cfg)["threads_per_process"]
+        threads = self.layout(cfg).threads_per_process
         run_ranks(_worker, r * s, (free_port(), job, starts, micro, r, threads, level,
                                    self.device_type(cfg)))
 

@@ -14,7 +14,6 @@ counts summed) and writes the run folder.
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 import torch
 from torch import nn
@@ -24,6 +23,7 @@ from ddlstudy.config import RunConfig
 from ddlstudy.environment import usable_cores
 from ddlstudy.errors import Unavailable
 from ddlstudy.strategies.base import (
+    Layout,
     Strategy,
     register,
     require_batch_per_worker,
@@ -103,10 +103,10 @@ class CpuProcesses(Strategy):
     def data_parallel(self, cfg: RunConfig) -> int:
         return self.workers(cfg)
 
-    def layout(self, cfg: RunConfig) -> dict[str, Any]:
+    def layout(self, cfg: RunConfig) -> Layout:
         k = self.workers(cfg)
-        return {"processes": k, "threads_per_process": max(1, usable_cores() // k),
-                "loader_workers": cfg.loader_workers, "backend": "gloo"}
+        return Layout(processes=k, threads_per_process=max(1, usable_cores() // k),
+                      loader_workers=cfg.loader_workers, collectives="gloo")
 
     def fit(self, job: Job) -> None:
         k = self.workers(job.cfg)
@@ -143,10 +143,10 @@ class GpuData(Strategy):
     def loader_workers(self, cfg: RunConfig) -> int:
         return cfg.loader_workers or max(1, usable_cores() // self.devices(cfg) - 1)
 
-    def layout(self, cfg: RunConfig) -> dict[str, Any]:
+    def layout(self, cfg: RunConfig) -> Layout:
         k = self.devices(cfg)
-        return {"processes": k, "devices": k, "threads_per_process": 1,
-                "loader_workers": self.loader_workers(cfg), "backend": "nccl"}
+        return Layout(processes=k, devices=k, loader_workers=self.loader_workers(cfg),
+                      collectives="nccl")
 
     def fit(self, job: Job) -> None:
         k = self.devices(job.cfg)

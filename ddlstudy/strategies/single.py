@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import nn
 
 from ddlstudy.config import RunConfig
-from ddlstudy.strategies.base import Strategy, register
+from ddlstudy.strategies.base import Layout, Strategy, register
 from ddlstudy.training import Job, Link, make_loaders, make_scaler, plain_step
 from ddlstudy.training.worker import new_model, new_optimizer, train_worker
 
@@ -33,8 +31,8 @@ class Sequential(Strategy):
     summary = ("the baseline: one process, one intra-op thread, data loaded in that process; "
                "every speedup is measured against it")
 
-    def layout(self, cfg: RunConfig) -> dict[str, Any]:
-        return {"processes": 1, "threads_per_process": 1, "loader_workers": 0}
+    def layout(self, cfg: RunConfig) -> Layout:
+        return Layout(loader_workers=0)
 
     def fit(self, job: Job) -> None:
         # By definition the baseline decodes its own data: no loader workers.
@@ -50,9 +48,8 @@ class CpuIntraOp(Strategy):
                "(the paper's CPU single-process)")
     flags = "--workers N (threads, default: all usable cores), --loader-workers"
 
-    def layout(self, cfg: RunConfig) -> dict[str, Any]:
-        return {"processes": 1, "threads_per_process": self.workers(cfg),
-                "loader_workers": cfg.loader_workers}
+    def layout(self, cfg: RunConfig) -> Layout:
+        return Layout(threads_per_process=self.workers(cfg), loader_workers=cfg.loader_workers)
 
     def fit(self, job: Job) -> None:
         fit_one_model(job, threads=self.workers(job.cfg), loader_workers=job.cfg.loader_workers)

@@ -14,14 +14,13 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 import torch
 from torch import nn
 
 from ddlstudy.config import RunConfig
 from ddlstudy.environment import usable_cores
-from ddlstudy.strategies.base import Strategy, register, require_batch_per_worker
+from ddlstudy.strategies.base import Layout, Strategy, register, require_batch_per_worker
 from ddlstudy.training import (
     Batch,
     StepFn,
@@ -91,6 +90,7 @@ def replica_step(replicas: list[nn.Module], optimizer: torch.optim.Optimizer,
 @register
 class CpuThreads(Strategy):
     name = "cpu-threads"
+    grads_in_backward = False  # the replicas' gradients are summed after backward
     summary = ("one process, k model replicas each trained by its own Python thread on n/k "
                "of every batch, gradients averaged before the step")
     flags = "--workers K (replicas, default: usable cores)"
@@ -101,11 +101,11 @@ class CpuThreads(Strategy):
     def data_parallel(self, cfg: RunConfig) -> int:
         return self.workers(cfg)
 
-    def layout(self, cfg: RunConfig) -> dict[str, Any]:
+    def layout(self, cfg: RunConfig) -> Layout:
         k = self.workers(cfg)
-        return {"processes": 1, "replicas": k, "threads_per_process": k,
-                "intraop_threads": max(1, usable_cores() // k),
-                "loader_workers": cfg.loader_workers}
+        return Layout(replicas=k, threads_per_process=k,
+                      intraop_threads=max(1, usable_cores() // k),
+                      loader_workers=cfg.loader_workers)
 
     def fit(self, job: Job) -> None:
         cfg = job.cfg

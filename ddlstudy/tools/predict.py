@@ -13,7 +13,8 @@ A step on N nodes with global batch B (strong scaling) costs
 - alpha, beta: each reducer's latency per message and time per byte, fitted by timing the
   reducer on two buffer sizes between 2 MPI ranks placed as the runs were (``--hosts``);
 - m(N), f(N): the messages and buffer-sizes on a reducer's critical path at N nodes
-  (p: the largest power of two <= N; the terms in brackets when N is not one):
+  (each reducer's ``terms``, in its file in ``ddlstudy/reducers/``; p: the largest power
+  of two <= N; the terms in brackets when N is not one):
 
   ==================  ===============  ==================
   reducer             m(N)             f(N)
@@ -43,33 +44,15 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from ddlstudy import reducers
 from ddlstudy.backends.mpi.launch import placement, require_mpiexec
 from ddlstudy.errors import ConfigError, UsageError
+from ddlstudy.reducers import terms
 
-REDUCERS = ("allreduce", "ring-allreduce", "parameter-server", "ring-reduce", "step-wise")
+REDUCERS = tuple(reducers.REGISTRY)
 DEFAULT_NODES = (1, 2, 3, 4, 8, 16, 32, 64, 128, 256)
 BACKWARD_SHARE = 2 / 3
 """Of a step's compute, the backward pass (about twice the forward's work)."""
-
-
-def terms(reducer: str, n: int) -> tuple[float, float]:
-    """(messages, buffer sizes) on the reducer's critical path between ``n`` nodes."""
-    if n <= 1:
-        return 0.0, 0.0
-    if reducer == "allreduce":
-        # MPICH's long-message algorithm (Rabenseifner): reduce-scatter and allgather by
-        # recursive halving and doubling among p = 2^floor(log2 n) ranks; the n - p extra
-        # ranks first hand their whole buffer to a partner and get the result back.
-        p = 2 ** int(math.log2(n))
-        extra = 2 if n > p else 0
-        return 2 * math.log2(p) + extra, 2 * (p - 1) / p + extra
-    if reducer == "ring-allreduce":
-        return 2 * (n - 1), 2 * (n - 1) / n
-    if reducer in ("parameter-server", "ring-reduce"):
-        return 2 * (n - 1), 2 * (n - 1)
-    if reducer == "step-wise":
-        return n - 1, n - 1
-    raise ConfigError("--reduce", f"no cost model for {reducer!r}")
 
 
 @dataclass(frozen=True)

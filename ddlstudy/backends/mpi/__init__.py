@@ -61,7 +61,11 @@ class Mpi(Backend):
         """What a node's strategy can do under MPI (the strategy has checked its own flags).
         Every local strategy can: a one-process one runs in the rank, a multi-process one
         in a node the rank leads (``nodes``)."""
-        if strategy.layout(cfg).get("processes", 1) > 1:
+        if cfg.bucket_mb and not strategy.grads_in_backward:
+            raise ConfigError("--bucket-mb", f"a bucket is sent when backward fills it, but "
+                              f"{strategy.name} sums its replicas' gradients after backward; "
+                              "use sequential or cpu-intraop nodes")
+        if strategy.layout(cfg).processes > 1:
             what = f"{cfg.strategy} nodes (their workers sum on the leader first)"
             if cfg.balance != "equal":
                 raise Unavailable("--balance", f"throughput balancing is not written for "
@@ -102,5 +106,5 @@ class Mpi(Backend):
         assert isinstance(env, MpiEnvironment)
         # The node's processes, threads and replicas as its strategy lays them out.
         layout = get_strategy(job.cfg.strategy).layout(job.cfg)
-        fit = nodes.fit if layout.get("processes", 1) > 1 else node.fit
+        fit = nodes.fit if layout.processes > 1 else node.fit
         return fit(job, env.comm, layout)

@@ -27,6 +27,7 @@ from torch import nn
 
 from ddlstudy.reducers import get_reducer
 from ddlstudy.reducers.compress import parse as parse_compress
+from ddlstudy.strategies.base import Layout
 from ddlstudy.strategies.threads import replica_grads, sync_replicas
 from ddlstudy.training import (
     Batch,
@@ -202,13 +203,13 @@ def mpi_step(model: nn.Module, optimizer: torch.optim.Optimizer, flat: torch.Ten
     return step
 
 
-def fit(job: Job, comm, layout: dict) -> list[dict]:
+def fit(job: Job, comm, layout: Layout) -> list[dict]:
     """Train this rank's one-process node (its threads and replicas as its strategy lays
     them out, and records) and average across nodes. Returns no samples: the node has no
     other processes."""
     cfg = job.cfg
-    replicas = layout.get("replicas", 1)
-    torch.set_num_threads(layout.get("intraop_threads", layout["threads_per_process"]))
+    replicas = layout.replicas or 1
+    torch.set_num_threads(layout.torch_threads)
     model = new_model(cfg, comm.Get_rank())  # the same weights, each node its own dropout
     flat = flat_gradients(model)
     if replicas == 1:

@@ -45,6 +45,7 @@ from ddlstudy.reducers import get_reducer
 from ddlstudy.reducers.compress import parse as parse_compress
 from ddlstudy.sampler import ResourceSampler, read_rows
 from ddlstudy.strategies import get_strategy
+from ddlstudy.strategies.base import Layout
 from ddlstudy.strategies.pipeline import Pipeline, stage_module, train_stage
 from ddlstudy.training import make_loaders, make_scaler
 from ddlstudy.training.distributed import (
@@ -139,22 +140,22 @@ def _spawned(index: int, k: int, port: int, job: Job, threads: int, level: int,
         work(job, node_link(None, None, node, nodes, local, k, device, spread), device, *args)
 
 
-def _work(job: Job, comm, layout: dict) -> tuple:
+def _work(job: Job, comm, layout: Layout) -> tuple:
     """What each of the node's processes runs, its arguments, and the node's ``spread``."""
     strategy = get_strategy(job.cfg.strategy)
     if isinstance(strategy, Pipeline):  # hybrid too
         # Rank 0 measures the layers; every node cuts its pipelines where rank 0 does.
         starts = comm.bcast(strategy.cuts(job) if comm.Get_rank() == 0 else None, root=0)
-        return train_pipeline_stage, (starts, layout["replicas"]), layout["replicas"]
-    return train_node_worker, (layout.get("loader_workers"),), layout["processes"]
+        return train_pipeline_stage, (starts, layout.replicas), layout.replicas
+    return train_node_worker, (layout.loader_workers,), layout.processes
 
 
-def fit(job: Job, comm, layout: dict) -> list[dict]:
-    """Lead this MPI rank's node of ``layout["processes"]`` processes through the run.
+def fit(job: Job, comm, layout: Layout) -> list[dict]:
+    """Lead this MPI rank's node of ``layout.processes`` processes through the run.
     Returns the samples of the node's processes (for rank 0's samples.parquet)."""
     cfg = job.cfg
-    k, threads = layout["processes"], layout["threads_per_process"]
-    device_type = "cuda" if layout.get("backend") == "nccl" else "cpu"
+    k, threads = layout.processes, layout.threads_per_process
+    device_type = "cuda" if layout.collectives == "nccl" else "cpu"
     node, nodes = comm.Get_rank(), comm.Get_size()
     compressor = parse_compress(cfg.compress)
     reducer = compressor or get_reducer(cfg.reduce)

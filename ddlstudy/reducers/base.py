@@ -1,0 +1,42 @@
+"""What every reducer is: a function that averages a buffer in place across an MPI
+communicator, whether it is exact, and its cost terms for ``ddlstudy predict``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ddlstudy.errors import ConfigError
+
+TAG = 77
+"""The MPI tag of the reducers' point-to-point messages."""
+
+ReduceFn = Callable[..., None]
+"""``reduce(comm, buf, step=0)``: average ``buf`` (float32 numpy) in place across ``comm``."""
+
+
+@dataclass(frozen=True)
+class Reducer:
+    name: str
+    reduce: ReduceFn
+    terms: Callable[[int], tuple[float, float]]
+    """(messages, buffer sizes) on its critical path between n >= 2 nodes (predict's
+    alpha-beta model: messages x alpha + sizes x bytes x beta)."""
+    exact: bool = True
+    """Whether every node ends with the exact average (step-wise does not)."""
+
+
+REGISTRY: dict[str, Reducer] = {}
+
+
+def register(reducer: Reducer) -> Reducer:
+    REGISTRY[reducer.name] = reducer
+    return reducer
+
+
+def get(name: str) -> Reducer:
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise ConfigError("--reduce", f"unknown reducer {name!r}; choose one of: "
+                          f"{', '.join(REGISTRY)}") from None
