@@ -61,10 +61,11 @@ class Backend(ABC):
 
     name: ClassVar[str]
     summary: ClassVar[str]
-    def accumulates(self, cfg: RunConfig) -> bool:
-        """Whether its nodes train with the shared step (training.accumulate_grads): needed
-        for --accumulate and fp16's gradient scaler."""
-        return True
+    def own_step(self, cfg: RunConfig) -> str | None:
+        """What trains its nodes instead of the strategy's step, as the user chose it (the
+        flag), or None where the strategy's step runs: --accumulate and fp16's gradient
+        scaler live in the shared step (training.accumulate_grads)."""
+        return None
 
     def check(self, cfg: RunConfig, strategy: Strategy, resuming: bool) -> None:
         """Refuse what it cannot run, before anything starts (ConfigError, Unavailable)."""

@@ -109,9 +109,9 @@ def preflight(cfg: RunConfig, resuming: bool = False) -> RunConfig:
     # --accumulate and fp16's gradient scaler live in the step every accumulating
     # strategy shares (training.accumulate_grads and optimizer_step).
     can = [name for name, cls in REGISTRY.items() if cls.accumulates]
-    what = strategy.name if not strategy.accumulates else f"--backend {backend.name} " \
-        f"--spark-sync {cfg.spark_sync}"
-    shared_step = strategy.accumulates and backend.accumulates(cfg)
+    own_step = backend.own_step(cfg)
+    what = own_step if strategy.accumulates else strategy.name
+    shared_step = strategy.accumulates and own_step is None
     if cfg.precision == "fp16":
         if not shared_step:
             raise Unavailable("--precision", f"{what} has no fp16 gradient scaler yet; use "

@@ -38,7 +38,7 @@ from ddlstudy.training import (
     make_scaler,
     optimizer_step,
 )
-from ddlstudy.training.flat import check_views, flat_gradients
+from ddlstudy.training.flat import check_views, flat_gradients, param_ranges
 from ddlstudy.training.job import Job, Link
 from ddlstudy.training.worker import new_model, new_optimizer, train_worker
 
@@ -92,20 +92,18 @@ class Buckets:
                  accumulate: int = 1) -> None:
         self.comm, self.flat, self.nodes = comm, flat.numpy(), comm.Get_size()
         params = [p for p in model.parameters() if p.requires_grad]
-        offsets, offset = [], 0
-        for p in params:
-            offsets.append(offset)
-            offset += p.numel()
+        spans = param_ranges(model)  # where each gradient lies in the flat buffer
         # Walk the parameters backwards, closing a bucket when it holds bucket_bytes.
         self.ranges: list[tuple[int, int]] = []
         self.owner: dict[int, int] = {}
-        end, size = offset, 0
+        end, size = spans[id(params[-1])][1], 0
         for i in reversed(range(len(params))):
             self.owner[id(params[i])] = len(self.ranges)
             size += 4 * params[i].numel()
             if size >= bucket_bytes or i == 0:
-                self.ranges.append((offsets[i], end))
-                end, size = offsets[i], 0
+                start = spans[id(params[i])][0]
+                self.ranges.append((start, end))
+                end, size = start, 0
         self.expected = [0] * len(self.ranges)
         for p in params:
             self.expected[self.owner[id(p)]] += accumulate  # one hook per micro-batch

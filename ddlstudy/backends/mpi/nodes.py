@@ -238,8 +238,7 @@ def node_exchange(node: Link, full: nn.Module, module: nn.Module, layers: list[n
         if count == 0:
             check_views(full, flat)
         if replicas > 1 and mine.numel():
-            dist.all_reduce(mine, group=data_group)
-            mine.div_(replicas)  # equal slices: the mean of the replicas' mean gradients
+            average(mine, data_group, replicas)  # this stage over the node's replicas
         if node.between is not None:  # the leader
             others = [(s, flat[lo:hi]) for s, (lo, hi) in enumerate(ranges) if s and hi > lo]
             for s, part in others:

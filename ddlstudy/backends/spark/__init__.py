@@ -37,8 +37,9 @@ class Spark(Backend):
     summary = ("each Spark barrier task a node running sequential or cpu-intraop; "
                "gradients over gloo every step, or weights through allGather")
 
-    def accumulates(self, cfg: RunConfig) -> bool:
-        return cfg.spark_sync == "gloo"  # allgather mode's local SGD has its own step
+    def own_step(self, cfg: RunConfig) -> str | None:
+        # allgather mode's local SGD has its own step; gloo runs cpu-processes' step
+        return None if cfg.spark_sync == "gloo" else f"--spark-sync {cfg.spark_sync}"
 
     def check(self, cfg: RunConfig, strategy: Strategy, resuming: bool) -> None:
         driver.check(cfg)
