@@ -12,10 +12,12 @@ import csv
 import datetime as dt
 import io
 import json
+import re
 import secrets
 from pathlib import Path
 from typing import Any
 
+from ddlstudy.errors import UsageError
 from ddlstudy.files import atomic_write, atomic_write_text
 from ddlstudy.sampler import samples_frame, write_rows
 
@@ -24,6 +26,7 @@ METRICS = "metrics.csv"
 SAMPLES = "samples.parquet"
 SNAPSHOT = "snapshot.pt"
 SCHEMA_VERSION = 1
+_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
 RUN_ID_ENV = "DDLSTUDY_RUN_ID"
 """The run id a launcher (ddlstudy's mpiexec, a study) gives the run folder it starts."""
 
@@ -46,6 +49,9 @@ class RunFolder:
 
     @classmethod
     def create(cls, runs_dir: Path, run_id: str, manifest: dict[str, Any]) -> RunFolder:
+        if not _RUN_ID.match(run_id):  # e.g. a DDLSTUDY_RUN_ID with a path in it
+            raise UsageError(f"run id {run_id!r} is not a plain folder name; the run folder "
+                             "must stay inside the runs folder")
         path = Path(runs_dir) / run_id
         path.mkdir(parents=True, exist_ok=False)
         folder = cls(path, {"schema": SCHEMA_VERSION, "id": run_id, "status": "running",

@@ -94,3 +94,36 @@ def test_a_new_backend_is_one_class_and_its_registration(quick_config, monkeypat
     assert mine["backend"] == {"name": "alone", "nodes": 1}
     assert [e["train_loss"] for e in mine["epochs"]] == \
         [e["train_loss"] for e in local["epochs"]]
+
+
+@pytest.mark.parametrize("name", ["../../../escaped", "a/b", ".hidden", "", "x" * 65])
+def test_a_use_case_name_that_is_not_a_plain_name_is_refused(name):
+    from ddlstudy.config import usecase_from_dict
+
+    raw = {"name": name, "model": {"arch": "alexnet"},
+           "data": {"name": "d", "images": 30, "source_size": 64}, "train": {"image_size": 64}}
+    with pytest.raises(ConfigError, match="name"):
+        usecase_from_dict(raw)
+
+
+def test_a_run_id_cannot_leave_the_runs_folder(tmp_path):
+    from ddlstudy.errors import UsageError
+    from ddlstudy.runfolder import RunFolder
+
+    runs = tmp_path / "runs"
+    with pytest.raises(UsageError, match="not a plain folder name"):
+        RunFolder.create(runs, "../outside", {})
+    assert not (tmp_path / "outside").exists() and not runs.exists()
+
+
+@pytest.mark.parametrize("prefix", ["../../somewhere/victim", "", "br", "Ab"])
+def test_hosts_refuse_a_prefix_that_is_not_a_set_name(prefix):
+    from ddlstudy import hosts
+
+    if prefix == "br":  # a valid name: nothing is up under it, and nothing is deleted
+        with pytest.raises(ConfigError, match="no emulated hosts named 'br' are up"):
+            hosts.load(prefix)
+        return
+    for call in (hosts.load, hosts.down):
+        with pytest.raises(ConfigError, match="--prefix"):
+            call(prefix)

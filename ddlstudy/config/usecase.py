@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +17,9 @@ from typing import Any
 
 from ddlstudy.config.paths import USECASES_DIR
 from ddlstudy.errors import ConfigError, UsageError
+
+PLAIN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+"""A name that is one path component and no more (use cases, run ids)."""
 
 # The smallest input each architecture still reduces to a 1x1 map before its classifier.
 MIN_IMAGE_SIZE = {"alexnet": 63, "vgg16": 32}
@@ -131,6 +135,10 @@ class UseCase:
     """Where the use case was read from."""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not PLAIN_NAME.match(self.name):
+            raise ConfigError("name", f"{self.name!r}: a use case's name goes into run folder "
+                              "names; use letters, digits, '.', '_' or '-' (at most 64, "
+                              "starting with a letter or digit)")
         classes = tuple(self.classes)
         object.__setattr__(self, "classes", classes)
         if len(classes) < 2 or len(set(classes)) != len(classes):

@@ -116,17 +116,24 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return subprocess.run(["ip", *args], capture_output=True, text=True, check=check)
 
 
+def check_prefix(prefix: str) -> str:
+    """``prefix`` if it is a set's name (it names namespaces, links, a bridge and state
+    files, so nothing else may pass: no path, no other tool's interface)."""
+    if not isinstance(prefix, str) or not _PREFIX.match(prefix):
+        raise ConfigError("--prefix", f"{prefix!r}; use 1-6 lower-case letters or digits, "
+                          "starting with a letter (it names namespaces and a bridge)")
+    return prefix
+
+
 def _state_file(prefix: str) -> Path:
-    return STATE_DIR / f"{prefix}.json"
+    return STATE_DIR / f"{check_prefix(prefix)}.json"
 
 
 def validate(count: int, prefix: str, subnet: str, delay: str | None, rate: str | None,
              cpus: list[float] | None = None) -> None:
     if not 1 <= count <= 16:
         raise ConfigError("--count", f"{count} hosts; between 1 and 16 can be emulated")
-    if not _PREFIX.match(prefix):
-        raise ConfigError("--prefix", f"{prefix!r}; use 1-6 lower-case letters or digits, "
-                          "starting with a letter (it names namespaces and a bridge)")
+    check_prefix(prefix)
     parts = subnet.split(".")
     if len(parts) != 3 or not all(p.isdigit() and 0 <= int(p) <= 255 for p in parts) \
             or parts[0] != "10":
@@ -182,6 +189,7 @@ def _limit_cpu(name: str, cores: float) -> Path:
 
 def load(prefix: str = DEFAULT_PREFIX) -> Hosts:
     """The emulated hosts ``hosts up`` made, checked to be still there."""
+    check_prefix(prefix)
     try:
         hosts = Hosts(**json.loads(_state_file(prefix).read_text()))
     except (OSError, ValueError, TypeError):
@@ -312,6 +320,7 @@ exec ip netns exec "$ns" unshare --uts sh -c "hostname $ns && exec $*"
 
 def down(prefix: str = DEFAULT_PREFIX) -> None:
     """Remove the hosts of ``prefix`` and whatever still runs in them."""
+    check_prefix(prefix)
     spark_down(prefix)
     _kill(prefix, signal.SIGKILL)
     for name in sorted(n for n in _namespaces() if n.startswith(f"{prefix}-h")):

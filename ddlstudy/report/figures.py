@@ -20,8 +20,8 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.figure import Figure
 
-from ddlstudy.runfolder import SAMPLES
 from ddlstudy.report.tables import Report
+from ddlstudy.runfolder import SAMPLES
 
 
 def _save(fig: Figure, out: Path, name: str) -> list[Path]:
