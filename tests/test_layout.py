@@ -127,3 +127,26 @@ def test_hosts_refuse_a_prefix_that_is_not_a_set_name(prefix):
     for call in (hosts.load, hosts.down):
         with pytest.raises(ConfigError, match="--prefix"):
             call(prefix)
+
+
+def test_torchrun_gets_the_reason_instead_of_two_unrelated_runs(tmp_path):
+    """torchrun starts the command twice; a copy is refused (exit 2) with the reason, and
+    no run folder is made."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    torchrun = Path(sys.executable).with_name("torchrun")
+    ddlstudy = shutil.which("ddlstudy", path=str(Path(sys.executable).parent))
+    out = subprocess.run([str(torchrun), "--nproc-per-node", "2", "--no-python", ddlstudy,
+                          "run", "--usecase", "tiny", "--epochs", "1", "--runs-dir",
+                          str(tmp_path / "runs")], capture_output=True, text=True,
+                         timeout=300)
+    # torchrun ends the other copy once one has failed: how many got to say why depends
+    # on timing, but every one that did says the same, and none trained.
+    errors = [ln for ln in out.stderr.splitlines() if ln.startswith("ddlstudy: error:")]
+    assert errors and all("started by torchrun as rank" in e and "--strategy cpu-processes "
+                          "--workers 2" in e for e in errors)
+    assert "exitcode  : 2" in out.stderr and out.returncode != 0
+    assert not (tmp_path / "runs").exists()

@@ -291,9 +291,22 @@ def _run(cfg: RunConfig, show_progress: bool, resume: Path | None) -> RunFolder 
     return folder
 
 
+def refuse_torchrun(env: dict[str, str]) -> None:
+    """torchrun starts N copies of the command: each would be a whole run of its own, in
+    a folder of its own. Say so instead of training N unrelated runs."""
+    world = env.get("WORLD_SIZE", "1")
+    if "TORCHELASTIC_RUN_ID" in env and world.isdigit() and int(world) > 1:
+        raise UsageError(f"started by torchrun as rank {env.get('RANK', '?')} of {world}: "
+                         f"ddlstudy starts its own workers, so this would be {world} "
+                         f"unrelated runs; run it once, without torchrun, with --strategy "
+                         f"cpu-processes --workers {world} (one node) or --backend mpi "
+                         f"--nodes {world}")
+
+
 def start(cfg: RunConfig, argv: list[str], resume: Path | None = None) -> RunFolder | None:
     """``ddlstudy run``: train here, or, where the backend starts the run's processes
     itself (``--backend mpi --nodes N`` from a plain shell), launch them and wait."""
+    refuse_torchrun(dict(os.environ))
     cfg = preflight(cfg, resuming=resume is not None)
     run_id = (Path(resume).name if resume else os.environ.get(RUN_ID_ENV)
               or new_run_id(cfg.usecase.name, cfg.strategy))
