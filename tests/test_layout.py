@@ -150,3 +150,18 @@ def test_torchrun_gets_the_reason_instead_of_two_unrelated_runs(tmp_path):
                           "--workers 2" in e for e in errors)
     assert "exitcode  : 2" in out.stderr and out.returncode != 0
     assert not (tmp_path / "runs").exists()
+
+
+def test_the_cli_parser_needs_no_torch():
+    """`ddlstudy --help` and every refusal made by the parser answer without importing
+    torch (seconds on this machine): the config layer must not pull it in."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from ddlstudy.cli import build_parser; "
+            "build_parser().parse_args(['run', '--strategy', 'hybrid']); "
+            "print(sorted(m for m in ('torch', 'torchvision', 'mpi4py', 'pyspark') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "[]"

@@ -16,7 +16,6 @@ Each reports the bytes it sent per step, so the manifest can show the saving aga
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from ddlstudy.errors import ConfigError
 
@@ -43,7 +42,10 @@ class Fp16(Compressor):
     name = "fp16"
 
     def _exchange(self, comm, buf: np.ndarray) -> int:
-        # torch converts float16 with vector instructions; numpy's casts are ~20x slower
+        # torch converts float16 with vector instructions; numpy's casts are ~20x slower.
+        # Imported here: the config parses --compress, and `ddlstudy --help` needs no torch.
+        import torch
+
         mine = torch.from_numpy(buf).to(torch.float16)
         everyone = torch.empty((comm.Get_size(), buf.size), dtype=torch.float16)
         comm.Allgather(mine.numpy(), everyone.numpy())
