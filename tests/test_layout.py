@@ -165,3 +165,24 @@ def test_the_cli_parser_needs_no_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_version_and_a_description_for_every_subcommand(capsys):
+    import argparse
+
+    from ddlstudy import __version__
+    from ddlstudy.cli import build_parser, main
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out.strip() == f"ddlstudy {__version__}"
+
+    def parsers(parser):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    yield name, sub
+                    yield from parsers(sub)
+
+    undescribed = [name for name, sub in parsers(build_parser()) if not sub.description]
+    assert undescribed == []

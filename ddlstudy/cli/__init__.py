@@ -23,6 +23,7 @@ import sys
 import time
 from pathlib import Path
 
+from ddlstudy import __version__
 from ddlstudy.config.options import add_run_options
 from ddlstudy.errors import ConfigError, UsageError
 from ddlstudy.logs import setup_logging
@@ -45,6 +46,7 @@ def _shard(text: str) -> tuple[int, int]:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ddlstudy", description=__doc__.split("\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"ddlstudy {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("run", help="train one use case with one strategy into runs/<id>/")
@@ -156,7 +158,19 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--steps", type=int, default=20, help="timed steps per repeat")
     b.add_argument("--repeats", type=int, default=3)
     b.add_argument("--threads", type=int, default=1)
+    _describe(parser)
     return parser
+
+
+def _describe(parser: argparse.ArgumentParser) -> None:
+    """Give every subcommand that has no description its one-line help as one, so that
+    `ddlstudy doctor --help` says what doctor does."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for choice in action._choices_actions:
+                sub = action.choices[choice.dest]
+                sub.description = sub.description or choice.help
+                _describe(sub)
 
 
 # --- commands ---------------------------------------------------------------------------
