@@ -57,7 +57,7 @@ from ddlstudy.training.distributed import (
     spawned_rank,
     stop_ranks,
 )
-from ddlstudy.training.flat import check_views, flat_gradients, param_ranges
+from ddlstudy.training.flat import average, check_views, flat_gradients, param_ranges
 from ddlstudy.training.job import Job, Link
 from ddlstudy.training.worker import new_model, new_optimizer, train_worker
 
@@ -233,7 +233,7 @@ def node_exchange(node: Link, full: nn.Module, module: nn.Module, layers: list[n
     mine = flat[slice(*ranges[index])]
     count = 0
 
-    def average() -> None:
+    def exchange() -> None:
         nonlocal count
         if count == 0:
             check_views(full, flat)
@@ -253,4 +253,4 @@ def node_exchange(node: Link, full: nn.Module, module: nn.Module, layers: list[n
             dist.broadcast(mine, src=index, group=data_group)  # from pipeline 0's stage
         count += 1
 
-    return average, mine.zero_
+    return exchange, mine.zero_
