@@ -21,7 +21,7 @@ from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
 from ddlstudy.config import RunConfig
-from ddlstudy.errors import ConfigError
+from ddlstudy.registry import Registry
 from ddlstudy.strategies import Strategy
 from ddlstudy.training import Job
 
@@ -92,17 +92,9 @@ class Backend(ABC):
         """Train this node; returns the samples of the node's other processes."""
 
 
-REGISTRY: dict[str, type[Backend]] = {}
-
-
-def register(cls: type[Backend]) -> type[Backend]:
-    REGISTRY[cls.name] = cls
-    return cls
+REGISTRY: Registry[type[Backend]] = Registry("--backend", "backend")
+register = REGISTRY.register
 
 
 def get_backend(name: str) -> Backend:
-    try:
-        return REGISTRY[name]()
-    except KeyError:
-        raise ConfigError("--backend", f"unknown backend {name!r}; choose one of: "
-                          f"{', '.join(REGISTRY)}") from None
+    return REGISTRY.named(name)()

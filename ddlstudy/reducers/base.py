@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ddlstudy.errors import ConfigError
+from ddlstudy.registry import Registry
 
 TAG = 77
 """The MPI tag of the reducers' point-to-point messages."""
@@ -26,17 +26,6 @@ class Reducer:
     """Whether every node ends with the exact average (step-wise does not)."""
 
 
-REGISTRY: dict[str, Reducer] = {}
-
-
-def register(reducer: Reducer) -> Reducer:
-    REGISTRY[reducer.name] = reducer
-    return reducer
-
-
-def get(name: str) -> Reducer:
-    try:
-        return REGISTRY[name]
-    except KeyError:
-        raise ConfigError("--reduce", f"unknown reducer {name!r}; choose one of: "
-                          f"{', '.join(REGISTRY)}") from None
+REGISTRY: Registry[Reducer] = Registry("--reduce", "reducer")
+register = REGISTRY.register
+get = REGISTRY.named

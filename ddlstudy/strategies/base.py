@@ -11,6 +11,7 @@ from typing import Any, ClassVar
 from ddlstudy.config import RunConfig
 from ddlstudy.environment import usable_cores
 from ddlstudy.errors import ConfigError
+from ddlstudy.registry import Registry
 from ddlstudy.training.job import Job
 
 log = logging.getLogger("ddlstudy")
@@ -103,17 +104,9 @@ def warn_if_oversubscribed(processes: int) -> None:
                     processes, usable_cores())
 
 
-REGISTRY: dict[str, type[Strategy]] = {}
-
-
-def register(cls: type[Strategy]) -> type[Strategy]:
-    REGISTRY[cls.name] = cls
-    return cls
+REGISTRY: Registry[type[Strategy]] = Registry("--strategy", "strategy")
+register = REGISTRY.register
 
 
 def get_strategy(name: str) -> Strategy:
-    try:
-        return REGISTRY[name]()
-    except KeyError:
-        raise ConfigError("--strategy", f"unknown strategy {name!r}; choose one of: "
-                          f"{', '.join(REGISTRY)}") from None
+    return REGISTRY.named(name)()
