@@ -82,7 +82,7 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     group(WHAT).add_argument("--usecase", default=USECASE_DEFAULT, help="a name from "
                              f"usecases/ or a path to a TOML file (default: {USECASE_DEFAULT})")
     for f in options():
-        if f.metadata["group"] == TASK and not groups.get(TASK):
+        if f.metadata["group"] == TASK and TASK not in groups:  # the use case's flags first
             for t in train_options():
                 _add(group(TASK), t)
         _add(group(f.metadata["group"]), f)

@@ -50,8 +50,9 @@ def option(default: Any, help: str, *, group: str, type: Any = str, metavar: str
            negate: bool = False, parse: str | None = None) -> Any:
     """A RunConfig field that is also a ``ddlstudy run`` flag and a study-plan key.
 
-    ``type`` converts the flag's text (bool: a switch); ``negate`` makes the flag
-    ``--no-<name>`` (it sets the field False); ``parse`` names a converter in
+    ``help`` says what the flag does; ``type`` converts the flag's text (bool: a switch);
+    ``negate`` makes the flag ``--no-<name>``, which sets the field False (its ``help``
+    then says what ``--no-<name>`` does); ``parse`` names a converter in
     ``config.options`` for values argparse cannot type (a layer list)."""
     return field(default=default, metadata={"help": help, "group": group, "type": type,
                                             "metavar": metavar, "negate": negate,
