@@ -55,10 +55,10 @@ def _shown_default(f: dataclasses.Field) -> str:
     return f" (default: {default})"
 
 
-def _add(group: argparse._ArgumentGroup, f: dataclasses.Field) -> None:
+def _add(group: argparse._ArgumentGroup, f: dataclasses.Field, default: str = "") -> None:
     meta = f.metadata
     kwargs: dict[str, Any] = {"dest": key(f), "default": None,
-                              "help": meta["help"] + _shown_default(f)}
+                              "help": meta["help"] + (default or _shown_default(f))}
     if meta.get("type") is bool:
         kwargs["action"] = "store_true"
         kwargs["default"] = False
@@ -84,7 +84,7 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     for f in options():
         if f.metadata["group"] == TASK and TASK not in groups:  # the use case's flags first
             for t in train_options():
-                _add(group(TASK), t)
+                _add(group(TASK), t, " (default: the use case's)")
         _add(group(f.metadata["group"]), f)
 
 
