@@ -132,7 +132,9 @@ def test_thread_replicas_inside_each_node_train_like_four_local_processes(
     assert manifest["epochs"][-1]["train_images"] == 240
     ours, theirs = _losses(manifest), _losses(local.manifest)
     assert ours[-1] < 0.9 * ours[0]  # it learns
-    assert ours[-1] == pytest.approx(theirs[-1], rel=0.1)
+    # The replicas draw dropout masks from one generator in thread order, so one epoch's
+    # loss moves with timing; the last three epochs' mean is what the two share.
+    assert sum(ours[-3:]) / 3 == pytest.approx(sum(theirs[-3:]) / 3, rel=0.1)
 
 
 def _relative_gap(a: dict, b: dict) -> float:
