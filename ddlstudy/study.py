@@ -42,7 +42,7 @@ from typing import Any
 
 from ddlstudy.backends import get_backend
 from ddlstudy.backends.mpi.launch import CHILD_ENV
-from ddlstudy.config import DEFAULT_RUNS_DIR, REPO_ROOT, RunConfig
+from ddlstudy.config import DEFAULT_RUNS_DIR, HOME, USECASES_DIR, RunConfig
 from ddlstudy.config.options import cell_keys, config_from_args, run_parser
 from ddlstudy.config.run import jsonable
 from ddlstudy.environment import usable_cores
@@ -122,10 +122,18 @@ def _keys(where: str, values: Any, allowed: set[str]) -> dict[str, Any]:
     return values
 
 
+def _plan_path(path: Path) -> Path:
+    """A plan file, or the name of one shipped with ddlstudy (``demo``, ``paper``)."""
+    if path.is_file():
+        return path
+    shipped = USECASES_DIR / f"{path}.toml"
+    if path.suffix != ".toml" and len(path.parts) == 1 and shipped.is_file():
+        return shipped
+    raise UsageError(f"study plan {path} does not exist")
+
+
 def load_plan(path: Path, repeat: int | None = None, runs_dir: Path | None = None) -> Plan:
-    path = Path(path)
-    if not path.is_file():
-        raise UsageError(f"study plan {path} does not exist")
+    path = _plan_path(Path(path))
     try:
         raw = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as exc:
@@ -152,7 +160,7 @@ def load_plan(path: Path, repeat: int | None = None, runs_dir: Path | None = Non
     if runs_dir is None:
         runs_dir = Path(study["runs_dir"]) if "runs_dir" in study else DEFAULT_RUNS_DIR / name
         if not runs_dir.is_absolute():
-            runs_dir = REPO_ROOT / runs_dir
+            runs_dir = HOME / runs_dir
     return Plan(name=name, path=path, usecases=usecases, cells=cells, repeat=repeat,
                 runs_dir=runs_dir, description=study.get("description", ""),
                 settings=settings)

@@ -54,7 +54,8 @@ def cli(tmp_path, datasets_dir, capsys):
     (["run", "--backend", "mpi", "--reduce", "gossip"], "unknown reducer 'gossip'"),
     (["run", "--backend", "mpi", "--nodes", "3", "--strategy", "pipeline", "--stages", "2"],
      "the batch of 16 does not split into 3 nodes x 1 replica(s) x 4 equal micro-batches"),
-    (["run", "--stage-starts", "0,9"], "--stage-starts: cuts a pipeline into stages: it needs"),
+    (["run", "--stage-starts", "0,9"], "--stage-starts: cuts a pipeline into stages: "
+     "sequential has none; it applies to --strategy pipeline or hybrid"),
     (["run", "--strategy", "pipeline", "--stage-starts", "0,x"],
      "--stage-starts: '0,x': give layer numbers separated by commas"),
     (["run", "--strategy", "pipeline", "--stage-starts", "3,9"],

@@ -14,7 +14,8 @@ from ddlstudy.strategies import get_strategy
 
 RUN_FLAGS = [
     "--accumulate", "--backend", "--balance", "--batch-size", "--bucket-mb", "--compress",
-    "--data-dir", "--datasets-dir", "--devices", "--epochs", "--hosts", "--image-size",
+    "--data-dir", "--datasets-dir", "--devices", "--epochs", "--hostfile", "--hosts",
+    "--image-size",
     "--loader-workers", "--lr", "--lr-scaling", "--max-steps", "--micro-batches",
     "--no-snapshot", "--nodes", "--on-bad-image", "--precision", "--reduce", "--replicas",
     "--runs-dir", "--sample-hz", "--scaling", "--seed", "--snapshot-every", "--spark-master",

@@ -53,7 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_options(p)
     faults = p.add_argument_group("faults")
     faults.add_argument("--resume", type=Path, metavar="RUN", help="continue runs/<id> from "
-                        "its last snapshot (its recorded configuration; other flags ignored)")
+                        "its last snapshot, with its recorded configuration (default: a new "
+                        "run)")
     faults.add_argument("--max-restarts", type=int, default=0, metavar="N",
                         help="when a worker dies, restart from the last snapshot up to N "
                         "times (default 0)")
@@ -62,9 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("dataset", help="synthetic data sets")
     dsub = p.add_subparsers(dest="dataset_command", required=True, metavar="ACTION")
     make = dsub.add_parser("make", help="generate a use case's synthetic data set")
-    make.add_argument("--usecase", default="tiny")
+    make.add_argument("--usecase", default="tiny", help="a use case name or TOML file")
     make.add_argument("--out", type=Path, help="target folder (default: datasets/<data.name>)")
-    make.add_argument("--shard", type=_shard, help="only images with index %% n == i, as i/n")
+    make.add_argument("--shard", type=_shard, help="only images with index %% n == i, as i/n "
+                      "(default: all)")
     make.add_argument("--workers", type=int, help="generator processes (default: cores)")
     make.add_argument("--force", action="store_true", help="regenerate even if complete")
 
@@ -73,20 +75,25 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("report", help="speedup tables (and figures) of a folder of runs")
     p.add_argument("runs", type=Path, nargs="?", default=None, help="default: runs/")
-    p.add_argument("--format", default="markdown", choices=["markdown", "csv", "latex"])
+    p.add_argument("--format", default="markdown", choices=["markdown", "csv", "latex"],
+                   help="how the tables are printed")
     p.add_argument("--out", type=Path, help="also write the tables, runs.csv and the figures "
-                   "into this folder")
+                   "into this folder (default: print only)")
     p.add_argument("--no-figures", action="store_true", help="with --out: tables only")
 
     p = sub.add_parser("study", help="run a study plan: use cases x configurations x repeats")
-    p.add_argument("plan", type=Path, help="a study plan TOML, e.g. usecases/demo.toml")
+    p.add_argument("plan", type=Path, help="a study plan TOML, e.g. usecases/demo.toml, or "
+                   "the name of one shipped with ddlstudy (demo, paper, ...)")
     p.add_argument("--repeat", type=int, help="repeats of every cell (default: the plan's)")
     p.add_argument("--resume", action="store_true",
                    help="reuse this study's completed runs whose configuration matches")
     p.add_argument("--runs-dir", type=Path, help="default: the plan's, or runs/<name>")
-    p.add_argument("--epochs", type=int, help="override every cell's epochs")
-    p.add_argument("--max-steps", type=int, help="override every cell's steps per epoch")
-    p.add_argument("--format", default="markdown", choices=["markdown", "csv", "latex"])
+    p.add_argument("--epochs", type=int, help="override every cell's epochs (default: the "
+                   "plan's)")
+    p.add_argument("--max-steps", type=int, help="override every cell's steps per epoch "
+                   "(default: the plan's)")
+    p.add_argument("--format", default="markdown", choices=["markdown", "csv", "latex"],
+                   help="how the tables are printed")
     p.add_argument("--quiet", action="store_true", help="warnings and errors only")
 
     p = sub.add_parser("replay", help="run a manifest again: same config, seeds and data")
@@ -97,15 +104,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("compare", help="what differs between two runs, and by how much")
     p.add_argument("a", type=Path, help="a run folder or its manifest.json")
-    p.add_argument("b", type=Path)
+    p.add_argument("b", type=Path, help="the other run folder or manifest.json")
 
     p = sub.add_parser("hosts", help="emulated hosts (network namespaces) for multi-host runs")
     hsub = p.add_subparsers(dest="hosts_command", required=True, metavar="WHAT")
     h = hsub.add_parser("up", help="create N hosts joined by a bridge (root, iproute2)")
     h.add_argument("--count", type=int, default=2, help="hosts (default 2)")
-    h.add_argument("--delay", help="one-way delay added on every host's link, e.g. 2ms")
-    h.add_argument("--rate", help="bandwidth of every host's link, e.g. 1gbit")
-    h.add_argument("--cpus", help="CPU time per host in cores, e.g. 1,0.5 (unequal nodes)")
+    h.add_argument("--delay", help="one-way delay added on every host's link, e.g. 2ms "
+                   "(default: none)")
+    h.add_argument("--rate", help="bandwidth of every host's link, e.g. 1gbit (default: "
+                   "unlimited)")
+    h.add_argument("--cpus", help="CPU time per host in cores, e.g. 1,0.5 for unequal nodes "
+                   "(default: unlimited)")
     h.add_argument("--subnet", default="10.77.0", help="their /24 (default 10.77.0)")
     hsub.add_parser("down", help="remove the hosts and what runs on them")
     hsub.add_parser("status", help="the hosts that are up, their links and Spark daemons")
@@ -119,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("runs", type=Path, help="a folder holding a one-node run (and multi-node "
                    "MPI runs to check the model against)")
     p.add_argument("--hosts", help="where the runs' ranks ran (emulated[:PREFIX] or "
-                   "host1,host2): the reducers are timed there")
+                   "host1,host2): the reducers are timed there (default: this host)")
     p.add_argument("--nodes", default=",".join(map(str, (1, 2, 3, 4, 8, 16, 32, 64, 128, 256))),
                    help="node counts to predict (default 1,2,3,4,8,...,256)")
     p.add_argument("--links", default="1gbit,10gbit,25gbit",
@@ -132,45 +142,52 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="performance figures, measured side by side")
     bsub = p.add_subparsers(dest="bench_command", required=True, metavar="WHAT")
     b = bsub.add_parser("sampler", help="step time with the sampler on against off")
-    b.add_argument("--usecase", default="tiny")
+    b.add_argument("--usecase", default="tiny", help="a use case name or TOML file")
     b.add_argument("--steps", type=int, default=30, help="timed steps per repeat")
-    b.add_argument("--repeats", type=int, default=5)
-    b.add_argument("--hz", type=float, default=10.0)
-    b.add_argument("--threads", type=int, default=1)
+    b.add_argument("--repeats", type=int, default=5, help="on/off alternations")
+    b.add_argument("--hz", type=float, default=10.0, help="sampling rate when on")
+    b.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     b = bsub.add_parser("reduce", help="every gradient-averaging algorithm under mpiexec")
     b.add_argument("--size", default="alexnet", help="alexnet, vgg16 or a number of floats")
     b.add_argument("--nodes", type=int, default=2, help="MPI ranks (default 2)")
     b.add_argument("--hosts", help="place them on emulated[:PREFIX] or host1,host2 "
                    "(default: this host)")
-    b.add_argument("--repeats", type=int, default=5)
+    b.add_argument("--repeats", type=int, default=5, help="timings per reducer")
     b = bsub.add_parser("all", help="every figure in one go, as ratios: JSON and Markdown")
-    b.add_argument("--usecase", default="tiny")
+    b.add_argument("--usecase", default="tiny", help="a use case name or TOML file")
     b.add_argument("--steps", type=int, default=10, help="timed steps per measurement")
-    b.add_argument("--repeats", type=int, default=3)
+    b.add_argument("--repeats", type=int, default=3, help="alternations of each pair")
     b.add_argument("--only", help="comma-separated groups: overhead, sampler, loader, "
                    "strategies, reducers, spark (default: all)")
-    b.add_argument("--hosts", help="time the reducers on emulated[:PREFIX] or host1,host2")
-    b.add_argument("--datasets-dir", type=Path, help="where the synthetic sets are")
+    b.add_argument("--hosts", help="time the reducers on emulated[:PREFIX] or host1,host2 "
+                   "(default: this host)")
+    b.add_argument("--datasets-dir", type=Path, help="where the synthetic sets are "
+                   "(default: datasets/ under $DDLSTUDY_HOME or the working directory)")
     b.add_argument("--out", type=Path, help="where bench.json and bench.md go "
                    "(default runs/bench/<time>)")
     b = bsub.add_parser("overhead", help="ddlstudy's loop against a raw torch loop")
-    b.add_argument("--usecase", default="tiny")
+    b.add_argument("--usecase", default="tiny", help="a use case name or TOML file")
     b.add_argument("--steps", type=int, default=20, help="timed steps per repeat")
-    b.add_argument("--repeats", type=int, default=3)
-    b.add_argument("--threads", type=int, default=1)
+    b.add_argument("--repeats", type=int, default=3, help="alternations of the two loops")
+    b.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     _describe(parser)
     return parser
 
 
 def _describe(parser: argparse.ArgumentParser) -> None:
     """Give every subcommand that has no description its one-line help as one, so that
-    `ddlstudy doctor --help` says what doctor does."""
+    `ddlstudy doctor --help` says what doctor does; and every option's help its default
+    where the help does not say it."""
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             for choice in action._choices_actions:
                 sub = action.choices[choice.dest]
                 sub.description = sub.description or choice.help
                 _describe(sub)
+        elif action.option_strings and action.nargs != 0 and action.help and \
+                action.default not in (None, argparse.SUPPRESS) and \
+                "default" not in action.help:
+            action.help += f" (default: {action.default})"
 
 
 # --- commands ---------------------------------------------------------------------------
@@ -179,7 +196,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.max_restarts < 0:
         raise ConfigError("--max-restarts", f"must be 0 or more, got {args.max_restarts}")
     if args.resume is not None:
+        from ddlstudy.config.options import given_options
         from ddlstudy.runner import resume_config
+
+        given = given_options(args)
+        if given:
+            raise ConfigError("--resume", f"continues a run with its recorded configuration, "
+                              f"so {given[0]} would be ignored; leave it out (or start a new "
+                              f"run, or `ddlstudy replay` one)")
 
         return train(resume_config(args.resume), args.argv, args.resume, args.max_restarts)
     from ddlstudy.config.options import config_from_args
@@ -234,12 +258,12 @@ def cmd_dataset(args: argparse.Namespace) -> int:
 
 
 def cmd_strategies(args: argparse.Namespace) -> int:
-    from ddlstudy.strategies import REGISTRY
+    from ddlstudy.config.catalog import STRATEGIES  # not the classes: no torch to import
 
-    for name, cls in REGISTRY.items():
-        print(f"{name:14s} {cls.summary}")
-        if cls.flags:
-            print(f"{'':14s} flags: {cls.flags}")
+    for name, described in STRATEGIES.items():
+        print(f"{name:14s} {described.summary}")
+        if described.flags:
+            print(f"{'':14s} flags: {described.flags}")
     return 0
 
 

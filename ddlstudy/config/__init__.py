@@ -8,6 +8,7 @@ anything starts.
 from ddlstudy.config.paths import (
     DEFAULT_DATASETS_DIR,
     DEFAULT_RUNS_DIR,
+    HOME,
     REPO_ROOT,
     USECASES_DIR,
 )
@@ -27,7 +28,7 @@ from ddlstudy.config.usecase import (
     with_overrides,
 )
 
-__all__ = ["DEFAULT_DATASETS_DIR", "DEFAULT_RUNS_DIR", "MIN_IMAGE_SIZE", "PRECISIONS",
+__all__ = ["DEFAULT_DATASETS_DIR", "DEFAULT_RUNS_DIR", "HOME", "MIN_IMAGE_SIZE", "PRECISIONS",
            "REPO_ROOT", "SPARK_SYNCS", "USECASES_DIR", "Arch", "BadImagePolicy", "DataSpec",
            "Effective", "ModelSpec", "RunConfig", "TrainSpec", "UseCase",
            "available_usecases", "load_usecase", "resolve_usecase_path", "spark_slots",

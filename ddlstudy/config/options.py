@@ -48,10 +48,12 @@ def flag(f: dataclasses.Field) -> str:
 
 def _shown_default(f: dataclasses.Field) -> str:
     default = f.default
-    if default is None or f.metadata.get("type") is bool:
+    if f.metadata.get("type") is bool or "default" in f.metadata["help"]:
         return ""
-    if isinstance(default, Path):
-        default = f"{default.parent.name}/{default.name}/"
+    if default is None:
+        return " (default: none)"
+    if isinstance(default, Path):  # under the working directory or $DDLSTUDY_HOME
+        default = f"{default.name}/ under $DDLSTUDY_HOME or the working directory"
     return f" (default: {default})"
 
 
@@ -65,6 +67,8 @@ def _add(group: argparse._ArgumentGroup, f: dataclasses.Field, default: str = ""
     else:
         if meta.get("type") not in (None, str):
             kwargs["type"] = meta["type"]
+        if meta.get("choices"):
+            kwargs["metavar"] = "{" + ",".join(meta["choices"]) + "}"
         if meta.get("metavar"):
             kwargs["metavar"] = meta["metavar"]
     group.add_argument(flag(f), **kwargs)
@@ -99,6 +103,15 @@ def cell_keys() -> set[str]:
     """The keys a study plan's cell (or its [settings]) may set: every run option but the
     use case and the runs folder, which the study sets itself."""
     return {key(f) for f in [*options(), *train_options()] if f.name != "runs_dir"}
+
+
+def given_options(args: argparse.Namespace) -> list[str]:
+    """The run flags given on the command line (not left at their parser default)."""
+    parser = run_parser()
+    given = [a.option_strings[0] for a in parser._actions
+             if a.option_strings and a.dest != "help"
+             and getattr(args, a.dest, a.default) != a.default]
+    return given
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:

@@ -1,10 +1,36 @@
-"""Where ddlstudy finds its use cases and puts data sets and runs by default."""
+"""Where ddlstudy finds its use cases and puts data sets and runs by default.
+
+Use cases and study plans ship inside the package (``ddlstudy.usecases``, read through
+``importlib.resources``); in a source checkout the top-level ``usecases/`` folder is that
+package (``setup.py`` maps it), read in place so that an edit there takes effect at once.
+
+Data sets and runs go under ``$DDLSTUDY_HOME`` if set, else the working directory:
+``./datasets/`` and ``./runs/``, never inside site-packages.
+"""
 
 from __future__ import annotations
 
+import os
+from importlib import resources
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-USECASES_DIR = REPO_ROOT / "usecases"
-DEFAULT_DATASETS_DIR = REPO_ROOT / "datasets"
-DEFAULT_RUNS_DIR = REPO_ROOT / "runs"
+"""The source checkout ddlstudy runs from (for its git commit); in an installed wheel, the
+site-packages folder, which has no git."""
+
+
+def _usecases_dir() -> Path:
+    checkout = REPO_ROOT / "usecases"
+    if (REPO_ROOT / "pyproject.toml").is_file() and checkout.is_dir():
+        return checkout
+    return Path(str(resources.files("ddlstudy") / "usecases"))
+
+
+def _home() -> Path:
+    return Path(os.environ.get("DDLSTUDY_HOME") or os.getcwd()).expanduser().absolute()
+
+
+USECASES_DIR = _usecases_dir()
+HOME = _home()
+DEFAULT_DATASETS_DIR = HOME / "datasets"
+DEFAULT_RUNS_DIR = HOME / "runs"

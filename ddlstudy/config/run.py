@@ -19,9 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ddlstudy.config.catalog import BACKENDS, STRATEGIES
 from ddlstudy.config.paths import DEFAULT_DATASETS_DIR, DEFAULT_RUNS_DIR
 from ddlstudy.config.usecase import BadImagePolicy, UseCase, _choices, _positive
 from ddlstudy.errors import ConfigError
+from ddlstudy.reducers import REGISTRY as REDUCERS
 from ddlstudy.reducers import get_reducer
 from ddlstudy.reducers.compress import parse as parse_compress
 
@@ -46,17 +48,46 @@ def spark_slots(master: str) -> int | None:
     return None
 
 
+HOST_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.\-]*[A-Za-z0-9])?$")
+
+
+def read_hostfile(path: Path) -> list[tuple[str, int]]:
+    """The hosts of an mpiexec host file and their slots: ``host``, ``host:N`` (hydra) or
+    ``host slots=N`` (Open MPI) per line, ``#`` comments."""
+    try:
+        lines = Path(path).read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError("--hostfile", f"cannot read {path}: {getattr(exc, 'strerror', exc)}; "
+                          "give a file with one host[:slots] per line") from None
+    hosts = []
+    for number, line in enumerate(lines, 1):
+        text = line.split("#", 1)[0].strip()
+        if not text:
+            continue
+        found = re.match(r"^([^\s:]+)(?::(\d+)|\s+slots=(\d+))?$", text)
+        if not found or not HOST_NAME.match(found.group(1)) or \
+                int(found.group(2) or found.group(3) or 1) < 1:
+            raise ConfigError("--hostfile", f"{path} line {number}: {text!r} is not host, "
+                              "host:slots or host slots=N")
+        hosts.append((found.group(1), int(found.group(2) or found.group(3) or 1)))
+    if not hosts:
+        raise ConfigError("--hostfile", f"{path} lists no host")
+    return hosts
+
+
 def option(default: Any, help: str, *, group: str, type: Any = str, metavar: str | None = None,
-           negate: bool = False, parse: str | None = None) -> Any:
+           negate: bool = False, parse: str | None = None,
+           choices: tuple[str, ...] = ()) -> Any:
     """A RunConfig field that is also a ``ddlstudy run`` flag and a study-plan key.
 
     ``help`` says what the flag does; ``type`` converts the flag's text (bool: a switch);
     ``negate`` makes the flag ``--no-<name>``, which sets the field False (its ``help``
     then says what ``--no-<name>`` does); ``parse`` names a converter in
-    ``config.options`` for values argparse cannot type (a layer list)."""
+    ``config.options`` for values argparse cannot type (a layer list); ``choices`` are
+    the names it takes, shown by ``--help`` (the field's own check refuses others)."""
     return field(default=default, metadata={"help": help, "group": group, "type": type,
                                             "metavar": metavar, "negate": negate,
-                                            "parse": parse})
+                                            "parse": parse, "choices": choices})
 
 
 WHAT, NODES, SPARK, TASK, DATA, OUTPUT = ("what to train", "several nodes",
@@ -95,7 +126,7 @@ class RunConfig:
 
     usecase: UseCase
     strategy: str = option("sequential", "local parallelism strategy; `ddlstudy strategies` "
-                           "lists them", group=WHAT)
+                           "says what each does", group=WHAT, choices=tuple(STRATEGIES))
     workers: int | None = option(None, "replicas, processes or threads of the strategy "
                                  "(default: one per usable core)", group=WHAT, type=int)
     stages: int | None = option(None, "pipeline stages (default: one per core)", group=WHAT,
@@ -111,7 +142,7 @@ class RunConfig:
     devices: int | None = option(None, "GPUs for gpu-data (default: all visible)", group=WHAT,
                                  type=int)
     backend: str = option("local", "local (one node), mpi (each MPI rank a node) or spark "
-                          "(each barrier task a node)", group=NODES)
+                          "(each barrier task a node)", group=NODES, choices=BACKENDS)
     nodes: int | None = option(None, "with --backend mpi: start this many MPI ranks on this "
                                "machine (leave out under your own mpiexec); with spark: "
                                "barrier tasks", group=NODES, type=int)
@@ -119,11 +150,15 @@ class RunConfig:
                                "host1,host2,... (mpiexec's ssh launcher) or on "
                                "emulated[:PREFIX], the hosts of `ddlstudy hosts up`",
                                group=NODES)
-    reduce: str = option("allreduce", "how nodes average gradients: allreduce, "
-                         "parameter-server, ring-reduce, ring-allreduce, step-wise",
-                         group=NODES)
+    hostfile: Path | None = option(None, "with --backend mpi: place the ranks on the hosts "
+                                   "listed in FILE, mpiexec's format (one host[:slots] per "
+                                   "line; --nodes defaults to the slots)", group=NODES,
+                                   type=Path, metavar="FILE")
+    reduce: str = option("allreduce", "how MPI nodes average gradients", group=NODES,
+                         choices=tuple(REDUCERS))
     compress: str = option("none", "gradients on the wire between MPI nodes: none, fp16, or "
-                           "topk:<ratio> with error feedback", group=NODES)
+                           "topk:<ratio> with error feedback", group=NODES,
+                           metavar="{none,fp16,topk:RATIO}")
     bucket_mb: float | None = option(None, "with --reduce allreduce: reduce the gradients in "
                                      "buckets of this many MiB, each as soon as backward has "
                                      "filled it, overlapping the exchange with the backward "
@@ -131,12 +166,12 @@ class RunConfig:
     balance: str = option("equal", "equal: each node an equal slice of every global batch; "
                           "throughput: slices in proportion to each node's images/s, "
                           "measured over the first steps (MPI nodes of unequal speed)",
-                          group=NODES)
+                          group=NODES, choices=("equal", "throughput"))
     scaling: str = option("strong", "strong: --batch-size is the global batch, split over "
                           "the workers; weak: each worker's batch, so the global batch grows "
-                          "with the workers", group=TASK)
+                          "with the workers", group=TASK, choices=("strong", "weak"))
     lr_scaling: str = option("none", "none, or linear: the learning rate times global batch "
-                             "/ the use case's batch", group=TASK)
+                             "/ the use case's batch", group=TASK, choices=("none", "linear"))
     accumulate: int = option(1, "run each batch as K micro-batches, one optimizer step and "
                              "one gradient exchange per batch; --batch-size 64 --accumulate "
                              "4 trains batches of 64 in the memory of 16", group=TASK,
@@ -144,14 +179,14 @@ class RunConfig:
     precision: str = option("fp32", "fp32, bf16 or fp16: forward and backward under "
                             "torch.autocast (weights stay fp32); fp16 with a gradient scaler "
                             "(sequential, cpu-intraop, cpu-processes, gpu-data, MPI nodes of "
-                            "the first two, Spark gloo)", group=TASK)
+                            "the first two, Spark gloo)", group=TASK, choices=PRECISIONS)
     spark_master: str | None = option(None, "local[N] (default: local[nodes]), "
                                       "local-cluster[N,cores,MiB] or spark://host:port",
                                       group=SPARK)
     spark_sync: str = option("gloo", "gloo: gradients all-reduced every step between the "
                              "tasks over torch.distributed; allgather: weights averaged "
                              "through Spark's barrier allGather every --sync-every steps "
-                             "(SparkNet)", group=SPARK)
+                             "(SparkNet)", group=SPARK, choices=SPARK_SYNCS)
     sync_every: int = option(10, "steps between weight averages with --spark-sync allgather",
                              group=SPARK, type=int)
     spark_ui: bool = option(False, "start Spark's web UI", group=SPARK, type=bool)
@@ -162,7 +197,8 @@ class RunConfig:
                                 group=DATA, type=Path)
     on_bad_image: BadImagePolicy = option(BadImagePolicy.FAIL, "fail: stop naming the file; "
                                           "skip: train without it and list it in the "
-                                          "manifest", group=DATA)
+                                          "manifest", group=DATA,
+                                          choices=tuple(p.value for p in BadImagePolicy))
     loader_workers: int = option(0, "DataLoader processes that decode and augment (0: in "
                                  "the training process)", group=DATA, type=int)
     runs_dir: Path = option(DEFAULT_RUNS_DIR, "where run folders go", group=OUTPUT, type=Path)
@@ -222,9 +258,19 @@ class RunConfig:
                 raise ConfigError("--hosts", "places MPI ranks: it needs --backend mpi (for "
                                   "Spark, give --spark-master spark://host:port)")
             names = self.hosts.split(",")
-            if not all(names) or any(" " in n for n in names):
-                raise ConfigError("--hosts", f"{self.hosts!r}; give host names separated by "
-                                  "commas, or emulated[:PREFIX]")
+            emulated = len(names) == 1 and names[0].partition(":")[0] == "emulated"
+            if not emulated and not all(HOST_NAME.match(n) for n in names):
+                raise ConfigError("--hosts", f"{self.hosts!r}; give host names (letters, "
+                                  "digits, dots, dashes) separated by commas, or "
+                                  "emulated[:PREFIX]")
+        if self.hostfile is not None:
+            if self.backend != "mpi" or self.hosts is not None:
+                raise ConfigError("--hostfile", "places MPI ranks: it needs --backend mpi, "
+                                  "and either --hosts or --hostfile, not both")
+            slots = sum(n for _, n in read_hostfile(self.hostfile))
+            object.__setattr__(self, "hostfile", Path(self.hostfile).absolute())
+            if self.nodes is None:
+                object.__setattr__(self, "nodes", slots)
         if self.bucket_mb is not None:
             if not self.bucket_mb > 0:
                 raise ConfigError("--bucket-mb", f"must be a positive size in MiB, got "

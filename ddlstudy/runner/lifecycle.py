@@ -96,9 +96,7 @@ def preflight(cfg: RunConfig, resuming: bool = False) -> RunConfig:
     Returns ``cfg`` resolved (its effective parallelism computed, once)."""
     strategy, backend = get_strategy(cfg.strategy), get_backend(cfg.backend)
     cfg = resolve(cfg)
-    if cfg.stage_starts is not None and not strategy.pipelined:
-        raise ConfigError("--stage-starts", "cuts a pipeline into stages: it needs --strategy "
-                          + " or ".join(n for n, c in REGISTRY.items() if c.pipelined))
+    strategy.check_options(cfg)
     strategy.check(cfg)
     exact = [name for name, cls in REGISTRY.items() if cls.resumable]
     if (resuming or cfg.snapshot_every) and not strategy.resumable:
@@ -291,9 +289,10 @@ def _run(cfg: RunConfig, show_progress: bool, resume: Path | None) -> RunFolder 
     return folder
 
 
-def refuse_torchrun(env: dict[str, str]) -> None:
-    """torchrun starts N copies of the command: each would be a whole run of its own, in
-    a folder of its own. Say so instead of training N unrelated runs."""
+def refuse_foreign_launcher(env: dict[str, str], backend: str) -> None:
+    """torchrun and Slurm's srun start N copies of the command: outside an MPI world each
+    would be a whole run of its own, in a folder of its own. Say so instead of training N
+    unrelated runs (under srun, ``--backend mpi`` joins: each task is an MPI rank)."""
     world = env.get("WORLD_SIZE", "1")
     if "TORCHELASTIC_RUN_ID" in env and world.isdigit() and int(world) > 1:
         raise UsageError(f"started by torchrun as rank {env.get('RANK', '?')} of {world}: "
@@ -301,12 +300,18 @@ def refuse_torchrun(env: dict[str, str]) -> None:
                          f"unrelated runs; run it once, without torchrun, with --strategy "
                          f"cpu-processes --workers {world} (one node) or --backend mpi "
                          f"--nodes {world}")
+    tasks = env.get("SLURM_NTASKS", "1")
+    if "SLURM_PROCID" in env and tasks.isdigit() and int(tasks) > 1 and backend != "mpi":
+        raise UsageError(f"started by srun as task {env['SLURM_PROCID']} of {tasks} with "
+                         f"--backend {backend}: that would be {tasks} unrelated runs; give "
+                         f"--backend mpi (each task an MPI node: srun --mpi=pmi2 ...), or "
+                         f"run it once with srun --ntasks 1")
 
 
 def start(cfg: RunConfig, argv: list[str], resume: Path | None = None) -> RunFolder | None:
     """``ddlstudy run``: train here, or, where the backend starts the run's processes
     itself (``--backend mpi --nodes N`` from a plain shell), launch them and wait."""
-    refuse_torchrun(dict(os.environ))
+    refuse_foreign_launcher(dict(os.environ), cfg.backend)
     cfg = preflight(cfg, resuming=resume is not None)
     run_id = (Path(resume).name if resume else os.environ.get(RUN_ID_ENV)
               or new_run_id(cfg.usecase.name, cfg.strategy))

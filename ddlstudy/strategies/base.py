@@ -51,16 +51,15 @@ class Layout:
 
 
 class Strategy(ABC):
-    """How one node trains. Subclasses set ``name`` and ``summary`` and implement ``fit``."""
+    """How one node trains. Subclasses set ``name`` (described in
+    ``config.catalog.STRATEGIES``) and implement ``fit``."""
 
     name: ClassVar[str]
-    summary: ClassVar[str]
-    """One line: what it does and why one would pick it."""
-    flags: ClassVar[str] = ""
     resumable: ClassVar[bool] = False
     """Whether --resume and --snapshot-every continue it bit for bit."""
-    pipelined: ClassVar[bool] = False
-    """Whether it cuts the model into stages (--stage-starts applies)."""
+    options: ClassVar[tuple[str, ...]] = ()
+    """The layout options (``LAYOUT_OPTIONS``) it reads; any other set to a value of its
+    own is refused, not silently ignored."""
     grads_in_backward: ClassVar[bool] = True
     """Whether backward leaves the node's final gradient in place (--bucket-mb can send
     each part as backward fills it)."""
@@ -71,6 +70,17 @@ class Strategy(ABC):
     def check(self, cfg: RunConfig) -> None:
         """Refuse flags that do not fit, before anything starts (raise ConfigError)."""
         return None
+
+    def check_options(self, cfg: RunConfig) -> None:
+        """Refuse a layout option this strategy does not read (``--workers`` with
+        sequential would be recorded and mean nothing)."""
+        for name, what in LAYOUT_OPTIONS.items():
+            f = next(f for f in dataclasses.fields(cfg) if f.name == name)
+            if name not in self.options and getattr(cfg, name) != f.default:
+                users = [n for n, c in REGISTRY.items() if name in c.options]
+                flag = "--" + name.replace("_", "-")
+                raise ConfigError(flag, f"{what}: {self.name} has none; it applies to "
+                                  f"--strategy {' or '.join(users)}")
 
     def workers(self, cfg: RunConfig) -> int:
         """Replicas, processes or threads: --workers, or one per usable core."""
@@ -103,6 +113,14 @@ def warn_if_oversubscribed(processes: int) -> None:
         log.warning("%d processes on %d usable cores: they will compete for the cores",
                     processes, usable_cores())
 
+
+LAYOUT_OPTIONS = {"workers": "sets the replicas, processes or threads",
+                  "stages": "sets the pipeline stages",
+                  "stage_starts": "cuts a pipeline into stages",
+                  "micro_batches": "splits each batch for a pipeline",
+                  "replicas": "sets the pipelines of a hybrid",
+                  "devices": "sets the GPUs"}
+"""RunConfig fields that lay a strategy out, and what each does."""
 
 REGISTRY: Registry[type[Strategy]] = Registry("--strategy", "strategy")
 register = REGISTRY.register

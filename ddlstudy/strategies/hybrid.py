@@ -17,9 +17,7 @@ from ddlstudy.strategies.pipeline import Pipeline
 @register
 class Hybrid(Pipeline):
     name = "hybrid"
-    summary = ("data parallel replicas of a pipeline: --replicas R pipelines of --stages S, "
-               "each stage's gradients all-reduced over the replicas; R x S processes")
-    flags = "--replicas R (default 2), --stages S (default 2), --micro-batches M (default 4)"
+    options = ("stages", "stage_starts", "micro_batches", "replicas")
 
     def replicas(self, cfg: RunConfig) -> int:
         return cfg.replicas

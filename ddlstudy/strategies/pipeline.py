@@ -256,10 +256,7 @@ def _train_loader(cfg: RunConfig, job: Job, first: bool, shard: tuple[int, int])
 @register
 class Pipeline(Strategy):
     name = "pipeline"
-    pipelined = True
-    summary = ("model parallel: the network cut into --stages processes balanced by measured "
-               "cost, each batch run as --micro-batches GPipe micro-batches")
-    flags = "--stages S (default: usable cores), --micro-batches M (default 4)"
+    options = ("stages", "stage_starts", "micro_batches")
 
     def replicas(self, cfg: RunConfig) -> int:
         return 1

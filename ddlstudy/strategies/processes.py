@@ -89,11 +89,9 @@ def data_parallel_rank(rank: int, world: int, port: int | str, job: Job, threads
 @register
 class CpuProcesses(Strategy):
     name = "cpu-processes"
+    options = ("workers",)
     resumable = True
     accumulates = True
-    summary = ("k processes, each a replica with its slice of every batch, gradients "
-               "all-reduced every step over gloo (DDP); the paper's fastest CPU strategy")
-    flags = "--workers K (processes, default: usable cores), --loader-workers"
 
     def check(self, cfg: RunConfig) -> None:
         k = self.workers(cfg)
@@ -118,11 +116,9 @@ class CpuProcesses(Strategy):
 @register
 class GpuData(Strategy):
     name = "gpu-data"
+    options = ("devices",)
     resumable = True
     accumulates = True
-    summary = ("one process per GPU, DistributedDataParallel over NCCL, CPU loader workers "
-               "decoding ahead so each GPU stays busy")
-    flags = "--devices N (GPUs, default: all), --loader-workers (default: cores per GPU - 1)"
 
     def devices(self, cfg: RunConfig) -> int:
         return cfg.devices or torch.cuda.device_count()

@@ -28,8 +28,6 @@ class Sequential(Strategy):
     name = "sequential"
     resumable = True
     accumulates = True
-    summary = ("the baseline: one process, one intra-op thread, data loaded in that process; "
-               "every speedup is measured against it")
 
     def layout(self, cfg: RunConfig) -> Layout:
         return Layout(loader_workers=0)
@@ -42,11 +40,9 @@ class Sequential(Strategy):
 @register
 class CpuIntraOp(Strategy):
     name = "cpu-intraop"
+    options = ("workers",)
     resumable = True
     accumulates = True
-    summary = ("one process, one model, torch's intra-op threads over all cores "
-               "(the paper's CPU single-process)")
-    flags = "--workers N (threads, default: all usable cores), --loader-workers"
 
     def layout(self, cfg: RunConfig) -> Layout:
         return Layout(threads_per_process=self.workers(cfg), loader_workers=cfg.loader_workers)

@@ -90,10 +90,8 @@ def replica_step(replicas: list[nn.Module], optimizer: torch.optim.Optimizer,
 @register
 class CpuThreads(Strategy):
     name = "cpu-threads"
+    options = ("workers",)
     grads_in_backward = False  # the replicas' gradients are summed after backward
-    summary = ("one process, k model replicas each trained by its own Python thread on n/k "
-               "of every batch, gradients averaged before the step")
-    flags = "--workers K (replicas, default: usable cores)"
 
     def check(self, cfg: RunConfig) -> None:
         require_batch_per_worker(cfg, self.workers(cfg), "replicas")

@@ -83,12 +83,20 @@ class Mpi(Backend):
                               "weights and the snapshot holds rank 0's only; an exact "
                               "reducer resumes")
         if not launch.under_mpiexec():
+            if int(os.environ.get("SLURM_NTASKS", "1") or 1) > 1:
+                raise Unavailable("--backend", "srun started this task without a PMI for "
+                                  "MPI, so the tasks cannot form one MPI world; start them "
+                                  "with srun --mpi=pmi2")
             launch.require_mpiexec()
+        elif cfg.nodes is not None and launch.CHILD_ENV not in os.environ and \
+                cfg.nodes != launch.launcher_world():
+            raise ConfigError("--nodes", f"{cfg.nodes} nodes asked, but the mpiexec this runs "
+                              f"under started {launch.launcher_world()} ranks; leave --nodes "
+                              "out under your own mpiexec (its -n decides)")
 
     def nodes(self, cfg: RunConfig) -> int:
         # Under someone else's mpiexec, the world size it set.
-        return cfg.nodes or int(os.environ.get("PMI_SIZE") or
-                                os.environ.get("OMPI_COMM_WORLD_SIZE") or 1)
+        return cfg.nodes or launch.launcher_world()
 
     def describe(self, cfg: RunConfig) -> dict[str, Any]:
         return super().describe(cfg) | {"reduce": cfg.reduce}
@@ -96,7 +104,8 @@ class Mpi(Backend):
     def launch(self, cfg: RunConfig, argv: list[str], run_id: str) -> launch.Launched | None:
         if launch.under_mpiexec():
             return None
-        where = launch.placement(cfg.hosts, self.nodes(cfg))  # hosts gone: refused here
+        where = launch.placement(cfg.hosts, self.nodes(cfg), cfg.hostfile)  # hosts gone:
+        # refused here
         return launch.launch(argv, self.nodes(cfg), run_id, where)
 
     def environment(self, cfg: RunConfig) -> Environment:

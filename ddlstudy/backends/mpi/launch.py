@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ddlstudy import hosts as emulated
+from ddlstudy.config.run import read_hostfile
 from ddlstudy.errors import Unavailable
 from ddlstudy.runfolder import RUN_ID_ENV
 
@@ -35,6 +36,11 @@ def under_mpiexec() -> bool:
     return any(v in os.environ for v in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", CHILD_ENV))
 
 
+def launcher_world() -> int:
+    """The ranks the MPI launcher this process runs under started (1 outside one)."""
+    return int(os.environ.get("PMI_SIZE") or os.environ.get("OMPI_COMM_WORLD_SIZE") or 1)
+
+
 def require_mpiexec() -> str:
     mpiexec = find_mpiexec()
     if mpiexec is None:
@@ -43,9 +49,14 @@ def require_mpiexec() -> str:
     return mpiexec
 
 
-def placement(hosts: str | None, nodes: int) -> tuple[list[str], dict[str, str]]:
+def placement(hosts: str | None, nodes: int,
+              hostfile: Path | None = None) -> tuple[list[str], dict[str, str]]:
     """mpiexec's flags and environment for ``--hosts``: a list of real hosts, or the
-    emulated hosts (their launcher, and a netmod that sends over their network)."""
+    emulated hosts (their launcher, and a netmod that sends over their network); for
+    ``--hostfile``, its hosts and slots (in hydra's host:slots, whichever format the file
+    had)."""
+    if hostfile is not None:
+        return ["-hosts", ",".join(f"{h}:{n}" for h, n in read_hostfile(hostfile))], {}
     if hosts is None:
         return [], {}
     if hosts == "emulated" or hosts.startswith("emulated:"):

@@ -1,0 +1,164 @@
+"""ddlstudy as its users install and start it: a wheel on its own, the help, the launchers
+of other tools (srun), a hostfile, flags that would be ignored."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+import pytest
+
+from ddlstudy.cli import build_parser, main
+from ddlstudy.config import REPO_ROOT, RunConfig
+from ddlstudy.config.catalog import STRATEGIES
+from ddlstudy.config.run import read_hostfile
+from ddlstudy.errors import ConfigError
+from ddlstudy.runner import preflight
+from ddlstudy.strategies import REGISTRY
+
+
+@pytest.mark.slow
+def test_the_wheel_works_on_its_own(tmp_path):
+    """Built, installed into a fresh venv outside the checkout (torch and the others are
+    borrowed from this venv's site-packages, where the checkout's editable hook is not
+    run), it finds its use cases in the package and writes runs/ and datasets/ under the
+    working directory."""
+    dist = tmp_path / "dist"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                    "-q", "-w", str(dist), str(REPO_ROOT)], check=True, capture_output=True)
+    wheel, = dist.glob("ddlstudy-*.whl")
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q",
+                    "--no-deps", "--no-index", str(wheel)], check=True, capture_output=True)
+    site = subprocess.run([str(python), "-c", "import sysconfig; "
+                           "print(sysconfig.get_paths()['purelib'])"], check=True,
+                          capture_output=True, text=True).stdout.strip()
+    (Path(site) / "borrowed.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "DDLSTUDY_HOME")}
+    where = subprocess.run([str(python), "-c", "import ddlstudy; print(ddlstudy.__file__)"],
+                           cwd=work, env=env, check=True, capture_output=True, text=True)
+    assert where.stdout.startswith(site)  # the wheel's copy, not the checkout
+    out = subprocess.run([str(venv / "bin" / "ddlstudy"), "run", "--usecase", "tiny",
+                          "--epochs", "1", "--sample-hz", "0", "--quiet"], cwd=work, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    manifest, = (work / "runs").glob("*/manifest.json")
+    assert json.loads(manifest.read_text())["status"] == "completed"
+    assert (work / "datasets" / "synthetic-tiny").is_dir()
+    listed = subprocess.run([str(venv / "bin" / "ddlstudy"), "study", "demo", "--help"],
+                            cwd=work, env=env, capture_output=True, text=True)
+    assert listed.returncode == 0
+
+
+def _actions(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _actions(sub, (*path, name))
+        elif not isinstance(action, argparse._HelpAction | argparse._VersionAction):
+            yield " ".join(path), action
+
+
+def test_every_option_says_its_choices_or_its_default():
+    missing = []
+    for command, a in _actions(build_parser()):
+        help = a.help or ""
+        shown = (a.nargs == 0 or not a.option_strings or a.choices
+                 or "{" in str(a.metavar or "") or "default" in help)
+        if not help or not shown:
+            missing.append(f"{command} {a.option_strings or a.dest}")
+    assert missing == []
+
+
+def test_the_strategy_catalog_names_the_registered_strategies_in_order():
+    assert list(STRATEGIES) == list(REGISTRY)
+
+
+def test_strategies_answers_without_importing_torch():
+    code = ("import sys; from ddlstudy.cli import main; main(['strategies']); "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    start = time.perf_counter()
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[0].startswith("sequential")
+    assert len([line for line in out.stdout.splitlines() if not line.startswith(" ")]) == 7
+    print(f"ddlstudy strategies: {time.perf_counter() - start:.2f} s")
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--workers", "2"], "--workers: sets the replicas, processes or threads: sequential has "
+                         "none; it applies to --strategy cpu-intraop or cpu-threads or "
+                         "cpu-processes"),
+    (["--strategy", "pipeline", "--workers", "2"], "--workers: "),
+    (["--strategy", "cpu-processes", "--stages", "2"], "--stages: sets the pipeline stages"),
+    (["--strategy", "pipeline", "--replicas", "3"], "--replicas: sets the pipelines of a "
+                                                    "hybrid: pipeline has none"),
+    (["--strategy", "cpu-threads", "--devices", "1"], "--devices: "),
+])
+def test_a_layout_flag_the_strategy_does_not_read_is_refused(flags, message, tmp_path, capsys):
+    assert main(["run", "--runs-dir", str(tmp_path), *flags]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert not any(tmp_path.iterdir())
+
+
+def test_resume_with_other_flags_is_refused(tmp_path, capsys):
+    assert main(["run", "--resume", str(tmp_path), "--epochs", "3"]) == 2
+    assert "--resume: continues a run with its recorded configuration, so --epochs would " \
+           "be ignored" in capsys.readouterr().err
+
+
+def test_srun_tasks_outside_mpi_are_refused(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("SLURM_PROCID", "1")
+    monkeypatch.setenv("SLURM_NTASKS", "2")
+    assert main(["run", "--runs-dir", str(tmp_path), "--epochs", "1"]) == 2
+    assert "started by srun as task 1 of 2 with --backend local: that would be 2 unrelated " \
+           "runs" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
+    # With --backend mpi but no PMI (srun without --mpi=pmi2): no MPI world to join.
+    assert main(["run", "--runs-dir", str(tmp_path), "--backend", "mpi"]) == 2
+    assert "srun --mpi=pmi2" in capsys.readouterr().err
+
+
+def test_nodes_that_disagree_with_your_own_mpiexec_are_refused(tiny, monkeypatch, tmp_path):
+    monkeypatch.setenv("PMI_RANK", "0")
+    monkeypatch.setenv("PMI_SIZE", "2")
+    cfg = RunConfig(usecase=tiny, backend="mpi", nodes=3, runs_dir=tmp_path)
+    with pytest.raises(ConfigError, match="--nodes: 3 nodes asked, but the mpiexec this runs "
+                                          "under started 2 ranks"):
+        preflight(cfg)
+
+
+def test_a_hostfile_in_either_mpiexec_format(tmp_path, tiny):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("# the cluster\nnode-a:2\nnode-b slots=3   # big one\n\nnode-c\n")
+    assert read_hostfile(hosts) == [("node-a", 2), ("node-b", 3), ("node-c", 1)]
+    cfg = RunConfig(usecase=tiny, backend="mpi", hostfile=hosts)
+    assert cfg.nodes == 6  # the slots, unless --nodes says otherwise
+    from ddlstudy.backends.mpi.launch import placement
+
+    assert placement(None, 6, cfg.hostfile) == (["-hosts", "node-a:2,node-b:3,node-c:1"], {})
+    for text, why in [("node-a:x\n", "line 1"), ("", "lists no host"),
+                      ("bad;name\n", "is not host")]:
+        hosts.write_text(text)
+        with pytest.raises(ConfigError, match=why):
+            RunConfig(usecase=tiny, backend="mpi", hostfile=hosts)
+    with pytest.raises(ConfigError, match="--hostfile: cannot read"):
+        RunConfig(usecase=tiny, backend="mpi", hostfile=tmp_path / "missing")
+    with pytest.raises(ConfigError, match="needs --backend mpi"):
+        RunConfig(usecase=tiny, hostfile=hosts)
+
+
+def test_hosts_with_characters_no_host_name_has_are_refused(tiny):
+    with pytest.raises(ConfigError, match="--hosts"):
+        RunConfig(usecase=tiny, backend="mpi", nodes=2, hosts="a,b;rm -rf")
