@@ -29,6 +29,8 @@ SCHEMA_VERSION = 1
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
 RUN_ID_ENV = "DDLSTUDY_RUN_ID"
 """The run id a launcher (ddlstudy's mpiexec, a study) gives the run folder it starts."""
+CHILD_ENV = "DDLSTUDY_MPI_CHILD"
+"""Set in the ranks of ddlstudy's own mpiexec (they join its world instead of launching)."""
 
 
 def now_iso() -> str:

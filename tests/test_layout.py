@@ -20,7 +20,7 @@ RUN_FLAGS = [
     "--no-snapshot", "--nodes", "--on-bad-image", "--precision", "--reduce", "--replicas",
     "--runs-dir", "--sample-hz", "--scaling", "--seed", "--snapshot-every", "--spark-master",
     "--spark-sync", "--spark-ui", "--stage-starts", "--stages", "--strategy", "--sync-every",
-    "--usecase", "--workers",
+    "--tensorboard", "--usecase", "--workers",
 ]
 
 

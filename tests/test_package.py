@@ -73,7 +73,7 @@ def test_every_option_says_its_choices_or_its_default():
     missing = []
     for command, a in _actions(build_parser()):
         help = a.help or ""
-        shown = (a.nargs == 0 or not a.option_strings or a.choices
+        shown = (a.nargs == 0 or not a.option_strings or a.required or a.choices
                  or "{" in str(a.metavar or "") or "default" in help)
         if not help or not shown:
             missing.append(f"{command} {a.option_strings or a.dest}")
@@ -162,3 +162,32 @@ def test_a_hostfile_in_either_mpiexec_format(tmp_path, tiny):
 def test_hosts_with_characters_no_host_name_has_are_refused(tiny):
     with pytest.raises(ConfigError, match="--hosts"):
         RunConfig(usecase=tiny, backend="mpi", nodes=2, hosts="a,b;rm -rf")
+
+
+def test_export_tensorboard_is_read_back_by_tensorboard(quick_config, tmp_path, capsys):
+    """Per-epoch metrics and resource samples, read back with TensorBoard's own reader;
+    --tensorboard writes the same beside the run when it ends."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from ddlstudy.runner import run
+
+    folder = run(quick_config(epochs=2, max_steps=3, sample_hz=20, tensorboard=True),
+                 show_progress=False)
+    metrics = folder.path / "metrics.csv"
+    losses = [float(line.split(",")[1]) for line in metrics.read_text().splitlines()[1:]]
+    out = tmp_path / "tb"
+    assert main(["export", "tensorboard", str(folder.path.parent), "--out", str(out)]) == 0
+    assert "1 run(s) written" in capsys.readouterr().out
+    for logdir in (out / folder.path.name, folder.path / "tensorboard"):
+        events = EventAccumulator(str(logdir), size_guidance={"scalars": 0})
+        events.Reload()
+        tags = events.Tags()["scalars"]
+        loss = events.Scalars("epoch/train_loss")
+        assert [e.step for e in loss] == [1, 2]
+        assert [e.value for e in loss] == pytest.approx(losses, rel=1e-6)
+        cpu = events.Scalars("resources/node-rank0/proc_cpu_percent")
+        assert len(cpu) >= 2 and all(e.value >= 0 for e in cpu)
+        assert [e.step for e in cpu] == sorted(e.step for e in cpu)
+        assert "resources/node-rank0/gpu_util_percent" not in tags  # no GPU: no NaN series
+    assert main(["export", "tensorboard", str(tmp_path / "nothing"), "--out", str(out)]) == 2
+    assert "is not a run folder or a folder of runs" in capsys.readouterr().err

@@ -102,6 +102,14 @@ def build_parser() -> argparse.ArgumentParser:
                    "original's runs folder)")
     p.add_argument("--quiet", action="store_true", help="warnings and errors only")
 
+    p = sub.add_parser("export", help="runs in other tools' formats")
+    esub = p.add_subparsers(dest="export_command", required=True, metavar="FORMAT")
+    e = esub.add_parser("tensorboard", help="per-epoch metrics and resource samples as "
+                        "TensorBoard scalars, one TensorBoard run per ddlstudy run")
+    e.add_argument("runs", type=Path, help="a run folder or a folder of runs")
+    e.add_argument("--out", type=Path, required=True, help="the log folder to give "
+                   "`tensorboard --logdir`")
+
     p = sub.add_parser("compare", help="what differs between two runs, and by how much")
     p.add_argument("a", type=Path, help="a run folder or its manifest.json")
     p.add_argument("b", type=Path, help="the other run folder or manifest.json")
@@ -214,7 +222,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 def train(cfg, argv: list[str], resume: Path | None = None, max_restarts: int = 0) -> int:
     """Run ``cfg`` (launching mpiexec for --backend mpi) and print where it went; with
     ``max_restarts``, a run that failed after a snapshot continues from it."""
-    from ddlstudy.backends.mpi.launch import CHILD_ENV
+    from ddlstudy.runfolder import CHILD_ENV
+
+    if CHILD_ENV not in os.environ:  # the imports below take seconds: say what is going on
+        log.info("preparing %s on %s (importing torch, checking the data) ...", cfg.strategy,
+                 cfg.usecase.name)
     from ddlstudy.runfolder import SNAPSHOT, RunFolder
     from ddlstudy.runner import RunFailed, start
 
@@ -244,7 +256,7 @@ def train(cfg, argv: list[str], resume: Path | None = None, max_restarts: int = 
 
 def cmd_dataset(args: argparse.Namespace) -> int:
     from ddlstudy.config import DEFAULT_DATASETS_DIR, load_usecase
-    from ddlstudy.data.generate import make_dataset
+    from ddlstudy.data.generate import CLASSES, is_complete, make_dataset
 
     spec = load_usecase(args.usecase).data
     out = args.out or DEFAULT_DATASETS_DIR / spec.name
@@ -252,8 +264,23 @@ def cmd_dataset(args: argparse.Namespace) -> int:
         out = out.with_name(f"{out.name}.shard-{args.shard[0]}-of-{args.shard[1]}")
     if args.workers is not None and args.workers <= 0:
         raise ConfigError("--workers", f"must be a positive integer, got {args.workers}")
+    if is_complete(out, spec, args.shard) and not args.force:
+        print(f"{out}: already complete ({spec.name}; --force makes it again)")
+        return 0
+    start = time.perf_counter()
     root = make_dataset(spec, out, shard=args.shard, workers=args.workers, force=args.force)
-    print(root)
+    images = sum(1 for p in root.rglob("*") if p.suffix in (".png", ".jpg", ".jpeg"))
+    print(f"{root}: {images} images of {spec.source_size} px in {len(CLASSES)} classes "
+          f"({', '.join(CLASSES)}), made in {time.perf_counter() - start:.1f} s")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from ddlstudy.tensorboard import export
+
+    written = export(args.runs, args.out)
+    print(f"{len(written)} run(s) written to {args.out}; view them with "
+          f"`tensorboard --logdir {args.out}`")
     return 0
 
 
@@ -401,7 +428,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
 COMMANDS = {"run": cmd_run, "dataset": cmd_dataset, "strategies": cmd_strategies,
             "hosts": cmd_hosts, "predict": cmd_predict, "doctor": cmd_doctor,
             "report": cmd_report, "bench": cmd_bench,
-            "study": cmd_study, "replay": cmd_replay, "compare": cmd_compare}
+            "study": cmd_study, "replay": cmd_replay, "compare": cmd_compare,
+            "export": cmd_export}
 
 
 def main(argv: list[str] | None = None) -> int:

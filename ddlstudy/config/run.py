@@ -208,6 +208,9 @@ class RunConfig:
                                    "(quick measurements)", group=OUTPUT, type=int)
     snapshot: bool = option(True, "do not write snapshot.pt after each epoch", group=OUTPUT,
                             type=bool, negate=True)
+    tensorboard: bool = option(False, "also write the metrics and resource samples as "
+                               "TensorBoard scalars into <run>/tensorboard/ when the run "
+                               "ends", group=OUTPUT, type=bool)
     snapshot_every: int | None = option(None, "also snapshot every N steps inside an epoch",
                                         group=OUTPUT, type=int, metavar="N")
     expect_fingerprint: str | None = None

@@ -281,12 +281,26 @@ def _run(cfg: RunConfig, show_progress: bool, resume: Path | None) -> RunFolder 
             folder.write_samples(rows)
             folder.finish(outcome.status, outcome.exit_code, outcome.error,
                           summary=_summary(folder.manifest["epochs"]))
+            if cfg.tensorboard:
+                _tensorboard(folder)
         if outcome.exit_code:
             env.abort(outcome.exit_code)  # the other nodes would wait in a collective
     if outcome.exit_code:
         raise RunFailed(folder, outcome.exit_code, f"run {folder.path.name} {outcome.status}: "
                         f"{outcome.error} (details in {folder.path})")
     return folder
+
+
+def _tensorboard(folder: RunFolder) -> None:
+    """--tensorboard: the finished run's scalars beside it (a failure here costs the run
+    nothing: it is recorded already)."""
+    from ddlstudy import tensorboard
+
+    try:
+        logdir = tensorboard.write_run(folder.path, folder.path / tensorboard.SUBDIR)
+        log.info("TensorBoard scalars in %s (tensorboard --logdir %s)", logdir, logdir)
+    except Exception as exc:  # noqa: BLE001
+        log.warning("could not write TensorBoard scalars: %s", exc)
 
 
 def refuse_foreign_launcher(env: dict[str, str], backend: str) -> None:

@@ -313,6 +313,7 @@ class Pipeline(Strategy):
         if cfg.stage_starts is not None:  # given: nothing measured
             starts, costs = list(cfg.stage_starts), None
         else:
+            log.info("measuring each layer's forward time to balance %d stages ...", s)
             costs = layer_costs(cfg.usecase, cfg.global_batch // cfg.data_parallel() // micro)
             starts = balanced_cuts(costs, s)
         if job.folder is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import logging
 import os
 import signal
 import socket
@@ -21,6 +22,8 @@ from ddlstudy.logs import setup_logging
 from ddlstudy.sampler import ResourceSampler, write_rows
 from ddlstudy.training.flat import average
 from ddlstudy.training.job import Job, Link
+
+log = logging.getLogger("ddlstudy")
 
 WRITE_GRACE_S = 30.0
 """How long a terminated rank may take to finish the file it is writing before SIGKILL."""
@@ -47,6 +50,7 @@ def run_ranks(fn, world: int, args: tuple) -> None:
     The first rank that fails ends the others (torch's ProcessContext.join raises); if this
     process is interrupted, no rank is left behind.
     """
+    log.info("starting %d worker processes (each imports torch: a few seconds) ...", world)
     context = mp.start_processes(fn, args=(world, *args), nprocs=world, join=False,
                                  start_method="spawn")
     try:

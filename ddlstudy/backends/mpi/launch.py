@@ -15,12 +15,9 @@ from pathlib import Path
 from ddlstudy import hosts as emulated
 from ddlstudy.config.run import read_hostfile
 from ddlstudy.errors import Unavailable
-from ddlstudy.runfolder import RUN_ID_ENV
+from ddlstudy.runfolder import CHILD_ENV, RUN_ID_ENV
 
 log = logging.getLogger("ddlstudy")
-
-
-CHILD_ENV = "DDLSTUDY_MPI_CHILD"
 
 
 _BAD_TERMINATION = re.compile(r"^=\s+PID (\d+) RUNNING AT")

@@ -3,12 +3,16 @@ what each barrier task runs (``--spark-sync gloo``; allgather mode is in ``allga
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
+import re
 import shutil
 import socket
+import subprocess
 import sys
+import threading
 import time
 import warnings
 from typing import Any
@@ -64,10 +68,51 @@ def describe(cfg: RunConfig) -> dict[str, Any]:
     return out
 
 
+JVM_LOG = "spark.log"
+"""The run folder's file of what Spark's JVM printed (its log4j lines, at WARN and above)."""
+_OWN_LINE = re.compile(r"^\d\d:\d\d:\d\d \[")
+"""A ddlstudy log line (``12:00:01 [rank 1] ...``) that a task wrote through the JVM."""
+_jvm_log: dict[str, Any] = {"file": None}
+
+
+def _pump(stream) -> None:
+    """The JVM's output, line by line: all of it into the run's spark.log, and the
+    barrier tasks' own log lines (which Spark passes through the JVM) to the terminal."""
+    for raw in iter(stream.readline, b""):
+        line = raw.decode(errors="replace")
+        target = _jvm_log["file"]
+        if target is not None:
+            with contextlib.suppress(OSError, ValueError):
+                target.write(line)
+                target.flush()
+        if _OWN_LINE.match(line):
+            sys.stderr.write(line)
+
+
+def _gateway(conf) -> None:
+    """Start Spark's JVM with its output in a pipe that ``_pump`` reads, instead of on the
+    terminal (once per process: later sessions reuse the JVM, as pyspark does)."""
+    from pyspark import SparkContext
+    from pyspark.java_gateway import launch_gateway
+
+    if SparkContext._gateway is not None:
+        return
+    gateway = launch_gateway(conf, popen_kwargs={"stdout": subprocess.PIPE,
+                                                 "stderr": subprocess.STDOUT})
+    threading.Thread(target=_pump, args=(gateway.proc.stdout,), name="spark-jvm-output",
+                     daemon=True).start()
+    SparkContext._gateway, SparkContext._jvm = gateway, gateway.jvm
+
+
 def _session(cfg: RunConfig):
     os.environ["PYSPARK_PYTHON"] = sys.executable  # executors run this venv's Python
+    local = not cfg.spark_master or cfg.spark_master.startswith("local")
+    if local:  # the JVMs bind the loopback, not the machine's external address
+        os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    from pyspark import SparkConf
     from pyspark.sql import SparkSession
 
+    _gateway(SparkConf())
     builder = (SparkSession.builder.master(master(cfg))
                .appName(f"ddlstudy-{cfg.usecase.name}-{cfg.strategy}")
                .config("spark.ui.enabled", "true" if cfg.spark_ui else "false")
@@ -77,7 +122,7 @@ def _session(cfg: RunConfig):
                .config("spark.barrier.sync.timeout", str(BARRIER_TIMEOUT_S))
                .config("spark.python.worker.reuse", "false")
                .config("spark.ui.showConsoleProgress", "false"))
-    if not cfg.spark_master or cfg.spark_master.startswith("local"):
+    if local:
         builder = builder.config("spark.driver.host", "127.0.0.1") \
             .config("spark.driver.bindAddress", "127.0.0.1")
     elif cfg.spark_master.startswith("spark://"):
@@ -88,7 +133,7 @@ def _session(cfg: RunConfig):
     with warnings.catch_warnings():  # pyspark's pandas version notice is not ours to fix
         warnings.simplefilter("ignore", FutureWarning)
         spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
+    spark.sparkContext.setLogLevel("WARN")
     return spark
 
 
@@ -108,6 +153,18 @@ def fit(job: Job) -> None:
     cfg = job.cfg
     n = nodes(cfg)
     start = time.perf_counter()
+    if job.folder is not None:
+        _jvm_log["file"] = open(job.folder.path / JVM_LOG, "a")  # noqa: SIM115 (closed below)
+    try:
+        _fit(job, n, start)
+    finally:
+        if _jvm_log["file"] is not None:
+            _jvm_log["file"].close()
+            _jvm_log["file"] = None
+
+
+def _fit(job: Job, n: int, start: float) -> None:
+    cfg = job.cfg
     spark = _session(cfg)
     session_s = time.perf_counter() - start
     log.info("Spark session on %s started in %.1f s; %d barrier tasks, sync %s", master(cfg),

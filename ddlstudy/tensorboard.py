@@ -1,0 +1,121 @@
+"""Runs as TensorBoard scalars, written with the tensorboard package's own event writer.
+
+    ddlstudy export tensorboard runs/ --out tb/     # then: tensorboard --logdir tb/
+    ddlstudy run ... --tensorboard                  # into <run>/tensorboard/ at its end
+
+Each run is a TensorBoard run named after its id: ``epoch/<metric>`` per epoch (step = the
+epoch) from metrics.csv, and ``resources/<scope>-rank<r>/<column>`` from samples.parquet
+(step = milliseconds since the run started, wall time = when it was sampled).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+from ddlstudy.errors import UsageError
+from ddlstudy.runfolder import MANIFEST, METRICS, SAMPLES
+
+SAMPLED = ("proc_cpu_percent", "proc_rss_bytes", "proc_threads", "sys_cpu_percent",
+           "sys_iowait_percent", "sys_ram_percent", "net_sent_bytes", "net_recv_bytes",
+           "disk_read_bytes", "disk_write_bytes", "gpu_util_percent", "gpu_mem_used_bytes")
+"""The resource columns written (the cumulative byte counters as they were sampled)."""
+SUBDIR = "tensorboard"
+
+
+def find_runs(root: Path) -> list[Path]:
+    """The run folders at or under ``root`` (each holds a manifest.json)."""
+    root = Path(root)
+    if (root / MANIFEST).is_file():
+        return [root]
+    if not root.is_dir():
+        raise UsageError(f"{root} is not a run folder or a folder of runs")
+    runs = sorted(p.parent for p in root.rglob(MANIFEST) if SUBDIR not in p.parts)
+    if not runs:
+        raise UsageError(f"{root} holds no run (no manifest.json under it)")
+    return runs
+
+
+def export(runs: Path, out: Path) -> list[Path]:
+    """Write every run at or under ``runs`` into ``out/<run id>/``; returns those folders."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} is a file; give a folder for the event files")
+    written = []
+    for run in find_runs(runs):
+        written.append(write_run(run, out / run.name))
+    return written
+
+
+def write_run(run: Path, logdir: Path) -> Path:
+    """One run's metrics and samples as event files in ``logdir`` (replacing earlier ones)."""
+    from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+    try:
+        manifest = json.loads((run / MANIFEST).read_text())
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"{run / MANIFEST} cannot be read: {exc}") from None
+    try:
+        logdir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"cannot write {logdir}: {exc.strerror}") from None
+    for old in logdir.glob("events.out.tfevents.*"):
+        old.unlink()
+    writer = EventFileWriter(str(logdir))
+    try:
+        start = _epochs(run, manifest, writer)
+        _samples(run, writer, start)
+    finally:
+        writer.close()
+    return logdir
+
+
+def _scalar(writer, tag: str, value: float, step: int, wall_time: float) -> None:
+    from tensorboard.compat.proto.event_pb2 import Event
+    from tensorboard.compat.proto.summary_pb2 import Summary
+
+    summary = Summary(value=[Summary.Value(tag=tag, simple_value=float(value))])
+    writer.add_event(Event(summary=summary, step=step, wall_time=wall_time))
+
+
+def _epochs(run: Path, manifest: dict, writer) -> float:
+    """Per-epoch scalars; returns the run's start (epoch wall times count from it)."""
+    from datetime import datetime
+
+    started = manifest.get("started_at")
+    try:
+        start = datetime.fromisoformat(started).timestamp() if started else 0.0
+    except (TypeError, ValueError):
+        start = 0.0
+    if not (run / METRICS).is_file():
+        return start
+    elapsed = 0.0
+    with open(run / METRICS, newline="") as f:
+        for row in csv.DictReader(f):
+            epoch = int(row["epoch"])
+            elapsed += float(row.get("epoch_time_s") or 0.0)
+            for name, text in row.items():
+                if name == "epoch" or text in (None, ""):
+                    continue
+                value = float(text)
+                if math.isfinite(value):
+                    _scalar(writer, f"epoch/{name}", value, epoch, start + elapsed)
+    return start
+
+
+def _samples(run: Path, writer, start: float) -> None:
+    if not (run / SAMPLES).is_file():
+        return
+    import pandas as pd
+
+    frame = pd.read_parquet(run / SAMPLES)
+    for (scope, rank), rows in frame.groupby(["scope", "rank"], sort=True):
+        for column in SAMPLED:
+            if column not in rows:
+                continue
+            for t_s, wall, value in zip(rows["t_s"], rows["time"], rows[column], strict=True):
+                if value == value:  # not NaN (no GPU, say)
+                    _scalar(writer, f"resources/{scope}-rank{rank}/{column}", value,
+                            int(round(t_s * 1000)), float(wall) if wall == wall else start)
