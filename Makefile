@@ -6,13 +6,17 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 DEMO   := runs/demo
+RUNS   ?= $(DEMO)
+TORCH_NOTE := 2.14.1 is a CUDA build of about 5.5 GB even on a CPU-only machine: a few minutes
 
-.PHONY: install demo test lint clean-demo notebook
+.PHONY: install demo test lint clean-demo notebook notebook-run gpu-check
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py
+	@echo "installing ddlstudy and its dependencies into $(VENV): torch $(TORCH_NOTE)"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
+	@echo "installed: $(BIN)/ddlstudy --help"
 
 install: $(STAMP)
 
@@ -23,6 +27,27 @@ demo: $(STAMP)
 notebook: $(STAMP)
 	$(BIN)/pip install --quiet -e '.[dev,notebook]'
 	$(BIN)/jupyter lab analysis/study.ipynb
+
+# The analysis notebook, executed headless on RUNS (default: the demo's runs) into
+# RUNS/report/study.ipynb and study.html.
+notebook-run: $(STAMP)
+	DDLSTUDY_RUNS=$(abspath $(RUNS)) $(BIN)/jupyter nbconvert --to notebook --execute \
+	    analysis/study.ipynb --output-dir $(RUNS)/report
+	$(BIN)/jupyter nbconvert --to html $(RUNS)/report/study.ipynb
+
+# On a machine with CUDA GPUs: the gpu-marked tests, then a short gpu-data, pipeline and
+# hybrid run on the GPUs (each says what it ran on).
+gpu-check: $(STAMP)
+	$(BIN)/python -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; \
+	    print(torch.cuda.device_count(), 'GPU(s):', torch.cuda.get_device_name(0))"
+	$(BIN)/pytest -m gpu -v
+	$(BIN)/ddlstudy dataset make --usecase tiny
+	$(BIN)/ddlstudy run --usecase tiny --strategy gpu-data --epochs 2 --runs-dir runs/gpu-check
+	$(BIN)/ddlstudy run --usecase tiny --strategy pipeline --stages 2 --epochs 2 \
+	    --runs-dir runs/gpu-check
+	$(BIN)/ddlstudy run --usecase tiny --strategy hybrid --replicas 1 --stages 2 --epochs 2 \
+	    --runs-dir runs/gpu-check
+	$(BIN)/ddlstudy report runs/gpu-check
 
 lint: $(STAMP)
 	$(BIN)/ruff check ddlstudy tests

@@ -27,6 +27,9 @@ def _spark(tmp_path, datasets_dir, *flags: str) -> dict:
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     (path,) = runs.glob(f"*/{MANIFEST}")
+    # The JVM's own output is in the run folder, not on the terminal.
+    assert "log4j" not in out.stderr and "WARN" not in out.stderr
+    assert "log4j" in (path.parent / "spark.log").read_text()
     return json.loads(path.read_text())
 
 
@@ -120,6 +123,11 @@ def test_a_failed_task_makes_spark_retry_the_stage_and_the_run_says_so(tmp_path,
     (["--backend", "spark", "--strategy", "cpu-processes"],
      "'cpu-processes' cannot yet run inside Spark tasks"),
     (["--spark-master", "local[2]"], "--spark-master: needs --backend spark"),
+    (["--spark-ui"], "--spark-ui: needs --backend spark"),
+    (["--backend", "spark", "--sync-every", "4"], "--sync-every: sets how often allgather "
+                                                  "mode averages the weights: it needs"),
+    (["--reduce", "ring-allreduce"], "--reduce: ring-allreduce averages gradients between "
+                                     "MPI nodes: it needs --backend mpi"),
     (["--backend", "spark", "--sync-every", "0"], "--sync-every: must be a positive"),
     (["--backend", "spark", "--snapshot-every", "2"], "Spark runs snapshot at epoch ends"),
 ])

@@ -29,6 +29,8 @@ from ddlstudy.reducers.compress import parse as parse_compress
 
 SPARK_SYNCS = ("gloo", "allgather")
 PRECISIONS = ("fp32", "bf16", "fp16")
+SYNC_EVERY = 10
+"""Steps between weight averages in Spark's allgather mode, unless --sync-every says."""
 _SPARK_MASTER = re.compile(r"^(local(\[(\d+|\*)(,\d+)?\])?|local-cluster\[(\d+),(\d+),(\d+)\]"
                            r"|spark://[\w.\-]+(:\d+)?(,[\w.\-]+(:\d+)?)*)$")
 
@@ -187,7 +189,8 @@ class RunConfig:
                              "tasks over torch.distributed; allgather: weights averaged "
                              "through Spark's barrier allGather every --sync-every steps "
                              "(SparkNet)", group=SPARK, choices=SPARK_SYNCS)
-    sync_every: int = option(10, "steps between weight averages with --spark-sync allgather",
+    sync_every: int = option(SYNC_EVERY, "steps between weight averages with --spark-sync "
+                             "allgather",
                              group=SPARK, type=int)
     spark_ui: bool = option(False, "start Spark's web UI", group=SPARK, type=bool)
     data_dir: Path | None = option(None, "a real ImageFolder tree (root/<class>/<img>) "
@@ -296,13 +299,21 @@ class RunConfig:
                 raise ConfigError("--compress", f"exchanges the compressed gradients itself "
                                   f"(an allgather); leave --reduce at allreduce, not "
                                   f"{self.reduce}")
+        if self.reduce != "allreduce" and self.backend != "mpi":
+            raise ConfigError("--reduce", f"{self.reduce} averages gradients between MPI "
+                              "nodes: it needs --backend mpi")
         if self.spark_sync not in SPARK_SYNCS:
             raise ConfigError("--spark-sync", f"unknown mode {self.spark_sync!r}; choose one "
                               f"of: {', '.join(SPARK_SYNCS)}")
         _positive("--sync-every", self.sync_every)
-        if self.backend != "spark" and (self.spark_master or self.spark_sync != "gloo"):
-            raise ConfigError("--spark-master" if self.spark_master else "--spark-sync",
-                              "needs --backend spark")
+        spark_flag = ("--spark-master" if self.spark_master else
+                      "--spark-sync" if self.spark_sync != "gloo" else
+                      "--spark-ui" if self.spark_ui else None)
+        if self.backend != "spark" and spark_flag:
+            raise ConfigError(spark_flag, "needs --backend spark")
+        if self.sync_every != SYNC_EVERY and self.spark_sync != "allgather":
+            raise ConfigError("--sync-every", "sets how often allgather mode averages the "
+                              "weights: it needs --spark-sync allgather")
         if self.spark_master is not None:
             slots = spark_slots(self.spark_master)
             if self.nodes and slots is not None and slots < self.nodes:
