@@ -14,6 +14,7 @@ from pathlib import Path
 
 import psutil
 
+from ddlstudy.errors import ConfigError
 from ddlstudy.signals import deferred
 
 
@@ -61,3 +62,19 @@ def sweep_temporaries(folder: Path) -> list[Path]:
             tmp.unlink(missing_ok=True)
             swept.append(tmp)
     return swept
+
+
+def check_folder(flag: str, path: Path) -> None:
+    """Refuse (ConfigError naming ``flag``) a folder ddlstudy cannot create or write: a
+    file in its place or above it, or a parent this user may not write into."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ConfigError(flag, f"{path} is a file, not a folder; give a folder")
+    existing = path
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError(flag, f"{path} cannot be made: {existing} is a file")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(flag, f"{path} cannot be written: {existing} is not writable by "
+                          "this user; give another folder")

@@ -35,28 +35,25 @@ import os
 import subprocess
 import sys
 import time
-import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ddlstudy.backends import get_backend
-from ddlstudy.backends.mpi.launch import CHILD_ENV
-from ddlstudy.config import DEFAULT_RUNS_DIR, HOME, USECASES_DIR, RunConfig
-from ddlstudy.config.options import cell_keys, config_from_args, run_parser
+from ddlstudy.config import RunConfig
+from ddlstudy.config.options import config_from_args, run_parser
 from ddlstudy.config.run import jsonable
 from ddlstudy.environment import usable_cores
-from ddlstudy.errors import ConfigError, Unavailable, UsageError
+from ddlstudy.errors import Unavailable, UsageError
 from ddlstudy.files import atomic_write_text
+from ddlstudy.plan import Plan, load_plan
 from ddlstudy.report import STUDY_FILE, Report, config_label, cores_used
-from ddlstudy.runfolder import MANIFEST, RUN_ID_ENV, new_run_id, now_iso
+from ddlstudy.runfolder import CHILD_ENV, MANIFEST, RUN_ID_ENV, new_run_id, now_iso
 from ddlstudy.runner import preflight, resolve
 from ddlstudy.strategies import get_strategy
 
 log = logging.getLogger("ddlstudy")
 
-CELL_KEYS = cell_keys()
-STUDY_KEYS = {"name", "description", "usecases", "repeat", "runs_dir"}
 
 
 @dataclass
@@ -98,72 +95,6 @@ class Cell:
                 "nodes": self.flags.get("nodes", 1), "cores": self.cores, "flags": self.flags,
                 "repeat": self.repeat, "status": self.status, "reason": self.reason,
                 "run": self.run, "seconds": round(self.seconds, 2)}
-
-
-@dataclass
-class Plan:
-    name: str
-    path: Path
-    usecases: list[str]
-    cells: list[dict[str, Any]]
-    repeat: int = 1
-    runs_dir: Path = DEFAULT_RUNS_DIR
-    description: str = ""
-    settings: dict[str, Any] = field(default_factory=dict)
-
-
-def _keys(where: str, values: Any, allowed: set[str]) -> dict[str, Any]:
-    if not isinstance(values, dict):
-        raise ConfigError(where, "must be a TOML table")
-    unknown = sorted(set(values) - allowed)
-    if unknown:
-        raise ConfigError(f"{where}.{unknown[0]}", f"unknown key; allowed: "
-                          f"{', '.join(sorted(allowed))}")
-    return values
-
-
-def _plan_path(path: Path) -> Path:
-    """A plan file, or the name of one shipped with ddlstudy (``demo``, ``paper``)."""
-    if path.is_file():
-        return path
-    shipped = USECASES_DIR / f"{path}.toml"
-    if path.suffix != ".toml" and len(path.parts) == 1 and shipped.is_file():
-        return shipped
-    raise UsageError(f"study plan {path} does not exist")
-
-
-def load_plan(path: Path, repeat: int | None = None, runs_dir: Path | None = None) -> Plan:
-    path = _plan_path(Path(path))
-    try:
-        raw = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise UsageError(f"{path} is not valid TOML: {exc}") from None
-    if "model" in raw:
-        raise UsageError(f"{path} is a use case, not a study plan; train it with "
-                         f"`ddlstudy run --usecase {path}`")
-    _keys("plan", raw, {"study", "settings", "cells"})
-    study = _keys("[study]", raw.get("study", {}), STUDY_KEYS)
-    settings = _keys("[settings]", raw.get("settings", {}), CELL_KEYS - {"strategy"})
-    cells = raw.get("cells", [])
-    if not isinstance(cells, list) or not cells:
-        raise ConfigError("[[cells]]", "the plan needs at least one [[cells]] table with a "
-                          "strategy")
-    for i, cell in enumerate(cells, 1):
-        _keys(f"[[cells]] #{i}", cell, CELL_KEYS)
-    usecases = study.get("usecases", [])
-    if not isinstance(usecases, list) or not usecases:
-        raise ConfigError("study.usecases", "list at least one use case, e.g. [\"tiny\"]")
-    name = study.get("name") or path.stem
-    repeat = repeat if repeat is not None else study.get("repeat", 1)
-    if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat <= 0:
-        raise ConfigError("--repeat", f"must be a positive integer, got {repeat!r}")
-    if runs_dir is None:
-        runs_dir = Path(study["runs_dir"]) if "runs_dir" in study else DEFAULT_RUNS_DIR / name
-        if not runs_dir.is_absolute():
-            runs_dir = HOME / runs_dir
-    return Plan(name=name, path=path, usecases=usecases, cells=cells, repeat=repeat,
-                runs_dir=runs_dir, description=study.get("description", ""),
-                settings=settings)
 
 
 def config_key(config: dict[str, Any]) -> str:

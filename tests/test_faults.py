@@ -197,6 +197,11 @@ def test_leftover_temporary_files_of_dead_processes_are_swept(quick_config, tmp_
     assert not stale.exists() and live.exists()
 
 
+class Exploit:
+    def __reduce__(self):
+        return (print, ("this would have run",))
+
+
 def test_resume_refuses_what_it_cannot_continue(quick_config, tmp_path, capsys):
     from ddlstudy.runner import run
 
@@ -209,8 +214,14 @@ def test_resume_refuses_what_it_cannot_continue(quick_config, tmp_path, capsys):
     (done / MANIFEST).write_text(json.dumps(manifest))
     (done / SNAPSHOT).write_bytes(b"PK\x03\x04 not a snapshot")
     assert main(["run", "--resume", str(done)]) == 2
-    assert "cannot be loaded" in capsys.readouterr().err
+    assert "is not a ddlstudy snapshot that can be loaded safely" in capsys.readouterr().err
     assert (done / SNAPSHOT).read_bytes() == b"PK\x03\x04 not a snapshot"  # left as it was
+
+    import torch  # a snapshot that would run code when unpickled: refused, and no advice
+    torch.save({"position": Exploit(), "rng": {}}, done / SNAPSHOT)  # to load it unsafely
+    assert main(["run", "--resume", str(done)]) == 2
+    err = capsys.readouterr().err
+    assert "holds more than tensors and plain values" in err and "weights_only" not in err
 
     (done / SNAPSHOT).unlink()
     assert main(["run", "--resume", str(done)]) == 2

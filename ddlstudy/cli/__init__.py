@@ -20,15 +20,18 @@ import argparse
 import logging
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 
 from ddlstudy import __version__
-from ddlstudy.config.options import add_run_options
+from ddlstudy.config.options import Parser, add_run_options
 from ddlstudy.errors import ConfigError, UsageError
 from ddlstudy.logs import setup_logging
 
 log = logging.getLogger("ddlstudy")
+PREPARING_NOTICE_S = 1.0
+"""A run not started (nor refused) this long after the command says it is preparing."""
 
 
 # --- argument parsing -------------------------------------------------------------------
@@ -44,7 +47,7 @@ def _shard(text: str) -> tuple[int, int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ddlstudy", description=__doc__.split("\n")[0],
+    parser = Parser(prog="ddlstudy", description=__doc__.split("\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"ddlstudy {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -205,7 +208,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise ConfigError("--max-restarts", f"must be 0 or more, got {args.max_restarts}")
     if args.resume is not None:
         from ddlstudy.config.options import given_options
-        from ddlstudy.runner import resume_config
+        from ddlstudy.manifests import resume_config
 
         given = given_options(args)
         if given:
@@ -224,10 +227,21 @@ def train(cfg, argv: list[str], resume: Path | None = None, max_restarts: int = 
     ``max_restarts``, a run that failed after a snapshot continues from it."""
     from ddlstudy.runfolder import CHILD_ENV
 
-    if CHILD_ENV not in os.environ:  # the imports below take seconds: say what is going on
-        log.info("preparing %s on %s (importing torch, checking the data) ...", cfg.strategy,
-                 cfg.usecase.name)
-    from ddlstudy.runfolder import SNAPSHOT, RunFolder
+    # The imports below take seconds: say what is going on, unless a refusal came first.
+    notice = threading.Timer(PREPARING_NOTICE_S, log.info, args=(
+        "preparing %s on %s (importing torch, checking the data) ...", cfg.strategy,
+        cfg.usecase.name))
+    notice.daemon = True
+    if CHILD_ENV not in os.environ:
+        notice.start()
+    try:
+        return _train(cfg, argv, resume, max_restarts)
+    finally:
+        notice.cancel()
+
+
+def _train(cfg, argv: list[str], resume: Path | None, max_restarts: int) -> int:
+    from ddlstudy.runfolder import CHILD_ENV, SNAPSHOT, RunFolder
     from ddlstudy.runner import RunFailed, start
 
     restarts = 0
@@ -262,8 +276,12 @@ def cmd_dataset(args: argparse.Namespace) -> int:
     out = args.out or DEFAULT_DATASETS_DIR / spec.name
     if args.shard and not args.out:
         out = out.with_name(f"{out.name}.shard-{args.shard[0]}-of-{args.shard[1]}")
-    if args.workers is not None and args.workers <= 0:
-        raise ConfigError("--workers", f"must be a positive integer, got {args.workers}")
+    if args.workers is not None and not 0 < args.workers <= 64:
+        raise ConfigError("--workers", f"must be 1 to 64 generator processes, got "
+                          f"{args.workers}")
+    from ddlstudy.files import check_folder
+
+    check_folder("--out" if args.out else "--datasets-dir", out)
     if is_complete(out, spec, args.shard) and not args.force:
         print(f"{out}: already complete ({spec.name}; --force makes it again)")
         return 0
@@ -302,20 +320,23 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from ddlstudy.config import DEFAULT_RUNS_DIR
+    from ddlstudy.files import check_folder
     from ddlstudy.report import Report
 
+    if args.out:
+        check_folder("--out", args.out)
     report = Report(args.runs or DEFAULT_RUNS_DIR)
     print(report.text(args.format))
     if args.out:
-        if args.out.exists() and not args.out.is_dir():
-            raise UsageError(f"--out {args.out} is a file; give a folder for the tables and "
-                             "figures")
         paths = report.write(args.out, args.format, figures=not args.no_figures)
         print(f"\n{len(paths)} files written to {args.out}", file=sys.stderr)
     return 0
 
 
 def cmd_study(args: argparse.Namespace) -> int:
+    from ddlstudy.plan import load_plan
+
+    load_plan(args.plan, args.repeat, args.runs_dir)  # a bad plan is refused before torch
     from ddlstudy.study import study
 
     overrides = {}
@@ -331,7 +352,7 @@ def cmd_study(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from ddlstudy.runner.replay import config_from_manifest, differences, read_manifest
+    from ddlstudy.manifests import config_from_manifest, differences, read_manifest
 
     manifest = read_manifest(args.manifest)
     runs_dir = args.runs_dir or Path(manifest["path"]).parent
@@ -342,7 +363,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from ddlstudy.runner.replay import compare, read_manifest
+    from ddlstudy.manifests import compare, read_manifest
 
     print(compare(read_manifest(args.a), read_manifest(args.b)))
     return 0
@@ -434,7 +455,11 @@ COMMANDS = {"run": cmd_run, "dataset": cmd_dataset, "strategies": cmd_strategies
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except UsageError as exc:
+        print(f"ddlstudy: error: {exc}", file=sys.stderr)
+        return 2
     args.argv = argv
     setup_logging(logging.WARNING if getattr(args, "quiet", False) else logging.INFO)
     try:

@@ -15,7 +15,7 @@ from typing import Any
 
 from ddlstudy.config.run import TASK, WHAT, RunConfig, options
 from ddlstudy.config.usecase import TrainSpec, load_usecase, with_overrides
-from ddlstudy.errors import ConfigError
+from ddlstudy.errors import ConfigError, UsageError
 
 USECASE_DEFAULT = "tiny"
 
@@ -92,9 +92,17 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
         _add(group(f.metadata["group"]), f)
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse that reports a bad argument as one UsageError (one line, exit code 2, and
+    within a study the plan and cell it came from) instead of printing its usage."""
+
+    def error(self, message: str):  # noqa: D102 - argparse's hook
+        raise UsageError(f"{message} (see `{self.prog} --help`)")
+
+
 def run_parser() -> argparse.ArgumentParser:
     """A parser of the run options alone (a study's cells, checked as `ddlstudy run` would)."""
-    parser = argparse.ArgumentParser(prog="ddlstudy run")
+    parser = Parser(prog="ddlstudy run")
     add_run_options(parser)
     return parser
 
@@ -112,6 +120,11 @@ def given_options(args: argparse.Namespace) -> list[str]:
              if a.option_strings and a.dest != "help"
              and getattr(args, a.dest, a.default) != a.default]
     return given
+
+
+def switches() -> set[str]:
+    """The study-plan keys that are switches (true or false), not values."""
+    return {key(f) for f in [*options(), *train_options()] if f.metadata.get("type") is bool}
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:

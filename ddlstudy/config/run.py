@@ -19,10 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from ddlstudy.config.catalog import BACKENDS, STRATEGIES
 from ddlstudy.config.paths import DEFAULT_DATASETS_DIR, DEFAULT_RUNS_DIR
 from ddlstudy.config.usecase import BadImagePolicy, UseCase, _choices, _positive
 from ddlstudy.errors import ConfigError
+from ddlstudy.files import check_folder
 from ddlstudy.reducers import REGISTRY as REDUCERS
 from ddlstudy.reducers import get_reducer
 from ddlstudy.reducers.compress import parse as parse_compress
@@ -46,9 +49,18 @@ def spark_slots(master: str) -> int | None:
     if master.startswith("local["):
         return None if found.group(3) == "*" else int(found.group(3))
     if master.startswith("local-cluster"):
-        return int(found.group(5)) * int(found.group(6))
+        workers, mib = int(found.group(5)), int(found.group(7))
+        ram_mib = psutil.virtual_memory().total // 2**20
+        if workers * mib > ram_mib or not 0 < workers <= MAX_PROCESSES:
+            raise ConfigError("--spark-master", f"{master}: {workers} executor JVM(s) of "
+                              f"{mib} MiB do not fit in this machine's {ram_mib} MiB")
+        return workers * int(found.group(6))
     return None
 
+
+MAX_PROCESSES = 512
+FORKS = " (every one is a process or a model copy: more would exhaust the machine)"
+MAX_LOADER_WORKERS = 64
 
 HOST_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.\-]*[A-Za-z0-9])?$")
 
@@ -224,9 +236,10 @@ class RunConfig:
     """Set by preflight (``ddlstudy.runner.resolve``); not part of the recorded config."""
 
     def __post_init__(self) -> None:
+        self._check_types()
         try:
             object.__setattr__(self, "on_bad_image", BadImagePolicy(self.on_bad_image))
-        except ValueError:
+        except (ValueError, TypeError):
             raise ConfigError("--on-bad-image", f"unknown policy {self.on_bad_image!r}; "
                               f"choose one of: {_choices(BadImagePolicy)}") from None
         self._check_layout()
@@ -234,12 +247,40 @@ class RunConfig:
         self._check_task()
         self._check_output()
 
+    def _check_types(self) -> None:
+        """Each option holds a value of its declared type (a study plan or a replayed
+        manifest can hold anything): refused naming the flag, before any other check."""
+        for f in options():
+            value, kind = getattr(self, f.name), f.metadata["type"]
+            if value is None and f.default is None:
+                continue
+            flag = "--" + ("no-" if f.metadata["negate"] else "") + f.name.replace("_", "-")
+            if f.metadata["parse"] == "layers":
+                ok = isinstance(value, list | tuple) and all(
+                    isinstance(v, int) and not isinstance(v, bool) for v in value)
+            elif kind is Path:
+                ok = isinstance(value, str | Path) and str(value) != ""
+                if ok:
+                    object.__setattr__(self, f.name, Path(value))
+            elif kind is bool:
+                ok = isinstance(value, bool)
+            elif kind is float:
+                ok = isinstance(value, int | float) and not isinstance(value, bool)
+            elif kind is int:
+                ok = isinstance(value, int) and not isinstance(value, bool)
+            else:
+                ok = isinstance(value, str)
+            if not ok:
+                what = {Path: "a path", bool: "true or false", float: "a number",
+                        int: "an integer"}.get(kind, "a name")
+                raise ConfigError(flag, f"must be {what}, got {value!r}")
+
     def _check_layout(self) -> None:
         if self.workers is not None:
-            _positive("--workers", self.workers)
+            _positive("--workers", self.workers, most=MAX_PROCESSES, why=FORKS)
         if self.stages is not None:
-            _positive("--stages", self.stages)
-        _positive("--micro-batches", self.micro_batches)
+            _positive("--stages", self.stages, most=MAX_PROCESSES, why=FORKS)
+        _positive("--micro-batches", self.micro_batches, most=4096)
         if self.stage_starts is not None:
             object.__setattr__(self, "stage_starts", tuple(self.stage_starts))
             starts = self.stage_starts
@@ -250,13 +291,13 @@ class RunConfig:
             if self.stages is not None and self.stages != len(starts):
                 raise ConfigError("--stage-starts", f"{len(starts)} stages start there but "
                                   f"--stages is {self.stages}")
-        _positive("--replicas", self.replicas)
+        _positive("--replicas", self.replicas, most=MAX_PROCESSES, why=FORKS)
         if self.devices is not None:
-            _positive("--devices", self.devices)
+            _positive("--devices", self.devices, most=MAX_PROCESSES)
 
     def _check_nodes(self) -> None:
         if self.nodes is not None:
-            _positive("--nodes", self.nodes)
+            _positive("--nodes", self.nodes, most=MAX_PROCESSES, why=FORKS)
             if self.backend == "local" and self.nodes > 1:
                 raise ConfigError("--nodes", "more than one node needs --backend mpi or spark")
         if self.hosts is not None:
@@ -278,9 +319,8 @@ class RunConfig:
             if self.nodes is None:
                 object.__setattr__(self, "nodes", slots)
         if self.bucket_mb is not None:
-            if not self.bucket_mb > 0:
-                raise ConfigError("--bucket-mb", f"must be a positive size in MiB, got "
-                                  f"{self.bucket_mb}")
+            _positive("--bucket-mb", self.bucket_mb, float, most=65536,
+                      why=" MiB (a bucket holds part of one model's gradients)")
             if self.backend != "mpi" or self.reduce != "allreduce" or \
                     self.compress != "none":
                 raise ConfigError("--bucket-mb", "buckets MPI's own Iallreduce: it needs "
@@ -305,7 +345,7 @@ class RunConfig:
         if self.spark_sync not in SPARK_SYNCS:
             raise ConfigError("--spark-sync", f"unknown mode {self.spark_sync!r}; choose one "
                               f"of: {', '.join(SPARK_SYNCS)}")
-        _positive("--sync-every", self.sync_every)
+        _positive("--sync-every", self.sync_every, most=1_000_000)
         spark_flag = ("--spark-master" if self.spark_master else
                       "--spark-sync" if self.spark_sync != "gloo" else
                       "--spark-ui" if self.spark_ui else None)
@@ -323,7 +363,7 @@ class RunConfig:
         get_reducer(self.reduce)
 
     def _check_task(self) -> None:
-        _positive("--accumulate", self.accumulate)
+        _positive("--accumulate", self.accumulate, most=4096)
         if self.scaling not in ("strong", "weak"):
             raise ConfigError("--scaling", f"unknown scaling {self.scaling!r}; choose one of: "
                               "strong, weak")
@@ -341,11 +381,17 @@ class RunConfig:
             _positive("--snapshot-every", self.snapshot_every)
             if not self.snapshot:
                 raise ConfigError("--snapshot-every", "cannot be used with --no-snapshot")
-        if isinstance(self.loader_workers, bool) or self.loader_workers < 0:
-            raise ConfigError("--loader-workers", f"must be 0 or more, got {self.loader_workers}")
-        if not 0 <= self.sample_hz <= 100:
+        if isinstance(self.loader_workers, bool) or not isinstance(self.loader_workers, int) \
+                or not 0 <= self.loader_workers <= MAX_LOADER_WORKERS:
+            raise ConfigError("--loader-workers", f"must be 0 to {MAX_LOADER_WORKERS} "
+                              f"processes, got {self.loader_workers!r}")
+        if isinstance(self.sample_hz, bool) or not isinstance(self.sample_hz, int | float) \
+                or not 0 <= self.sample_hz <= 100:
             raise ConfigError("--sample-hz", f"must be between 0 (off) and 100, "
                               f"got {self.sample_hz}")
+        check_folder("--runs-dir", self.runs_dir)
+        if self.data_dir is None:
+            check_folder("--datasets-dir", self.datasets_dir)
         if self.data_dir is not None and not Path(self.data_dir).is_dir():
             raise ConfigError("--data-dir", f"{self.data_dir} is not a folder; give the root "
                               "of an ImageFolder tree (root/<class>/<image>)")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -39,9 +40,38 @@ def _choices(enum_cls: type[enum.StrEnum]) -> str:
     return ", ".join(m.value for m in enum_cls)
 
 
-def _positive(name: str, value: Any, kind: type = int) -> None:
-    if isinstance(value, bool) or not isinstance(value, kind | int) or value <= 0:
+def _positive(name: str, value: Any, kind: type = int, most: float | None = None,
+              why: str = "") -> None:
+    """A positive, finite ``kind`` (an int is a float too), at most ``most`` (``why``
+    says what a larger value would do)."""
+    if isinstance(value, bool) or not isinstance(value, kind | int) or \
+            not math.isfinite(value) or value <= 0:
         raise ConfigError(name, f"must be a positive {kind.__name__}, got {value!r}")
+    if most is not None and value > most:
+        raise ConfigError(name, f"{value!r} is above the limit of {most:g}{why}")
+
+
+def _number(name: str, value: Any, low: float, high: float, high_open: bool = False) -> None:
+    """A finite number in [low, high] (or [low, high) with ``high_open``)."""
+    inside = (isinstance(value, int | float) and not isinstance(value, bool)
+              and math.isfinite(value) and low <= value and
+              (value < high if high_open else value <= high))
+    if not inside:
+        raise ConfigError(name, f"must be a number in [{low:g}, {high:g}"
+                          f"{')' if high_open else ']'}, got {value!r}")
+
+
+SEED_MAX = 2**63 - 1
+"""Seeds go to torch.manual_seed and numpy, which take a signed 64-bit integer."""
+MAX_IMAGES = 1_000_000
+"""A synthetic set larger than this would take hours and tens of GB: use --data-dir."""
+MAX_PIXELS = 2048
+"""Images larger than this per side exhaust memory before training starts."""
+
+
+def _seed(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= SEED_MAX:
+        raise ConfigError(name, f"must be an integer from 0 to 2**63-1, got {value!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,10 +86,11 @@ class ModelSpec:
     def __post_init__(self) -> None:
         try:
             object.__setattr__(self, "arch", Arch(self.arch))
-        except ValueError:
+        except (ValueError, TypeError):
             raise ConfigError("model.arch", f"unknown architecture {self.arch!r}; "
                               f"choose one of: {_choices(Arch)}") from None
-        if not isinstance(self.width, int | float) or not 0 < self.width <= 1:
+        if isinstance(self.width, bool) or not isinstance(self.width, int | float) or \
+                not 0 < self.width <= 1:
             raise ConfigError("model.width", f"must be in (0, 1], got {self.width!r}")
 
 
@@ -80,16 +111,19 @@ class DataSpec:
     """Fraction of images drawn as another class than the folder they are filed under."""
 
     def __post_init__(self) -> None:
-        if not self.name or "/" in self.name or self.name.startswith("."):
-            raise ConfigError("data.name", f"must be a plain folder name, got {self.name!r}")
-        _positive("data.images", self.images)
-        _positive("data.source_size", self.source_size)
+        if not isinstance(self.name, str) or not PLAIN_NAME.match(self.name):
+            raise ConfigError("data.name", f"must be a plain folder name (letters, digits, "
+                              f"'.', '_', '-'), got {self.name!r}")
+        _positive("data.images", self.images, most=MAX_IMAGES,
+                  why=" (a synthetic set that large takes hours and tens of GB; train on a "
+                  "real set with --data-dir)")
+        _positive("data.source_size", self.source_size, most=MAX_PIXELS,
+                  why=" px (larger images exhaust memory)")
         if self.source_size < 16:
             raise ConfigError("data.source_size", f"must be at least 16, got {self.source_size}")
-        if not 0 <= self.difficulty <= 1:
-            raise ConfigError("data.difficulty", f"must be in [0, 1], got {self.difficulty!r}")
-        if not 0 <= self.label_noise < 1:
-            raise ConfigError("data.label_noise", f"must be in [0, 1), got {self.label_noise!r}")
+        _seed("data.seed", self.seed)
+        _number("data.difficulty", self.difficulty, 0, 1)
+        _number("data.label_noise", self.label_noise, 0, 1, high_open=True)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -109,16 +143,17 @@ class TrainSpec:
     val_fraction: float = 0.2
 
     def __post_init__(self) -> None:
-        for name in ("image_size", "batch_size", "epochs"):
-            _positive(f"train.{name}", getattr(self, name))
+        _positive("train.image_size", self.image_size, most=MAX_PIXELS,
+                  why=" px (larger images exhaust memory)")
+        _positive("train.batch_size", self.batch_size, most=65536,
+                  why=" images (a batch that large does not fit in memory)")
+        _positive("train.epochs", self.epochs, most=100_000)
         _positive("train.lr", self.lr, float)
-        if not 0 <= self.momentum < 1:
-            raise ConfigError("train.momentum", f"must be in [0, 1), got {self.momentum!r}")
-        if not 0 < self.val_fraction < 1:
-            raise ConfigError("train.val_fraction",
-                              f"must be in (0, 1), got {self.val_fraction!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ConfigError("train.seed", f"must be a non-negative integer, got {self.seed!r}")
+        _number("train.momentum", self.momentum, 0, 1, high_open=True)
+        _number("train.val_fraction", self.val_fraction, 0, 1, high_open=True)
+        if self.val_fraction == 0:
+            raise ConfigError("train.val_fraction", "must be above 0: a run validates")
+        _seed("train.seed", self.seed)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -139,6 +174,12 @@ class UseCase:
             raise ConfigError("name", f"{self.name!r}: a use case's name goes into run folder "
                               "names; use letters, digits, '.', '_' or '-' (at most 64, "
                               "starting with a letter or digit)")
+        if not isinstance(self.description, str):
+            raise ConfigError("description", f"must be text, got {self.description!r}")
+        if not isinstance(self.classes, list | tuple) or not all(
+                isinstance(c, str) and PLAIN_NAME.match(c) for c in self.classes):
+            raise ConfigError("classes", f"give a list of class names (plain folder names), "
+                              f"got {self.classes!r}")
         classes = tuple(self.classes)
         object.__setattr__(self, "classes", classes)
         if len(classes) < 2 or len(set(classes)) != len(classes):

@@ -9,7 +9,7 @@ from pathlib import Path
 from ddlstudy.config import RunConfig
 from ddlstudy.data.fingerprint import SUMS_FILE, sha256_file
 from ddlstudy.data.folder import ImageList, scan_imagefolder, stratified_split
-from ddlstudy.data.generate import is_complete, make_dataset
+from ddlstudy.data.generate import is_complete, make_dataset, refuse_another_spec
 from ddlstudy.errors import DataError
 
 log = logging.getLogger("ddlstudy")
@@ -51,6 +51,7 @@ def prepare_data(cfg: RunConfig) -> DataPlan:
     root = dataset_root(cfg)
     source = "imagefolder" if cfg.data_dir else "synthetic"
     if source == "synthetic" and not is_complete(root, uc.data):
+        refuse_another_spec(root, uc.data, None)
         log.info("synthetic data set %s is missing: generating %d images in %s",
                  uc.data.name, uc.data.images, root)
         make_dataset(uc.data, root)

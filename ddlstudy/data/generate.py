@@ -51,6 +51,23 @@ def is_complete(root: Path, spec: DataSpec, shard: tuple[int, int] | None = None
     return record == _spec_record(spec, shard) and (root / SUMS_FILE).is_file()
 
 
+def refuse_another_spec(root: Path, spec: DataSpec, shard: tuple[int, int] | None) -> None:
+    """A data set of the same name made with other settings belongs to another use case
+    (or an earlier version of this one): never replace it silently."""
+    try:
+        record = json.loads((root / SPEC_FILE).read_text())
+    except (OSError, ValueError):
+        return
+    wanted = _spec_record(spec, shard)
+    if not isinstance(record, dict) or record == wanted:
+        return
+    changed = [f"{k} {record.get(k)!r} there, {v!r} here" for k, v in wanted.items()
+               if record.get(k) != v]
+    raise UsageError(f"{root} holds a data set of the same name made with other settings "
+                     f"({'; '.join(changed[:3])}); give this use case its own data.name, "
+                     f"or replace it with `ddlstudy dataset make --usecase ... --force`")
+
+
 def _render_one(job: tuple[Path, int, int, DataSpec]) -> tuple[str, str]:
     folder, class_id, index, spec = job
     cls = CLASSES[class_id]
@@ -66,6 +83,8 @@ def make_dataset(spec: DataSpec, root: Path, *, shard: tuple[int, int] | None = 
     """Generate ``spec`` under ``root`` (skipped when already complete); returns ``root``."""
     if is_complete(root, spec, shard) and not force:
         return root
+    if not force:
+        refuse_another_spec(root, spec, shard)
     if root.exists() and not (root / SPEC_FILE).is_file():
         raise UsageError(f"{root} exists but was not written by ddlstudy; move it away or "
                          "choose another data.name")

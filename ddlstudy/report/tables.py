@@ -17,6 +17,7 @@ study's ``study.json`` and are shown with the reason, never dropped.
 from __future__ import annotations
 
 import json
+import logging
 import statistics
 from pathlib import Path
 
@@ -25,6 +26,8 @@ import pandas as pd
 from ddlstudy.errors import UsageError
 from ddlstudy.files import atomic_write_text
 from ddlstudy.runfolder import MANIFEST
+
+log = logging.getLogger("ddlstudy")
 
 BASELINE = "sequential"
 STUDY_FILE = "study.json"
@@ -49,15 +52,29 @@ def load_runs(runs_dir: Path) -> list[dict]:
     for path in sorted(runs_dir.rglob(MANIFEST)):
         try:
             manifest = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue  # a foreign or damaged file is not a run
-        if not isinstance(manifest, dict) or "strategy" not in manifest:
+        except (OSError, ValueError) as exc:
+            log.warning("report: skipped %s: unreadable (%s)", path, exc)
+            continue
+        reason = _unusable(manifest)
+        if reason:  # a foreign or damaged file is not a run: the others are still reported
+            log.warning("report: skipped %s: %s", path, reason)
             continue
         manifest["path"] = str(path.parent)
         manifests.append(manifest)
     if not manifests and not (runs_dir / STUDY_FILE).is_file():
         raise UsageError(f"no runs in {runs_dir}; train some with `ddlstudy run` first")
     return sorted(manifests, key=lambda m: m.get("started_at", ""))
+
+
+def _unusable(manifest) -> str | None:
+    """Why a manifest cannot be a row of the tables (None: it can)."""
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("strategy"), dict):
+        return "not a ddlstudy run manifest"
+    try:
+        runs_frame([manifest])
+    except Exception as exc:  # noqa: BLE001 - any malformed field
+        return f"malformed ({type(exc).__name__}: {exc})"
+    return None
 
 
 def load_planned(runs_dir: Path) -> list[dict]:

@@ -27,7 +27,6 @@ from ddlstudy.data import prepare_data
 from ddlstudy.errors import ConfigError, Unavailable, UsageError
 from ddlstudy.files import sweep_temporaries
 from ddlstudy.runfolder import MANIFEST, RUN_ID_ENV, SNAPSHOT, RunFolder, new_run_id, now_iso
-from ddlstudy.runner.replay import config_from_manifest, read_manifest
 from ddlstudy.sampler import ResourceSampler
 from ddlstudy.strategies import REGISTRY, Strategy, get_strategy
 from ddlstudy.training import Job
@@ -141,13 +140,6 @@ def _study_tag() -> dict:
         return {}
 
 
-def resume_config(path: Path) -> RunConfig:
-    """The configuration a run folder recorded, to continue it (its data must not change)."""
-    manifest = read_manifest(path)
-    cfg = config_from_manifest(manifest, Path(manifest["path"]).parent)
-    return dataclasses.replace(cfg, replay_of=manifest["config"].get("replay_of"))
-
-
 def _load_snapshot(path: Path) -> dict:
     import torch
 
@@ -158,9 +150,13 @@ def _load_snapshot(path: Path) -> dict:
                          f"start the run again")
     try:
         snap = torch.load(file, weights_only=True, map_location="cpu")
-    except Exception as exc:  # a damaged file: say so, change nothing
-        raise UsageError(f"{file} cannot be loaded ({type(exc).__name__}: {exc}); it is left "
-                         f"as it is") from None
+    except Exception as exc:  # a damaged or foreign file: say so, change nothing
+        # Not torch's own text: it suggests weights_only=False, which would run the file's
+        # pickled code.
+        reason = "damaged or truncated" if isinstance(exc, EOFError | RuntimeError) \
+            else "holds more than tensors and plain values"
+        raise UsageError(f"{file} is not a ddlstudy snapshot that can be loaded safely "
+                         f"({reason}); it is left as it is") from None
     if not isinstance(snap, dict) or "position" not in snap or "rng" not in snap:
         raise UsageError(f"{file} was written by an older ddlstudy without the training "
                          f"position; it cannot be resumed exactly")

@@ -151,3 +151,10 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> str:
     if len(ea) != len(eb):
         lines.append(f"  epochs: {len(ea)} -> {len(eb)}")
     return "\n".join(lines)
+
+
+def resume_config(path: Path) -> RunConfig:
+    """The configuration a run folder recorded, to continue it (its data must not change)."""
+    manifest = read_manifest(path)
+    cfg = config_from_manifest(manifest, Path(manifest["path"]).parent)
+    return dataclasses.replace(cfg, replay_of=manifest["config"].get("replay_of"))

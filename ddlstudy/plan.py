@@ -1,0 +1,100 @@
+"""A study plan: the use cases, the [settings] every cell shares and the [[cells]], read
+and checked without torch (so a bad plan is refused at once); ``ddlstudy.study`` runs it.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ddlstudy.config import DEFAULT_RUNS_DIR, HOME, USECASES_DIR
+from ddlstudy.config.options import cell_keys, switches
+from ddlstudy.config.usecase import PLAIN_NAME
+from ddlstudy.errors import ConfigError, UsageError
+
+CELL_KEYS = cell_keys()
+SWITCHES = switches()
+STUDY_KEYS = {"name", "description", "usecases", "repeat", "runs_dir"}
+
+
+@dataclass
+class Plan:
+    name: str
+    path: Path
+    usecases: list[str]
+    cells: list[dict[str, Any]]
+    repeat: int = 1
+    runs_dir: Path = DEFAULT_RUNS_DIR
+    description: str = ""
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
+def _keys(where: str, values: Any, allowed: set[str]) -> dict[str, Any]:
+    if not isinstance(values, dict):
+        raise ConfigError(where, "must be a TOML table")
+    unknown = sorted(set(values) - allowed)
+    if unknown:
+        raise ConfigError(f"{where}.{unknown[0]}", f"unknown key; allowed: "
+                          f"{', '.join(sorted(allowed))}")
+    return values
+
+
+def _plan_path(path: Path) -> Path:
+    """A plan file, or the name of one shipped with ddlstudy (``demo``, ``paper``)."""
+    if path.is_file():
+        return path
+    shipped = USECASES_DIR / f"{path}.toml"
+    if path.suffix != ".toml" and len(path.parts) == 1 and shipped.is_file():
+        return shipped
+    raise UsageError(f"study plan {path} does not exist")
+
+
+def load_plan(path: Path, repeat: int | None = None, runs_dir: Path | None = None) -> Plan:
+    path = _plan_path(Path(path))
+    try:
+        raw = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"{path} is not valid TOML: {exc}") from None
+    if "model" in raw:
+        raise UsageError(f"{path} is a use case, not a study plan; train it with "
+                         f"`ddlstudy run --usecase {path}`")
+    _keys("plan", raw, {"study", "settings", "cells"})
+    study = _keys("[study]", raw.get("study", {}), STUDY_KEYS)
+    settings = _keys("[settings]", raw.get("settings", {}), CELL_KEYS - {"strategy"})
+    cells = raw.get("cells", [])
+    if not isinstance(cells, list) or not cells:
+        raise ConfigError("[[cells]]", "the plan needs at least one [[cells]] table with a "
+                          "strategy")
+    for i, cell in enumerate(cells, 1):
+        _keys(f"[[cells]] #{i}", cell, CELL_KEYS)
+    for i, cell in enumerate([settings, *cells]):
+        where = "[settings]" if i == 0 else f"[[cells]] #{i}"
+        for key, value in cell.items():
+            if (key in SWITCHES) != isinstance(value, bool):
+                raise ConfigError(f"{where}.{key}", f"{value!r}: give " + (
+                    "true or false" if key in SWITCHES else "a value, not true or false"))
+            if not isinstance(value, str | int | float | bool | list) or (
+                    isinstance(value, list) and not all(isinstance(v, int) for v in value)):
+                raise ConfigError(f"{where}.{key}", f"{value!r} is not a flag's value; give "
+                                  "a string, a number, true/false or a list of integers")
+    usecases = study.get("usecases", [])
+    if not isinstance(usecases, list) or not usecases or \
+            not all(isinstance(u, str) and u for u in usecases):
+        raise ConfigError("study.usecases", "list at least one use case by name or path, "
+                          "e.g. [\"tiny\"]")
+    name = study.get("name") or path.stem
+    if not isinstance(name, str) or not PLAIN_NAME.match(name):
+        raise ConfigError("study.name", f"{name!r}: a study's name is the folder its runs go "
+                          "into; use letters, digits, '.', '_' or '-'")
+    repeat = repeat if repeat is not None else study.get("repeat", 1)
+    if isinstance(repeat, bool) or not isinstance(repeat, int) or not 0 < repeat <= 1000:
+        raise ConfigError("--repeat", f"must be an integer from 1 to 1000, got {repeat!r}")
+    if runs_dir is None:
+        runs_dir = Path(study["runs_dir"]) if "runs_dir" in study else DEFAULT_RUNS_DIR / name
+        if not runs_dir.is_absolute():
+            runs_dir = HOME / runs_dir
+    return Plan(name=name, path=path, usecases=usecases, cells=cells, repeat=repeat,
+                runs_dir=runs_dir, description=study.get("description", ""),
+                settings=settings)

@@ -1,0 +1,242 @@
+"""Bad input across every subcommand: exit code 2, one line on stderr naming what was
+wrong, no traceback, and nothing written (issue 16's table; each case was a defect or a
+class of defect found by trying bad values as a user would)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from ddlstudy.cli import main
+
+USECASE = """name = "probe"
+[model]
+arch = "alexnet"
+width = 0.25
+[data]
+name = "synthetic-tiny"
+images = 300
+source_size = 64
+[train]
+image_size = 64
+batch_size = 16
+epochs = 1
+"""
+
+
+def _usecase(replace: dict[str, str] | None = None, prefix: str = "") -> str:
+    text = USECASE
+    for old, new in (replace or {}).items():
+        assert old in text
+        text = text.replace(old, new)
+    return prefix + text
+
+
+PLAN = '[study]\nusecases = ["tiny"]\n'
+
+FILES = {
+    "afile": "not a folder",
+    "bad-json/manifest.json": "{not json",
+    "list/manifest.json": "[1, 2]",
+    "empty/manifest.json": "{}",
+    "uc/nan-lr.toml": _usecase({"epochs = 1": "epochs = 1\nlr = nan"}),
+    "uc/inf-lr.toml": _usecase({"epochs = 1": "epochs = 1\nlr = inf"}),
+    "uc/classes-int.toml": _usecase(prefix="classes = 3\n"),
+    "uc/classes-str.toml": _usecase(prefix='classes = "abc"\n'),
+    "uc/classes-path.toml": _usecase(prefix='classes = ["fire", "../smoke", "nofire"]\n'),
+    "uc/empty-name.toml": _usecase({'name = "probe"': 'name = ""'}),
+    "uc/escape.toml": _usecase({'name = "probe"': 'name = "../../escape"'}),
+    "uc/images.toml": _usecase({"images = 300": "images = 100000000000"}),
+    "uc/source.toml": _usecase({"source_size = 64": "source_size = 1000000"}),
+    "uc/width.toml": _usecase({"width = 0.25": 'width = "wide"'}),
+    "uc/arch.toml": _usecase({'arch = "alexnet"': "arch = 3"}),
+    "uc/batch-list.toml": _usecase({"batch_size = 16": "batch_size = [1]"}),
+    "uc/data-name.toml": _usecase({'name = "synthetic-tiny"': "name = 5"}),
+    "uc/data-escape.toml": _usecase({'name = "synthetic-tiny"': 'name = "../up"'}),
+    "uc/seed.toml": _usecase({"epochs = 1": "epochs = 1\nseed = 99999999999999999999"}),
+    "uc/momentum.toml": _usecase({"epochs = 1": 'epochs = 1\nmomentum = "high"'}),
+    "uc/difficulty.toml": _usecase({"source_size = 64": "source_size = 64\ndifficulty = nan"}),
+    "uc/not-toml.toml": "[model\n",
+    "plan/epochs-str.toml": PLAN + '[[cells]]\nstrategy = "sequential"\nepochs = "x"\n',
+    "plan/lr-str.toml": PLAN + '[settings]\nlr = "fast"\n[[cells]]\nstrategy = "sequential"\n',
+    "plan/lr-nan.toml": PLAN + '[settings]\nlr = nan\n[[cells]]\nstrategy = "sequential"\n',
+    "plan/usecase-int.toml": '[study]\nusecases = [3]\n[[cells]]\nstrategy = "sequential"\n',
+    "plan/cells-table.toml": PLAN + '[cells]\nstrategy = "sequential"\n',
+    "plan/name.toml": '[study]\nname = "../x"\nusecases = ["tiny"]\n[[cells]]\n'
+                      'strategy = "sequential"\n',
+    "plan/repeat.toml": PLAN.replace("\n", "\nrepeat = 100000000\n", 1)
+    + '[[cells]]\nstrategy = "sequential"\n',
+    "plan/workers-bool.toml": PLAN + '[[cells]]\nstrategy = "cpu-processes"\nworkers = true\n',
+    "plan/table-value.toml": PLAN + '[[cells]]\nstrategy = "sequential"\nseed = {a = 1}\n',
+    "plan/unknown-key.toml": PLAN + '[[cells]]\nstrategy = "sequential"\nspeed = 9\n',
+    "plan/strategy.toml": PLAN + '[[cells]]\nstrategy = "magic"\n',
+    "hostfile-bad": "node-a:x\n",
+}
+
+R = ["run", "--runs-dir", "{tmp}/runs", "--datasets-dir", "{tmp}/datasets"]
+
+CASES = [
+    # run: numbers that are not finite, or beyond any machine
+    (R + ["--lr", "nan"], "--lr: must be a positive float, got nan"),
+    (R + ["--lr", "inf"], "--lr: must be a positive float, got inf"),
+    (R + ["--lr", "-inf"], "argument --lr: expected one argument"),
+    (R + ["--sample-hz", "nan"], "--sample-hz: must be between 0"),
+    (R + ["--sample-hz", "inf"], "--sample-hz: must be between 0"),
+    (R + ["--seed", "99999999999999999999999"], "--seed: must be an integer from 0 to 2**63-1"),
+    (R + ["--seed", "-1"], "--seed: must be an integer from 0"),
+    (R + ["--backend", "mpi", "--bucket-mb", "1e308"], "--bucket-mb: 1e+308 is above the limit"),
+    (R + ["--backend", "mpi", "--bucket-mb", "nan"], "--bucket-mb: must be a positive float"),
+    (R + ["--image-size", "100000"], "--image-size: 100000 is above the limit of 2048 px"),
+    (R + ["--batch-size", "100000000"], "--batch-size: 100000000 is above the limit"),
+    (R + ["--epochs", "100000000000"], "--epochs: 100000000000 is above the limit"),
+    (R + ["--strategy", "cpu-processes", "--workers", "100000"], "--workers: 100000 is above"),
+    (R + ["--strategy", "pipeline", "--stages", "9999"], "--stages: 9999 is above the limit"),
+    (R + ["--loader-workers", "10000"], "--loader-workers: must be 0 to 64 processes"),
+    (R + ["--backend", "mpi", "--nodes", "100000"], "--nodes: 100000 is above the limit"),
+    (R + ["--backend", "spark", "--nodes", "100000"], "--nodes: 100000 is above the limit"),
+    (R + ["--backend", "spark", "--spark-master", "local-cluster[2,1,99999999999]"],
+     "do not fit in this machine's"),
+    (R + ["--micro-batches", "100000"], "--micro-batches: 100000 is above the limit"),
+    (R + ["--accumulate", "0"], "--accumulate: must be a positive int"),
+    (R + ["--snapshot-every", "0"], "--snapshot-every: must be a positive int"),
+    (R + ["--max-restarts", "-1"], "--max-restarts: must be 0 or more"),
+    (R + ["--epochs", "x"], "argument --epochs: invalid int value: 'x'"),
+    (R + ["--strategy"], "argument --strategy: expected one argument"),
+    (R + ["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+    # run: paths
+    (["run", "--runs-dir", "{tmp}/afile"], "--runs-dir: {tmp}/afile is a file"),
+    (["run", "--runs-dir", "{tmp}/afile/below"], "cannot be made: {tmp}/afile is a file"),
+    (["run", "--runs-dir", "{tmp}/runs", "--datasets-dir", "{tmp}/afile"],
+     "--datasets-dir: {tmp}/afile is a file"),
+    (R + ["--data-dir", "{tmp}/afile"], "--data-dir: {tmp}/afile is not a folder"),
+    # run: use cases
+    (R + ["--usecase", "{tmp}/uc/nan-lr.toml"], "train.lr: must be a positive float, got nan"),
+    (R + ["--usecase", "{tmp}/uc/inf-lr.toml"], "train.lr: must be a positive float, got inf"),
+    (R + ["--usecase", "{tmp}/uc/classes-int.toml"], "classes: give a list of class names"),
+    (R + ["--usecase", "{tmp}/uc/classes-str.toml"], "classes: give a list of class names"),
+    (R + ["--usecase", "{tmp}/uc/classes-path.toml"], "classes: give a list of class names"),
+    (R + ["--usecase", "{tmp}/uc/empty-name.toml"], "name: '': a use case's name"),
+    (R + ["--usecase", "{tmp}/uc/escape.toml"], "name: '../../escape': a use case's name"),
+    (R + ["--usecase", "{tmp}/uc/images.toml"], "data.images: 100000000000 is above"),
+    (R + ["--usecase", "{tmp}/uc/source.toml"], "data.source_size: 1000000 is above"),
+    (R + ["--usecase", "{tmp}/uc/width.toml"], "model.width: must be in (0, 1]"),
+    (R + ["--usecase", "{tmp}/uc/arch.toml"], "model.arch"),
+    (R + ["--usecase", "{tmp}/uc/batch-list.toml"], "train.batch_size: must be a positive"),
+    (R + ["--usecase", "{tmp}/uc/data-name.toml"], "data.name: must be a plain folder name"),
+    (R + ["--usecase", "{tmp}/uc/data-escape.toml"], "data.name: must be a plain folder"),
+    (R + ["--usecase", "{tmp}/uc/seed.toml"], "train.seed: must be an integer from 0"),
+    (R + ["--usecase", "{tmp}/uc/momentum.toml"], "train.momentum: must be a number"),
+    (R + ["--usecase", "{tmp}/uc/difficulty.toml"], "data.difficulty: must be a number"),
+    (R + ["--usecase", "{tmp}/uc/not-toml.toml"], "is not valid TOML"),
+    (R + ["--usecase", "{tmp}/afile"], "{tmp}/afile is not valid TOML"),
+    (R + ["--usecase", "{tmp}/nothing.toml"], "use-case file {tmp}/nothing.toml does not"),
+    # run: hosts
+    (R + ["--backend", "mpi", "--nodes", "2", "--hosts", "a;b"], "--hosts: 'a;b'"),
+    (R + ["--backend", "mpi", "--nodes", "2", "--hosts", "a b"], "--hosts: 'a b'"),
+    (R + ["--backend", "mpi", "--hostfile", "{tmp}/hostfile-bad"], "line 1: 'node-a:x'"),
+    (R + ["--backend", "mpi", "--hostfile", "{tmp}/nothing"], "--hostfile: cannot read"),
+    # dataset make
+    (["dataset", "make", "--out", "{tmp}/afile"], "--out: {tmp}/afile is a file"),
+    (["dataset", "make", "--out", "{tmp}/out", "--workers", "100000"],
+     "--workers: must be 1 to 64"),
+    (["dataset", "make", "--usecase", "{tmp}/uc/images.toml", "--out", "{tmp}/out"],
+     "data.images: 100000000000 is above"),
+    (["dataset", "make", "--out", "{tmp}/out", "--shard", "3/2"], "argument --shard"),
+    # manifests: replay, compare, resume
+    (["replay", "{tmp}/bad-json"], "is not valid JSON"),
+    (["replay", "{tmp}/list"], "is not a ddlstudy run manifest"),
+    (["replay", "{tmp}/empty"], "is not a ddlstudy run manifest"),
+    (["replay", "{tmp}/nothing"], "is neither a run folder nor a manifest.json"),
+    (["compare", "{tmp}/bad-json", "{tmp}/empty"], "is not valid JSON"),
+    (["compare", "{tmp}/list", "{tmp}/list"], "is not a ddlstudy run manifest"),
+    (["run", "--resume", "{tmp}/empty"], "is not a ddlstudy run manifest"),
+    (["run", "--resume", "{tmp}/list", "--epochs", "2"], "--resume: continues a run with"),
+    # report, export
+    (["report", "{tmp}/nothing"], "runs folder {tmp}/nothing does not exist"),
+    (["report", "{tmp}/bad-json", "--out", "{tmp}/afile"], "--out: {tmp}/afile is a file"),
+    (["report", "{tmp}", "--format", "pdf"], "argument --format: invalid choice: 'pdf'"),
+    (["export", "tensorboard", "{tmp}/nothing", "--out", "{tmp}/tb"], "is not a run folder"),
+    (["export", "tensorboard", "{tmp}/bad-json", "--out", "{tmp}/afile"], "is a file"),
+    # study plans
+    (["study", "{tmp}/plan/missing.toml"], "study plan {tmp}/plan/missing.toml does not exist"),
+    (["study", "{tmp}/plan/epochs-str.toml"], "argument --epochs: invalid int value: 'x'"),
+    (["study", "{tmp}/plan/lr-str.toml"], "argument --lr: invalid float value: 'fast'"),
+    (["study", "{tmp}/plan/lr-nan.toml"], "--lr: must be a positive float, got nan"),
+    (["study", "{tmp}/plan/usecase-int.toml"], "study.usecases: list at least one use case"),
+    (["study", "{tmp}/plan/cells-table.toml"], "[[cells]]"),
+    (["study", "{tmp}/plan/name.toml"], "study.name: '../x'"),
+    (["study", "{tmp}/plan/repeat.toml"], "--repeat: must be an integer from 1 to 1000"),
+    (["study", "{tmp}/plan/workers-bool.toml"], "[[cells]] #1.workers: True: give a value, "
+                                                "not true or false"),
+    (["study", "{tmp}/plan/table-value.toml"], "[[cells]] #1.seed: {'a': 1} is not a flag's"),
+    (["study", "{tmp}/plan/unknown-key.toml"], "[[cells]] #1.speed: unknown key"),
+    (["study", "{tmp}/plan/strategy.toml"], "unknown strategy 'magic'"),
+    (["study", "{tmp}/uc/nan-lr.toml"], "is a use case, not a study plan"),
+    # hosts, predict, bench
+    (["hosts", "down", "--prefix", "../x"], "--prefix: '../x'"),
+    (["hosts", "status", "--prefix", ""], "--prefix: ''"),
+    (["hosts", "up", "--count", "100000"], "--count: 100000 hosts"),
+    (["hosts", "up", "--rate", "fast"], "--rate: 'fast'"),
+    (["hosts", "up", "--cpus", "x"], "--cpus: 'x'"),
+    (["predict", "{tmp}/nothing"], "does not exist"),
+    (["bench", "overhead", "--repeats", "0"], "--repeats: must be a positive integer"),
+    (["bench", "all", "--only", "nope"], "--only: unknown group(s) nope"),
+    ([], "the following arguments are required: COMMAND"),
+    (["frobnicate"], "argument COMMAND: invalid choice: 'frobnicate'"),
+]
+
+
+@pytest.fixture
+def bad_files(tmp_path) -> Path:
+    for name, text in FILES.items():
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return tmp_path
+
+
+def _tree(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*")}
+
+
+def test_the_table_has_enough_cases():
+    assert len(CASES) >= 60
+
+
+@pytest.mark.parametrize(("argv", "message"), CASES,
+                         ids=[" ".join(a[:1] + a[5:] if a[:1] == ["run"] and a[1:2] ==
+                                       ["--runs-dir"] else a)[:60] for a, _ in CASES])
+def test_bad_input_is_refused_in_one_line(argv, message, bad_files, capsys, monkeypatch):
+    monkeypatch.chdir(bad_files)  # a default runs/ or datasets/ would land here
+    monkeypatch.setenv("DDLSTUDY_HOME", str(bad_files))
+    before = _tree(bad_files)
+    tmp = str(bad_files)
+    code = main([a.replace("{tmp}", tmp) for a in argv])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.startswith("ddlstudy: error: ") and err.count("\n") == 1, err
+    assert message.replace("{tmp}", tmp) in err
+    assert "Traceback" not in err
+    assert _tree(bad_files) == before  # nothing written, nothing deleted
+    assert not Path(os.environ["DDLSTUDY_HOME"], "runs").exists()
+
+
+def test_a_data_set_name_reused_with_other_settings_is_refused(datasets_dir, tiny, tmp_path,
+                                                                capsys):
+    """Two use cases naming one data set with different settings would silently regenerate
+    each other's images; the second is refused, and the set is left as it was."""
+    other = tmp_path / "other.toml"
+    other.write_text(_usecase({"images = 300": "images = 600"}))
+    sums = datasets_dir / tiny.data.name / "SHA256SUMS"
+    before = sums.read_bytes()
+    for argv in (["run", "--usecase", str(other), "--runs-dir", str(tmp_path / "runs"),
+                  "--datasets-dir", str(datasets_dir)],
+                 ["dataset", "make", "--usecase", str(other), "--out",
+                  str(datasets_dir / tiny.data.name)]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "holds a data set of the same name made with other settings (images 300 " \
+               "there, 600 here" in err and err.count("\n") == 1
+    assert sums.read_bytes() == before and not (tmp_path / "runs").exists()
