@@ -191,3 +191,21 @@ def test_export_tensorboard_is_read_back_by_tensorboard(quick_config, tmp_path, 
         assert "resources/node-rank0/gpu_util_percent" not in tags  # no GPU: no NaN series
     assert main(["export", "tensorboard", str(tmp_path / "nothing"), "--out", str(out)]) == 2
     assert "is not a run folder or a folder of runs" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_hostfile_places_real_mpi_ranks(tmp_path, datasets_dir):
+    """mpiexec started by ddlstudy with the hostfile's hosts and slots (localhost:2 forks
+    both ranks here); --nodes came from the slots."""
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("localhost slots=2\n")
+    out = subprocess.run([sys.executable, "-m", "ddlstudy", "run", "--usecase", "tiny",
+                          "--backend", "mpi", "--hostfile", str(hosts), "--epochs", "1",
+                          "--max-steps", "2", "--sample-hz", "0", "--no-snapshot",
+                          "--datasets-dir", str(datasets_dir), "--runs-dir",
+                          str(tmp_path / "runs")], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "-hosts localhost:2 -n 2" in out.stderr
+    manifest = json.loads(next((tmp_path / "runs").glob("*/manifest.json")).read_text())
+    assert manifest["status"] == "completed" and manifest["backend"]["nodes"] == 2
+    assert len(manifest["backend"]["pids"]) == 2
