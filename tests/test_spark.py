@@ -143,3 +143,27 @@ def test_spark_without_java_is_refused(tmp_path, capsys, monkeypatch):
     assert main(["run", "--backend", "spark", "--runs-dir", str(tmp_path / "runs")]) == 2
     assert "spark needs Java 17 or later, which was not found" in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.slow
+def test_a_local_cluster_listens_on_the_loopback_only(tmp_path, datasets_dir):
+    """The driver, the local-cluster master, worker and executor JVMs and the Python
+    workers: no port they open is reachable from another machine (SPARK_LOCAL_IP)."""
+    runs = tmp_path / "runs"
+    proc = subprocess.Popen([sys.executable, "-m", "ddlstudy", "run", "--usecase", "tiny",
+                             "--datasets-dir", str(datasets_dir), "--runs-dir", str(runs),
+                             "--backend", "spark", "--nodes", "2", "--spark-master",
+                             "local-cluster[2,1,1024]", "--epochs", "1", "--sample-hz", "0",
+                             "--quiet"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    listening = set()
+    while proc.poll() is None:
+        try:
+            tree = {proc.pid, *(c.pid for c in psutil.Process(proc.pid).children(True))}
+            listening |= {(c.laddr.ip, c.laddr.port) for c in psutil.net_connections("inet")
+                          if c.pid in tree and c.status == psutil.CONN_LISTEN}
+        except psutil.Error:
+            pass
+        time.sleep(0.2)
+    assert proc.returncode == 0
+    assert len(listening) >= 3  # the driver's RPC and block manager, the master, ...
+    assert {ip for ip, _ in listening} <= {"127.0.0.1", "::1", "::ffff:127.0.0.1"}, listening
