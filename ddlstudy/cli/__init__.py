@@ -28,6 +28,7 @@ from ddlstudy import __version__
 from ddlstudy.config.options import Parser, add_run_options
 from ddlstudy.errors import ConfigError, UsageError
 from ddlstudy.logs import setup_logging
+from ddlstudy.progress import on_terminal
 
 log = logging.getLogger("ddlstudy")
 PREPARING_NOTICE_S = 1.0
@@ -217,8 +218,14 @@ def cmd_run(args: argparse.Namespace) -> int:
                               f"run, or `ddlstudy replay` one)")
 
         return train(resume_config(args.resume), args.argv, args.resume, args.max_restarts)
+    from ddlstudy.config.catalog import BACKENDS, STRATEGIES
     from ddlstudy.config.options import config_from_args
 
+    for flag, name, known, noun in (("--strategy", args.strategy, STRATEGIES, "strategy"),
+                                    ("--backend", args.backend, BACKENDS, "backend")):
+        if name is not None and name not in known:  # the command line knows no others
+            raise ConfigError(flag, f"unknown {noun} {name!r}; choose one of: "
+                              f"{', '.join(known)}")
     return train(config_from_args(args), args.argv, max_restarts=args.max_restarts)
 
 
@@ -227,12 +234,13 @@ def train(cfg, argv: list[str], resume: Path | None = None, max_restarts: int = 
     ``max_restarts``, a run that failed after a snapshot continues from it."""
     from ddlstudy.runfolder import CHILD_ENV
 
-    # The imports below take seconds: say what is going on, unless a refusal came first.
+    # The imports below take seconds: on a terminal, say what is going on, unless a
+    # refusal came first (a refusal stays one line; logs and pipes get no notice at all).
     notice = threading.Timer(PREPARING_NOTICE_S, log.info, args=(
         "preparing %s on %s (importing torch, checking the data) ...", cfg.strategy,
         cfg.usecase.name))
     notice.daemon = True
-    if CHILD_ENV not in os.environ:
+    if CHILD_ENV not in os.environ and on_terminal():
         notice.start()
     try:
         return _train(cfg, argv, resume, max_restarts)
