@@ -15,6 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
+from listening import LOOPBACK, listening_while_running
 
 from ddlstudy.cli import main
 from ddlstudy.runfolder import MANIFEST, SNAPSHOT
@@ -281,18 +282,10 @@ def test_rendezvous_ports_listen_on_the_loopback_only(tmp_path, datasets_dir):
     proc = subprocess.Popen([sys.executable, "-m", "ddlstudy", *_args(
         runs, datasets_dir, "--strategy", "cpu-processes", "--workers", "2")],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    listening = set()
-    while proc.poll() is None:
-        try:
-            tree = {proc.pid, *(c.pid for c in psutil.Process(proc.pid).children(True))}
-            listening |= {(c.laddr.ip, c.laddr.port) for c in psutil.net_connections("inet")
-                          if c.pid in tree and c.status == psutil.CONN_LISTEN}
-        except psutil.Error:
-            pass
-        time.sleep(0.02)
+    listening = listening_while_running(proc, every_s=0.02)
     assert proc.returncode == 0
     assert len(listening) >= 2  # the rendezvous store and gloo's own sockets
-    assert {ip for ip, _ in listening} <= {"127.0.0.1", "::1"}, listening
+    assert {ip for ip, _ in listening} <= LOOPBACK, listening
 
 
 @pytest.mark.parametrize("args, message", [

@@ -11,6 +11,7 @@ import time
 
 import psutil
 import pytest
+from listening import LOOPBACK, listening_while_running
 
 from ddlstudy.cli import main
 from ddlstudy.runfolder import MANIFEST
@@ -155,15 +156,7 @@ def test_a_local_cluster_listens_on_the_loopback_only(tmp_path, datasets_dir):
                              "--backend", "spark", "--nodes", "2", "--spark-master",
                              "local-cluster[2,1,1024]", "--epochs", "1", "--sample-hz", "0",
                              "--quiet"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    listening = set()
-    while proc.poll() is None:
-        try:
-            tree = {proc.pid, *(c.pid for c in psutil.Process(proc.pid).children(True))}
-            listening |= {(c.laddr.ip, c.laddr.port) for c in psutil.net_connections("inet")
-                          if c.pid in tree and c.status == psutil.CONN_LISTEN}
-        except psutil.Error:
-            pass
-        time.sleep(0.2)
+    listening = listening_while_running(proc, every_s=0.2)
     assert proc.returncode == 0
     assert len(listening) >= 3  # the driver's RPC and block manager, the master, ...
-    assert {ip for ip, _ in listening} <= {"127.0.0.1", "::1", "::ffff:127.0.0.1"}, listening
+    assert {ip for ip, _ in listening} <= LOOPBACK, listening
