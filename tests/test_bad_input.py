@@ -182,6 +182,7 @@ CASES = [
     (["hosts", "up", "--cpus", "x"], "--cpus: 'x'"),
     (["predict", "{tmp}/nothing"], "does not exist"),
     (["bench", "overhead", "--repeats", "0"], "--repeats: must be a positive integer"),
+    (["bench", "sampler", "--hz", "nan"], "--hz: must be a rate above 0 and at most 100"),
     (["bench", "all", "--only", "nope"], "--only: unknown group(s) nope"),
     ([], "the following arguments are required: COMMAND"),
     (["frobnicate"], "argument COMMAND: invalid choice: 'frobnicate'"),

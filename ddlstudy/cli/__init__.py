@@ -378,11 +378,15 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from ddlstudy.tools.bench import bench_overhead, bench_reduce, bench_sampler
-
     for name in ("steps", "repeats", "threads", "nodes"):
         if getattr(args, name, 1) <= 0:
             raise ConfigError(f"--{name}", f"must be a positive integer, got {getattr(args, name)}")
+    hz = getattr(args, "hz", 1.0)
+    if not 0 < hz <= 100:  # NaN too
+        raise ConfigError("--hz", f"must be a rate above 0 and at most 100, got {hz}")
+    from ddlstudy.config import DEFAULT_RUNS_DIR
+    from ddlstudy.tools.bench import bench_overhead, bench_reduce, bench_sampler
+
     if args.bench_command == "all":
         from ddlstudy.tools import bench_all
 
@@ -390,7 +394,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         result = bench_all.bench_all(args.usecase, args.steps, args.repeats, groups,
                                      args.hosts, args.datasets_dir)
         print(bench_all.markdown(result))
-        out = args.out or Path("runs") / "bench" / time.strftime("%Y%m%d-%H%M%S")
+        out = args.out or DEFAULT_RUNS_DIR / "bench" / time.strftime("%Y%m%d-%H%M%S")
         for path in bench_all.write(result, out):
             print(f"wrote {path}")
     elif args.bench_command == "reduce":
