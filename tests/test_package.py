@@ -130,6 +130,16 @@ def test_srun_tasks_outside_mpi_are_refused(tmp_path, capsys, monkeypatch):
     assert "srun --mpi=pmi2" in capsys.readouterr().err
 
 
+def test_srun_with_pmi2_joins_as_an_mpi_world(monkeypatch):
+    from ddlstudy.backends.mpi import launch
+
+    monkeypatch.setenv("SLURM_PROCID", "0")
+    monkeypatch.setenv("SLURM_NTASKS", "4")
+    assert not launch.under_mpiexec() and launch.launcher_world() == 1
+    monkeypatch.setenv("PMI_FD", "5")  # what srun --mpi=pmi2 gives each task
+    assert launch.under_mpiexec() and launch.launcher_world() == 4
+
+
 def test_nodes_that_disagree_with_your_own_mpiexec_are_refused(tiny, monkeypatch, tmp_path):
     monkeypatch.setenv("PMI_RANK", "0")
     monkeypatch.setenv("PMI_SIZE", "2")

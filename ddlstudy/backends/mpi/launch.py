@@ -30,12 +30,16 @@ why in the manifest when that rank is not rank 0 (which mpiexec then ends unanno
 
 
 def under_mpiexec() -> bool:
-    return any(v in os.environ for v in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", CHILD_ENV))
+    # PMI_FD: srun --mpi=pmi2; PMIX_RANK: srun --mpi=pmix or a PMIx launcher
+    return any(v in os.environ for v in ("PMI_RANK", "PMI_FD", "PMIX_RANK",
+                                         "OMPI_COMM_WORLD_RANK", CHILD_ENV))
 
 
 def launcher_world() -> int:
     """The ranks the MPI launcher this process runs under started (1 outside one)."""
-    return int(os.environ.get("PMI_SIZE") or os.environ.get("OMPI_COMM_WORLD_SIZE") or 1)
+    env = os.environ
+    return int(env.get("PMI_SIZE") or env.get("OMPI_COMM_WORLD_SIZE") or
+               (env.get("SLURM_NTASKS") if under_mpiexec() else None) or 1)
 
 
 def require_mpiexec() -> str:
