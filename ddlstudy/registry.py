@@ -10,6 +10,11 @@ from ddlstudy.errors import ConfigError
 T = TypeVar("T")
 
 
+def refuse_unknown(flag: str, noun: str, name: str, known) -> None:
+    """The one refusal of a name the command line does not know, with the names it does."""
+    raise ConfigError(flag, f"unknown {noun} {name!r}; choose one of: {', '.join(known)}")
+
+
 class Registry(dict[str, T], Generic[T]):
     """``registry[name]`` in the order registered; ``named`` refuses an unknown name."""
 
@@ -23,8 +28,6 @@ class Registry(dict[str, T], Generic[T]):
         return item
 
     def named(self, name: str) -> T:
-        try:
-            return self[name]
-        except KeyError:
-            raise ConfigError(self.flag, f"unknown {self.noun} {name!r}; choose one of: "
-                              f"{', '.join(self)}") from None
+        if name not in self:
+            refuse_unknown(self.flag, self.noun, name, self)
+        return self[name]

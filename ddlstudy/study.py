@@ -55,7 +55,6 @@ from ddlstudy.strategies import get_strategy
 log = logging.getLogger("ddlstudy")
 
 
-
 @dataclass
 class Cell:
     """One run to do: a use case, its flags, which repeat."""

@@ -241,3 +241,30 @@ def test_a_data_set_name_reused_with_other_settings_is_refused(datasets_dir, tin
         assert "holds a data set of the same name made with other settings (images 300 " \
                "there, 600 here" in err and err.count("\n") == 1
     assert sums.read_bytes() == before and not (tmp_path / "runs").exists()
+
+
+def test_report_skips_and_names_malformed_manifests(quick_config, tmp_path, capsys):
+    """One bad manifest among good runs: the report still has the good run's row, and
+    says which files it skipped and why."""
+    from ddlstudy.runner import run
+
+    folder = run(quick_config(max_steps=2), show_progress=False)
+    runs = folder.path.parent
+    bad = {"unreadable": "{not json", "foreign": "[1, 2]",
+           "no-times": '{"id": "x", "strategy": {"name": "sequential"}, "epochs": [{"x": 1}]}',
+           "text-times": '{"id": "y", "strategy": {"name": "sequential"}, "epochs": '
+                         '[{"epoch_time_s": "x", "steady_images_per_s": "y", '
+                         '"val_accuracy": 0.3}]}'}
+    for name, text in bad.items():
+        (runs / name).mkdir()
+        (runs / name / "manifest.json").write_text(text)
+    assert main(["report", str(runs)]) == 0
+    out, err = capsys.readouterr()
+    assert "| sequential |" in out
+    skipped = {line.split("report: skipped ")[1].split("/")[-2]: line
+               for line in err.splitlines() if "report: skipped" in line}
+    assert set(skipped) == set(bad)
+    assert "unreadable" in skipped["unreadable"]
+    assert "not a ddlstudy run manifest" in skipped["foreign"]
+    assert "KeyError: 'epoch_time_s'" in skipped["no-times"]
+    assert "epoch_s is 'x', not a number" in skipped["text-times"]

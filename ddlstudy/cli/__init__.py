@@ -220,12 +220,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         return train(resume_config(args.resume), args.argv, args.resume, args.max_restarts)
     from ddlstudy.config.catalog import BACKENDS, STRATEGIES
     from ddlstudy.config.options import config_from_args
+    from ddlstudy.registry import refuse_unknown
 
     for flag, name, known, noun in (("--strategy", args.strategy, STRATEGIES, "strategy"),
                                     ("--backend", args.backend, BACKENDS, "backend")):
         if name is not None and name not in known:  # the command line knows no others
-            raise ConfigError(flag, f"unknown {noun} {name!r}; choose one of: "
-                              f"{', '.join(known)}")
+            refuse_unknown(flag, noun, name, known)
     return train(config_from_args(args), args.argv, max_restarts=args.max_restarts)
 
 

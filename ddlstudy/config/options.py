@@ -115,11 +115,9 @@ def cell_keys() -> set[str]:
 
 def given_options(args: argparse.Namespace) -> list[str]:
     """The run flags given on the command line (not left at their parser default)."""
-    parser = run_parser()
-    given = [a.option_strings[0] for a in parser._actions
-             if a.option_strings and a.dest != "help"
-             and getattr(args, a.dest, a.default) != a.default]
-    return given
+    return [a.option_strings[0] for a in run_parser()._actions
+            if a.option_strings and a.dest != "help"
+            and getattr(args, a.dest, a.default) != a.default]
 
 
 def switches() -> set[str]:

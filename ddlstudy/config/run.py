@@ -32,6 +32,9 @@ from ddlstudy.reducers.compress import parse as parse_compress
 
 SPARK_SYNCS = ("gloo", "allgather")
 PRECISIONS = ("fp32", "bf16", "fp16")
+SCALINGS = ("strong", "weak")
+LR_SCALINGS = ("none", "linear")
+BALANCES = ("equal", "throughput")
 SYNC_EVERY = 10
 """Steps between weight averages in Spark's allgather mode, unless --sync-every says."""
 _SPARK_MASTER = re.compile(r"^(local(\[(\d+|\*)(,\d+)?\])?|local-cluster\[(\d+),(\d+),(\d+)\]"
@@ -79,11 +82,11 @@ def read_hostfile(path: Path) -> list[tuple[str, int]]:
         if not text:
             continue
         found = re.match(r"^([^\s:]+)(?::(\d+)|\s+slots=(\d+))?$", text)
-        if not found or not HOST_NAME.match(found.group(1)) or \
-                int(found.group(2) or found.group(3) or 1) < 1:
+        slots = int(found.group(2) or found.group(3) or 1) if found else 0
+        if not found or not HOST_NAME.match(found.group(1)) or slots < 1:
             raise ConfigError("--hostfile", f"{path} line {number}: {text!r} is not host, "
                               "host:slots or host slots=N")
-        hosts.append((found.group(1), int(found.group(2) or found.group(3) or 1)))
+        hosts.append((found.group(1), slots))
     if not hosts:
         raise ConfigError("--hostfile", f"{path} lists no host")
     return hosts
@@ -180,12 +183,12 @@ class RunConfig:
     balance: str = option("equal", "equal: each node an equal slice of every global batch; "
                           "throughput: slices in proportion to each node's images/s, "
                           "measured over the first steps (MPI nodes of unequal speed)",
-                          group=NODES, choices=("equal", "throughput"))
+                          group=NODES, choices=BALANCES)
     scaling: str = option("strong", "strong: --batch-size is the global batch, split over "
                           "the workers; weak: each worker's batch, so the global batch grows "
-                          "with the workers", group=TASK, choices=("strong", "weak"))
+                          "with the workers", group=TASK, choices=SCALINGS)
     lr_scaling: str = option("none", "none, or linear: the learning rate times global batch "
-                             "/ the use case's batch", group=TASK, choices=("none", "linear"))
+                             "/ the use case's batch", group=TASK, choices=LR_SCALINGS)
     accumulate: int = option(1, "run each batch as K micro-batches, one optimizer step and "
                              "one gradient exchange per batch; --batch-size 64 --accumulate "
                              "4 trains batches of 64 in the memory of 16", group=TASK,
@@ -325,9 +328,9 @@ class RunConfig:
                     self.compress != "none":
                 raise ConfigError("--bucket-mb", "buckets MPI's own Iallreduce: it needs "
                                   "--backend mpi with --reduce allreduce and no --compress")
-        if self.balance not in ("equal", "throughput"):
+        if self.balance not in BALANCES:
             raise ConfigError("--balance", f"unknown policy {self.balance!r}; choose one of: "
-                              "equal, throughput")
+                              f"{', '.join(BALANCES)}")
         if self.balance == "throughput" and self.backend != "mpi":
             raise ConfigError("--balance", "throughput shares each global batch between MPI "
                               "nodes of unequal speed: it needs --backend mpi")
@@ -364,12 +367,12 @@ class RunConfig:
 
     def _check_task(self) -> None:
         _positive("--accumulate", self.accumulate, most=4096)
-        if self.scaling not in ("strong", "weak"):
+        if self.scaling not in SCALINGS:
             raise ConfigError("--scaling", f"unknown scaling {self.scaling!r}; choose one of: "
-                              "strong, weak")
-        if self.lr_scaling not in ("none", "linear"):
+                              f"{', '.join(SCALINGS)}")
+        if self.lr_scaling not in LR_SCALINGS:
             raise ConfigError("--lr-scaling", f"unknown rule {self.lr_scaling!r}; choose one "
-                              "of: none, linear")
+                              f"of: {', '.join(LR_SCALINGS)}")
         if self.precision not in PRECISIONS:
             raise ConfigError("--precision", f"unknown precision {self.precision!r}; choose "
                               f"one of: {', '.join(PRECISIONS)}")

@@ -71,10 +71,17 @@ def _unusable(manifest) -> str | None:
     if not isinstance(manifest, dict) or not isinstance(manifest.get("strategy"), dict):
         return "not a ddlstudy run manifest"
     try:
-        runs_frame([manifest])
+        row = _run_row(manifest)
     except Exception as exc:  # noqa: BLE001 - any malformed field
         return f"malformed ({type(exc).__name__}: {exc})"
+    for key in _MEASURED:  # the tables divide and compare these
+        if row[key] is not None and (isinstance(row[key], bool) or
+                                     not isinstance(row[key], int | float)):
+            return f"malformed ({key} is {row[key]!r}, not a number)"
     return None
+
+
+_MEASURED = ("epoch_s", "images_per_s", "val_accuracy", "best_val_accuracy", "train_time_s")
 
 
 def load_planned(runs_dir: Path) -> list[dict]:
@@ -156,34 +163,37 @@ def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
+def _run_row(m: dict) -> dict:
+    """A run's row of ``runs_frame`` (raises on a malformed manifest)."""
+    epochs = m.get("epochs") or []
+    backend = m.get("backend", {})
+    strategy = m.get("strategy", {}).get("name", "?")
+    backend_name = backend.get("name", "local")
+    return {
+        "usecase": m.get("usecase", "?"), "config": config_label(m), "strategy": strategy,
+        "backend": backend_name, "nodes": int(backend.get("nodes", 1)),
+        "reduce": backend.get("reduce") or backend.get("sync") or "",
+        "precision": m.get("config", {}).get("precision", "fp32"),
+        "scaling": m.get("config", {}).get("scaling", "strong"),
+        "global_batch": m.get("effective", {}).get(
+            "global_batch", m.get("config", {}).get("usecase", {}).get("train", {})
+            .get("batch_size")),
+        "cores": cores_used(m), "gpus": _gpus(m),
+        "table": table_number(strategy, backend_name),
+        "repeat": m.get("study", {}).get("repeat", 0), "status": m.get("status", "?"),
+        "reason": m.get("error") or "", "epochs": len(epochs),
+        "epoch_s": _median([e["epoch_time_s"] for e in epochs]),
+        "images_per_s": _median([e["steady_images_per_s"] for e in epochs]),
+        "val_accuracy": epochs[-1]["val_accuracy"] if epochs else None,
+        "best_val_accuracy": max(e["val_accuracy"] for e in epochs) if epochs else None,
+        "train_time_s": sum(e.get("train_time_s", 0.0) for e in epochs) if epochs else None,
+        "run": m.get("id", ""), "path": m.get("path", ""),
+    }
+
+
 def runs_frame(manifests: list[dict], planned: list[dict] = ()) -> pd.DataFrame:
     """One row per run (and per planned cell that has no run), in a long tidy layout."""
-    rows = []
-    for m in manifests:
-        epochs = m.get("epochs") or []
-        backend = m.get("backend", {})
-        strategy = m.get("strategy", {}).get("name", "?")
-        backend_name = backend.get("name", "local")
-        rows.append({
-            "usecase": m.get("usecase", "?"), "config": config_label(m), "strategy": strategy,
-            "backend": backend_name, "nodes": int(backend.get("nodes", 1)),
-            "reduce": backend.get("reduce") or backend.get("sync") or "",
-            "precision": m.get("config", {}).get("precision", "fp32"),
-            "scaling": m.get("config", {}).get("scaling", "strong"),
-            "global_batch": m.get("effective", {}).get(
-                "global_batch", m.get("config", {}).get("usecase", {}).get("train", {})
-                .get("batch_size")),
-            "cores": cores_used(m), "gpus": _gpus(m),
-            "table": table_number(strategy, backend_name),
-            "repeat": m.get("study", {}).get("repeat", 0), "status": m.get("status", "?"),
-            "reason": m.get("error") or "", "epochs": len(epochs),
-            "epoch_s": _median([e["epoch_time_s"] for e in epochs]),
-            "images_per_s": _median([e["steady_images_per_s"] for e in epochs]),
-            "val_accuracy": epochs[-1]["val_accuracy"] if epochs else None,
-            "best_val_accuracy": max(e["val_accuracy"] for e in epochs) if epochs else None,
-            "train_time_s": sum(e.get("train_time_s", 0.0) for e in epochs) if epochs else None,
-            "run": m.get("id", ""), "path": m.get("path", ""),
-        })
+    rows = [_run_row(m) for m in manifests]
     for c in planned:
         backend = c.get("backend", "local")
         rows.append({

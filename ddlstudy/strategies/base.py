@@ -74,9 +74,9 @@ class Strategy(ABC):
     def check_options(self, cfg: RunConfig) -> None:
         """Refuse a layout option this strategy does not read (``--workers`` with
         sequential would be recorded and mean nothing)."""
+        defaults = {f.name: f.default for f in dataclasses.fields(cfg)}
         for name, what in LAYOUT_OPTIONS.items():
-            f = next(f for f in dataclasses.fields(cfg) if f.name == name)
-            if name not in self.options and getattr(cfg, name) != f.default:
+            if name not in self.options and getattr(cfg, name) != defaults[name]:
                 users = [n for n, c in REGISTRY.items() if name in c.options]
                 flag = "--" + name.replace("_", "-")
                 raise ConfigError(flag, f"{what}: {self.name} has none; it applies to "

@@ -104,8 +104,8 @@ class Mpi(Backend):
     def launch(self, cfg: RunConfig, argv: list[str], run_id: str) -> launch.Launched | None:
         if launch.under_mpiexec():
             return None
-        where = launch.placement(cfg.hosts, self.nodes(cfg), cfg.hostfile)  # hosts gone:
-        # refused here
+        # emulated hosts that are not up are refused here
+        where = launch.placement(cfg.hosts, self.nodes(cfg), cfg.hostfile)
         return launch.launch(argv, self.nodes(cfg), run_id, where)
 
     def environment(self, cfg: RunConfig) -> Environment:
