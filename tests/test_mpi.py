@@ -292,3 +292,38 @@ def test_bad_compress_flags(tmp_path, capsys, args, message):
     assert main(["run", "--runs-dir", str(tmp_path / "runs"), *args]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.slow
+def test_one_host_ranks_listen_on_the_loopback_only(tmp_path, datasets_dir):
+    """Hydra's proxies and the ranks' netmod (UCX) keep to the loopback on one host; only
+    hydra's own control port binds every interface, as hydra has no option against it."""
+    from listening import LOOPBACK, addresses, listening_while_running
+
+    runs = tmp_path / "runs"
+    proc = subprocess.Popen([sys.executable, "-m", "ddlstudy", "run", "--usecase", "tiny",
+                             "--datasets-dir", str(datasets_dir), "--runs-dir", str(runs),
+                             "--backend", "mpi", "--nodes", "2", "--epochs", "1",
+                             "--no-snapshot", "--sample-hz", "0", "--quiet"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    listening = listening_while_running(proc, every_s=0.05)
+    assert proc.returncode == 0
+    hydra = {port for name, _, port in listening if name.startswith("mpiexec")}
+    assert len(hydra) == 1, listening
+    ranks = {(name, ip, port) for name, ip, port in listening if port not in hydra}
+    assert len(ranks) >= 2, listening  # each rank's netmod listens
+    assert addresses(ranks) <= LOOPBACK, listening
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_messages_between_ranks_arrive_whole_and_in_order(ranks):
+    from pathlib import Path
+
+    from ddlstudy.backends.mpi.launch import find_mpiexec
+
+    script = Path(__file__).parent / "mpi" / "check_messages.py"
+    out = subprocess.run([find_mpiexec(), "-n", str(ranks), sys.executable, str(script)],
+                         capture_output=True, text=True, timeout=300)
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result == {"ranks": ranks, "failures": []}
+    assert out.returncode == 0, out.stderr[-2000:]

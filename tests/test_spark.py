@@ -11,7 +11,7 @@ import time
 
 import psutil
 import pytest
-from listening import LOOPBACK, listening_while_running
+from listening import LOOPBACK, addresses, listening_while_running
 
 from ddlstudy.cli import main
 from ddlstudy.runfolder import MANIFEST
@@ -159,4 +159,4 @@ def test_a_local_cluster_listens_on_the_loopback_only(tmp_path, datasets_dir):
     listening = listening_while_running(proc, every_s=0.2)
     assert proc.returncode == 0
     assert len(listening) >= 3  # the driver's RPC and block manager, the master, ...
-    assert {ip for ip, _ in listening} <= LOOPBACK, listening
+    assert addresses(listening) <= LOOPBACK, listening

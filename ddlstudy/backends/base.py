@@ -36,13 +36,13 @@ class Environment:
     where: str = ""
     """How an error names this node (" on MPI rank 3"), empty alone."""
 
-    def bcast(self, obj: Any) -> Any:
-        """Node 0's ``obj`` on every node."""
-        return obj
+    def bcast(self, data: bytes | None) -> bytes:
+        """Node 0's ``data`` on every node (``ddlstudy.wire`` encodes what is sent)."""
+        return data
 
-    def gather(self, obj: Any) -> list[Any] | None:
-        """Every node's ``obj`` on node 0 (None elsewhere)."""
-        return [obj]
+    def gather(self, data: bytes) -> list[bytes] | None:
+        """Every node's ``data`` on node 0 (None elsewhere)."""
+        return [data]
 
     def placement(self) -> dict[str, Any]:
         """Where the nodes run, for the manifest (hosts and PIDs of several nodes)."""

@@ -27,6 +27,26 @@ class DataPlan:
     sums_file_sha256: str | None = None
     """The sha256 of the set's SHA256SUMS file, where it has one (synthetic sets do)."""
 
+    def to_message(self) -> dict:
+        """Everything, as JSON-able values (node 0 sends the plan to the other nodes)."""
+        i = self.images
+        return {"images": {"root": str(i.root), "classes": list(i.classes),
+                           "items": i.items, "skipped": i.skipped,
+                           "fingerprint": i.fingerprint, "per_class": i.per_class},
+                "train": self.train, "val": self.val, "source": self.source,
+                "sums_file_sha256": self.sums_file_sha256}
+
+    @classmethod
+    def from_message(cls, m: dict) -> DataPlan:
+        """The plan ``to_message`` described, equal to the sender's."""
+        i = m["images"]
+        images = ImageList(root=Path(i["root"]), classes=tuple(i["classes"]),
+                           items=tuple(_pairs(i["items"])),
+                           skipped=tuple(_pairs(i["skipped"])),
+                           fingerprint=i["fingerprint"], per_class=dict(i["per_class"]))
+        return cls(images=images, train=_pairs(m["train"]), val=_pairs(m["val"]),
+                   source=m["source"], sums_file_sha256=m["sums_file_sha256"])
+
     def describe(self) -> dict:
         return {
             "source": self.source,
@@ -39,6 +59,11 @@ class DataPlan:
             "val_images": len(self.val),
             "skipped": [{"file": f, "reason": r} for f, r in self.images.skipped],
         }
+
+
+def _pairs(rows: list) -> list[tuple]:
+    """JSON's lists back into the (name, label) or (name, reason) tuples they were."""
+    return [tuple(row) for row in rows]
 
 
 def dataset_root(cfg: RunConfig) -> Path:

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import psutil
 
-from ddlstudy import environment, signals
+from ddlstudy import environment, signals, wire
 from ddlstudy.backends import Environment, get_backend
 from ddlstudy.config import Effective, RunConfig
-from ddlstudy.data import prepare_data
+from ddlstudy.data import DataPlan, prepare_data
 from ddlstudy.errors import ConfigError, Unavailable, UsageError
 from ddlstudy.files import sweep_temporaries
 from ddlstudy.runfolder import MANIFEST, RUN_ID_ENV, SNAPSHOT, RunFolder, new_run_id, now_iso
@@ -67,16 +67,20 @@ def _summary(epochs: list[dict]) -> dict:
 
 def _prepare(cfg: RunConfig, env: Environment):
     """Node 0 generates, scans and splits the data; the other nodes receive the list."""
-    data: object = None
+    message = None
     if env.rank == 0:
         try:
-            data = prepare_data(cfg)
+            plan = prepare_data(cfg)
+            if env.world == 1:
+                return plan
+            message = wire.to_json(plan.to_message())
         except UsageError as exc:  # every node must hear of it, or they would wait forever
-            data = exc
-    data = env.bcast(data)
-    if isinstance(data, UsageError):
-        raise data
-    return data
+            if env.world == 1:
+                raise
+            message = wire.to_json(wire.refusal(exc))
+    received = wire.from_json(env.bcast(message))
+    wire.raise_if_refused(received)
+    return DataPlan.from_message(received)
 
 
 def resolve(cfg: RunConfig) -> RunConfig:
@@ -190,16 +194,20 @@ def _open_folder(env: Environment, resume: Path | None, backend: dict):
     """Node 0 reopens the run to resume; every node gets its snapshot (or the UsageError)."""
     if resume is None:
         return None, None
-    folder, outcome = None, None
+    folder, message = None, None
     if env.rank == 0:
         try:
-            folder, outcome = _reopen(Path(resume), backend)
+            folder, snapshot = _reopen(Path(resume), backend)
+            if env.world == 1:
+                return folder, snapshot
+            message = wire.to_tensors(snapshot)
         except UsageError as exc:  # every node must hear of it, or they would wait forever
-            outcome = exc
-    outcome = env.bcast(outcome)
-    if isinstance(outcome, UsageError):
-        raise outcome
-    return folder, outcome
+            if env.world == 1:
+                raise
+            message = wire.to_tensors(wire.refusal(exc))
+    received = wire.from_tensors(env.bcast(message))
+    wire.raise_if_refused(received)
+    return folder, received
 
 
 def _create(cfg: RunConfig, strategy: Strategy, backend: dict, data) -> RunFolder:
@@ -258,7 +266,7 @@ def _run(cfg: RunConfig, show_progress: bool, resume: Path | None) -> RunFolder 
             job = Job(cfg=cfg, data=data, folder=folder, show_progress=show_progress,
                       resume=snapshot)
             others = backend.fit(job, env)  # the samples of the node's other processes
-            rows_by_node = env.gather(sampler.stop() + others)
+            rows_by_node = _gather_rows(env, sampler.stop() + others)
     except KeyboardInterrupt:
         outcome = Outcome("interrupted", 130, "interrupted by SIGINT (Ctrl-C)")
     except signals.Terminated:
@@ -285,6 +293,14 @@ def _run(cfg: RunConfig, show_progress: bool, resume: Path | None) -> RunFolder 
         raise RunFailed(folder, outcome.exit_code, f"run {folder.path.name} {outcome.status}: "
                         f"{outcome.error} (details in {folder.path})")
     return folder
+
+
+def _gather_rows(env: Environment, rows: list[dict]) -> list[list[dict]] | None:
+    """Every node's resource samples on node 0."""
+    if env.world == 1:
+        return [rows]
+    gathered = env.gather(wire.to_json(rows))
+    return None if gathered is None else [wire.from_json(g) for g in gathered]
 
 
 def _tensorboard(folder: RunFolder) -> None:

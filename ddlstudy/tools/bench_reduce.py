@@ -19,6 +19,7 @@ import numpy as np
 def main() -> None:
     from mpi4py import MPI
 
+    from ddlstudy.backends.mpi.messages import sum_floats
     from ddlstudy.reducers import REDUCERS
 
     parser = argparse.ArgumentParser()
@@ -35,7 +36,7 @@ def main() -> None:
             comm.Barrier()
             start = time.perf_counter()
             reducer(comm, buf, step=step)
-            elapsed = comm.allreduce(time.perf_counter() - start, op=MPI.MAX)
+            elapsed = sum_floats(comm, [time.perf_counter() - start], op=MPI.MAX)[0]
             timings[name].append(1e3 * elapsed)
     if comm.Get_rank() == 0:
         print(json.dumps({"ranks": comm.Get_size(), "floats": args.floats, "ms": timings}))

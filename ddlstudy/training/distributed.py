@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import logging
 import os
 import signal
@@ -17,7 +18,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from ddlstudy import signals
+from ddlstudy import signals, wire
 from ddlstudy.logs import setup_logging
 from ddlstudy.sampler import ResourceSampler, write_rows
 from ddlstudy.training.flat import average
@@ -87,11 +88,22 @@ def sum_over_ranks(*values: float, device: torch.device | None = None) -> list[f
     return t.tolist()
 
 
-def gather_to_first(obj: Any) -> list | None:
-    """Every rank's ``obj`` in a list on rank 0 (None elsewhere); a collective."""
-    out = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj)
-    return out if dist.get_rank() == 0 else None
+def gather_to_first(obj: Any, device: torch.device | None = None) -> list | None:
+    """Every rank's ``obj`` (tensors and plain values) in a list on rank 0 (None
+    elsewhere); a collective. It travels in torch's weights-only format (``ddlstudy.wire``),
+    not all_gather_object's pickle."""
+    data = torch.frombuffer(bytearray(wire.to_tensors(obj)), dtype=torch.uint8).to(device)
+    size = torch.tensor([data.numel()], dtype=torch.int64, device=device)
+    sizes = [torch.empty_like(size) for _ in range(dist.get_world_size())]
+    dist.all_gather(sizes, size)
+    padded = torch.zeros(max(int(n) for n in sizes), dtype=torch.uint8, device=device)
+    padded[:data.numel()] = data
+    parts = [torch.empty_like(padded) for _ in sizes]
+    dist.all_gather(parts, padded)
+    if dist.get_rank() != 0:
+        return None
+    return [wire.from_tensors(part[:int(n)].cpu().numpy().tobytes())
+            for part, n in zip(parts, sizes, strict=True)]
 
 
 def rendezvous(host: str, port: int, rank: int, world: int) -> dist.TCPStore:
@@ -163,5 +175,5 @@ def group_link(rank: int, world: int, device: torch.device | None = None) -> Lin
     """Rank ``rank`` of a torch.distributed process group of ``world``: the gradient buffer
     averaged over the group, counts summed, objects gathered on rank 0."""
     return Link(rank, world, lambda flat, step: average(flat),
-                lambda *values: sum_over_ranks(*values, device=device), gather_to_first,
-                dist.barrier)
+                lambda *values: sum_over_ranks(*values, device=device),
+                functools.partial(gather_to_first, device=device), dist.barrier)

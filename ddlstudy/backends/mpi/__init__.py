@@ -18,8 +18,9 @@ import os
 import socket
 from typing import Any
 
+from ddlstudy import wire
 from ddlstudy.backends.base import Backend, Environment, register
-from ddlstudy.backends.mpi import launch, node, nodes
+from ddlstudy.backends.mpi import launch, messages, node, nodes
 from ddlstudy.config import RunConfig
 from ddlstudy.errors import ConfigError, Unavailable
 from ddlstudy.strategies import Strategy, get_strategy
@@ -34,15 +35,17 @@ class MpiEnvironment(Environment):
         self.rank, self.world = comm.Get_rank(), comm.Get_size()
         self.where = f" on MPI rank {self.rank}"
 
-    def bcast(self, obj: Any) -> Any:
-        return self.comm.bcast(obj, root=0)
+    def bcast(self, data: bytes | None) -> bytes:
+        return messages.bcast(self.comm, data)
 
-    def gather(self, obj: Any) -> list[Any] | None:
-        return self.comm.gather(obj, root=0)
+    def gather(self, data: bytes) -> list[bytes] | None:
+        return messages.gather(self.comm, data)
 
     def placement(self) -> dict[str, Any]:
-        return {"hosts": self.comm.allgather(socket.gethostname()),
-                "pids": self.comm.allgather(os.getpid())}
+        everyone = messages.allgather(self.comm, wire.to_json([socket.gethostname(),
+                                                              os.getpid()]))
+        hosts, pids = zip(*(wire.from_json(m) for m in everyone), strict=True)
+        return {"hosts": list(hosts), "pids": list(pids)}
 
     def failed(self, message: str) -> str:
         return launch.RANK_FAILED + message

@@ -24,6 +24,15 @@ _BAD_TERMINATION = re.compile(r"^=\s+PID (\d+) RUNNING AT")
 """How hydra's mpiexec names a rank that died ("=   PID 12868 RUNNING AT host")."""
 
 
+ONE_HOST = (["-iface", "lo"], {"UCX_NET_DEVICES": "lo", "FI_TCP_IFACE": "lo",
+                                "MPIR_CVAR_NEMESIS_TCP_NETWORK_IFACE": "lo"})
+"""Ranks on this host alone talk over the loopback: hydra's proxies reach mpiexec there,
+and the netmod (UCX in the mpich wheel; OFI's TCP or ch3's nemesis elsewhere) listens there
+rather than on the machine's external address. Hydra's own control port is the exception:
+it binds every interface and has no option against that (it speaks hydra's proxy
+protocol, not pickles; the port lives as long as the run)."""
+
+
 RANK_FAILED = "run failed: "
 """What a rank logs before its MPI_Abort; mpi.launch reads the first such line, to record
 why in the manifest when that rank is not rank 0 (which mpiexec then ends unannounced)."""
@@ -53,13 +62,13 @@ def require_mpiexec() -> str:
 def placement(hosts: str | None, nodes: int,
               hostfile: Path | None = None) -> tuple[list[str], dict[str, str]]:
     """mpiexec's flags and environment for ``--hosts``: a list of real hosts, or the
-    emulated hosts (their launcher, and a netmod that sends over their network); for
-    ``--hostfile``, its hosts and slots (in hydra's host:slots, whichever format the file
-    had)."""
+    emulated hosts (their launcher, and a netmod that sends over their network); without
+    either, this host's loopback (``ONE_HOST``); for ``--hostfile``, its hosts and slots
+    (in hydra's host:slots, whichever format the file had)."""
     if hostfile is not None:
         return ["-hosts", ",".join(f"{h}:{n}" for h, n in read_hostfile(hostfile))], {}
     if hosts is None:
-        return [], {}
+        return ONE_HOST[0], dict(ONE_HOST[1])
     if hosts == "emulated" or hosts.startswith("emulated:"):
         found = emulated.load(hosts.partition(":")[2] or emulated.DEFAULT_PREFIX)
         if nodes > found.count:

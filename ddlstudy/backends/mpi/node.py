@@ -17,14 +17,16 @@ is led by its rank: see ``nodes``.
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import numpy as np
 import torch
 from torch import nn
 
+from ddlstudy import wire
+from ddlstudy.backends.mpi import messages
 from ddlstudy.reducers import get_reducer
 from ddlstudy.reducers.compress import parse as parse_compress
 from ddlstudy.strategies.base import Layout
@@ -67,7 +69,7 @@ class Balancer:
         self.seconds += seconds
         self.images += images
         if self.steps == self.WARMUP + self.STEPS:
-            rates = self.comm.allgather(self.images / max(self.seconds, 1e-9))
+            rates = messages.allgather_floats(self.comm, self.images / max(self.seconds, 1e-9))
             total = sum(rates)
             self.sharded.shares = [r / total for r in rates]
             self.result = {"after_steps": self.steps,
@@ -156,10 +158,16 @@ def node_link(comm, reducer) -> Link:
         reducer(comm, flat.numpy(), step=step)  # shares memory with flat, hence every .grad
 
     def sum_over_nodes(*values: float) -> list[float]:
-        return comm.allreduce(np.asarray(values, dtype=np.float64)).tolist()
+        return messages.sum_floats(comm, values)
 
     return Link(comm.Get_rank(), comm.Get_size(), exchange, sum_over_nodes,
-                lambda obj: comm.gather(obj, root=0), comm.Barrier)
+                functools.partial(gather_tensors, comm), comm.Barrier)
+
+
+def gather_tensors(comm, obj: object) -> list | None:
+    """Every node's ``obj`` (random states: tensors and plain values) on node 0."""
+    gathered = messages.gather(comm, wire.to_tensors(obj))
+    return None if gathered is None else [wire.from_tensors(g) for g in gathered]
 
 
 def mpi_step(model: nn.Module, optimizer: torch.optim.Optimizer, flat: torch.Tensor,

@@ -40,7 +40,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from ddlstudy.backends.mpi.node import mpi_step, record_compression
+from ddlstudy import wire
+from ddlstudy.backends.mpi import messages
+from ddlstudy.backends.mpi.node import gather_tensors, mpi_step, record_compression
 from ddlstudy.reducers import get_reducer
 from ddlstudy.reducers.compress import parse as parse_compress
 from ddlstudy.sampler import ResourceSampler, read_rows
@@ -88,15 +90,15 @@ def node_link(comm, reducer, node: int, nodes: int, local: int, k: int,
         t = torch.tensor(values, dtype=torch.float64, device=device)
         dist.reduce(t, dst=0)
         if leader:
-            t.copy_(torch.from_numpy(comm.allreduce(t.cpu().numpy())))
+            t.copy_(torch.tensor(messages.sum_floats(comm, t.tolist()), dtype=t.dtype))
         dist.broadcast(t, src=0)
         return t.tolist()
 
     def gather(obj: object) -> list | None:
-        mine = gather_to_first(obj)  # the node's workers, in order, on the leader
+        mine = gather_to_first(obj, device)  # the node's workers, in order, on the leader
         if not leader:
             return None
-        per_node = comm.gather(mine, root=0)
+        per_node = gather_tensors(comm, mine)
         return None if per_node is None else [o for node_objs in per_node for o in node_objs]
 
     def barrier() -> None:
@@ -145,7 +147,8 @@ def _work(job: Job, comm, layout: Layout) -> tuple:
     strategy = get_strategy(job.cfg.strategy)
     if isinstance(strategy, Pipeline):  # hybrid too
         # Rank 0 measures the layers; every node cuts its pipelines where rank 0 does.
-        starts = comm.bcast(strategy.cuts(job) if comm.Get_rank() == 0 else None, root=0)
+        mine = wire.to_json(strategy.cuts(job)) if comm.Get_rank() == 0 else None
+        starts = wire.from_json(messages.bcast(comm, mine))
         return train_pipeline_stage, (starts, layout.replicas), layout.replicas
     return train_node_worker, (layout.loader_workers,), layout.processes
 

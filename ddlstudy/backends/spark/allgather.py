@@ -5,13 +5,13 @@ Spark's barrier ``allGather`` itself, in chunks small enough for Spark's RPC mes
 from __future__ import annotations
 
 import base64
-import pickle
 from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
+from ddlstudy import wire
 from ddlstudy.logs import setup_logging
 from ddlstudy.sampler import ResourceSampler
 from ddlstudy.training import Batch, Job, Link, StepFn, make_loaders, plain_step
@@ -21,10 +21,10 @@ RPC_MAX_MB = 512
 """spark.rpc.message.maxSize: an allGather reply carries every task's chunk."""
 
 
-def _gather(ctx, obj: Any) -> list[Any]:
-    """Every task's ``obj``, in rank order, through Spark's barrier allGather."""
-    text = base64.b64encode(pickle.dumps(obj)).decode()
-    return [pickle.loads(base64.b64decode(m)) for m in ctx.allGather(text)]
+def _gather(ctx, data: bytes) -> list[bytes]:
+    """Every task's ``data``, in rank order, through Spark's barrier allGather (``wire``
+    encodes it: never a pickle, which the other tasks would run)."""
+    return [base64.b64decode(m) for m in ctx.allGather(base64.b64encode(data).decode())]
 
 
 def average_weights(ctx, model: nn.Module, world: int) -> None:
@@ -76,10 +76,13 @@ def allgather_rank(ctx, rank: int, world: int, job: Job, threads: int, level: in
         train, val = make_loaders(cfg, job.data, shard=(rank, world))
 
         def sum_over_tasks(*values: float) -> list[float]:
-            return np.sum(_gather(ctx, np.asarray(values, dtype=np.float64)), axis=0).tolist()
+            every = [wire.from_json(m) for m in _gather(ctx, wire.to_json(values))]
+            return np.sum(np.asarray(every, dtype=np.float64), axis=0).tolist()
 
-        link = Link(rank, world, lambda flat, step: None, sum_over_tasks,
-                    lambda obj: _gather(ctx, obj), ctx.barrier)
+        def gather(obj: Any) -> list[Any]:  # random states: tensors and plain values
+            return [wire.from_tensors(m) for m in _gather(ctx, wire.to_tensors(obj))]
+
+        link = Link(rank, world, lambda flat, step: None, sum_over_tasks, gather, ctx.barrier)
         train_worker(job, link, model, optimizer,
                      _local_step(model, optimizer, ctx, world, cfg.sync_every), train, val,
                      before_eval=lambda: average_weights(ctx, model, world))
