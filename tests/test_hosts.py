@@ -151,8 +151,13 @@ def test_spark_standalone_across_hosts_trains_like_local_spark(tmp_path, dataset
                                                                three_hosts):
     master = hosts.spark_up(three_hosts, cores=1)
     try:
+        secret = hosts.spark_secret_file(PREFIX)
+        assert secret.stat().st_mode & 0o077 == 0  # this user's alone
         spread, _ = _run(tmp_path / "a", datasets_dir, "--backend", "spark", "--nodes", "2",
-                         "--spark-master", master, "--sample-hz", "0")
+                         "--spark-master", master, "--spark-secret-file", str(secret),
+                         "--sample-hz", "0")
+        master_log = (secret.parent / "master-h1.log").read_text()
+        assert "authentication enabled" in master_log
     finally:
         hosts.spark_down(PREFIX)
     local, _ = _run(tmp_path / "b", datasets_dir, "--backend", "spark", "--nodes", "2",

@@ -423,7 +423,7 @@ def cmd_hosts(args: argparse.Namespace) -> int:
         print(f"  MPI:   ddlstudy run ... --backend mpi --nodes {made.count} --hosts {flag}")
         named = "" if flag == "emulated" else f" --prefix {args.prefix}"
         print(f"  Spark: ddlstudy hosts spark{named}, then --backend spark --spark-master "
-              f"{made.spark_master}")
+              f"{made.spark_master} --spark-secret-file {hosts.spark_secret_file(made.prefix)}")
     elif args.hosts_command == "down":
         hosts.down(args.prefix)
         print(f"hosts {args.prefix}-h* removed")
@@ -431,8 +431,10 @@ def cmd_hosts(args: argparse.Namespace) -> int:
         if args.cores <= 0:
             raise ConfigError("--cores", f"must be a positive integer, got {args.cores}")
         up = hosts.load(args.prefix)
-        print(f"Spark master {hosts.spark_up(up, cores=args.cores)} with {up.count} worker(s) "
-              f"of {args.cores} core(s)")
+        master = hosts.spark_up(up, cores=args.cores)
+        print(f"Spark master {master} with {up.count} worker(s) of {args.cores} core(s); "
+              f"run with --backend spark --spark-master {master} --spark-secret-file "
+              f"{hosts.spark_secret_file(up.prefix)}")
     else:
         up = hosts.load(args.prefix)
         print(hosts.status(up))

@@ -92,6 +92,27 @@ def read_hostfile(path: Path) -> list[tuple[str, int]]:
     return hosts
 
 
+def read_secret(path: Path) -> str:
+    """The shared secret a Spark standalone cluster authenticates with: the file's first
+    line (ddlstudy hosts spark writes 64 hex digits)."""
+    try:
+        secret = Path(path).read_text().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError("--spark-secret-file", f"cannot read {path}: "
+                          f"{getattr(exc, 'strerror', exc)}") from None
+    if not secret or len(secret.split()) != 1 or len(secret) > 4096:
+        raise ConfigError("--spark-secret-file", f"{path} must hold one secret on one line "
+                          "(the cluster's spark.authenticate.secret)")
+    return secret
+
+
+def _check_secret(path: Path, master: str | None) -> None:
+    if not (master or "").startswith("spark://"):
+        raise ConfigError("--spark-secret-file", "authenticates to a Spark standalone "
+                          "cluster: it needs --spark-master spark://HOST:PORT")
+    read_secret(path)
+
+
 def option(default: Any, help: str, *, group: str, type: Any = str, metavar: str | None = None,
            negate: bool = False, parse: str | None = None,
            choices: tuple[str, ...] = ()) -> Any:
@@ -208,6 +229,11 @@ class RunConfig:
                              "allgather",
                              group=SPARK, type=int)
     spark_ui: bool = option(False, "start Spark's web UI", group=SPARK, type=bool)
+    spark_secret_file: Path | None = option(None, "a file holding a Spark standalone "
+                                            "cluster's shared secret: the driver "
+                                            "authenticates with it (spark.authenticate); "
+                                            "ddlstudy hosts spark writes one",
+                                            group=SPARK, type=Path)
     data_dir: Path | None = option(None, "a real ImageFolder tree (root/<class>/<img>) "
                                    "instead of the use case's synthetic set", group=DATA,
                                    type=Path)
@@ -351,12 +377,15 @@ class RunConfig:
         _positive("--sync-every", self.sync_every, most=1_000_000)
         spark_flag = ("--spark-master" if self.spark_master else
                       "--spark-sync" if self.spark_sync != "gloo" else
-                      "--spark-ui" if self.spark_ui else None)
+                      "--spark-ui" if self.spark_ui else
+                      "--spark-secret-file" if self.spark_secret_file else None)
         if self.backend != "spark" and spark_flag:
             raise ConfigError(spark_flag, "needs --backend spark")
         if self.sync_every != SYNC_EVERY and self.spark_sync != "allgather":
             raise ConfigError("--sync-every", "sets how often allgather mode averages the "
                               "weights: it needs --spark-sync allgather")
+        if self.spark_secret_file is not None:
+            _check_secret(self.spark_secret_file, self.spark_master)
         if self.spark_master is not None:
             slots = spark_slots(self.spark_master)
             if self.nodes and slots is not None and slots < self.nodes:

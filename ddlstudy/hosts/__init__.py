@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import shlex
 import shutil
 import signal
@@ -347,17 +348,40 @@ def _spark_class() -> str:
     return str(Path(pyspark.__file__).parent / "bin" / "spark-class")
 
 
+def spark_secret_file(prefix: str) -> Path:
+    """The shared secret of the hosts' Spark daemons (``run --spark-secret-file``)."""
+    return STATE_DIR / f"{check_prefix(prefix)}-spark" / "secret"
+
+
+def _spark_properties(prefix: str) -> Path:
+    """A new secret for the daemons, and their properties file that enables it (both
+    readable by this user only: whoever holds the secret may run code on the workers)."""
+    folder = spark_secret_file(prefix).parent
+    folder.mkdir(parents=True, exist_ok=True)
+    secret = secrets.token_hex(32)
+    for name, text in (("secret", secret + "\n"),
+                       ("spark.properties", f"spark.authenticate true\n"
+                                            f"spark.authenticate.secret {secret}\n")):
+        file = folder / name
+        file.unlink(missing_ok=True)
+        with os.fdopen(os.open(file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+            f.write(text)
+    return folder / "spark.properties"
+
+
 def spark_up(hosts: Hosts, cores: int = 1, memory: str = "2g", timeout: float = 90) -> str:
-    """A master on host 1 and one worker per host, bound to the hosts' addresses; returns
-    the master URL once every worker has registered."""
+    """A master on host 1 and one worker per host, bound to the hosts' addresses and
+    accepting only drivers that hold their new shared secret (``spark_secret_file``);
+    returns the master URL once every worker has registered."""
     spark_down(hosts.prefix)
     logs = STATE_DIR / f"{hosts.prefix}-spark"
-    logs.mkdir(parents=True, exist_ok=True)
+    properties = _spark_properties(hosts.prefix)
     env = os.environ | {"PYSPARK_PYTHON": sys.executable, "SPARK_NO_DAEMONIZE": "1"}
     master = hosts.spark_master
 
     def start(host: int, what: str, *args: str) -> None:
-        command = [_spark_class(), what, "--host", hosts.addresses[host - 1], *args]
+        command = [_spark_class(), what, "--host", hosts.addresses[host - 1],
+                   "--properties-file", str(properties), *args]
         with open(logs / f"{what.rsplit('.', 1)[1].lower()}-h{host}.log", "w") as log:
             subprocess.Popen(hosts.command(host, command), env=env, stdout=log,
                              stderr=subprocess.STDOUT, start_new_session=True)

@@ -19,6 +19,7 @@ from typing import Any
 
 from ddlstudy.backends.spark.allgather import RPC_MAX_MB, allgather_rank
 from ddlstudy.config import RunConfig, spark_slots
+from ddlstudy.config.run import read_secret
 from ddlstudy.environment import usable_cores
 from ddlstudy.errors import Unavailable
 from ddlstudy.strategies.processes import data_parallel_rank
@@ -130,6 +131,9 @@ def _session(cfg: RunConfig):
         # route to the master (its host name may resolve to an address they cannot reach).
         host, _, port = cfg.spark_master.removeprefix("spark://").split(",")[0].partition(":")
         builder = builder.config("spark.driver.host", address_towards(host, int(port or 7077)))
+    if cfg.spark_secret_file is not None:  # the cluster's master and workers hold it too
+        builder = builder.config("spark.authenticate", "true") \
+            .config("spark.authenticate.secret", read_secret(cfg.spark_secret_file))
     with warnings.catch_warnings():  # pyspark's pandas version notice is not ours to fix
         warnings.simplefilter("ignore", FutureWarning)
         spark = builder.getOrCreate()
