@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ddlstudy.config import DEFAULT_RUNS_DIR, HOME, USECASES_DIR
-from ddlstudy.config.options import cell_keys, switches
+from ddlstudy.config import DEFAULT_RUNS_DIR, HOME, USECASES_DIR, RunConfig
+from ddlstudy.config.options import cell_keys, config_from_args, run_parser, switches
 from ddlstudy.config.usecase import PLAIN_NAME
 from ddlstudy.errors import ConfigError, UsageError
 
@@ -98,3 +98,38 @@ def load_plan(path: Path, repeat: int | None = None, runs_dir: Path | None = Non
     return Plan(name=name, path=path, usecases=usecases, cells=cells, repeat=repeat,
                 runs_dir=runs_dir, description=study.get("description", ""),
                 settings=settings)
+
+
+def run_flags(usecase: str, flags: dict[str, Any], runs_dir: Path) -> list[str]:
+    """The ``ddlstudy run`` flags of a cell of ``usecase``."""
+    out = ["--usecase", usecase, "--runs-dir", str(runs_dir)]
+    for key, value in flags.items():
+        flag = "--" + key.replace("_", "-")
+        if isinstance(value, bool):
+            out += [flag] if value else []
+        elif isinstance(value, list):  # stage_starts = [0, 9]
+            out += [flag, ",".join(map(str, value))]
+        else:
+            out += [flag, str(value)]
+    return out
+
+
+def configs(plan: Plan, overrides: dict[str, Any]) -> list[tuple[str, dict, RunConfig]]:
+    """Every cell of every use case (the baseline first where the plan lacks it) with its
+    config, checked as ``ddlstudy run`` checks its flags (still without torch): a bad value
+    is refused naming the plan, the use case and the cell."""
+    specs = []
+    for uc in plan.usecases:
+        cells = [dict(plan.settings) | c | overrides for c in plan.cells]
+        if not any(c.get("strategy") == "sequential" and c.get("backend", "local") == "local"
+                   and not set(c) - {"strategy", "backend", "nodes"} for c in plan.cells):
+            cells.insert(0, dict(plan.settings) | {"strategy": "sequential"} | overrides)
+        specs += [(uc, c) for c in cells]
+    out = []
+    for uc, flags in specs:
+        try:
+            cfg = config_from_args(run_parser().parse_args(run_flags(uc, flags, plan.runs_dir)))
+        except UsageError as exc:
+            raise UsageError(f"{plan.path}, use case {uc}, cell {flags}: {exc}") from None
+        out.append((uc, flags, cfg))
+    return out

@@ -41,12 +41,11 @@ from typing import Any
 
 from ddlstudy.backends import get_backend
 from ddlstudy.config import RunConfig
-from ddlstudy.config.options import config_from_args, run_parser
 from ddlstudy.config.run import jsonable
 from ddlstudy.environment import usable_cores
 from ddlstudy.errors import Unavailable, UsageError
 from ddlstudy.files import atomic_write_text
-from ddlstudy.plan import Plan, load_plan
+from ddlstudy.plan import Plan, configs, load_plan, run_flags
 from ddlstudy.report import STUDY_FILE, Report, config_label, cores_used
 from ddlstudy.runfolder import CHILD_ENV, MANIFEST, RUN_ID_ENV, new_run_id, now_iso
 from ddlstudy.runner import preflight, resolve
@@ -71,21 +70,8 @@ class Cell:
     run: str = ""
     seconds: float = 0.0
 
-    def run_flags(self, runs_dir: Path) -> list[str]:
-        """The ``ddlstudy run`` flags of this cell."""
-        out = ["--usecase", self.usecase, "--runs-dir", str(runs_dir)]
-        for key, value in self.flags.items():
-            flag = "--" + key.replace("_", "-")
-            if isinstance(value, bool):
-                out += [flag] if value else []
-            elif isinstance(value, list):  # stage_starts = [0, 9]
-                out += [flag, ",".join(map(str, value))]
-            else:
-                out += [flag, str(value)]
-        return out
-
     def argv(self, runs_dir: Path) -> list[str]:
-        return ["run", "--quiet", *self.run_flags(runs_dir)]
+        return ["run", "--quiet", *run_flags(self.usecase, self.flags, runs_dir)]
 
     def record(self) -> dict[str, Any]:
         return {"id": self.id, "usecase": self.usecase, "label": self.label,
@@ -112,22 +98,12 @@ def config_key(config: dict[str, Any]) -> str:
 def expand(plan: Plan, overrides: dict[str, Any]) -> list[Cell]:
     """Every cell of the plan, validated: repeats outermost so slow drift spreads over
     all configurations; the baseline first in each use case."""
-    specs = []
-    for uc in plan.usecases:
-        cells = [dict(plan.settings) | c | overrides for c in plan.cells]
-        if not any(c.get("strategy") == "sequential" and c.get("backend", "local") == "local"
-                   and not set(c) - {"strategy", "backend", "nodes"} for c in plan.cells):
-            cells.insert(0, dict(plan.settings) | {"strategy": "sequential"} | overrides)
-        specs += [(uc, c) for c in cells]
+    checked = configs(plan, overrides)
     out = []
     for repeat in range(1, plan.repeat + 1):
-        for uc, flags in specs:
+        for uc, flags, cfg in checked:
             cell = Cell(usecase=uc, flags=flags, repeat=repeat)
-            try:
-                cell.cfg = resolve(config_from_args(
-                    run_parser().parse_args(cell.run_flags(plan.runs_dir))))
-            except UsageError as exc:
-                raise UsageError(f"{plan.path}, use case {uc}, cell {flags}: {exc}") from None
+            cell.cfg = resolve(cfg)
             cell.id = config_key(cell.cfg.to_dict())
             cell.label, cell.cores = _label(cell.cfg)
             try:

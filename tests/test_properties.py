@@ -14,12 +14,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ddlstudy.config import RunConfig, usecase_from_dict
-from ddlstudy.config.options import config_from_args, flag, run_parser, train_options
+from ddlstudy.config.options import flag, train_options
 from ddlstudy.config.run import options
 from ddlstudy.config.usecase import DataSpec, ModelSpec, TrainSpec
 from ddlstudy.errors import ConfigError, UsageError
-from ddlstudy.plan import CELL_KEYS, load_plan
-from ddlstudy.study import Cell
+from ddlstudy.plan import CELL_KEYS, configs, load_plan
 
 ANY = st.one_of(
     st.none(), st.booleans(), st.integers(), st.integers(min_value=-3, max_value=3),
@@ -104,9 +103,7 @@ def test_any_value_of_any_study_cell_key(tmp_path_factory, key, value):
     plan.write_text(f'[study]\nusecases = ["tiny"]\n[[cells]]\nstrategy = "sequential"\n'
                     f"{key} = {_toml(value)}\n")
     try:
-        loaded = load_plan(plan, runs_dir=folder / "runs")
-        cell = Cell(usecase="tiny", flags=loaded.cells[0], repeat=1)
-        config_from_args(run_parser().parse_args(cell.run_flags(loaded.runs_dir)))
+        configs(load_plan(plan, runs_dir=folder / "runs"), {})
     except UsageError as exc:
         flagged = "--" + key.replace("_", "-")
         assert _names_it(exc, flagged, f".{key}", "--backend", "--nodes", "--spark",

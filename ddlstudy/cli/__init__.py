@@ -218,14 +218,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                               f"run, or `ddlstudy replay` one)")
 
         return train(resume_config(args.resume), args.argv, args.resume, args.max_restarts)
-    from ddlstudy.config.catalog import BACKENDS, STRATEGIES
     from ddlstudy.config.options import config_from_args
-    from ddlstudy.registry import refuse_unknown
 
-    for flag, name, known, noun in (("--strategy", args.strategy, STRATEGIES, "strategy"),
-                                    ("--backend", args.backend, BACKENDS, "backend")):
-        if name is not None and name not in known:  # the command line knows no others
-            refuse_unknown(flag, noun, name, known)
     return train(config_from_args(args), args.argv, max_restarts=args.max_restarts)
 
 
@@ -342,10 +336,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_study(args: argparse.Namespace) -> int:
-    from ddlstudy.plan import load_plan
-
-    load_plan(args.plan, args.repeat, args.runs_dir)  # a bad plan is refused before torch
-    from ddlstudy.study import study
+    from ddlstudy.plan import configs, load_plan
 
     overrides = {}
     for name in ("epochs", "max_steps"):
@@ -355,6 +346,10 @@ def cmd_study(args: argparse.Namespace) -> int:
                 raise ConfigError(f"--{name.replace('_', '-')}",
                                   f"must be a positive integer, got {value}")
             overrides[name] = value
+    # A bad plan or cell is refused before torch is imported.
+    configs(load_plan(args.plan, args.repeat, args.runs_dir), overrides)
+    from ddlstudy.study import study
+
     return study(args.plan, repeat=args.repeat, resume=args.resume, runs_dir=args.runs_dir,
                  overrides=overrides, fmt=args.format)
 
@@ -385,12 +380,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if not 0 < hz <= 100:  # NaN too
         raise ConfigError("--hz", f"must be a rate above 0 and at most 100, got {hz}")
     from ddlstudy.config import DEFAULT_RUNS_DIR
+    from ddlstudy.config.catalog import bench_groups
+
+    groups = bench_groups(args.only) if args.bench_command == "all" else []
     from ddlstudy.tools.bench import bench_overhead, bench_reduce, bench_sampler
 
     if args.bench_command == "all":
         from ddlstudy.tools import bench_all
 
-        groups = args.only.split(",") if args.only else list(bench_all.GROUPS)
         result = bench_all.bench_all(args.usecase, args.steps, args.repeats, groups,
                                      args.hosts, args.datasets_dir)
         print(bench_all.markdown(result))
@@ -442,6 +439,9 @@ def cmd_hosts(args: argparse.Namespace) -> int:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
+    from ddlstudy.report.tables import runs_folder
+
+    runs_folder(args.runs)  # refused before torch is imported
     from ddlstudy.tools import predict
 
     if args.repeats <= 0:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ddlstudy.errors import ConfigError
+
 
 @dataclass(frozen=True)
 class Described:
@@ -49,3 +51,16 @@ STRATEGIES = {
 }
 
 BACKENDS = ("local", "mpi", "spark")
+
+BENCH_GROUPS = ("overhead", "sampler", "loader", "strategies", "reducers", "spark")
+"""What ``bench all --only`` takes."""
+
+
+def bench_groups(only: str | None) -> list[str]:
+    """The groups ``--only`` names (every group without it), or a ConfigError."""
+    groups = only.split(",") if only else list(BENCH_GROUPS)
+    unknown = [g for g in groups if g not in BENCH_GROUPS]
+    if unknown:
+        raise ConfigError("--only", f"unknown group(s) {', '.join(unknown)}; choose from: "
+                          f"{', '.join(BENCH_GROUPS)}")
+    return groups

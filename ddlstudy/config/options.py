@@ -13,9 +13,11 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from ddlstudy.config.catalog import BACKENDS, STRATEGIES
 from ddlstudy.config.run import TASK, WHAT, RunConfig, options
 from ddlstudy.config.usecase import TrainSpec, load_usecase, with_overrides
 from ddlstudy.errors import ConfigError, UsageError
+from ddlstudy.registry import refuse_unknown
 
 USECASE_DEFAULT = "tiny"
 
@@ -127,7 +129,12 @@ def switches() -> set[str]:
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
     """The RunConfig of parsed ``ddlstudy run`` arguments (flags left out keep the use
-    case's or the field's default)."""
+    case's or the field's default). An unknown strategy or backend is refused here, from
+    the catalog, before their classes (and torch) are imported."""
+    for flag, name, known, noun in (("--strategy", args.strategy, STRATEGIES, "strategy"),
+                                    ("--backend", args.backend, BACKENDS, "backend")):
+        if name is not None and name not in known:
+            refuse_unknown(flag, noun, name, known)
     usecase = load_usecase(args.usecase)
     overrides = {f.name: getattr(args, f.name) for f in train_options()}
     try:

@@ -1,4 +1,5 @@
-"""Read any ImageFolder tree (root/<class>/<image>) safely, split it, and load it.
+"""Read any ImageFolder tree (root/<class>/<image>) safely and split it (torch-free: a
+refusal answers before torch is imported; ``data.images`` loads the images for training).
 
 torchvision's ImageFolder takes hidden folders for classes and judges files by extension
 only, so the tree is scanned and every image decoded here, before training: class folders
@@ -16,18 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import torch
 from PIL import Image, ImageFile
-from torch.utils.data import Dataset
-from torchvision import transforms
 
 from ddlstudy.config import BadImagePolicy
 from ddlstudy.data.fingerprint import fingerprint, sha256_bytes
 from ddlstudy.errors import DataError
 
 IMAGE_EXTENSIONS = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm"}
-MEAN = (0.485, 0.456, 0.406)
-STD = (0.229, 0.224, 0.225)
 ImageFile.LOAD_TRUNCATED_IMAGES = False  # a truncated file is a bad image, not a grey one
 
 
@@ -138,29 +134,3 @@ def stratified_split(items: tuple[tuple[str, int], ...], val_fraction: float, se
         val += [members[i] for i in order[:n_val]]
         train += [members[i] for i in order[n_val:]]
     return sorted(train), sorted(val)
-
-
-def make_transform(image_size: int, train: bool) -> transforms.Compose:
-    """The paper's task: scale/crop to the use case's size, random flip, to tensor, normalise."""
-    steps = [transforms.Resize(image_size), transforms.CenterCrop(image_size)]
-    if train:
-        steps.append(transforms.RandomHorizontalFlip())
-    steps += [transforms.ToTensor(), transforms.Normalize(MEAN, STD)]
-    return transforms.Compose(steps)
-
-
-class ImageListDataset(Dataset):
-    """Decodes and transforms one image per item; safe to use from DataLoader workers."""
-
-    def __init__(self, root: Path, items: list[tuple[str, int]], transform) -> None:
-        self.root = Path(root)
-        self.items = items
-        self.transform = transform
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        rel, label = self.items[index]
-        with Image.open(self.root / rel) as img:
-            return self.transform(img.convert("RGB")), label

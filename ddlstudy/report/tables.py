@@ -43,11 +43,17 @@ KEY = ["usecase", "config", "strategy", "backend", "nodes", "reduce", "precision
        "gpus"]
 
 
-def load_runs(runs_dir: Path) -> list[dict]:
-    """Every manifest under ``runs_dir`` (any depth), oldest first."""
+def runs_folder(runs_dir: Path) -> Path:
+    """``runs_dir`` if it is a folder, else a UsageError."""
     runs_dir = Path(runs_dir)
     if not runs_dir.is_dir():
         raise UsageError(f"runs folder {runs_dir} does not exist")
+    return runs_dir
+
+
+def load_runs(runs_dir: Path) -> list[dict]:
+    """Every manifest under ``runs_dir`` (any depth), oldest first."""
+    runs_dir = runs_folder(runs_dir)
     manifests = []
     for path in sorted(runs_dir.rglob(MANIFEST)):
         try:

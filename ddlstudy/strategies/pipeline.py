@@ -30,7 +30,7 @@ from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 from torch.utils.data import Dataset
 
 from ddlstudy.config import RunConfig, UseCase
-from ddlstudy.data.folder import ImageListDataset, make_transform
+from ddlstudy.data.images import ImageListDataset, make_transform
 from ddlstudy.environment import usable_cores
 from ddlstudy.errors import ConfigError
 from ddlstudy.models import build_model

@@ -26,10 +26,10 @@ from pathlib import Path
 
 import torch
 
+from ddlstudy.config.catalog import bench_groups
 from ddlstudy.errors import ConfigError, UsageError
 from ddlstudy.tools.bench import Ratio, images_per_s, model_step, overhead, run_config, sampler
 
-GROUPS = ("overhead", "sampler", "loader", "strategies", "reducers", "spark")
 STRATEGY_FLAGS = {"cpu-intraop": [], "cpu-threads": ["--workers", "2"],
                   "cpu-processes": ["--workers", "2"],
                   "pipeline": ["--stages", "2", "--micro-batches", "4"]}
@@ -117,10 +117,7 @@ def bench_all(usecase: str, steps: int, repeats: int, groups: list[str],
     from ddlstudy import environment
     from ddlstudy.config import load_usecase
 
-    unknown = [g for g in groups if g not in GROUPS]
-    if unknown:
-        raise ConfigError("--only", f"unknown group(s) {', '.join(unknown)}; choose from: "
-                          f"{', '.join(GROUPS)}")
+    bench_groups(",".join(groups))
     load_usecase(usecase)  # an unknown use case is refused before anything runs
     torch.set_num_threads(1)
     results: list[Ratio] = []

@@ -10,7 +10,7 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, S
 
 from ddlstudy.config import RunConfig
 from ddlstudy.data import DataPlan
-from ddlstudy.data.folder import ImageListDataset, make_transform
+from ddlstudy.data.images import ImageListDataset, make_transform
 
 
 class ShardedBatches(Sampler[list[int]]):
