@@ -279,3 +279,28 @@ def test_report_skips_and_names_malformed_manifests(quick_config, tmp_path, caps
     assert "not a ddlstudy run manifest" in skipped["foreign"]
     assert "KeyError: 'epoch_time_s'" in skipped["no-times"]
     assert "epoch_s is 'x', not a number" in skipped["text-times"]
+
+
+@pytest.mark.parametrize("field, value", [("name", "../../../escaped"),
+                                          ("data", {"name": "../../up", "images": 300,
+                                                    "source_size": 64})])
+def test_a_replayed_manifest_cannot_write_outside_its_folders(quick_config, tmp_path, capsys,
+                                                              monkeypatch, field, value):
+    """A manifest whose use case (or data set) name climbs out of the runs or datasets
+    folder: replay refuses it and nothing is written anywhere."""
+    import json
+
+    cfg = quick_config()
+    config = json.loads(json.dumps(cfg.to_dict(), default=str))
+    config["usecase"][field] = value if field == "name" else config["usecase"][field] | value
+    run = tmp_path / "deep" / "er" / "run"
+    run.mkdir(parents=True)
+    (run / "manifest.json").write_text(json.dumps({"id": "r", "config": config}))
+    monkeypatch.chdir(run)
+    before = _tree(tmp_path)
+    assert main(["replay", str(run), "--runs-dir", str(tmp_path / "deep" / "runs")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ddlstudy: error: ") and err.count("\n") == 1, err
+    assert "must be a plain folder name" in err or "a use case's name" in err, err
+    assert "Traceback" not in err
+    assert _tree(tmp_path) == before
