@@ -101,8 +101,9 @@ class RunFolder:
         """A worker's own samples, merged into samples.parquet when the run ends."""
         write_rows(self.path / f".samples-rank{rank}.parquet", rows)
 
-    def write_samples(self, rows: list[dict[str, Any]]) -> None:
-        """This process's samples and every worker's, in one file sorted by time."""
+    def write_samples(self, rows: list[dict[str, Any]]):
+        """This process's samples and every worker's, in one file sorted by time (returned
+        as a DataFrame)."""
         import pandas as pd
 
         parts = sorted(self.path.glob(".samples-rank*.parquet"))
@@ -116,6 +117,7 @@ class RunFolder:
             p.unlink()
         self.manifest["samples"] = {"file": SAMPLES, "rows": len(frame),
                                     "workers_sampled": len(parts)}
+        return frame
 
     def save_snapshot(self, state: dict[str, Any]) -> None:
         import torch

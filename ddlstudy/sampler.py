@@ -12,6 +12,7 @@ rank's own process (multi-process strategies write both).
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import socket
@@ -23,12 +24,21 @@ import psutil
 
 from ddlstudy.files import atomic_write
 
+log = logging.getLogger("ddlstudy")
+
 COLUMNS = (
     "time", "t_s", "rank", "host", "scope", "proc_count", "proc_cpu_percent", "proc_rss_bytes",
     "proc_threads", "sys_cpu_percent", "sys_iowait_percent", "sys_ram_percent",
     "sys_ram_used_bytes", "net_sent_bytes", "net_recv_bytes", "lo_sent_bytes", "lo_recv_bytes",
     "disk_read_bytes", "disk_write_bytes", "gpu_count", "gpu_util_percent", "gpu_mem_used_bytes",
 )
+
+
+NOISY_CORES = 0.2
+"""A run is ``noisy`` when processes other than its own used more than this many cores of
+its host (the median over its samples). Measured on a 2-core machine with tiny: quiet runs
+0.013, 0.040 (sequential) and 0.056 (cpu-processes 2) cores; one busy loop beside a
+sequential run 1.0 core."""
 
 
 class _Gpus:
@@ -178,3 +188,82 @@ def read_rows(path) -> list[dict[str, Any]]:
     import pandas as pd
 
     return pd.read_parquet(path).to_dict("records")
+
+
+def others_cores(frame, cores: int, one_machine: bool = False) -> dict[str, float] | None:
+    """Per host, the cores that processes other than the run's used while it ran: the
+    host's CPU (``sys_cpu_percent``, over ``cores`` logical CPUs) less the run's process
+    trees (its ``node`` rows; several ranks on a host are summed), as medians over the
+    samples. ``one_machine``: hosts that share one kernel (emulated hosts) count as one.
+    None without samples."""
+    node = frame[frame.scope == "node"]
+    if not len(node):
+        return None
+    if one_machine:
+        node = node.assign(host=",".join(sorted(set(node.host))))
+    out = {}
+    for host, g in node.groupby("host"):
+        ranks = [r for _, r in g.groupby("rank")]
+        if len(ranks) == 1:  # the same instants: the difference per sample
+            others = (g.sys_cpu_percent * cores - g.proc_cpu_percent).median() / 100
+        else:
+            others = (g.sys_cpu_percent.median() * cores
+                      - sum(r.proc_cpu_percent.median() for r in ranks)) / 100
+        out[str(host)] = round(max(float(others), 0.0), 3)
+    return out
+
+
+def _cpu_seconds(processes: list[psutil.Process]) -> float:
+    total = 0.0
+    for p in processes:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.Error:
+            pass
+    return total
+
+
+def host_busy(seconds: float = 1.0) -> float:
+    """The cores other processes keep busy on this host now: the host's CPU over the next
+    ``seconds`` less this process tree's own."""
+    me = psutil.Process()
+    tree = [me, *me.children(recursive=True)]
+    own = _cpu_seconds(tree)
+    psutil.cpu_percent(None)
+    time.sleep(seconds)
+    host = psutil.cpu_percent(None) / 100 * (psutil.cpu_count() or 1)
+    return max(0.0, host - (_cpu_seconds(tree) - own) / seconds)
+
+
+def wait_quiet(announce, most_s: float | None = None) -> float:
+    """Wait until other processes use at most NOISY_CORES (3 quiet seconds in a row),
+    saying what keeps the host busy every 10 s through ``announce``; returns the load
+    last measured (which is above the limit only if ``most_s`` ran out)."""
+    start, quiet, said = time.monotonic(), 0, 0.0
+    while True:
+        busy = host_busy(1.0)
+        quiet = quiet + 1 if busy <= NOISY_CORES else 0
+        waited = time.monotonic() - start
+        if quiet >= 3 or (most_s is not None and waited >= most_s):
+            return busy
+        if waited - said >= 10:
+            said = waited
+            announce(busy, waited)
+
+
+def check_load(wait: bool = False) -> float:
+    """Say how busy the host is before measuring (other processes' cores) and warn when it
+    is not quiet; with ``wait``, wait for it to be quiet first. Returns the cores busy."""
+    if wait:
+        busy = wait_quiet(lambda b, s: log.info("waiting for a quiet host: other processes "
+                                                "use %.2f core(s) (%.0f s so far)", b, s))
+    else:
+        busy = host_busy(1.0)
+    if busy > NOISY_CORES:
+        log.warning("this host is busy: other processes use %.2f core(s); runs where they "
+                    "use more than %.2f are marked noisy and left out of speedups (--wait-quiet "
+                    "waits for a quiet host before each cell)", busy, NOISY_CORES)
+    else:
+        log.info("host load: other processes use %.2f core(s) (quiet)", busy)
+    return busy

@@ -49,6 +49,7 @@ from ddlstudy.plan import Plan, configs, load_plan, run_flags
 from ddlstudy.report import STUDY_FILE, Report, config_label, cores_used
 from ddlstudy.runfolder import CHILD_ENV, MANIFEST, RUN_ID_ENV, new_run_id, now_iso
 from ddlstudy.runner import preflight, resolve
+from ddlstudy.sampler import check_load
 from ddlstudy.strategies import get_strategy
 
 log = logging.getLogger("ddlstudy")
@@ -161,9 +162,10 @@ def _clock(seconds: float) -> str:
 
 
 class Study:
-    def __init__(self, plan: Plan, cells: list[Cell]) -> None:
+    def __init__(self, plan: Plan, cells: list[Cell], wait_quiet: bool = False) -> None:
         self.plan = plan
         self.cells = cells
+        self.wait_quiet = wait_quiet
         self.started = now_iso()
 
     def save(self) -> None:
@@ -199,6 +201,8 @@ class Study:
         start = time.monotonic()
         code = 0
         for i, cell in enumerate(todo, 1):
+            if i == 1 or self.wait_quiet:
+                check_load(self.wait_quiet)
             code = max(code, self._run_cell(cell))
             self.save()
             elapsed = time.monotonic() - start
@@ -251,11 +255,11 @@ class Study:
 
 def study(plan_path: Path, *, repeat: int | None = None, resume: bool = False,
           runs_dir: Path | None = None, overrides: dict[str, Any] | None = None,
-          fmt: str = "markdown") -> int:
+          fmt: str = "markdown", wait_quiet: bool = False) -> int:
     """Run a plan, write its report (tables and figures) and print the tables."""
     plan = load_plan(plan_path, repeat, runs_dir)
     cells = expand(plan, overrides or {})
-    code = Study(plan, cells).run(resume)
+    code = Study(plan, cells, wait_quiet).run(resume)
     report = Report(plan.runs_dir)
     paths = report.write(plan.runs_dir / "report", fmt)
     print(report.text(fmt))

@@ -145,3 +145,87 @@ def test_mpi_backend_without_mpiexec(cli, monkeypatch):
     code, err, runs = cli("run", "--backend", "mpi", "--nodes", "2")
     assert code == 2 and "mpi needs mpiexec, which was not found; pip install mpich" in err
     assert not runs.exists()
+
+
+def test_report_keeps_runs_of_other_settings_apart():
+    """A 1-epoch and a 2-epoch run beside 5-epoch ones (as a user's trials inside
+    runs/demo were): not repeats of the 5-epoch cells, not divided by their baseline."""
+    from ddlstudy.report.tables import left_apart, only_main, paper_tables
+
+    def manifest(strategy, rate, epochs=5, threads=1, host="a"):
+        return {"usecase": "u", "status": "completed", "started_at": "t", "backend": {},
+                "host": {"hostname": host}, "data": {"fingerprint": "f" * 64},
+                "config": {"usecase": {"train": {"epochs": epochs, "batch_size": 16,
+                                                 "image_size": 64}}},
+                "strategy": {"name": strategy, "processes": 1, "threads_per_process": threads},
+                "epochs": [{"steady_images_per_s": rate, "epoch_time_s": 1.0,
+                            "val_accuracy": 0.5}]}
+
+    table = speedup_table([manifest("sequential", 20.0), manifest("sequential", 20.0),
+                           manifest("cpu-intraop", 40.0, threads=2),
+                           manifest("cpu-intraop", 30.0, threads=2),
+                           manifest("cpu-intraop", 1000.0, epochs=1, threads=2),
+                           manifest("sequential", 10.0, epochs=2),
+                           manifest("cpu-intraop", 25.0, epochs=2, threads=2),
+                           manifest("sequential", 5.0, host="b")])
+    assert len(table) == 6  # 2 rows of the main setting, 2 of 2 epochs, 1 of 1, 1 on b
+    main = only_main(table).set_index("strategy")
+    assert main.loc["sequential", "runs"] == 2 and main.loc["cpu-intraop", "runs"] == 2
+    assert main.loc["cpu-intraop", "speedup"] == pytest.approx(1.75)  # 35 / 20, not 1000
+    two = table[table.setting.str.startswith("2 epochs")].set_index("strategy")
+    assert two.loc["cpu-intraop", "speedup"] == pytest.approx(2.5)  # its own baseline: 10
+    one = table[table.setting.str.startswith("1 epochs")].iloc[0]
+    assert one.speedup != one.speedup  # NaN: no 1-epoch baseline to divide by
+    notes = left_apart(table)
+    assert len(notes) == 3 and all(n.startswith("u: ") for n in notes)
+    assert sum("no sequential baseline of its own" in n for n in notes) == 1
+    assert any("host b" in n for n in notes)
+    (paper,) = paper_tables(table).values()
+    assert list(paper.configuration) == ["sequential", "cpu-intraop (2 threads)"]
+
+
+def test_a_noisy_run_is_left_out_of_speedups_unless_asked():
+    def manifest(strategy, rate, threads=1, noisy=False):
+        return {"usecase": "u", "status": "completed", "started_at": "t", "backend": {},
+                "host_load": {"noisy": noisy},
+                "strategy": {"name": strategy, "processes": 1, "threads_per_process": threads},
+                "epochs": [{"steady_images_per_s": rate, "epoch_time_s": 1.0,
+                            "val_accuracy": 0.5}]}
+
+    runs = [manifest("sequential", 20.0), manifest("sequential", 5.0, noisy=True),
+            manifest("cpu-intraop", 40.0, threads=2),
+            manifest("cpu-intraop", 8.0, threads=2, noisy=True)]
+    table = speedup_table(runs).set_index("strategy")
+    assert table.loc["sequential", "images_per_s"] == pytest.approx(20.0)
+    assert table.loc["cpu-intraop", "speedup"] == pytest.approx(2.0)
+    assert table.loc["cpu-intraop", "runs"] == 1
+    assert table.loc["cpu-intraop", "status"] == "ok, 1 noisy left out"
+    every = speedup_table(runs, include_noisy=True).set_index("strategy")
+    assert every.loc["sequential", "images_per_s"] == pytest.approx(12.5)
+    assert every.loc["cpu-intraop", "runs"] == 2 and every.loc["cpu-intraop", "status"] == "ok"
+
+
+def test_speedups_carry_a_95_percent_interval():
+    """Over repeats (or, with one repeat, over its epochs); an interval that includes 1.0
+    says so: the configuration cannot be told from the baseline."""
+    from ddlstudy.report.tables import interval
+
+    def manifest(strategy, rates, threads=1):
+        return {"usecase": "u", "status": "completed", "started_at": "t", "backend": {},
+                "strategy": {"name": strategy, "processes": 1, "threads_per_process": threads},
+                "epochs": [{"steady_images_per_s": r, "epoch_time_s": 1.0, "val_accuracy": 0.5}
+                           for r in rates]}
+
+    runs = [*(manifest("sequential", [r]) for r in (19.0, 20.0, 21.0, 20.0)),
+            *(manifest("cpu-intraop", [r], threads=2) for r in (39.0, 40.0, 41.0)),
+            *(manifest("cpu-threads", [r], threads=2) for r in (18.0, 21.0, 20.5)),
+            manifest("cpu-processes", [60.0, 62.0, 58.0], threads=1)]
+    table = speedup_table(runs).set_index("strategy")
+    low, high = (float(x) for x in table.loc["cpu-intraop", "speedup_95"].split("-"))
+    assert 1.8 <= low < 2.0 < high <= 2.2
+    assert table.loc["cpu-threads", "speedup_95"].endswith("(includes 1)")
+    assert table.loc["sequential", "speedup_95"].endswith("(includes 1)")
+    low, high = (float(x) for x in table.loc["cpu-processes", "speedup_95"].split("-"))
+    assert 2.7 <= low < 3.0 < high <= 3.3  # one run: its three epochs
+    assert interval([5.0]) is None and interval([5.0, 6.0], [1.0]) is None
+    assert interval([2.0, 2.0, 2.0], [1.0, 1.0]) == (2.0, 2.0)

@@ -53,3 +53,51 @@ def test_off_takes_no_samples():
     with ResourceSampler(0) as sampler:
         time.sleep(0.2)
     assert sampler.rows == [] and not sampler.enabled
+
+
+def _spin_elsewhere() -> psutil.Process:
+    """A process spinning one core, started through a shell that exits at once: not a
+    child of this process (which a run samples as its own)."""
+    spawned = subprocess.run(["sh", "-c", f"{sys.executable} -c 'while True: pass' "
+                              ">/dev/null 2>&1 & echo $!"], capture_output=True, text=True)
+    return psutil.Process(int(spawned.stdout))
+
+
+def test_a_run_beside_a_busy_process_is_marked_noisy(quick_config):
+    """Another process spinning a core while the run trains: the manifest says how many
+    cores others used (about one, at least half of one on any machine) and marks the run
+    noisy; without samples it says it could not tell."""
+    import json
+
+    from ddlstudy.runfolder import MANIFEST
+    from ddlstudy.runner import run
+    from ddlstudy.sampler import NOISY_CORES
+
+    busy = _spin_elsewhere()
+    try:
+        folder = run(quick_config(epochs=2, sample_hz=10.0))
+    finally:
+        busy.kill()
+    load = json.loads((folder.path / MANIFEST).read_text())["host_load"]
+    assert load["noisy"] is True and load["threshold_cores"] == NOISY_CORES
+    assert list(load["others_cores"]) == [socket.gethostname()]
+    assert load["others_cores"][socket.gethostname()] >= 0.5
+
+    unsampled = run(quick_config(sample_hz=0))
+    load = json.loads((unsampled.path / MANIFEST).read_text())["host_load"]
+    assert load["noisy"] is None and "no samples" in load["why"]
+
+
+def test_the_load_check_sees_a_busy_host_and_waiting_gives_up_when_told():
+    from ddlstudy.sampler import NOISY_CORES, check_load, wait_quiet
+
+    busy = _spin_elsewhere()
+    said = []
+    try:
+        assert check_load() >= 0.5
+        start = time.monotonic()
+        last = wait_quiet(lambda b, s: said.append(b), most_s=2.0)
+        assert last > NOISY_CORES and 2.0 <= time.monotonic() - start < 10
+    finally:
+        busy.kill()
+    assert said == []  # it speaks every 10 s only

@@ -83,11 +83,15 @@ def test_the_study_writes_tables_and_figures(study_dir):
     report = runs / "report"
     for name in ("speedup.md", "table1.md", "runs.csv"):
         assert (report / name).stat().st_size > 100
-    for name in ("resources", "speedup", "accuracy"):
+    for name in ("resources", "accuracy"):
         for ext in ("png", "svg"):
             assert (report / "figures" / f"{name}.{ext}").stat().st_size > 5000
     assert not (report / "figures" / "scaling.png").exists()  # no multi-node run to show
-    table = Report(runs).table.set_index("strategy")
+    # Runs that other processes disturbed are left out of speedups (the bars too): on a
+    # busy machine there may be none to draw.
+    speedups = Report(runs).table.speedup.notna().any()
+    assert (report / "figures" / "speedup.png").is_file() == speedups
+    table = Report(runs, include_noisy=True).table.set_index("strategy")
     assert table.loc["sequential", "speedup"] == pytest.approx(1.0)
     intraop = table.loc["cpu-intraop"]
     assert intraop["cores"] == 2 and intraop["efficiency"] == pytest.approx(
@@ -132,7 +136,8 @@ def test_the_notebook_runs_on_a_study(study_dir, tmp_path):
     assert "2 runs in" in outputs[0]["text"]
     html = " ".join(o.get("data", {}).get("text/html", "") for o in outputs)
     assert "cpu-intraop (2 threads)" in html and "skipped" in html
-    assert sum("image/png" in o.get("data", {}) for o in outputs) >= 3
+    speedups = Report(runs).table.speedup.notna().any()  # none if every run was disturbed
+    assert sum("image/png" in o.get("data", {}) for o in outputs) >= 2 + speedups
 
 
 @pytest.mark.parametrize("plan, message", [

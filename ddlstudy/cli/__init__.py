@@ -29,6 +29,7 @@ from ddlstudy.config.options import Parser, add_run_options
 from ddlstudy.errors import ConfigError, UsageError
 from ddlstudy.logs import setup_logging
 from ddlstudy.progress import on_terminal
+from ddlstudy.sampler import NOISY_CORES
 
 log = logging.getLogger("ddlstudy")
 PREPARING_NOTICE_S = 1.0
@@ -84,6 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, help="also write the tables, runs.csv and the figures "
                    "into this folder (default: print only)")
     p.add_argument("--no-figures", action="store_true", help="with --out: tables only")
+    p.add_argument("--include-noisy", action="store_true", help="count runs marked noisy "
+                   "(other processes used their host) in medians and speedups")
 
     p = sub.add_parser("study", help="run a study plan: use cases x configurations x repeats")
     p.add_argument("plan", type=Path, help="a study plan TOML, e.g. usecases/demo.toml, or "
@@ -98,6 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default: the plan's)")
     p.add_argument("--format", default="markdown", choices=["markdown", "csv", "latex"],
                    help="how the tables are printed")
+    p.add_argument("--wait-quiet", action="store_true", help="before each cell, wait until "
+                   f"other processes use at most {NOISY_CORES} cores of this host")
     p.add_argument("--quiet", action="store_true", help="warnings and errors only")
 
     p = sub.add_parser("replay", help="run a manifest again: same config, seeds and data")
@@ -327,7 +332,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     if args.out:
         check_folder("--out", args.out)
-    report = Report(args.runs or DEFAULT_RUNS_DIR)
+    report = Report(args.runs or DEFAULT_RUNS_DIR, include_noisy=args.include_noisy)
     print(report.text(args.format))
     if args.out:
         paths = report.write(args.out, args.format, figures=not args.no_figures)
@@ -351,7 +356,7 @@ def cmd_study(args: argparse.Namespace) -> int:
     from ddlstudy.study import study
 
     return study(args.plan, repeat=args.repeat, resume=args.resume, runs_dir=args.runs_dir,
-                 overrides=overrides, fmt=args.format)
+                 overrides=overrides, fmt=args.format, wait_quiet=args.wait_quiet)
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
@@ -383,6 +388,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from ddlstudy.config.catalog import bench_groups
 
     groups = bench_groups(args.only) if args.bench_command == "all" else []
+    from ddlstudy.sampler import check_load
+
+    check_load()  # figures measured on a busy host say little: say so first
     from ddlstudy.tools.bench import bench_overhead, bench_reduce, bench_sampler
 
     if args.bench_command == "all":

@@ -20,7 +20,7 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.figure import Figure
 
-from ddlstudy.report.tables import Report
+from ddlstudy.report.tables import Report, only_main
 from ddlstudy.runfolder import SAMPLES
 
 
@@ -118,7 +118,7 @@ def plot_distributed(report: Report) -> Figure | None:
 
 
 def plot_speedup(report: Report) -> Figure | None:
-    t = report.table.dropna(subset=["speedup"])
+    t = only_main(report.table).dropna(subset=["speedup"])
     if t.empty:
         return None
     fig = Figure(figsize=(9, 0.45 * t.config.nunique() + 1.5))
@@ -132,7 +132,7 @@ def plot_speedup(report: Report) -> Figure | None:
 
 
 def plot_scaling(report: Report) -> Figure | None:
-    t = report.table.dropna(subset=["speedup"])
+    t = only_main(report.table).dropna(subset=["speedup"])
     multi = t[t.backend != "local"]
     if multi.empty:
         return None

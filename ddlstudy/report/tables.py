@@ -21,6 +21,7 @@ import logging
 import statistics
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from ddlstudy.errors import UsageError
@@ -39,8 +40,11 @@ TABLES = {
 }
 STRATEGY_ORDER = ("sequential", "cpu-intraop", "cpu-threads", "cpu-processes", "gpu-data",
                   "pipeline", "hybrid")
-KEY = ["usecase", "config", "strategy", "backend", "nodes", "reduce", "precision", "cores",
-       "gpus"]
+KEY = ["usecase", "setting", "config", "strategy", "backend", "nodes", "reduce", "precision",
+       "cores", "gpus"]
+"""A configuration: runs with the same key are repeats of one another. ``setting`` is what
+changes the measured figures apart from the parallelism (``setting``); ``config`` and the
+rest are the parallelism itself."""
 
 
 def runs_folder(runs_dir: Path) -> Path:
@@ -158,6 +162,22 @@ def config_label(manifest: dict) -> str:
     return label
 
 
+def setting(manifest: dict) -> str:
+    """What a run measured apart from its parallelism: epochs (and --max-steps), the
+    per-run batch, the image size, the data (its fingerprint) and the host. Runs of
+    different settings are never repeats of each other, and a speedup divides by the
+    baseline of the same setting."""
+    config = manifest.get("config") or {}
+    train = (config.get("usecase") or {}).get("train") or {}
+    parts = [f"{train.get('epochs', '?')} epochs"]
+    if config.get("max_steps"):
+        parts.append(f"{config['max_steps']} steps")
+    parts += [f"batch {train.get('batch_size', '?')}", f"{train.get('image_size', '?')} px",
+              f"data {str((manifest.get('data') or {}).get('fingerprint') or '?')[:8]}",
+              f"host {(manifest.get('host') or {}).get('hostname', '?')}"]
+    return ", ".join(parts)
+
+
 def table_number(strategy: str, backend: str) -> int:
     """Which of the paper's three tables a configuration belongs to."""
     if backend != "local":
@@ -176,7 +196,8 @@ def _run_row(m: dict) -> dict:
     strategy = m.get("strategy", {}).get("name", "?")
     backend_name = backend.get("name", "local")
     return {
-        "usecase": m.get("usecase", "?"), "config": config_label(m), "strategy": strategy,
+        "usecase": m.get("usecase", "?"), "setting": setting(m), "config": config_label(m),
+        "strategy": strategy,
         "backend": backend_name, "nodes": int(backend.get("nodes", 1)),
         "reduce": backend.get("reduce") or backend.get("sync") or "",
         "precision": m.get("config", {}).get("precision", "fp32"),
@@ -187,9 +208,11 @@ def _run_row(m: dict) -> dict:
         "cores": cores_used(m), "gpus": _gpus(m),
         "table": table_number(strategy, backend_name),
         "repeat": m.get("study", {}).get("repeat", 0), "status": m.get("status", "?"),
+        "noisy": (m.get("host_load") or {}).get("noisy") is True,
         "reason": m.get("error") or "", "epochs": len(epochs),
         "epoch_s": _median([e["epoch_time_s"] for e in epochs]),
         "images_per_s": _median([e["steady_images_per_s"] for e in epochs]),
+        "epoch_rates": [float(e["steady_images_per_s"]) for e in epochs],
         "val_accuracy": epochs[-1]["val_accuracy"] if epochs else None,
         "best_val_accuracy": max(e["val_accuracy"] for e in epochs) if epochs else None,
         "train_time_s": sum(e.get("train_time_s", 0.0) for e in epochs) if epochs else None,
@@ -197,31 +220,44 @@ def _run_row(m: dict) -> dict:
     }
 
 
-def runs_frame(manifests: list[dict], planned: list[dict] = ()) -> pd.DataFrame:
-    """One row per run (and per planned cell that has no run), in a long tidy layout."""
+def runs_frame(manifests: list[dict], planned: list[dict] = (),
+               include_noisy: bool = False) -> pd.DataFrame:
+    """One row per run (and per planned cell that has no run), in a long tidy layout.
+    ``counted``: whether the run enters medians and speedups (completed, and not noisy
+    unless ``include_noisy``)."""
     rows = [_run_row(m) for m in manifests]
     for c in planned:
         backend = c.get("backend", "local")
         rows.append({
-            "usecase": c["usecase"], "config": c["label"], "strategy": c["strategy"],
+            "usecase": c["usecase"], "setting": None, "config": c["label"],
+            "strategy": c["strategy"],
             "backend": backend, "nodes": c.get("nodes", 1), "reduce": "",
             "precision": c.get("flags", {}).get("precision", "fp32"),
             "scaling": c.get("flags", {}).get("scaling", "strong"), "global_batch": None,
             "cores": c.get("cores", 0),
             "gpus": 0, "table": table_number(c["strategy"], backend),
-            "repeat": c.get("repeat", 0), "status": c["status"],
+            "repeat": c.get("repeat", 0), "status": c["status"], "noisy": False,
             "reason": c.get("reason", ""), "epochs": 0, "epoch_s": None,
-            "images_per_s": None, "val_accuracy": None, "best_val_accuracy": None,
+            "images_per_s": None, "epoch_rates": [], "val_accuracy": None,
+            "best_val_accuracy": None,
             "train_time_s": None, "run": "", "path": "",
         })
     frame = pd.DataFrame(rows, columns=[*KEY, "scaling", "global_batch", "table", "repeat",
-                                        "status", "reason", "epochs", "epoch_s",
-                                        "images_per_s", "val_accuracy", "best_val_accuracy",
-                                        "train_time_s", "run", "path"])
-    baseline = frame[is_baseline(frame) & (frame.status == "completed")]
-    base = {uc: _median(list(g.images_per_s.dropna())) for uc, g in baseline.groupby("usecase")}
-    frame["speedup"] = [r / base[uc] if base.get(uc) and r is not None and r == r else None
-                        for uc, r in zip(frame.usecase, frame.images_per_s, strict=True)]
+                                        "status", "noisy", "reason", "epochs", "epoch_s",
+                                        "images_per_s", "epoch_rates", "val_accuracy",
+                                        "best_val_accuracy", "train_time_s", "run", "path"])
+    # A planned cell that has no run belongs to its use case's usual setting.
+    usual = {uc: g.setting.mode().iloc[0] for uc, g in frame.dropna(subset=["setting"])
+             .groupby("usecase")}
+    frame["setting"] = [s if isinstance(s, str) else usual.get(uc, "")
+                        for uc, s in zip(frame.usecase, frame.setting, strict=True)]
+    frame["counted"] = (frame.status == "completed") & (include_noisy | ~frame.noisy)
+    baseline = frame[is_baseline(frame) & frame.counted]
+    base = {k: _median(list(g.images_per_s.dropna()))
+            for k, g in baseline.groupby(["usecase", "setting"])}
+    frame["speedup"] = [r / base[k] if base.get(k) and r is not None and r == r else None
+                        for k, r in zip(zip(frame.usecase, frame.setting, strict=True),
+                                        frame.images_per_s, strict=True)]
     units = frame.gpus.where(frame.gpus > 0, frame.cores).clip(lower=1)
     frame["efficiency"] = frame.speedup / units
     return frame
@@ -239,44 +275,117 @@ def short_reason(reason: str) -> str:
     return reason.split(";")[0]
 
 
-def _status(statuses: list[str], reasons: list[str]) -> str:
+def _status(statuses: list[str], reasons: list[str], noisy: int = 0) -> str:
     done = statuses.count("completed")
+    left_out = f"{noisy} noisy left out" if noisy else ""
     if done == len(statuses):
-        return "ok"
+        return f"ok, {left_out}" if left_out else "ok"
     if done == 0 and statuses[0] == "skipped":
         return f"skipped: {short_reason(reasons[0])}"
     others = [s for s in statuses if s != "completed"]
-    return ", ".join(f"{others.count(s)} {s}" for s in dict.fromkeys(others))
+    return ", ".join([*(f"{others.count(s)} {s}" for s in dict.fromkeys(others)),
+                      *([left_out] if left_out else [])])
 
 
-def speedup_table(manifests: list[dict], planned: list[dict] = ()) -> pd.DataFrame:
-    """One row per configuration: medians over the completed repeats, epoch-time spread."""
-    frame = runs_frame(manifests, planned)
+BOOTSTRAP = 2000
+"""Resamples behind every 95 % interval (seeded: a report is the same every time)."""
+
+
+def _spread(g: pd.DataFrame) -> list[float]:
+    """What a configuration's speed varies over: its repeats' images/s, or, with one
+    repeat, that run's epochs (each epoch's steady images/s)."""
+    if len(g) >= 2:
+        return list(g.images_per_s.dropna())
+    return list(g.epoch_rates.iloc[0]) if len(g) == 1 else []
+
+
+def interval(mine: list[float], base: list[float] | None = None) -> tuple[float, float] | None:
+    """The 95 % bootstrap interval of the median of ``mine`` (divided by the median of
+    ``base``, resampled alike, for a speedup); None with fewer than 2 values a side."""
+    if len(mine) < 2 or (base is not None and len(base) < 2):
+        return None
+    rng = np.random.default_rng(0)
+    values = np.median(rng.choice(mine, (BOOTSTRAP, len(mine))), axis=1)
+    if base is not None:
+        values = values / np.median(rng.choice(base, (BOOTSTRAP, len(base))), axis=1)
+    low, high = np.quantile(values, [0.025, 0.975])
+    return float(low), float(high)
+
+
+def _interval_text(bounds: tuple[float, float] | None, mark_one: bool = False) -> str:
+    if bounds is None:
+        return ""
+    text = f"{_fmt(bounds[0])}-{_fmt(bounds[1])}"
+    return f"{text} (includes 1)" if mark_one and bounds[0] <= 1.0 <= bounds[1] else text
+
+
+def speedup_table(manifests: list[dict], planned: list[dict] = (),
+                  include_noisy: bool = False) -> pd.DataFrame:
+    """One row per configuration: medians over the completed repeats (not the noisy ones,
+    unless ``include_noisy``), epoch-time spread."""
+    frame = runs_frame(manifests, planned, include_noisy)
+    bases = {k: _spread(g) for k, g in frame[is_baseline(frame) & frame.counted]
+             .groupby(["usecase", "setting"])}
     rows = []
     for key, g in frame.groupby(KEY, sort=True, dropna=False):
-        ok = g[g.status == "completed"]
+        ok = g[g.counted]
+        spread = _spread(ok)
+        base = bases.get((g.usecase.iloc[0], g.setting.iloc[0]), [])
         times = list(ok.epoch_s.dropna())
+        noisy = int(((g.status == "completed") & ~g.counted).sum())
         rows.append({
             **dict(zip(KEY, key, strict=True)), "table": int(g.table.iloc[0]),
             "scaling": g.scaling.iloc[0], "runs": len(ok),
-            "status": _status(list(g.status), list(g.reason)),
+            "status": _status(list(g.status), list(g.reason), noisy),
             "epoch_s": _median(times),
             "epoch_s_spread": f"{min(times):.2f}-{max(times):.2f}" if times else "",
             "images_per_s": _median(list(ok.images_per_s.dropna())),
+            "images_per_s_95": _interval_text(interval(spread)),
             "speedup": _median(list(ok.speedup.dropna())),
+            "speedup_95": _interval_text(interval(spread, base), mark_one=True)
+            if base else "",
             "efficiency": _median(list(ok.efficiency.dropna())),
             "val_accuracy": _median(list(ok.val_accuracy.dropna())),
         })
     columns = [*KEY, "table", "scaling", "runs", "status", "epoch_s", "epoch_s_spread",
-               "images_per_s", "speedup", "efficiency", "val_accuracy"]
+               "images_per_s", "images_per_s_95", "speedup", "speedup_95", "efficiency",
+               "val_accuracy"]
     table = pd.DataFrame(rows, columns=columns)
-    # Baseline first, then by table and speed within each use case.
+    # The main setting first (most runs), then the baseline, then by table and speed.
     rank = {name: i for i, name in enumerate(STRATEGY_ORDER)}
-    order = table.assign(_base=~is_baseline(table),
+    runs = table.groupby(["usecase", "setting"]).runs.transform("sum")
+    order = table.assign(_runs=-runs, _base=~is_baseline(table),
                          _strategy=table.strategy.map(lambda n: rank.get(n, len(rank))))
-    order = order.sort_values(["usecase", "_base", "table", "nodes", "_strategy", "config"],
-                              kind="stable")
-    return order.drop(columns=["_base", "_strategy"]).reset_index(drop=True)
+    order = order.sort_values(["usecase", "_runs", "setting", "_base", "table", "nodes",
+                               "_strategy", "config"], kind="stable")
+    return order.drop(columns=["_runs", "_base", "_strategy"]).reset_index(drop=True)
+
+
+def main_settings(table: pd.DataFrame) -> dict[str, str]:
+    """Each use case's setting with the most runs (the speedup table lists it first)."""
+    return {uc: g.setting.iloc[0] for uc, g in table.groupby("usecase", sort=False)}
+
+
+def only_main(table: pd.DataFrame) -> pd.DataFrame:
+    """The rows of each use case's main setting (what the paper's tables and the figures
+    show; ``left_apart`` names the rest)."""
+    main = main_settings(table)
+    return table[[main[uc] == s for uc, s in zip(table.usecase, table.setting, strict=True)]]
+
+
+def left_apart(table: pd.DataFrame) -> list[str]:
+    """What the report did not merge: per use case, the settings beside its main one, with
+    their runs, and whether they have a baseline of their own to divide by."""
+    notes = []
+    main = main_settings(table)
+    for (uc, other), g in table.groupby(["usecase", "setting"], sort=False):
+        if other == main[uc]:
+            continue
+        base = "its own baseline" if is_baseline(g).any() and g.speedup.notna().any() else \
+            "no sequential baseline of its own, so no speedup"
+        notes.append(f"{uc}: {int(g.runs.sum())} run(s) of another setting ({other}) are "
+                     f"kept apart from the main one ({main[uc]}): {base}")
+    return notes
 
 
 def paper_tables(table: pd.DataFrame) -> dict[int, pd.DataFrame]:
@@ -284,6 +393,7 @@ def paper_tables(table: pd.DataFrame) -> dict[int, pd.DataFrame]:
     per epoch and the speedup (or why the cell is empty)."""
     out = {}
     usecases = list(dict.fromkeys(table.usecase))
+    table = only_main(table)
     for number in TABLES:
         part = table[(table.table == number) | is_baseline(table)]
         if number != 1 and not (part.table == number).any():
@@ -341,7 +451,8 @@ def to_latex(frame: pd.DataFrame, caption: str = "") -> str:
 
 
 SUMMARY_COLUMNS = ["usecase", "config", "scaling", "cores", "runs", "status", "epoch_s",
-                   "epoch_s_spread", "images_per_s", "speedup", "efficiency", "val_accuracy"]
+                   "epoch_s_spread", "images_per_s", "speedup", "speedup_95", "efficiency",
+                   "val_accuracy"]
 
 
 def render(frame: pd.DataFrame, fmt: str, caption: str = "") -> str:
@@ -355,21 +466,28 @@ def render(frame: pd.DataFrame, fmt: str, caption: str = "") -> str:
 class Report:
     """Everything ``ddlstudy report`` shows, computed once from a runs folder."""
 
-    def __init__(self, runs_dir: Path) -> None:
+    def __init__(self, runs_dir: Path, include_noisy: bool = False) -> None:
         self.runs_dir = Path(runs_dir)
         self.manifests = load_runs(self.runs_dir)
         self.by_id = {m.get("id"): m for m in self.manifests}
         self.planned = load_planned(self.runs_dir)
-        self.runs = runs_frame(self.manifests, self.planned)
-        self.table = speedup_table(self.manifests, self.planned)
+        self.runs = runs_frame(self.manifests, self.planned, include_noisy)
+        self.table = speedup_table(self.manifests, self.planned, include_noisy)
         self.paper = paper_tables(self.table)
 
     def text(self, fmt: str = "markdown") -> str:
-        """The summary table, then the paper's tables, in one format."""
-        parts = [render(self.table[SUMMARY_COLUMNS], fmt, "Speedup against the sequential "
-                        "baseline (medians over repeats)")]
+        """The summary table, then the paper's tables (of each use case's main setting),
+        then what was kept apart, in one format."""
+        columns = list(SUMMARY_COLUMNS)
+        apart = left_apart(self.table)
+        if apart:  # several settings: each row says which
+            columns.insert(1, "setting")
+        parts = [render(self.table[columns], fmt, "Speedup against the sequential "
+                        "baseline of the same setting (medians over repeats)")]
         if fmt != "csv":
             parts += [render(t, fmt, TABLES[n]) for n, t in self.paper.items()]
+            parts += ["Kept apart (runs of different settings are never merged):\n"
+                      + "\n".join(f"- {note}" for note in apart)] if apart else []
         return "\n\n".join(parts)
 
     def write_tables(self, out: Path, fmt: str = "markdown") -> list[Path]:
@@ -378,7 +496,7 @@ class Report:
         out.mkdir(parents=True, exist_ok=True)
         ext = FORMATS[fmt]
         written = {out / f"speedup.{ext}": render(self.table, fmt),
-                   out / "runs.csv": self.runs.to_csv(index=False)}
+                   out / "runs.csv": self.runs.drop(columns=["epoch_rates"]).to_csv(index=False)}
         for n, t in self.paper.items():
             written[out / f"table{n}.{ext}"] = render(t, fmt, TABLES[n])
         for path, text in written.items():

@@ -27,7 +27,7 @@ from ddlstudy.data import DataPlan, prepare_data
 from ddlstudy.errors import ConfigError, Unavailable, UsageError
 from ddlstudy.files import sweep_temporaries
 from ddlstudy.runfolder import MANIFEST, RUN_ID_ENV, SNAPSHOT, RunFolder, new_run_id, now_iso
-from ddlstudy.sampler import ResourceSampler
+from ddlstudy.sampler import NOISY_CORES, ResourceSampler, others_cores
 from ddlstudy.strategies import REGISTRY, Strategy, get_strategy
 from ddlstudy.training import Job
 
@@ -282,7 +282,7 @@ def _run(cfg: RunConfig, show_progress: bool, resume: Path | None) -> RunFolder 
             folder.reload_epochs()
             rows = [r for node_rows in rows_by_node for r in node_rows] if rows_by_node \
                 else own_rows
-            folder.write_samples(rows)
+            folder.manifest["host_load"] = _host_load(cfg, folder.write_samples(rows))
             folder.finish(outcome.status, outcome.exit_code, outcome.error,
                           summary=_summary(folder.manifest["epochs"]))
             if cfg.tensorboard:
@@ -293,6 +293,23 @@ def _run(cfg: RunConfig, show_progress: bool, resume: Path | None) -> RunFolder 
         raise RunFailed(folder, outcome.exit_code, f"run {folder.path.name} {outcome.status}: "
                         f"{outcome.error} (details in {folder.path})")
     return folder
+
+
+def _host_load(cfg: RunConfig, frame) -> dict:
+    """Whether other processes used the run's hosts (``noisy``), from its samples."""
+    if cfg.backend == "spark":  # its executors are not in the sampled process trees
+        return {"noisy": None, "why": "not measured: Spark's executors run outside the "
+                                      "sampled process trees"}
+    others = others_cores(frame, psutil.cpu_count() or 1,
+                          one_machine=str(cfg.hosts or "").startswith("emulated"))
+    if others is None:
+        return {"noisy": None, "why": "not measured: no samples (--sample-hz 0)"}
+    noisy = max(others.values()) > NOISY_CORES
+    if noisy:
+        log.warning("other processes used %s core(s) of this run's host(s) while it ran "
+                    "(above %.2f): it is marked noisy, and reports leave it out of speedups",
+                    max(others.values()), NOISY_CORES)
+    return {"noisy": noisy, "others_cores": others, "threshold_cores": NOISY_CORES}
 
 
 def _gather_rows(env: Environment, rows: list[dict]) -> list[list[dict]] | None:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ddlstudy import environment
 from ddlstudy.backends.mpi.launch import find_mpiexec
+from ddlstudy.sampler import NOISY_CORES, host_busy
 
 
 def _first_line(cmd: list[str], containing: str = "") -> str | None:
@@ -58,6 +59,12 @@ def checks() -> list[tuple[str, bool, str, str]]:
                  " or set JAVA_HOME"))
     rows.append(("pyspark", versions["pyspark"] is not None, versions["pyspark"] or "missing",
                  "" if versions["pyspark"] else "pip install pyspark"))
+    busy = host_busy(1.0)
+    quiet = busy <= NOISY_CORES
+    rows.append(("load", quiet, f"other processes use {busy:.2f} core(s) now "
+                 f"({'quiet' if quiet else 'busy'}: runs above {NOISY_CORES} are marked noisy)",
+                 "" if quiet else "stop them before measuring, or ddlstudy study "
+                 "--wait-quiet waits for them"))
     return rows
 
 
