@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import shutil
 import socket
 import subprocess
 import sys
@@ -87,3 +88,57 @@ def git_state() -> dict[str, Any]:
 
 def command_line() -> list[str]:
     return [sys.executable, *sys.argv]
+
+
+BEHAVIOUR_ENV = ("OMP_", "MKL_", "OPENBLAS_", "KMP_", "MPICH_", "MPIR_CVAR_", "HYDRA_", "FI_",
+                 "UCX_", "CUDA_VISIBLE_DEVICES", "CUBLAS_", "GLOO_", "NCCL_", "TORCH_",
+                 "PYTORCH_", "PYTHONHASHSEED", "SPARK_", "PYSPARK_", "JAVA_HOME")
+"""Environment variables that change what a run computes or how fast (threads, the MPI
+netmod, the devices, gloo and NCCL, torch's own switches): a manifest records those set."""
+
+
+def launch(backend: str, nodes: int, child_env: str) -> dict[str, Any]:
+    """How this run was started, for an exact replay: the launcher and the world it made,
+    the working directory, the behaviour-changing environment, torch's build and, where the
+    backend uses them, MPICH's and Java's versions."""
+    import torch
+
+    env = os.environ
+    if backend == "mpi":
+        how = ("ddlstudy's mpiexec" if child_env in env else
+               "srun" if "SLURM_JOB_ID" in env else "your mpiexec")
+    elif backend == "spark":
+        how = "spark"
+    else:
+        how = "plain"
+    out = {"launcher": how, "world": nodes, "cwd": os.getcwd(),
+           "env": {k: v for k, v in sorted(env.items()) if k.startswith(BEHAVIOUR_ENV)
+                   and not any(w in k for w in ("SECRET", "TOKEN", "PASSWORD", "KEY"))},
+           "torch_build": {"version": torch.__version__, "cuda": torch.version.cuda,
+                           "git": getattr(torch.version, "git_version", None),
+                           "debug": torch.version.debug}}
+    if backend == "mpi":
+        out["mpich"] = _mpi_library()
+    if backend == "spark":
+        out["java"] = _java_version()
+    return out
+
+
+def _mpi_library() -> str | None:
+    try:
+        from mpi4py import MPI
+
+        return MPI.Get_library_version().splitlines()[0].strip()
+    except Exception:  # noqa: BLE001 - a version string is not worth failing a run for
+        return None
+
+
+def _java_version() -> str | None:
+    home = os.environ.get("JAVA_HOME")
+    java = os.path.join(home, "bin", "java") if home else shutil.which("java")
+    try:
+        out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=20)
+    except (OSError, TypeError, subprocess.TimeoutExpired):
+        return None
+    lines = (out.stderr or out.stdout).splitlines()
+    return lines[0].strip() if lines else None

@@ -63,7 +63,30 @@ def config_from_manifest(manifest: dict[str, Any], runs_dir: Path | None = None)
         kwargs["runs_dir"] = runs_dir
     kwargs["expect_fingerprint"] = (manifest.get("data") or {}).get("fingerprint")
     kwargs["replay_of"] = manifest.get("id")
+    _same_world(manifest, kwargs)
     return RunConfig(usecase=usecase_from_dict(usecase, source=source), **kwargs)
+
+
+def _same_world(manifest: dict[str, Any], kwargs: dict[str, Any]) -> None:
+    """A run that someone else's launcher started (``--nodes`` left out, the world its
+    ``-n``) replays with as many ranks from ddlstudy's own mpiexec, on this host; one whose
+    ranks ran on several hosts cannot be placed again from the manifest, and is refused."""
+    backend = manifest.get("backend") or {}
+    if backend.get("name") != "mpi" or kwargs.get("nodes") is not None:
+        return
+    launched = manifest.get("launch") or {}
+    world = int(launched.get("world") or backend.get("nodes") or 1)
+    hosts = sorted(set(backend.get("hosts") or []))
+    if len(hosts) > 1 and not (kwargs.get("hosts") or kwargs.get("hostfile")):
+        raise UsageError(f"run {manifest.get('id')} ran {world} MPI ranks on hosts "
+                         f"{','.join(hosts)} under {launched.get('launcher', 'your mpiexec')}; "
+                         f"replay it the same way: mpiexec -n {world} -hosts "
+                         f"{','.join(hosts)} ddlstudy replay {manifest.get('path', 'RUN')}")
+    if world > 1 and launched.get("launcher") != "ddlstudy's mpiexec":
+        log.warning("run %s ran under %s with %d ranks: replaying them with ddlstudy's own "
+                    "mpiexec -n %d", manifest.get("id"), launched.get("launcher", "your "
+                    "mpiexec"), world, world)
+        kwargs["nodes"] = world
 
 
 def differences(manifest: dict[str, Any]) -> list[str]:
@@ -109,10 +132,12 @@ _METRICS = (("median_images_per_s", "images/s", "ratio"),
 def compare(a: dict[str, Any], b: dict[str, Any]) -> str:
     """Config, environment and metric differences of two runs, as text."""
     lines = [f"A: {a.get('id')} ({a.get('status')})", f"B: {b.get('id')} ({b.get('status')})", ""]
+    differ: list[str] = []
 
     def section(title: str, diffs: list[tuple[str, Any, Any]]) -> None:
         lines.append(f"{title}: " + ("identical" if not diffs else f"{len(diffs)} differ"))
         lines.extend(f"  {k}: {va!r} -> {vb!r}" for k, va, vb in diffs)
+        differ.extend(f"{title} ({k})" for k, _, _ in diffs)
 
     ca, cb = dict(a.get("config", {})), dict(b.get("config", {}))
     for c in (ca, cb):
@@ -129,6 +154,11 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> str:
     env_b = {"versions": b.get("versions", {}), "git": b.get("git") or {},
              "host": {k: b.get("host", {}).get(k) for k in _HOST_KEYS}}
     section("environment", _diff(env_a, env_b))
+    # How each was started: launcher, world, behaviour-changing variables, builds (not the
+    # working directory, which only says where the command was typed).
+    la, lb = ({k: v for k, v in (m.get("launch") or {}).items() if k != "cwd"} for m in (a, b))
+    if la or lb:
+        section("launch", _diff(la, lb))
     lines.append("metrics (B against A):")
     sa, sb = a.get("summary") or {}, b.get("summary") or {}
     for key, name, how in _METRICS:
@@ -150,6 +180,12 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> str:
                          + f" over {n} epoch(s)")
     if len(ea) != len(eb):
         lines.append(f"  epochs: {len(ea)} -> {len(eb)}")
+    if n and any(ea[i]["train_loss"] != eb[i]["train_loss"] for i in range(n)):
+        lines.append("the losses differ, " + (
+            "and so do: " + ", ".join(differ) if differ else
+            "nothing recorded differs, so the run itself is not bit-reproducible (threads "
+            "summing in another order, an MPI reduction order, a kernel without a fixed "
+            "algorithm)"))
     return "\n".join(lines)
 
 

@@ -229,3 +229,19 @@ def test_speedups_carry_a_95_percent_interval():
     assert 2.7 <= low < 3.0 < high <= 3.3  # one run: its three epochs
     assert interval([5.0]) is None and interval([5.0, 6.0], [1.0]) is None
     assert interval([2.0, 2.0, 2.0], [1.0, 1.0]) == (2.0, 2.0)
+
+
+def test_compare_never_calls_runs_with_other_losses_identical_without_a_reason():
+    from ddlstudy.manifests import compare
+
+    def manifest(loss, threads="1"):
+        return {"id": "x", "status": "completed", "config": {"lr": 0.01},
+                "launch": {"launcher": "plain", "env": {"OMP_NUM_THREADS": threads}},
+                "epochs": [{"train_loss": loss, "val_loss": 1.0, "val_accuracy": 0.5}]}
+
+    text = compare(manifest(1.0), manifest(1.5, threads="2"))
+    assert "config: identical" in text and "launch: 1 differ" in text
+    assert "the losses differ, and so do: launch (env.OMP_NUM_THREADS)" in text
+    text = compare(manifest(1.0), manifest(1.5))
+    assert "nothing recorded differs, so the run itself is not bit-reproducible" in text
+    assert "the losses differ" not in compare(manifest(1.0), manifest(1.0))

@@ -327,3 +327,39 @@ def test_messages_between_ranks_arrive_whole_and_in_order(ranks):
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result == {"ranks": ranks, "failures": []}
     assert out.returncode == 0, out.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_a_run_under_your_own_mpiexec_replays_with_as_many_ranks(tmp_path, datasets_dir):
+    """`mpiexec -n 2 ddlstudy run --backend mpi` records its launcher and world; `replay`
+    (no mpiexec of its own) runs 2 ranks again and trains the same losses, and compare
+    says how the two were launched."""
+    from ddlstudy.backends.mpi.launch import find_mpiexec
+
+    first = tmp_path / "first"
+    out = subprocess.run([find_mpiexec(), "-n", "2", sys.executable, "-m", "ddlstudy", "run",
+                          "--usecase", "tiny", "--datasets-dir", str(datasets_dir),
+                          "--runs-dir", str(first), "--backend", "mpi", "--epochs", "1",
+                          "--no-snapshot", "--sample-hz", "0", "--quiet"],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    (original,) = first.iterdir()
+    m = json.loads((original / MANIFEST).read_text())
+    assert m["config"]["nodes"] is None
+    assert m["launch"]["launcher"] == "your mpiexec" and m["launch"]["world"] == 2
+    assert m["launch"]["mpich"].startswith("MPICH")
+    again = tmp_path / "again"
+    out = subprocess.run([sys.executable, "-m", "ddlstudy", "replay", str(original),
+                          "--runs-dir", str(again)], capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "replaying them with ddlstudy's own mpiexec -n 2" in out.stderr
+    (replayed,) = again.iterdir()
+    r = json.loads((replayed / MANIFEST).read_text())
+    assert r["backend"]["nodes"] == 2 and len(r["backend"]["pids"]) == 2
+    assert r["launch"]["launcher"] == "ddlstudy's mpiexec"
+    assert _losses(r) == _losses(m)  # two ranks' sums do not depend on order
+    out = subprocess.run([sys.executable, "-m", "ddlstudy", "compare", str(original),
+                          str(replayed)], capture_output=True, text=True, timeout=120)
+    assert "launcher: 'your mpiexec' -> \"ddlstudy's mpiexec\"" in out.stdout, out.stdout
+    assert "the losses differ" not in out.stdout

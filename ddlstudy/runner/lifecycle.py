@@ -26,7 +26,15 @@ from ddlstudy.config import Effective, RunConfig
 from ddlstudy.data import DataPlan, prepare_data
 from ddlstudy.errors import ConfigError, Unavailable, UsageError
 from ddlstudy.files import sweep_temporaries
-from ddlstudy.runfolder import MANIFEST, RUN_ID_ENV, SNAPSHOT, RunFolder, new_run_id, now_iso
+from ddlstudy.runfolder import (
+    CHILD_ENV,
+    MANIFEST,
+    RUN_ID_ENV,
+    SNAPSHOT,
+    RunFolder,
+    new_run_id,
+    now_iso,
+)
 from ddlstudy.sampler import NOISY_CORES, ResourceSampler, others_cores
 from ddlstudy.strategies import REGISTRY, Strategy, get_strategy
 from ddlstudy.training import Job
@@ -228,6 +236,7 @@ def _create(cfg: RunConfig, strategy: Strategy, backend: dict, data) -> RunFolde
         "git": environment.git_state(),
         "versions": environment.versions(),
         "host": environment.host(),
+        "launch": environment.launch(cfg.backend, backend["nodes"], CHILD_ENV),
         "sampler": {"hz": cfg.sample_hz},
         "pid": os.getpid(),
         **_study_tag(),
