@@ -17,6 +17,9 @@ from ddlstudy.errors import ConfigError, UsageError
 CELL_KEYS = cell_keys()
 SWITCHES = switches()
 STUDY_KEYS = {"name", "description", "usecases", "repeat", "runs_dir"}
+DEFAULT_REPEAT = 3
+"""Repeats of every cell where the plan does not say: enough for a median and a 95 %
+interval; the repeats are interleaved (every cell once, then again)."""
 
 
 @dataclass
@@ -88,7 +91,7 @@ def load_plan(path: Path, repeat: int | None = None, runs_dir: Path | None = Non
     if not isinstance(name, str) or not PLAIN_NAME.match(name):
         raise ConfigError("study.name", f"{name!r}: a study's name is the folder its runs go "
                           "into; use letters, digits, '.', '_' or '-'")
-    repeat = repeat if repeat is not None else study.get("repeat", 1)
+    repeat = repeat if repeat is not None else study.get("repeat", DEFAULT_REPEAT)
     if isinstance(repeat, bool) or not isinstance(repeat, int) or not 0 < repeat <= 1000:
         raise ConfigError("--repeat", f"must be an integer from 1 to 1000, got {repeat!r}")
     if runs_dir is None:

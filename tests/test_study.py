@@ -19,6 +19,7 @@ PLAN = """
 [study]
 name = "t"
 usecases = ["tiny"]
+repeat = 1
 
 [settings]
 epochs = 1

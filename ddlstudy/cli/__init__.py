@@ -91,7 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("study", help="run a study plan: use cases x configurations x repeats")
     p.add_argument("plan", type=Path, help="a study plan TOML, e.g. usecases/demo.toml, or "
                    "the name of one shipped with ddlstudy (demo, paper, ...)")
-    p.add_argument("--repeat", type=int, help="repeats of every cell (default: the plan's)")
+    p.add_argument("--repeat", type=int, help="repeats of every cell, interleaved (default: "
+                   "the plan's repeat, else 3)")
     p.add_argument("--resume", action="store_true",
                    help="reuse this study's completed runs whose configuration matches")
     p.add_argument("--runs-dir", type=Path, help="default: the plan's, or runs/<name>")
