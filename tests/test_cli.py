@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from ddlstudy.cli import main
-from ddlstudy.report import speedup_table
+from ddlstudy.report import config_label, speedup_table
 
 
 @pytest.fixture
@@ -130,6 +130,8 @@ def test_report_speedup_against_the_baseline():
     mpi = table[table.backend == "mpi"].iloc[0]
     assert mpi["speedup"] == pytest.approx(1.6) and mpi["cores"] == 2
     assert mpi["config"] == "mpi 2 nodes, allreduce: sequential"
+    theirs = manifest("sequential", 40.0, nodes=2) | {"launch": {"launcher": "your mpiexec"}}
+    assert config_label(theirs) == "mpi 2 nodes, allreduce, under your mpiexec: sequential"
     rows = table[table.backend == "local"].set_index("strategy")
     assert rows.loc["sequential", "speedup"] == pytest.approx(1.0)
     assert rows.loc["sequential", "images_per_s"] == pytest.approx(25.0)  # median of 20, 30

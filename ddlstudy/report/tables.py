@@ -158,6 +158,9 @@ def config_label(manifest: dict) -> str:
             how += f", balance {config['balance']}"
         if config.get("hosts"):
             how += f", hosts {config['hosts']}"
+        launcher = (manifest.get("launch") or {}).get("launcher")
+        if launcher in ("your mpiexec", "srun"):  # not ddlstudy's own: say whose
+            how += f", under {launcher}"
         label = f"{backend['name']} {backend.get('nodes', '?')} nodes{how}: {label}"
     return label
 
