@@ -19,8 +19,8 @@ RUN_FLAGS = [
     "--loader-workers", "--lr", "--lr-scaling", "--max-steps", "--micro-batches",
     "--no-snapshot", "--nodes", "--on-bad-image", "--precision", "--reduce", "--replicas",
     "--runs-dir", "--sample-hz", "--scaling", "--seed", "--snapshot-every", "--spark-master",
-    "--spark-sync", "--spark-ui", "--stage-starts", "--stages", "--strategy", "--sync-every",
-    "--tensorboard", "--usecase", "--workers",
+    "--spark-secret-file", "--spark-sync", "--spark-ui", "--stage-starts", "--stages",
+    "--strategy", "--sync-every", "--tensorboard", "--usecase", "--workers",
 ]
 
 

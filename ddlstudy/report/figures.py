@@ -53,7 +53,7 @@ def samples_of(report: Report, runs: pd.DataFrame, scope: str = "node") -> pd.Da
         cores = report.by_id.get(r.run, {}).get("host", {}).get("usable_cores") or 1
         s = s.assign(usecase=r.usecase, config=r.config, t=s.time - s.time.min(),
                      cpu=s.proc_cpu_percent / max(cores, 1),
-                     idle=100 - s.sys_cpu_percent)
+                     rss=s.proc_rss_bytes / 2**30, idle=100 - s.sys_cpu_percent)
         frames.append(_smooth(s))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
@@ -63,7 +63,7 @@ SMOOTH = "2s"
 
 
 def _smooth(s: pd.DataFrame) -> pd.DataFrame:
-    columns = ["cpu", "idle", "sys_iowait_percent", "sys_ram_percent"]
+    columns = ["cpu", "rss", "idle", "sys_iowait_percent", "sys_ram_percent"]
     out = []
     for _, part in s.groupby("rank", sort=False):
         part = part.sort_values("time")
@@ -102,7 +102,7 @@ def plot_resources(report: Report) -> Figure | None:
     if s.empty:
         return None
     return _timelines(s[s["rank"] == 0], [("cpu", "CPU used by the run (% of all cores)"),
-                                         ("sys_ram_percent", "RAM used on the host (%)"),
+                                         ("rss", "memory of the run (RSS, GiB)"),
                                          ("proc_threads", "threads of the run")],
                       None, "Resources (2 s means; multi-node: rank 0)", 9, facet="usecase")
 
@@ -124,6 +124,8 @@ def plot_speedup(report: Report) -> Figure | None:
     fig = Figure(figsize=(9, 0.45 * t.config.nunique() + 1.5))
     ax = fig.subplots()
     sns.barplot(data=t, y="config", x="speedup", hue="usecase", ax=ax, orient="h")
+    for bars in ax.containers:  # each bar carries its value
+        ax.bar_label(bars, fmt="%.2f", fontsize=8, padding=2)
     ax.axvline(1.0, color="grey", linestyle="--", linewidth=1)
     ax.set_xlabel("speedup against the sequential baseline (x, images/s ratio)")
     ax.set_ylabel("")
