@@ -128,7 +128,7 @@ def _mpi_library() -> str | None:
     try:
         from mpi4py import MPI
 
-        return MPI.Get_library_version().splitlines()[0].strip()
+        return " ".join(MPI.Get_library_version().splitlines()[0].split())
     except Exception:  # noqa: BLE001 - a version string is not worth failing a run for
         return None
 

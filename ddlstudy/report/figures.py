@@ -101,9 +101,10 @@ def plot_resources(report: Report) -> Figure | None:
     s = samples_of(report, _first_completed(report.runs))
     if s.empty:
         return None
-    return _timelines(s[s["rank"] == 0], [("cpu", "CPU used by the run (% of all cores)"),
-                                         ("rss", "memory of the run (RSS, GiB)"),
-                                         ("proc_threads", "threads of the run")],
+    # Two-line labels: one line each would run into the next panel's.
+    return _timelines(s[s["rank"] == 0], [("cpu", "CPU of the run\n(% of all cores)"),
+                                         ("rss", "memory of the run\n(RSS, GiB)"),
+                                         ("proc_threads", "threads\nof the run")],
                       None, "Resources (2 s means; multi-node: rank 0)", 9, facet="usecase")
 
 
@@ -112,7 +113,7 @@ def plot_distributed(report: Report) -> Figure | None:
     if s.empty:
         return None
     return _timelines(s.assign(node=s["rank"].map(lambda r: f"rank {r}")),
-                      [("idle", "CPU idle (% of the host)"),
+                      [("idle", "CPU idle\n(% of the host)"),
                        ("sys_iowait_percent", "CPU iowait (%)")],
                       "node", "Multi-node runs, idle and iowait per rank", 6, facet="usecase")
 

@@ -215,7 +215,7 @@ def _run_row(m: dict) -> dict:
         "reason": m.get("error") or "", "epochs": len(epochs),
         "epoch_s": _median([e["epoch_time_s"] for e in epochs]),
         "images_per_s": _median([e["steady_images_per_s"] for e in epochs]),
-        "epoch_rates": [float(e["steady_images_per_s"]) for e in epochs],
+        "epoch_rates": [e["steady_images_per_s"] for e in epochs],  # checked by _unusable
         "val_accuracy": epochs[-1]["val_accuracy"] if epochs else None,
         "best_val_accuracy": max(e["val_accuracy"] for e in epochs) if epochs else None,
         "train_time_s": sum(e.get("train_time_s", 0.0) for e in epochs) if epochs else None,
