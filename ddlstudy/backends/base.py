@@ -18,6 +18,7 @@ differs between them:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from ddlstudy.config import RunConfig
@@ -36,13 +37,18 @@ class Environment:
     where: str = ""
     """How an error names this node (" on MPI rank 3"), empty alone."""
 
-    def bcast(self, data: bytes | None) -> bytes:
-        """Node 0's ``data`` on every node (``ddlstudy.wire`` encodes what is sent)."""
-        return data
+    def share(self, make: Callable[[], Any], dump: Callable[[Any], bytes],
+              load: Callable[[bytes], Any]) -> Any:
+        """``make()``, run on node 0, on every node; a UsageError it raises is raised on
+        every node (they would wait for it forever). Between nodes it travels as ``dump``
+        writes and ``load`` reads it (``ddlstudy.wire``: JSON, or torch's weights-only
+        format). Alone: ``make()`` itself, nothing encoded."""
+        return make()
 
-    def gather(self, data: bytes) -> list[bytes] | None:
-        """Every node's ``data`` on node 0 (None elsewhere)."""
-        return [data]
+    def gather(self, obj: Any, dump: Callable[[Any], bytes],
+               load: Callable[[bytes], Any]) -> list[Any] | None:
+        """Every node's ``obj`` on node 0 (None elsewhere), sent as ``share`` sends."""
+        return [obj]
 
     def placement(self) -> dict[str, Any]:
         """Where the nodes run, for the manifest (hosts and PIDs of several nodes)."""

@@ -75,20 +75,8 @@ def _summary(epochs: list[dict]) -> dict:
 
 def _prepare(cfg: RunConfig, env: Environment):
     """Node 0 generates, scans and splits the data; the other nodes receive the list."""
-    message = None
-    if env.rank == 0:
-        try:
-            plan = prepare_data(cfg)
-            if env.world == 1:
-                return plan
-            message = wire.to_json(plan.to_message())
-        except UsageError as exc:  # every node must hear of it, or they would wait forever
-            if env.world == 1:
-                raise
-            message = wire.to_json(wire.refusal(exc))
-    received = wire.from_json(env.bcast(message))
-    wire.raise_if_refused(received)
-    return DataPlan.from_message(received)
+    return DataPlan.from_message(env.share(lambda: prepare_data(cfg).to_message(),
+                                           wire.to_json, wire.from_json))
 
 
 def resolve(cfg: RunConfig) -> RunConfig:
@@ -202,20 +190,15 @@ def _open_folder(env: Environment, resume: Path | None, backend: dict):
     """Node 0 reopens the run to resume; every node gets its snapshot (or the UsageError)."""
     if resume is None:
         return None, None
-    folder, message = None, None
-    if env.rank == 0:
-        try:
-            folder, snapshot = _reopen(Path(resume), backend)
-            if env.world == 1:
-                return folder, snapshot
-            message = wire.to_tensors(snapshot)
-        except UsageError as exc:  # every node must hear of it, or they would wait forever
-            if env.world == 1:
-                raise
-            message = wire.to_tensors(wire.refusal(exc))
-    received = wire.from_tensors(env.bcast(message))
-    wire.raise_if_refused(received)
-    return folder, received
+    folder = None
+
+    def reopen() -> dict:
+        nonlocal folder
+        folder, snapshot = _reopen(Path(resume), backend)
+        return snapshot
+
+    snapshot = env.share(reopen, wire.to_tensors, wire.from_tensors)
+    return folder, snapshot
 
 
 def _create(cfg: RunConfig, strategy: Strategy, backend: dict, data) -> RunFolder:
@@ -275,7 +258,7 @@ def _run(cfg: RunConfig, show_progress: bool, resume: Path | None) -> RunFolder 
             job = Job(cfg=cfg, data=data, folder=folder, show_progress=show_progress,
                       resume=snapshot)
             others = backend.fit(job, env)  # the samples of the node's other processes
-            rows_by_node = _gather_rows(env, sampler.stop() + others)
+            rows_by_node = env.gather(sampler.stop() + others, wire.to_json, wire.from_json)
     except KeyboardInterrupt:
         outcome = Outcome("interrupted", 130, "interrupted by SIGINT (Ctrl-C)")
     except signals.Terminated:
@@ -319,14 +302,6 @@ def _host_load(cfg: RunConfig, frame) -> dict:
                     "(above %.2f): it is marked noisy, and reports leave it out of speedups",
                     max(others.values()), NOISY_CORES)
     return {"noisy": noisy, "others_cores": others, "threshold_cores": NOISY_CORES}
-
-
-def _gather_rows(env: Environment, rows: list[dict]) -> list[list[dict]] | None:
-    """Every node's resource samples on node 0."""
-    if env.world == 1:
-        return [rows]
-    gathered = env.gather(wire.to_json(rows))
-    return None if gathered is None else [wire.from_json(g) for g in gathered]
 
 
 def _tensorboard(folder: RunFolder) -> None:

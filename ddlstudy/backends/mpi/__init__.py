@@ -22,7 +22,7 @@ from ddlstudy import wire
 from ddlstudy.backends.base import Backend, Environment, register
 from ddlstudy.backends.mpi import launch, messages, node, nodes
 from ddlstudy.config import RunConfig
-from ddlstudy.errors import ConfigError, Unavailable
+from ddlstudy.errors import ConfigError, Unavailable, UsageError
 from ddlstudy.strategies import Strategy, get_strategy
 from ddlstudy.training import Job
 
@@ -35,11 +35,19 @@ class MpiEnvironment(Environment):
         self.rank, self.world = comm.Get_rank(), comm.Get_size()
         self.where = f" on MPI rank {self.rank}"
 
-    def bcast(self, data: bytes | None) -> bytes:
-        return messages.bcast(self.comm, data)
+    def share(self, make, dump, load) -> Any:
+        message = None
+        if self.rank == 0:
+            try:
+                message = dump(make())
+            except UsageError as exc:
+                message = dump(wire.refusal(exc))
+        received = load(messages.bcast(self.comm, message))
+        wire.raise_if_refused(received)
+        return received
 
-    def gather(self, data: bytes) -> list[bytes] | None:
-        return messages.gather(self.comm, data)
+    def gather(self, obj, dump, load) -> list[Any] | None:
+        return messages.gather_as(self.comm, obj, dump, load)
 
     def placement(self) -> dict[str, Any]:
         everyone = messages.allgather(self.comm, wire.to_json([socket.gethostname(),

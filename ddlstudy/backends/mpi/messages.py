@@ -44,6 +44,13 @@ def gather(comm, data: bytes, root: int = 0) -> list[bytes] | None:
     return _split(buffer, sizes) if mine else None
 
 
+def gather_as(comm, obj, dump, load, root: int = 0) -> list | None:
+    """Every rank's ``obj`` on ``root`` (None elsewhere), sent as ``dump`` writes it and
+    read back with ``load``."""
+    gathered = gather(comm, dump(obj), root)
+    return None if gathered is None else [load(g) for g in gathered]
+
+
 def allgather(comm, data: bytes) -> list[bytes]:
     """Every rank's ``data`` on every rank, in rank order."""
     sizes = np.empty(comm.Get_size(), dtype=np.int64)

@@ -166,8 +166,7 @@ def node_link(comm, reducer) -> Link:
 
 def gather_tensors(comm, obj: object) -> list | None:
     """Every node's ``obj`` (random states: tensors and plain values) on node 0."""
-    gathered = messages.gather(comm, wire.to_tensors(obj))
-    return None if gathered is None else [wire.from_tensors(g) for g in gathered]
+    return messages.gather_as(comm, obj, wire.to_tensors, wire.from_tensors)
 
 
 def mpi_step(model: nn.Module, optimizer: torch.optim.Optimizer, flat: torch.Tensor,
