@@ -120,7 +120,7 @@ def launch(backend: str, nodes: int, child_env: str) -> dict[str, Any]:
     if backend == "mpi":
         out["mpich"] = _mpi_library()
     if backend == "spark":
-        out["java"] = _java_version()
+        out["java"] = java_version()
     return out
 
 
@@ -133,12 +133,24 @@ def _mpi_library() -> str | None:
         return None
 
 
-def _java_version() -> str | None:
-    home = os.environ.get("JAVA_HOME")
-    java = os.path.join(home, "bin", "java") if home else shutil.which("java")
+def first_line(cmd: list[str], containing: str = "") -> str | None:
+    """The first line of ``cmd``'s output that holds ``containing`` (None if it failed)."""
     try:
-        out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=20)
-    except (OSError, TypeError, subprocess.TimeoutExpired):
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
         return None
-    lines = (out.stderr or out.stdout).splitlines()
-    return lines[0].strip() if lines else None
+    lines = [ln.strip() for ln in (out.stdout + out.stderr).splitlines() if containing in ln]
+    return lines[0] if out.returncode == 0 and lines else None
+
+
+def find_java() -> str | None:
+    home = os.environ.get("JAVA_HOME")
+    if home and os.path.exists(os.path.join(home, "bin", "java")):
+        return os.path.join(home, "bin", "java")
+    return shutil.which("java")
+
+
+def java_version() -> str | None:
+    """``java -version``'s first line, or None without a working Java."""
+    java = find_java()
+    return first_line([java, "-version"]) if java else None

@@ -2,30 +2,9 @@
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-from pathlib import Path
-
 from ddlstudy import environment
 from ddlstudy.backends.mpi.launch import find_mpiexec
 from ddlstudy.sampler import NOISY_CORES, host_busy
-
-
-def _first_line(cmd: list[str], containing: str = "") -> str | None:
-    try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    lines = [ln.strip() for ln in (out.stdout + out.stderr).splitlines() if containing in ln]
-    return lines[0] if out.returncode == 0 and lines else None
-
-
-def find_java() -> str | None:
-    home = os.environ.get("JAVA_HOME")
-    if home and (Path(home) / "bin" / "java").exists():
-        return str(Path(home) / "bin" / "java")
-    return shutil.which("java")
 
 
 def checks() -> list[tuple[str, bool, str, str]]:
@@ -46,14 +25,13 @@ def checks() -> list[tuple[str, bool, str, str]]:
                  "" if gpus else "gpu-data and GPU pipeline stages need CUDA devices; CPU "
                  "strategies work without"))
     mpiexec = find_mpiexec()
-    version = _first_line([mpiexec, "--version"], "Version") if mpiexec else None
+    version = environment.first_line([mpiexec, "--version"], "Version") if mpiexec else None
     rows.append(("mpiexec", bool(version), f"{mpiexec} ({version})" if version else "not found",
                  "" if version else "pip install mpich mpi4py (make demo does) or load your "
                  "cluster's MPI module"))
     rows.append(("mpi4py", versions["mpi4py"] is not None, versions["mpi4py"] or "not installed",
                  "" if versions["mpi4py"] else "pip install mpi4py"))
-    java = find_java()
-    java_version = _first_line([java, "-version"]) if java else None
+    java_version = environment.java_version()
     rows.append(("java", bool(java_version), java_version or "not found",
                  "" if java_version else "install Java 17 (apt-get install openjdk-17-jre-headless)"
                  " or set JAVA_HOME"))
