@@ -71,7 +71,12 @@ class RunFolder:
         atomic_write_text(self.path / MANIFEST, text)
 
     def record_epoch(self, result: dict[str, Any]) -> None:
-        self.manifest["epochs"].append(result)
+        """Append an epoch's record, with ``elapsed_s``: the training and validation time
+        of every epoch so far (start-up, snapshots and the restarts of a resumed run left
+        out), the clock time to accuracy is read on."""
+        done = self.manifest["epochs"]
+        before = done[-1].get("elapsed_s", 0.0) if done else 0.0
+        done.append(result | {"elapsed_s": before + result["epoch_time_s"]})
         self._write_metrics()
         self.write_manifest()
 

@@ -272,8 +272,19 @@ def _train(cfg, argv: list[str], resume: Path | None, max_restarts: int) -> int:
         return 0  # other MPI ranks stay quiet; under our own launcher, the launcher reports
     summary = folder.manifest.get("summary", {})
     print(f"{folder.path}  val accuracy {summary.get('final_val_accuracy', float('nan')):.3f}  "
-          f"{summary.get('median_images_per_s', float('nan')):.1f} img/s")
+          f"{summary.get('median_images_per_s', float('nan')):.1f} img/s"
+          f"{_reached(folder.manifest.get('time_to_target') or {})}")
     return 0
+
+
+def _reached(tta: dict) -> str:
+    """The run's time to accuracy, as its last line says it."""
+    if tta.get("reached") is True:
+        return f"  target {tta['target']:.2f} reached in {tta['seconds']:.1f} s " \
+               f"(epoch {tta['epoch']})"
+    if tta.get("reached") is False:
+        return f"  target {tta['target']:.2f} not reached"
+    return ""
 
 
 def cmd_dataset(args: argparse.Namespace) -> int:

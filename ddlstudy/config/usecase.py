@@ -141,6 +141,9 @@ class TrainSpec:
     seed: int = field(default=0, metadata={
         "help": "seed of the weights, the shuffling and the augmentation", "type": int})
     val_fraction: float = 0.2
+    target_accuracy: float | None = field(default=None, metadata={
+        "help": "validation accuracy whose first epoch at or above it gives the run's time "
+                "to accuracy (default: the use case's; none: not measured)", "type": float})
 
     def __post_init__(self) -> None:
         _positive("train.image_size", self.image_size, most=MAX_PIXELS,
@@ -154,6 +157,12 @@ class TrainSpec:
         if self.val_fraction == 0:
             raise ConfigError("train.val_fraction", "must be above 0: a run validates")
         _seed("train.seed", self.seed)
+        if self.target_accuracy is not None:
+            _number("train.target_accuracy", self.target_accuracy, 0, 1)
+            if self.target_accuracy == 0:
+                raise ConfigError("train.target_accuracy", "must be above 0: every epoch "
+                                  "would reach it; leave it out to measure no time to "
+                                  "accuracy")
 
 
 @dataclass(frozen=True, kw_only=True)

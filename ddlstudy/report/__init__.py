@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ddlstudy.files import atomic_write_text
 from ddlstudy.report import tables
 from ddlstudy.report.figures import make_figures
+from ddlstudy.report.findings import Finding, findings, render_findings
 from ddlstudy.report.tables import (
     BASELINE,
     FORMATS,
@@ -24,16 +26,28 @@ from ddlstudy.report.tables import (
 
 
 class Report(tables.Report):
-    """The tables of a runs folder, and its figures."""
+    """The tables of a runs folder, its findings (the paper's conclusions checked against
+    its runs) and its figures."""
+
+    def findings(self) -> list[Finding]:
+        return findings(self)
+
+    def text(self, fmt: str = "markdown") -> str:
+        """The tables, then (in Markdown) the findings."""
+        text = super().text(fmt)
+        return text if fmt != "markdown" else f"{text}\n\n{render_findings(self.findings())}"
 
     def write(self, out: Path, fmt: str = "markdown", figures: bool = True) -> list[Path]:
-        """Tables in ``fmt`` (plus the tidy runs.csv) and, with ``figures``, the figures."""
+        """Tables in ``fmt`` (plus the tidy runs.csv), findings.md and, with ``figures``,
+        the figures."""
         paths = self.write_tables(out, fmt)
+        paths.append(Path(out) / "findings.md")
+        atomic_write_text(paths[-1], render_findings(self.findings()) + "\n")
         if figures:
             paths += make_figures(self, Path(out) / "figures")
         return paths
 
 
-__all__ = ["BASELINE", "FORMATS", "STUDY_FILE", "Report", "config_label", "cores_used",
-           "load_runs", "make_figures", "paper_tables", "render", "runs_frame",
-           "speedup_table", "to_latex", "to_markdown"]
+__all__ = ["BASELINE", "FORMATS", "STUDY_FILE", "Finding", "Report", "config_label",
+           "cores_used", "findings", "load_runs", "make_figures", "paper_tables", "render",
+           "runs_frame", "speedup_table", "to_latex", "to_markdown"]

@@ -2,7 +2,9 @@
 
 - ``resources``: CPU, RAM and threads over time per configuration, one line style per use
   case (the paper's Figures 2-5);
-- ``distributed``: for multi-node runs, each rank's CPU idle and iowait share over time;
+- ``distributed``: for multi-node runs, each host's CPU idle and iowait share over time (one
+  line a host, naming its ranks);
+- ``exchange``: for MPI runs, the milliseconds of a step each rank computes and exchanges;
 - ``speedup``: speedup against the sequential baseline per configuration and use case;
 - ``scaling``: speedup against the node count, with the ideal line;
 - ``accuracy``: validation accuracy against training wall time.
@@ -51,7 +53,7 @@ def samples_of(report: Report, runs: pd.DataFrame, scope: str = "node") -> pd.Da
         if s.empty:
             continue
         cores = report.by_id.get(r.run, {}).get("host", {}).get("usable_cores") or 1
-        s = s.assign(usecase=r.usecase, config=r.config, t=s.time - s.time.min(),
+        s = s.assign(usecase=r.usecase, config=r.config, run=r.run, t=s.time - s.time.min(),
                      cpu=s.proc_cpu_percent / max(cores, 1),
                      rss=s.proc_rss_bytes / 2**30, idle=100 - s.sys_cpu_percent)
         frames.append(_smooth(s))
@@ -112,10 +114,42 @@ def plot_distributed(report: Report) -> Figure | None:
     s = samples_of(report, _first_completed(report.runs[report.runs.backend != "local"]))
     if s.empty:
         return None
-    return _timelines(s.assign(node=s["rank"].map(lambda r: f"rank {r}")),
+    # Idle and iowait are the host's: ranks that share a host are one line, which says so.
+    ranks = s.groupby(["run", "host"])["rank"].agg(lambda r: sorted(set(r)))
+    s = s.assign(node=[f"{h} (rank{'s' if len(ranks[run, h]) > 1 else ''} "
+                       f"{', '.join(map(str, ranks[run, h]))})"
+                       for run, h in zip(s.run, s.host, strict=True)])
+    first = s["rank"] == s.groupby(["run", "host"])["rank"].transform("min")
+    return _timelines(s[first],
                       [("idle", "CPU idle\n(% of the host)"),
                        ("sys_iowait_percent", "CPU iowait (%)")],
-                      "node", "Multi-node runs, idle and iowait per rank", 6, facet="usecase")
+                      "node", "Multi-node runs, idle and iowait per host", 6, facet="usecase")
+
+
+def plot_exchange(report: Report) -> Figure | None:
+    """Per rank of each multi-node MPI configuration: the seconds a step spent computing and
+    in the gradient exchange (waiting for the slowest rank included)."""
+    rows = []
+    for r in _first_completed(report.runs[report.runs.backend == "mpi"]).itertuples(
+            index=False):
+        backend = report.by_id.get(r.run, {}).get("backend") or {}
+        for x in (backend.get("exchange") or {}).get("per_rank") or []:
+            steps = max(x["steps"], 1)
+            rank = f"{r.usecase}: {r.config}\nrank {x['rank']} on {x['host']}"
+            rows += [{"rank": rank, "part": "compute", "ms": 1e3 * x["compute_s"] / steps},
+                     {"rank": rank, "part": "exchange", "ms": 1e3 * x["exchange_s"] / steps}]
+    if not rows:
+        return None
+    p = pd.DataFrame(rows)
+    fig = Figure(figsize=(9, 0.6 * p["rank"].nunique() + 1.5))
+    ax = fig.subplots()
+    sns.barplot(data=p, y="rank", x="ms", hue="part", ax=ax, orient="h")
+    for bars in ax.containers:
+        ax.bar_label(bars, fmt="%.0f", fontsize=8, padding=2)
+    ax.set_xlabel("milliseconds a step (mean over the run)")
+    ax.set_ylabel("")
+    ax.set_title("Where an MPI rank's step goes: compute, and the exchange (waits included)")
+    return fig
 
 
 def plot_speedup(report: Report) -> Figure | None:
@@ -166,7 +200,7 @@ def plot_accuracy(report: Report) -> Figure | None:
     for r in _first_completed(report.runs).itertuples(index=False):
         wall = 0.0
         for e in report.by_id.get(r.run, {}).get("epochs", []):
-            wall += e["epoch_time_s"]
+            wall = e.get("elapsed_s", wall + e["epoch_time_s"])
             rows.append({"usecase": r.usecase, "config": r.config, "wall": wall,
                          "accuracy": e["val_accuracy"]})
     if not rows:
@@ -178,6 +212,10 @@ def plot_accuracy(report: Report) -> Figure | None:
     for ax, uc in zip(axes[0], usecases, strict=True):
         sns.lineplot(data=a[a.usecase == uc], x="wall", y="accuracy", hue="config",
                      marker="o", ax=ax)
+        targets = set(report.runs[report.runs.usecase == uc].target.dropna())
+        if len(targets) == 1:  # the time to accuracy is read where a line first crosses it
+            ax.axhline(targets.pop(), color="grey", linestyle="--", linewidth=1,
+                       label="target accuracy")
         ax.set_title(f"{uc}: validation accuracy against wall time")
         ax.set_xlabel("training + validation time (s)")
         ax.set_ylabel("validation accuracy")
@@ -187,7 +225,8 @@ def plot_accuracy(report: Report) -> Figure | None:
 
 
 FIGURES = {"resources": plot_resources, "distributed": plot_distributed,
-           "speedup": plot_speedup, "scaling": plot_scaling, "accuracy": plot_accuracy}
+           "exchange": plot_exchange, "speedup": plot_speedup, "scaling": plot_scaling,
+           "accuracy": plot_accuracy}
 
 
 def make_figures(report: Report, out: Path) -> list[Path]:

@@ -91,7 +91,8 @@ def _unusable(manifest) -> str | None:
     return None
 
 
-_MEASURED = ("epoch_s", "images_per_s", "val_accuracy", "best_val_accuracy", "train_time_s")
+_MEASURED = ("epoch_s", "images_per_s", "val_accuracy", "best_val_accuracy", "train_time_s",
+             "tta_s")
 
 
 def load_planned(runs_dir: Path) -> list[dict]:
@@ -192,9 +193,18 @@ def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
+def _time_to_target(m: dict) -> tuple[float | None, bool | None, float | None]:
+    """(target, reached, seconds) of a run's time to accuracy; (None, None, None) for a run
+    without a target (or from before time to accuracy was measured)."""
+    tta = m.get("time_to_target") or {}
+    reached = tta.get("reached")
+    return tta.get("target"), reached, tta.get("seconds") if reached else None
+
+
 def _run_row(m: dict) -> dict:
     """A run's row of ``runs_frame`` (raises on a malformed manifest)."""
     epochs = m.get("epochs") or []
+    target, reached, tta = _time_to_target(m)
     backend = m.get("backend", {})
     strategy = m.get("strategy", {}).get("name", "?")
     backend_name = backend.get("name", "local")
@@ -219,6 +229,7 @@ def _run_row(m: dict) -> dict:
         "val_accuracy": epochs[-1]["val_accuracy"] if epochs else None,
         "best_val_accuracy": max(e["val_accuracy"] for e in epochs) if epochs else None,
         "train_time_s": sum(e.get("train_time_s", 0.0) for e in epochs) if epochs else None,
+        "target": target, "reached": reached, "tta_s": tta,
         "run": m.get("id", ""), "path": m.get("path", ""),
     }
 
@@ -242,13 +253,14 @@ def runs_frame(manifests: list[dict], planned: list[dict] = (),
             "repeat": c.get("repeat", 0), "status": c["status"], "noisy": False,
             "reason": c.get("reason", ""), "epochs": 0, "epoch_s": None,
             "images_per_s": None, "epoch_rates": [], "val_accuracy": None,
-            "best_val_accuracy": None,
-            "train_time_s": None, "run": "", "path": "",
+            "best_val_accuracy": None, "train_time_s": None, "target": None,
+            "reached": None, "tta_s": None, "run": "", "path": "",
         })
     frame = pd.DataFrame(rows, columns=[*KEY, "scaling", "global_batch", "table", "repeat",
                                         "status", "noisy", "reason", "epochs", "epoch_s",
                                         "images_per_s", "epoch_rates", "val_accuracy",
-                                        "best_val_accuracy", "train_time_s", "run", "path"])
+                                        "best_val_accuracy", "train_time_s", "target",
+                                        "reached", "tta_s", "run", "path"])
     # A planned cell that has no run belongs to its use case's usual setting.
     usual = {uc: g.setting.mode().iloc[0] for uc, g in frame.dropna(subset=["setting"])
              .groupby("usecase")}
@@ -264,6 +276,22 @@ def runs_frame(manifests: list[dict], planned: list[dict] = (),
     units = frame.gpus.where(frame.gpus > 0, frame.cores).clip(lower=1)
     frame["efficiency"] = frame.speedup / units
     return frame
+
+
+def _reached_text(g: pd.DataFrame) -> str:
+    """How many of a configuration's counted runs reached its target ('2/3'), '' when its
+    use case sets none."""
+    judged = [r for r in g.reached if r is not None and r == r]
+    return f"{sum(bool(r) for r in judged)}/{len(judged)}" if judged else ""
+
+
+def _tta(g: pd.DataFrame) -> tuple[float | None, float | None]:
+    """(target, median time to it) of a configuration's counted runs; the time only when
+    every one of them reached the same target (a median of the lucky ones would flatter)."""
+    targets = {t for t in g.target if t is not None and t == t}
+    if len(targets) != 1 or g.empty or not all(r is True for r in g.reached):
+        return (targets.pop() if len(targets) == 1 else None), None
+    return targets.pop(), _median(list(g.tta_s.dropna()))
 
 
 def is_baseline(frame: pd.DataFrame) -> pd.Series:
@@ -294,7 +322,7 @@ BOOTSTRAP = 2000
 """Resamples behind every 95 % interval (seeded: a report is the same every time)."""
 
 
-def _spread(g: pd.DataFrame) -> list[float]:
+def spread_of(g: pd.DataFrame) -> list[float]:
     """What a configuration's speed varies over: its repeats' images/s, or, with one
     repeat, that run's epochs (each epoch's steady images/s)."""
     if len(g) >= 2:
@@ -327,15 +355,18 @@ def speedup_table(manifests: list[dict], planned: list[dict] = (),
     """One row per configuration: medians over the completed repeats (not the noisy ones,
     unless ``include_noisy``), epoch-time spread."""
     frame = runs_frame(manifests, planned, include_noisy)
-    bases = {k: _spread(g) for k, g in frame[is_baseline(frame) & frame.counted]
-             .groupby(["usecase", "setting"])}
+    baselines = frame[is_baseline(frame) & frame.counted].groupby(["usecase", "setting"])
+    bases = {k: spread_of(g) for k, g in baselines}
+    base_tta = {k: _tta(g) for k, g in baselines}
     rows = []
     for key, g in frame.groupby(KEY, sort=True, dropna=False):
         ok = g[g.counted]
-        spread = _spread(ok)
+        spread = spread_of(ok)
         base = bases.get((g.usecase.iloc[0], g.setting.iloc[0]), [])
         times = list(ok.epoch_s.dropna())
         noisy = int(((g.status == "completed") & ~g.counted).sum())
+        target, tta = _tta(ok)
+        b_target, b_tta = base_tta.get((g.usecase.iloc[0], g.setting.iloc[0]), (None, None))
         rows.append({
             **dict(zip(KEY, key, strict=True)), "table": int(g.table.iloc[0]),
             "scaling": g.scaling.iloc[0], "runs": len(ok),
@@ -349,10 +380,12 @@ def speedup_table(manifests: list[dict], planned: list[dict] = (),
             if base else "",
             "efficiency": _median(list(ok.efficiency.dropna())),
             "val_accuracy": _median(list(ok.val_accuracy.dropna())),
+            "target": target, "reached": _reached_text(ok), "time_to_target_s": tta,
+            "tta_speedup": b_tta / tta if tta and b_tta and b_target == target else None,
         })
     columns = [*KEY, "table", "scaling", "runs", "status", "epoch_s", "epoch_s_spread",
                "images_per_s", "images_per_s_95", "speedup", "speedup_95", "efficiency",
-               "val_accuracy"]
+               "val_accuracy", "target", "reached", "time_to_target_s", "tta_speedup"]
     table = pd.DataFrame(rows, columns=columns)
     # The main setting first (most runs), then the baseline, then by table and speed.
     rank = {name: i for i, name in enumerate(STRATEGY_ORDER)}
@@ -455,7 +488,7 @@ def to_latex(frame: pd.DataFrame, caption: str = "") -> str:
 
 SUMMARY_COLUMNS = ["usecase", "config", "scaling", "cores", "runs", "status", "epoch_s",
                    "epoch_s_spread", "images_per_s", "speedup", "speedup_95", "efficiency",
-                   "val_accuracy"]
+                   "val_accuracy", "reached", "time_to_target_s", "tta_speedup"]
 
 
 def render(frame: pd.DataFrame, fmt: str, caption: str = "") -> str:

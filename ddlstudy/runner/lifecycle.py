@@ -59,6 +59,20 @@ class Outcome:
     error: str | None = None
 
 
+def time_to_target(epochs: list[dict], target: float | None) -> dict:
+    """When the run first reached its use case's target validation accuracy (MLPerf's time
+    to train): the epoch and its ``elapsed_s``; or that it did not, with its best."""
+    if target is None:
+        return {"target": None, "reached": None,
+                "why": "the use case sets no train.target_accuracy"}
+    for e in epochs:
+        if e["val_accuracy"] >= target:
+            return {"target": target, "reached": True, "epoch": e["epoch"],
+                    "seconds": e.get("elapsed_s")}
+    best = max((e["val_accuracy"] for e in epochs), default=None)
+    return {"target": target, "reached": False, "epochs": len(epochs), "best": best}
+
+
 def _summary(epochs: list[dict]) -> dict:
     if not epochs:
         return {}
@@ -275,8 +289,10 @@ def _run(cfg: RunConfig, show_progress: bool, resume: Path | None) -> RunFolder 
             rows = [r for node_rows in rows_by_node for r in node_rows] if rows_by_node \
                 else own_rows
             folder.manifest["host_load"] = _host_load(cfg, folder.write_samples(rows))
+            epochs = folder.manifest["epochs"]
             folder.finish(outcome.status, outcome.exit_code, outcome.error,
-                          summary=_summary(folder.manifest["epochs"]))
+                          summary=_summary(epochs), time_to_target=time_to_target(
+                              epochs, cfg.usecase.train.target_accuracy))
             if cfg.tensorboard:
                 _tensorboard(folder)
         if outcome.exit_code:

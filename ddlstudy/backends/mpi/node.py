@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import functools
 import logging
+import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -176,8 +177,11 @@ def mpi_step(model: nn.Module, optimizer: torch.optim.Optimizer, flat: torch.Ten
     """One worker's step: its gradients (``local``, e.g. cpu-threads' replicas, or the model
     on its slice as ``accumulate`` micro-batches), weighted by the slice's share of the
     global batch, then averaged over every worker by ``link``, then the optimizer (and
-    ``after``: cpu-threads copies the new weights to its other replicas)."""
+    ``after``: cpu-threads copies the new weights to its other replicas). ``step.times``
+    adds up the seconds spent computing and in the exchange (waiting for the slowest
+    worker included), for ``record_exchange``."""
     count = 0
+    times = {"steps": 0, "compute_s": 0.0, "exchange_s": 0.0}
 
     def step(batch: Batch) -> tuple[float, int, int]:
         nonlocal count
@@ -198,14 +202,33 @@ def mpi_step(model: nn.Module, optimizer: torch.optim.Optimizer, flat: torch.Ten
             balancer.timed(n, time.perf_counter() - start)
         if count == 0:
             check_views(model, flat)
+        computed = time.perf_counter()
         link.exchange(flat, count)  # once per step, after every micro-batch
+        exchanged = time.perf_counter()
         optimizer_step(optimizer, scaler)  # fp16: every worker sees the same averaged inf
         if after is not None:
             after()
         count += 1
+        times["steps"] += 1
+        times["exchange_s"] += exchanged - computed
+        times["compute_s"] += time.perf_counter() - start - (exchanged - computed)
         return loss_sum, correct, n
 
+    step.times = times
     return step
+
+
+def record_exchange(job: Job, link: Link, step: StepFn) -> None:
+    """Every worker's compute and exchange seconds on the manifest (``backend.exchange``):
+    where a node's time goes, and which one the others wait for. A collective."""
+    mine = {"rank": link.rank, "host": socket.gethostname(), **step.times}
+    everyone = link.gather(mine)
+    if everyone is not None and link.rank == 0:
+        record(job, "exchange", {
+            "per_rank": everyone,
+            "note": "seconds over the run (since its last resume); exchange: from the end "
+                    "of a step's backward to its averaged gradient, waiting for the slowest "
+                    "worker included"})
 
 
 def fit(job: Job, comm, layout: Layout) -> list[dict]:
@@ -244,6 +267,7 @@ def _fit(job: Job, comm, model: nn.Module, flat: torch.Tensor, local=None,
     step = mpi_step(model, optimizer, flat, link, cfg.global_batch, cfg.accumulate,
                     balancer, local, after, make_scaler(cfg.precision))
     train_worker(job, link, model, optimizer, step, train, val)
+    record_exchange(job, link, step)
     if buckets is not None:
         record(job, "buckets", buckets.describe())
     if balancer is not None:

@@ -42,7 +42,12 @@ from torch import nn
 
 from ddlstudy import wire
 from ddlstudy.backends.mpi import messages
-from ddlstudy.backends.mpi.node import gather_tensors, mpi_step, record_compression
+from ddlstudy.backends.mpi.node import (
+    gather_tensors,
+    mpi_step,
+    record_compression,
+    record_exchange,
+)
 from ddlstudy.reducers import get_reducer
 from ddlstudy.reducers.compress import parse as parse_compress
 from ddlstudy.sampler import ResourceSampler, read_rows
@@ -123,6 +128,7 @@ def train_node_worker(job: Job, link: Link, device: torch.device,
     step = mpi_step(model, optimizer, flat, link, cfg.global_batch, cfg.accumulate,
                     scaler=make_scaler(cfg.precision, device.type))
     train_worker(job, link, model, optimizer, step, train, val, device=device)
+    record_exchange(job, link, step)
 
 
 def train_pipeline_stage(job: Job, link: Link, device: torch.device, starts: list[int],

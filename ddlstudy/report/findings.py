@@ -1,0 +1,215 @@
+"""The paper's four conclusions, checked against a folder of runs.
+
+Lerat et al. (2022) conclude that (a) CPU multi-process data parallelism beats one process,
+(b) SimpleBig gains more from CPU parallelism than ComplexSmall, (c) Spark is slower than
+local parallelism and (d) MPI gives the best speedup on CPU. Each is judged on the rows of
+each use case's main setting (like for like, as in the tables) by a ratio of images per
+second, the best configuration of one side against the best of the other, with the 95 %
+bootstrap interval of that ratio (the spreads the tables use):
+
+- confirmed: the interval lies above 1 (with no interval, one measurement a side: the
+  ratio is above 1, and the finding says there was no interval);
+- refuted: it lies below 1, with the measured reason where the runs hold one (the share of
+  a step MPI ranks spent in the exchange, the hosts the ranks shared, the CPU each side
+  kept busy);
+- inconclusive: the interval includes 1;
+- not measured: a side has no completed run (the finding says which).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from ddlstudy.report.tables import KEY, Report, interval, is_baseline, only_main, spread_of
+from ddlstudy.runfolder import SAMPLES
+
+PAPER = ("Lerat, Mahmoudi & Mahmoudi, \"Distributed Deep Learning: From Single-Node to "
+         "Multi-Node Architecture\", Electronics 11(10):1525, 2022")
+PAPER_USECASES = ("simple-big", "complex-small")
+SINGLE_PROCESS = ("sequential", "cpu-intraop", "cpu-threads")
+
+
+@dataclass(frozen=True)
+class Side:
+    """The best configuration of one side of a comparison."""
+
+    label: str
+    images_per_s: float
+    speedup: float | None
+    spread: list[float]
+    runs: pd.DataFrame  # its counted runs (rows of Report.runs)
+
+
+@dataclass
+class Finding:
+    letter: str
+    claim: str
+    verdict: str = "not measured"
+    lines: list[str] = field(default_factory=list)
+    """The evidence, one line per use case (or per comparison)."""
+
+
+def findings(report: Report) -> list[Finding]:
+    """The paper's conclusions (a)-(d), each with a verdict and its figures."""
+    rows = only_main(report.table)
+    rows = rows[rows.status.str.startswith("ok") & rows.images_per_s.notna()]
+    runs = {k: g[g.counted] for k, g in report.runs.groupby(KEY, dropna=False)}
+    best = _Best(rows, runs)
+    usecases = list(dict.fromkeys(report.table.usecase))
+    out = [
+        _per_usecase("a", "CPU multi-process data parallelism is faster than one process",
+                     usecases, lambda uc: _claim(
+                         report, best(uc, lambda t: _local_cpu(t) &
+                                      (t.strategy == "cpu-processes")),
+                         best(uc, lambda t: _local_cpu(t) & t.strategy.isin(SINGLE_PROCESS)),
+                         "no completed cpu-processes run", "no completed one-process run")),
+        _gains(best, usecases),
+        _per_usecase("c", "Spark is slower than local parallelism", usecases,
+                     lambda uc: _claim(
+                         report, best(uc, _local_cpu),
+                         best(uc, lambda t: (t.backend == "spark") & (t.gpus == 0)),
+                         "no completed local run", "no completed Spark run")),
+        _per_usecase("d", "MPI gives the best speedup on CPU", usecases, lambda uc: _claim(
+            report, best(uc, lambda t: (t.backend == "mpi") & (t.gpus == 0)),
+            best(uc, lambda t: (t.backend != "mpi") & (t.gpus == 0)),
+            "no completed MPI run", "no completed CPU run without MPI")),
+    ]
+    return out
+
+
+def _local_cpu(t: pd.DataFrame) -> pd.Series:
+    return (t.backend == "local") & (t.gpus == 0)
+
+
+class _Best:
+    """The fastest configuration of a use case among the rows a mask picks."""
+
+    def __init__(self, rows: pd.DataFrame, runs: dict) -> None:
+        self.rows, self.runs = rows, runs
+
+    def __call__(self, usecase: str, mask) -> Side | None:
+        t = self.rows[self.rows.usecase == usecase]
+        t = t[mask(t)]
+        if t.empty:
+            return None
+        r = t.loc[t.images_per_s.idxmax()]
+        mine = self.runs.get(tuple(r[k] for k in KEY), pd.DataFrame())
+        return Side(r.config, float(r.images_per_s),
+                    None if pd.isna(r.speedup) else float(r.speedup), spread_of(mine), mine)
+
+
+def _per_usecase(letter: str, claim: str, usecases: list[str], judge) -> Finding:
+    finding = Finding(letter, claim)
+    verdicts = []
+    for uc in usecases:
+        verdict, line = judge(uc)
+        verdicts.append(verdict)
+        finding.lines.append(f"{uc}: {line}")
+    measured = [v for v in verdicts if v != "not measured"]
+    if measured:
+        finding.verdict = measured[0] if len(set(measured)) == 1 else \
+            "mixed (" + ", ".join(f"{uc} {v}" for uc, v in zip(usecases, verdicts,
+                                                                strict=True)) + ")"
+    return finding
+
+
+def _claim(report: Report, claimed: Side | None, other: Side | None, no_claimed: str,
+           no_other: str) -> tuple[str, str]:
+    """Whether ``claimed`` is faster than ``other``, and the figures that say so."""
+    if claimed is None or other is None:
+        return "not measured", no_claimed if claimed is None else no_other
+    ratio = claimed.images_per_s / other.images_per_s
+    bounds = interval(claimed.spread, other.spread)
+    if bounds is None:
+        verdict = "confirmed" if ratio > 1 else "refuted"
+        spread = " (one measurement a side: no interval)"
+    else:
+        verdict = "confirmed" if bounds[0] > 1 else "refuted" if bounds[1] < 1 else \
+            "inconclusive"
+        spread = f" (95 % interval {bounds[0]:.2f}-{bounds[1]:.2f})"
+    line = (f"{verdict}: {claimed.label} {claimed.images_per_s:.1f} img/s against "
+            f"{other.label} {other.images_per_s:.1f} img/s, ratio {ratio:.2f}{spread}")
+    if verdict == "refuted":
+        line += "; " + "; ".join(_why(report, claimed, other))
+    return verdict, line
+
+
+def _gains(best: _Best, usecases: list[str]) -> Finding:
+    """(b): the best CPU speedup of SimpleBig against that of ComplexSmall."""
+    finding = Finding("b", "SimpleBig gains more from CPU parallelism than ComplexSmall")
+    sides = {uc: best(uc, lambda t: _local_cpu(t) & ~is_baseline(t) & t.speedup.notna())
+             for uc in PAPER_USECASES}
+    missing = [uc for uc, s in sides.items() if s is None]
+    if missing:
+        have = ", ".join(usecases) or "none"
+        finding.lines.append(f"needs a baseline and a local CPU parallel run of both "
+                             f"{' and '.join(PAPER_USECASES)}; missing: {', '.join(missing)} "
+                             f"(this folder has: {have})")
+        return finding
+    big, small = sides["simple-big"], sides["complex-small"]
+    finding.verdict = "confirmed" if big.speedup > small.speedup else "refuted"
+    finding.lines.append(f"{finding.verdict}: simple-big's best, {big.label}, "
+                         f"{big.speedup:.2f}x against complex-small's best, {small.label}, "
+                         f"{small.speedup:.2f}x")
+    return finding
+
+
+def _why(report: Report, claimed: Side, other: Side) -> list[str]:
+    """What the runs measured that explains a refuted claim."""
+    reasons = []
+    for side in (claimed, other):
+        m = _manifest(report, side)
+        if m is None:
+            continue
+        exchange = ((m.get("backend") or {}).get("exchange") or {}).get("per_rank") or []
+        if exchange:
+            shares = [r["exchange_s"] / max(r["exchange_s"] + r["compute_s"], 1e-9)
+                      for r in exchange]
+            per_step = [r["exchange_s"] / max(r["steps"], 1) for r in exchange]
+            reasons.append(f"{side.label}'s ranks spent {min(shares):.0%}-{max(shares):.0%} "
+                           f"of each step in the gradient exchange "
+                           f"({min(per_step) * 1e3:.0f}-{max(per_step) * 1e3:.0f} ms a step)")
+        hosts = (m.get("backend") or {}).get("hosts") or []
+        if len(hosts) > 1 and len(set(hosts)) == 1:
+            cores = (m.get("host") or {}).get("usable_cores", "?")
+            reasons.append(f"{side.label}'s {len(hosts)} ranks all ran on {hosts[0]}, "
+                           f"sharing its {cores} cores instead of adding any")
+    busy = {s.label: _cpu_busy(report, s) for s in (claimed, other)}
+    if all(v is not None for v in busy.values()):
+        reasons.append("CPU kept busy: " + ", ".join(f"{k} {v:.0%} of the host"
+                                                      for k, v in busy.items()))
+    return reasons or ["the runs hold no measurement that explains it"]
+
+
+def _manifest(report: Report, side: Side) -> dict | None:
+    return report.by_id.get(side.runs.run.iloc[0]) if len(side.runs) else None
+
+
+def _cpu_busy(report: Report, side: Side) -> float | None:
+    """The median share of the host's CPU the side's first run used (all its processes)."""
+    m = _manifest(report, side)
+    path = Path(side.runs.path.iloc[0]) / SAMPLES if len(side.runs) else None
+    if m is None or path is None or not path.is_file():
+        return None
+    s = pd.read_parquet(path, columns=["scope", "rank", "proc_cpu_percent"])
+    s = s[s.scope == "node"]
+    if s.empty:
+        return None
+    cores = (m.get("host") or {}).get("usable_cores") or 1
+    hosts = max(len(set((m.get("backend") or {}).get("hosts") or [])), 1)
+    per_rank = s.groupby("rank").proc_cpu_percent.median()
+    return float(per_rank.sum()) / 100 / (cores * hosts)
+
+
+def render_findings(found: list[Finding]) -> str:
+    """The findings section as Markdown."""
+    lines = [f"**Findings: the paper's conclusions on these runs** ({PAPER}; its own "
+             "figures came from its cluster's CPUs and GPUs, these from this folder's "
+             "hosts)", ""]
+    for f in found:
+        lines.append(f"- ({f.letter}) {f.claim}: **{f.verdict}**")
+        lines += [f"  - {line}" for line in f.lines]
+    return "\n".join(lines)
