@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from ddlstudy.cli import main
 from ddlstudy.config import RunConfig, load_usecase, with_overrides
 from ddlstudy.data.generate import make_dataset
 
@@ -44,3 +45,19 @@ def quick_config(tmp_path, datasets_dir, tiny):
         return RunConfig(**(base | kwargs))
 
     return make
+
+
+@pytest.fixture
+def cli(tmp_path, datasets_dir, capsys):
+    """``ddlstudy`` in this process: (exit code, stderr, the runs folder)."""
+    runs = tmp_path / "runs"
+
+    def call(*args, runs_dir=True):
+        extra = ["--datasets-dir", str(datasets_dir)] + (["--runs-dir", str(runs)] if runs_dir
+                                                          else [])
+        argv = list(args) + (extra if args[0] == "run" else [])
+        code = main(argv)
+        err = capsys.readouterr().err
+        return code, err, runs
+
+    return call

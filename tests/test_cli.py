@@ -5,23 +5,7 @@ import sys
 
 import pytest
 
-from ddlstudy.cli import main
 from ddlstudy.report import config_label, speedup_table
-
-
-@pytest.fixture
-def cli(tmp_path, datasets_dir, capsys):
-    runs = tmp_path / "runs"
-
-    def call(*args, runs_dir=True):
-        extra = ["--datasets-dir", str(datasets_dir)] + (["--runs-dir", str(runs)] if runs_dir
-                                                          else [])
-        argv = list(args) + (extra if args[0] == "run" else [])
-        code = main(argv)
-        err = capsys.readouterr().err
-        return code, err, runs
-
-    return call
 
 
 @pytest.mark.parametrize("args, message", [

@@ -41,6 +41,13 @@ def test_two_nodes_match_two_local_processes(tmp_path, datasets_dir, quick_confi
     assert _losses(manifest) == pytest.approx(_losses(local.manifest), rel=1e-4)
     samples = pd.read_parquet(folder / SAMPLES)
     assert sorted(samples["rank"].unique()) == [0, 1]
+    # Every rank's step, split into compute and the exchange (3 epochs of 15 steps: 240
+    # images, batches of 16), the exchange a real, non-zero share.
+    exchange = manifest["backend"]["exchange"]["per_rank"]
+    assert [r["rank"] for r in exchange] == [0, 1]
+    assert {r["steps"] for r in exchange} == {45}
+    assert all(r["compute_s"] > 0 and 0 < r["exchange_s"] < r["compute_s"] + r["exchange_s"]
+               for r in exchange)
 
 
 @pytest.mark.slow
@@ -233,6 +240,10 @@ def test_nodes_of_processes_learn(tmp_path, datasets_dir):
     losses = _losses(manifest)
     assert manifest["epochs"][-1]["train_images"] == 240
     assert losses[-1] < 0.9 * losses[0]
+    # Each of the 4 workers (2 a node) times its steps: 8 epochs of 15 steps.
+    exchange = manifest["backend"]["exchange"]["per_rank"]
+    assert [r["rank"] for r in exchange] == [0, 1, 2, 3]
+    assert {r["steps"] for r in exchange} == {120}
     assert max(e["val_accuracy"] for e in manifest["epochs"]) >= 0.45  # chance is 1/3
 
 

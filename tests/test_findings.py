@@ -1,0 +1,168 @@
+"""Time to accuracy (the manifest, the report's columns) and the findings section that
+checks the paper's conclusions (a)-(d) against a folder of runs."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from ddlstudy.report import Report, speedup_table
+from ddlstudy.report.findings import findings, render_findings
+from ddlstudy.runfolder import RunFolder
+from ddlstudy.runner.lifecycle import time_to_target
+
+
+def test_every_epoch_carries_the_time_since_training_began(tmp_path):
+    folder = RunFolder.create(tmp_path, "r", {})
+    for i, t in enumerate([1.5, 2.0, 0.5], start=1):
+        folder.record_epoch({"epoch": i, "epoch_time_s": t, "val_accuracy": 0.1 * i})
+    assert [e["elapsed_s"] for e in folder.manifest["epochs"]] == [1.5, 3.5, 4.0]
+    # A resumed run cuts its epochs to the snapshot's and goes on from the last one kept.
+    folder.manifest["epochs"] = folder.manifest["epochs"][:1]
+    folder.record_epoch({"epoch": 2, "epoch_time_s": 3.0, "val_accuracy": 0.2})
+    assert folder.manifest["epochs"][-1]["elapsed_s"] == 4.5
+
+
+def test_time_to_target_is_the_first_epoch_at_or_above_it():
+    epochs = [{"epoch": 1, "val_accuracy": 0.4, "elapsed_s": 2.0},
+              {"epoch": 2, "val_accuracy": 0.6, "elapsed_s": 4.0},
+              {"epoch": 3, "val_accuracy": 0.7, "elapsed_s": 6.0}]
+    assert time_to_target(epochs, 0.6) == {"target": 0.6, "reached": True, "epoch": 2,
+                                           "seconds": 4.0}
+    assert time_to_target(epochs, 0.9) == {"target": 0.9, "reached": False, "epochs": 3,
+                                           "best": 0.7}
+    assert time_to_target(epochs, None)["reached"] is None
+
+
+def test_a_real_run_records_its_time_to_target(cli):
+    code, err, runs = cli("run", "--epochs", "2", "--target-accuracy", "0.01")
+    assert code == 0, err
+    m = json.loads(next(runs.glob("*/manifest.json")).read_text())
+    first = m["epochs"][0]
+    assert first["elapsed_s"] == pytest.approx(first["epoch_time_s"])
+    assert m["epochs"][1]["elapsed_s"] == pytest.approx(
+        first["epoch_time_s"] + m["epochs"][1]["epoch_time_s"])
+    assert m["time_to_target"] == {"target": 0.01, "reached": True, "epoch": 1,
+                                   "seconds": first["elapsed_s"]}
+    assert m["config"]["usecase"]["train"]["target_accuracy"] == 0.01
+
+
+def _manifest(strategy, rates, *, usecase="u", threads=1, processes=1, tta=None,
+              target=0.6, backend=None, exchange=None, hosts=None):
+    epochs = [{"steady_images_per_s": r, "epoch_time_s": 1.0, "val_accuracy": 0.5}
+              for r in rates]
+    backend = dict(backend or {})
+    if exchange:
+        backend["exchange"] = {"per_rank": exchange}
+    if hosts:
+        backend["hosts"] = hosts
+    return {"usecase": usecase, "status": "completed", "started_at": "t", "backend": backend,
+            "id": f"{usecase}-{strategy}-{backend.get('name', 'local')}-{rates[0]}",
+            "host": {"hostname": "h", "usable_cores": 2},
+            "strategy": {"name": strategy, "processes": processes,
+                         "threads_per_process": threads},
+            "time_to_target": {"target": target, "reached": tta is not None,
+                               **({"seconds": tta, "epoch": 1} if tta else {"best": 0.5})},
+            "epochs": epochs}
+
+
+def test_the_report_shows_time_to_target_and_its_speedup():
+    """A configuration faster per image that needs more epochs is seen as such."""
+    runs = [_manifest("sequential", [20.0], tta=40.0), _manifest("sequential", [20.0], tta=60.0),
+            _manifest("cpu-intraop", [40.0], threads=2, tta=25.0),
+            _manifest("cpu-intraop", [40.0], threads=2, tta=25.0),
+            _manifest("cpu-threads", [60.0], threads=2, tta=100.0),  # 3x images/s, slower
+            _manifest("cpu-processes", [30.0], processes=2, tta=20.0),
+            _manifest("cpu-processes", [30.0], processes=2, tta=None)]  # one missed it
+    table = speedup_table(runs).set_index("strategy")
+    assert table.loc["sequential", "time_to_target_s"] == pytest.approx(50.0)
+    assert table.loc["cpu-intraop", "tta_speedup"] == pytest.approx(2.0)
+    assert table.loc["cpu-threads", "speedup"] == pytest.approx(3.0)
+    assert table.loc["cpu-threads", "tta_speedup"] == pytest.approx(0.5)
+    assert table.loc["cpu-processes", "reached"] == "1/2"
+    # Not the median of the lucky run: no time, no speedup.
+    assert pd.isna(table.loc["cpu-processes", "time_to_target_s"])
+    assert pd.isna(table.loc["cpu-processes", "tta_speedup"])
+    # Another target is another question: no speedup against the baseline's.
+    other = speedup_table([_manifest("sequential", [20.0], tta=40.0),
+                           _manifest("cpu-intraop", [40.0], threads=2, tta=5.0, target=0.3)])
+    assert pd.isna(other.set_index("strategy").loc["cpu-intraop", "tta_speedup"])
+
+
+def _report(tmp_path, manifests) -> Report:
+    for m in manifests:
+        folder = tmp_path / m["id"]
+        folder.mkdir()
+        (folder / "manifest.json").write_text(json.dumps(m))
+    return Report(tmp_path)
+
+
+def _by_letter(report):
+    return {f.letter: f for f in findings(report)}
+
+
+def test_findings_confirm_refute_or_leave_open_each_conclusion(tmp_path):
+    mpi = {"name": "mpi", "nodes": 2, "reduce": "allreduce"}
+    spark = {"name": "spark", "nodes": 2, "sync": "gloo"}
+    ranks = [{"rank": 0, "host": "h", "steps": 10, "compute_s": 3.0, "exchange_s": 1.0},
+             {"rank": 1, "host": "h", "steps": 10, "compute_s": 2.0, "exchange_s": 2.0}]
+    report = _report(tmp_path, [
+        _manifest("sequential", [20.0, 21.0, 19.0]),
+        _manifest("cpu-intraop", [40.0, 41.0, 39.0], threads=2),
+        _manifest("cpu-processes", [30.0, 31.0, 29.0], processes=2),
+        _manifest("sequential", [35.0, 36.0, 34.0], backend=mpi, exchange=ranks,
+                  hosts=["h", "h"]),
+        _manifest("sequential", [10.0, 11.0, 9.0], backend=spark),
+    ])
+    found = _by_letter(report)
+    # (a) 30 img/s of processes against 40 of intra-op threads, every epoch apart: refuted.
+    assert found["a"].verdict == "refuted"
+    assert "cpu-processes (2 processes) 30.0 img/s" in found["a"].lines[0]
+    assert "cpu-intraop (2 threads) 40.0 img/s, ratio 0.75" in found["a"].lines[0]
+    assert found["b"].verdict == "not measured" and "simple-big" in found["b"].lines[0]
+    assert found["c"].verdict == "confirmed"  # 40 local against 10 Spark
+    assert "ratio 4.00" in found["c"].lines[0]
+    # (d) MPI's 35 against intra-op's 40, with the measured reasons: the exchange's share
+    # of each rank's step (25 %, 50 %) and the one host its ranks shared.
+    assert found["d"].verdict == "refuted"
+    assert "25%-50% of each step in the gradient exchange (100-200 ms a step)" in \
+        found["d"].lines[0]
+    assert "2 ranks all ran on h, sharing its 2 cores" in found["d"].lines[0]
+    text = report.text()
+    assert "**Findings: the paper's conclusions on these runs**" in text
+    assert "- (d) MPI gives the best speedup on CPU: **refuted**" in text
+
+
+def test_findings_are_inconclusive_when_the_interval_includes_one(tmp_path):
+    report = _report(tmp_path, [
+        _manifest("sequential", [20.0, 22.0, 18.0]),
+        _manifest("cpu-processes", [21.0, 17.0, 23.0], processes=2)])
+    found = _by_letter(report)
+    assert found["a"].verdict == "inconclusive"
+    assert found["c"].verdict == found["d"].verdict == "not measured"
+    assert found["d"].lines == ["u: no completed MPI run"]
+
+
+def test_finding_b_compares_the_two_paper_use_cases(tmp_path):
+    report = _report(tmp_path, [
+        _manifest("sequential", [20.0, 21.0], usecase="simple-big"),
+        _manifest("cpu-intraop", [36.0, 38.0], usecase="simple-big", threads=2),
+        _manifest("sequential", [2.0, 2.1], usecase="complex-small"),
+        _manifest("cpu-intraop", [2.6, 2.7], usecase="complex-small", threads=2)])
+    (b,) = [f for f in findings(report) if f.letter == "b"]
+    assert b.verdict == "confirmed"
+    assert "1.80x" in b.lines[0] and "1.29x" in b.lines[0]
+    assert "(b) SimpleBig gains more" in render_findings([b])
+
+
+def test_findings_of_a_mixed_folder_say_which_use_case_went_which_way(tmp_path):
+    report = _report(tmp_path, [
+        _manifest("sequential", [20.0, 21.0], usecase="x"),
+        _manifest("cpu-processes", [40.0, 41.0], usecase="x", processes=2),
+        _manifest("sequential", [20.0, 21.0], usecase="y"),
+        _manifest("cpu-processes", [10.0, 11.0], usecase="y", processes=2)])
+    (a,) = [f for f in findings(report) if f.letter == "a"]
+    assert a.verdict == "mixed (x confirmed, y refuted)"
+    assert isinstance(report.runs, pd.DataFrame)
