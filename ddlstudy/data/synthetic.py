@@ -37,7 +37,8 @@ def render_scene(kind: str, rng: np.random.Generator, size: int,
     hard_negative_p = 0.8 * difficulty if kind == "nofire" else 0.3 * difficulty
     if rng.random() < hard_negative_p:
         _hard_negatives(img, rng, size)
-    scale = 1.0 - 0.55 * difficulty  # harder: smaller, fainter fire and smoke
+    # Harder: smaller, fainter fire and smoke (scale 1.4 at difficulty 0, 0.45 at 1).
+    scale = 1.4 - 0.95 * difficulty
     if kind == "fire":
         if rng.random() < 0.6:
             _smoke(img, rng, size, scale, plumes=1)
@@ -172,7 +173,9 @@ def _smoke(img: np.ndarray, rng: np.random.Generator, s: int, scale: float, plum
         u = np.abs(xs - centre + warp * half * 1.6) / half
         body = np.clip(1.3 - u, 0, 1) ** 0.5 * np.clip(1.1 - v, 0, 1) ** 0.4 * (ys <= sy)
         density = np.clip(body * (0.8 + 0.8 * fractal_noise(rng, s, s, cells=(3, 3))), 0, 1)
-        grey = rng.uniform(45, 170)
+        # Easier: darker smoke, further from the greys of clouds and fog (at most 110 from
+        # scale 1.2 up, 170 from 0.6 down).
+        grey = rng.uniform(45, 170 - 100 * float(np.clip(scale - 0.6, 0, 0.6)))
         colour = np.array([grey, grey, grey]) + rng.normal(0, 8, 3)
         _blend(img, colour, density * rng.uniform(0.8, 1.0) * (0.5 + 0.5 * scale))
 
