@@ -14,6 +14,7 @@ import pytest
 from listening import LOOPBACK, addresses, listening_while_running
 
 from ddlstudy.cli import main
+from ddlstudy.config import REPO_ROOT
 from ddlstudy.runfolder import MANIFEST
 from ddlstudy.runner import run
 
@@ -80,6 +81,31 @@ def test_allgather_every_k_steps_still_learns(tmp_path, datasets_dir, quick_conf
 
 
 @pytest.mark.slow
+def test_allgather_mode_carries_a_model_of_57_million_weights(tmp_path, datasets_dir):
+    """The paper's AlexNet (at 64 px, on the tiny images) in allgather mode: its 228 MB of
+    weights go through the JVMs every step, which Spark's default 1 GiB executors could
+    not hold (java.lang.OutOfMemoryError in simple-big's cell); ddlstudy sizes the heap."""
+    from ddlstudy.config import load_usecase
+    from ddlstudy.models import build_model, count_parameters
+
+    text = (REPO_ROOT / "usecases" / "simple-big.toml").read_text()
+    text = text.replace("image_size = 224", "image_size = 64").replace(
+        'name = "simple-big"', 'name = "big-weights"')
+    usecase = tmp_path / "big-weights.toml"
+    usecase.write_text(text)
+    uc = load_usecase(str(usecase))
+    assert count_parameters(build_model(uc.model, 3)) > 50_000_000
+    manifest = _spark(tmp_path, datasets_dir, "--usecase", str(usecase), "--data-dir",
+                      str(datasets_dir / "synthetic-tiny"), "--epochs", "1", "--max-steps",
+                      "2", "--spark-sync", "allgather", "--sync-every", "1",
+                      "--sample-hz", "0", "--spark-master", "local-cluster[2,1,2048]")
+    assert manifest["status"] == "completed" and manifest["backend"]["stage_attempts"] == 1
+    assert manifest["backend"]["jvm_heap_mib"] == 1792
+    (epoch,) = manifest["epochs"]
+    assert epoch["steps"] == 2 and 0 < epoch["train_loss"] < 10
+
+
+@pytest.mark.slow
 def test_a_failed_task_makes_spark_retry_the_stage_and_the_run_says_so(tmp_path,
                                                                        datasets_dir):
     runs = tmp_path / "runs"
@@ -131,6 +157,10 @@ def test_a_failed_task_makes_spark_retry_the_stage_and_the_run_says_so(tmp_path,
                                      "MPI nodes: it needs --backend mpi"),
     (["--backend", "spark", "--sync-every", "0"], "--sync-every: must be a positive"),
     (["--backend", "spark", "--snapshot-every", "2"], "Spark runs snapshot at epoch ends"),
+    (["--usecase", "simple-big", "--backend", "spark", "--spark-sync", "allgather",
+      "--spark-master", "local-cluster[2,1,1024]"],
+     "local-cluster[2,1,1024] gives each worker 1024 MiB but allgather mode sends "
+     "simple-big's weights through the JVMs, which then need 1792 MiB of heap each"),
 ])
 def test_bad_spark_flags(tmp_path, capsys, args, message):
     assert main(["run", "--runs-dir", str(tmp_path / "runs"), *args]) == 2

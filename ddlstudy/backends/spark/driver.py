@@ -17,7 +17,14 @@ import time
 import warnings
 from typing import Any
 
-from ddlstudy.backends.spark.allgather import RPC_MAX_MB, allgather_rank
+import psutil
+
+from ddlstudy.backends.spark.allgather import (
+    RPC_MAX_MB,
+    SPARK_DEFAULT_HEAP_MB,
+    allgather_rank,
+    heap_mb,
+)
 from ddlstudy.config import RunConfig, spark_slots
 from ddlstudy.config.run import read_secret
 from ddlstudy.environment import usable_cores
@@ -48,6 +55,43 @@ def check(cfg: RunConfig) -> None:
     if slots is not None and slots < nodes(cfg):
         raise Unavailable("--spark-master", f"{master(cfg)} has {slots} task slot(s) for "
                           f"{nodes(cfg)} barrier tasks")
+    _check_heap(cfg)
+
+
+def jvm_heap_mb(cfg: RunConfig) -> int | None:
+    """The heap allgather mode's weights need in the driver and executor JVMs, where that
+    is more than Spark's default (None: the default holds them, or gloo mode)."""
+    if cfg.spark_sync != "allgather":
+        return None
+    import torch
+
+    from ddlstudy.models import build_model, count_parameters
+
+    with torch.device("meta"):  # the shapes only: nothing allocated, nothing initialised
+        weights = count_parameters(build_model(cfg.usecase.model, len(cfg.usecase.classes)))
+    heap = heap_mb(weights, nodes(cfg))
+    return heap if heap > SPARK_DEFAULT_HEAP_MB else None
+
+
+def _check_heap(cfg: RunConfig) -> None:
+    """Refuse an allgather run whose JVMs this machine (or local-cluster's workers) cannot
+    give the heap its weights need, rather than fail minutes later out of Java heap."""
+    heap = jvm_heap_mb(cfg)
+    if heap is None:
+        return
+    found = re.match(r"^local-cluster\[(\d+),\d+,(\d+)\]$", master(cfg))
+    why = (f"allgather mode sends {cfg.usecase.name}'s weights through the JVMs, which "
+           f"then need {heap} MiB of heap each")
+    if found and int(found.group(2)) < heap:
+        raise Unavailable("--spark-master", f"{master(cfg)} gives each worker "
+                          f"{found.group(2)} MiB but {why}: give the workers at least that "
+                          f"(local-cluster[{found.group(1)},1,{heap}]) or use --spark-sync "
+                          f"gloo")
+    jvms = 1 + (int(found.group(1)) if found else 0)  # the driver, and local-cluster's
+    ram = psutil.virtual_memory().total // 2**20
+    if jvms * heap > 0.8 * ram:
+        raise Unavailable("--spark-sync", f"{why}: {jvms} JVM(s) of {heap} MiB do not fit "
+                          f"in this machine's {ram} MiB; use --spark-sync gloo")
 
 
 def nodes(cfg: RunConfig) -> int:
@@ -66,6 +110,7 @@ def describe(cfg: RunConfig) -> dict[str, Any]:
            "sync": cfg.spark_sync}
     if cfg.spark_sync == "allgather":
         out["sync_every"] = cfg.sync_every
+        out["jvm_heap_mib"] = jvm_heap_mb(cfg) or SPARK_DEFAULT_HEAP_MB
     return out
 
 
@@ -113,7 +158,11 @@ def _session(cfg: RunConfig):
     from pyspark import SparkConf
     from pyspark.sql import SparkSession
 
-    _gateway(SparkConf())
+    conf = SparkConf()
+    heap = jvm_heap_mb(cfg)
+    if heap is not None:  # the driver's heap is set as its JVM starts, the executors' below
+        conf.set("spark.driver.memory", f"{heap}m")
+    _gateway(conf)
     builder = (SparkSession.builder.master(master(cfg))
                .appName(f"ddlstudy-{cfg.usecase.name}-{cfg.strategy}")
                .config("spark.ui.enabled", "true" if cfg.spark_ui else "false")
@@ -123,6 +172,8 @@ def _session(cfg: RunConfig):
                .config("spark.barrier.sync.timeout", str(BARRIER_TIMEOUT_S))
                .config("spark.python.worker.reuse", "false")
                .config("spark.ui.showConsoleProgress", "false"))
+    if heap is not None:
+        builder = builder.config("spark.executor.memory", f"{heap}m")
     if local:
         builder = builder.config("spark.driver.host", "127.0.0.1") \
             .config("spark.driver.bindAddress", "127.0.0.1")
