@@ -41,23 +41,35 @@ _SPARK_MASTER = re.compile(r"^(local(\[(\d+|\*)(,\d+)?\])?|local-cluster\[(\d+),
                            r"|spark://[\w.\-]+(:\d+)?(,[\w.\-]+(:\d+)?)*)$")
 
 
-def spark_slots(master: str) -> int | None:
-    """Task slots a Spark master offers (None: a cluster, known only once it runs)."""
+def _spark_master(master: str) -> re.Match:
     found = _SPARK_MASTER.match(master)
     if not found:
         raise ConfigError("--spark-master", f"{master!r} is not a Spark master; use local[N], "
                           f"local-cluster[N,cores,MiB] or spark://host:port")
+    return found
+
+
+def local_cluster(master: str) -> tuple[int, int, int] | None:
+    """(workers, cores, MiB a worker) of a ``local-cluster[N,cores,MiB]`` master, else None."""
+    found = _spark_master(master)
+    return tuple(int(found.group(i)) for i in (5, 6, 7)) if found.group(5) else None
+
+
+def spark_slots(master: str) -> int | None:
+    """Task slots a Spark master offers (None: a cluster, known only once it runs)."""
+    found = _spark_master(master)
     if master == "local":
         return 1
     if master.startswith("local["):
         return None if found.group(3) == "*" else int(found.group(3))
-    if master.startswith("local-cluster"):
-        workers, mib = int(found.group(5)), int(found.group(7))
+    cluster = local_cluster(master)
+    if cluster is not None:
+        workers, cores, mib = cluster
         ram_mib = psutil.virtual_memory().total // 2**20
         if workers * mib > ram_mib or not 0 < workers <= MAX_PROCESSES:
             raise ConfigError("--spark-master", f"{master}: {workers} executor JVM(s) of "
                               f"{mib} MiB do not fit in this machine's {ram_mib} MiB")
-        return workers * int(found.group(6))
+        return workers * cores
     return None
 
 

@@ -3,6 +3,7 @@ paper's Tables 1-3) and seaborn figures (``figures``); ``Report.write`` writes b
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from ddlstudy.files import atomic_write_text
@@ -29,20 +30,22 @@ class Report(tables.Report):
     """The tables of a runs folder, its findings (the paper's conclusions checked against
     its runs) and its figures."""
 
+    @functools.cached_property
     def findings(self) -> list[Finding]:
+        """The paper's conclusions judged on these runs (computed once: some read samples)."""
         return findings(self)
 
     def text(self, fmt: str = "markdown") -> str:
         """The tables, then (in Markdown) the findings."""
         text = super().text(fmt)
-        return text if fmt != "markdown" else f"{text}\n\n{render_findings(self.findings())}"
+        return text if fmt != "markdown" else f"{text}\n\n{render_findings(self.findings)}"
 
     def write(self, out: Path, fmt: str = "markdown", figures: bool = True) -> list[Path]:
         """Tables in ``fmt`` (plus the tidy runs.csv), findings.md and, with ``figures``,
         the figures."""
         paths = self.write_tables(out, fmt)
         paths.append(Path(out) / "findings.md")
-        atomic_write_text(paths[-1], render_findings(self.findings()) + "\n")
+        atomic_write_text(paths[-1], render_findings(self.findings) + "\n")
         if figures:
             paths += make_figures(self, Path(out) / "figures")
         return paths

@@ -18,6 +18,7 @@ import warnings
 from typing import Any
 
 import psutil
+import torch
 
 from ddlstudy.backends.spark.allgather import (
     RPC_MAX_MB,
@@ -26,9 +27,10 @@ from ddlstudy.backends.spark.allgather import (
     heap_mb,
 )
 from ddlstudy.config import RunConfig, spark_slots
-from ddlstudy.config.run import read_secret
+from ddlstudy.config.run import local_cluster, read_secret
 from ddlstudy.environment import usable_cores
 from ddlstudy.errors import Unavailable
+from ddlstudy.models import build_model, count_parameters
 from ddlstudy.strategies.processes import data_parallel_rank
 from ddlstudy.training.distributed import free_port
 from ddlstudy.training.job import Job
@@ -63,10 +65,6 @@ def jvm_heap_mb(cfg: RunConfig) -> int | None:
     is more than Spark's default (None: the default holds them, or gloo mode)."""
     if cfg.spark_sync != "allgather":
         return None
-    import torch
-
-    from ddlstudy.models import build_model, count_parameters
-
     with torch.device("meta"):  # the shapes only: nothing allocated, nothing initialised
         weights = count_parameters(build_model(cfg.usecase.model, len(cfg.usecase.classes)))
     heap = heap_mb(weights, nodes(cfg))
@@ -79,15 +77,15 @@ def _check_heap(cfg: RunConfig) -> None:
     heap = jvm_heap_mb(cfg)
     if heap is None:
         return
-    found = re.match(r"^local-cluster\[(\d+),\d+,(\d+)\]$", master(cfg))
+    cluster = local_cluster(master(cfg))
     why = (f"allgather mode sends {cfg.usecase.name}'s weights through the JVMs, which "
            f"then need {heap} MiB of heap each")
-    if found and int(found.group(2)) < heap:
+    if cluster and cluster[2] < heap:
         raise Unavailable("--spark-master", f"{master(cfg)} gives each worker "
-                          f"{found.group(2)} MiB but {why}: give the workers at least that "
-                          f"(local-cluster[{found.group(1)},1,{heap}]) or use --spark-sync "
+                          f"{cluster[2]} MiB but {why}: give the workers at least that "
+                          f"(local-cluster[{cluster[0]},1,{heap}]) or use --spark-sync "
                           f"gloo")
-    jvms = 1 + (int(found.group(1)) if found else 0)  # the driver, and local-cluster's
+    jvms = 1 + (cluster[0] if cluster else 0)  # the driver, and local-cluster's
     ram = psutil.virtual_memory().total // 2**20
     if jvms * heap > 0.8 * ram:
         raise Unavailable("--spark-sync", f"{why}: {jvms} JVM(s) of {heap} MiB do not fit "
