@@ -4,6 +4,7 @@ and checked without torch (so a bad plan is refused at once); ``ddlstudy.study``
 
 from __future__ import annotations
 
+import json
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -136,3 +137,40 @@ def configs(plan: Plan, overrides: dict[str, Any]) -> list[tuple[str, dict, RunC
             raise UsageError(f"{plan.path}, use case {uc}, cell {flags}: {exc}") from None
         out.append((uc, flags, cfg))
     return out
+
+
+def load_advice(path: Path) -> dict[str, Any]:
+    """An advise.json, checked enough to build a study from (UsageError if not one)."""
+    try:
+        advice = json.loads(Path(path).read_text())
+        if not isinstance(advice["usecase"], str) or not all(
+                isinstance(r["flags"], dict) for r in advice["ranking"]):
+            raise TypeError
+    except FileNotFoundError:
+        raise UsageError(f"{path} does not exist; write one with `ddlstudy advise --usecase "
+                         "U --out DIR`") from None
+    except (OSError, ValueError, KeyError, TypeError):
+        raise UsageError(f"{path} is not an advise.json written by `ddlstudy advise`") \
+            from None
+    return advice
+
+
+def advice_plan(path: Path, top: int, repeat: int | None = None,
+                runs_dir: Path | None = None) -> Plan:
+    """A study of the ``top`` runnable recommendations of an advise.json (the baseline is
+    added as in every study), into ``<its folder>/confirm`` unless ``runs_dir`` says."""
+    advice = load_advice(path)
+    rows = [r for r in advice["ranking"] if r.get("runnable", True)][:top]
+    if not rows:
+        raise UsageError(f"{path} has no recommendation that can run here (it predicts for "
+                         f"a {advice.get('link')} link between other machines)")
+    settings = {k: v for k, v in (advice.get("probe_settings") or {}).items()
+                if k == "datasets_dir"}
+    repeat = repeat if repeat is not None else DEFAULT_REPEAT
+    if isinstance(repeat, bool) or not 0 < repeat <= 1000:
+        raise ConfigError("--repeat", f"must be an integer from 1 to 1000, got {repeat!r}")
+    return Plan(name=f"advice-{advice['usecase']}", path=Path(path),
+                usecases=[advice["usecase"]], cells=[r["flags"] for r in rows],
+                repeat=repeat, runs_dir=runs_dir or Path(path).parent / "confirm",
+                description=f"the top {len(rows)} recommendations of {path}",
+                settings=settings)

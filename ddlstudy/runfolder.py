@@ -33,6 +33,18 @@ CHILD_ENV = "DDLSTUDY_MPI_CHILD"
 """Set in the ranks of ddlstudy's own mpiexec (they join its world instead of launching)."""
 
 
+def run_env(run_id: str, **extra: str) -> dict[str, str]:
+    """The environment of a ``ddlstudy run`` another command starts (a study's cell, an
+    advise probe) into folder ``run_id``: this one's, without the marks of an MPI rank, so
+    that a command run under mpiexec still launches its own runs."""
+    import os
+
+    env = os.environ | {RUN_ID_ENV: run_id} | extra
+    for var in (CHILD_ENV, "PMI_RANK", "OMPI_COMM_WORLD_RANK"):
+        env.pop(var, None)
+    return env
+
+
 def now_iso() -> str:
     return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")
 

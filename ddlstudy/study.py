@@ -31,7 +31,6 @@ import dataclasses
 import hashlib
 import json
 import logging
-import os
 import subprocess
 import sys
 import time
@@ -47,7 +46,7 @@ from ddlstudy.errors import Unavailable, UsageError
 from ddlstudy.files import atomic_write_text
 from ddlstudy.plan import Plan, configs, load_plan, run_flags
 from ddlstudy.report import STUDY_FILE, Report, config_label, cores_used
-from ddlstudy.runfolder import CHILD_ENV, MANIFEST, RUN_ID_ENV, new_run_id, now_iso
+from ddlstudy.runfolder import MANIFEST, new_run_id, now_iso, run_env
 from ddlstudy.runner import preflight, resolve
 from ddlstudy.sampler import check_load
 from ddlstudy.strategies import get_strategy
@@ -219,13 +218,8 @@ class Study:
         cell.run = new_run_id(cell.usecase, cell.flags.get("strategy", "sequential"))
         logs = runs_dir / "logs"
         logs.mkdir(exist_ok=True)
-        env = os.environ | {
-            RUN_ID_ENV: cell.run,
-            "DDLSTUDY_STUDY": json.dumps({"name": self.plan.name, "cell": cell.id,
-                                          "repeat": cell.repeat}),
-        }
-        for var in (CHILD_ENV, "PMI_RANK", "OMPI_COMM_WORLD_RANK"):
-            env.pop(var, None)  # a study under mpiexec still launches its own cells
+        env = run_env(cell.run, DDLSTUDY_STUDY=json.dumps({
+            "name": self.plan.name, "cell": cell.id, "repeat": cell.repeat}))
         cmd = [sys.executable, "-m", "ddlstudy", *cell.argv(runs_dir)]
         start = time.monotonic()
         with open(logs / f"{cell.run}.log", "w") as out:
@@ -253,15 +247,34 @@ class Study:
         return 1
 
 
-def study(plan_path: Path, *, repeat: int | None = None, resume: bool = False,
+def study(plan: Plan | Path, *, repeat: int | None = None, resume: bool = False,
           runs_dir: Path | None = None, overrides: dict[str, Any] | None = None,
           fmt: str = "markdown", wait_quiet: bool = False) -> int:
-    """Run a plan, write its report (tables and figures) and print the tables."""
-    plan = load_plan(plan_path, repeat, runs_dir)
+    """Run a plan (a Plan, or a plan file to load), write its report (tables and figures)
+    and print the tables; for a plan made from an advise.json, check the advice too."""
+    if not isinstance(plan, Plan):
+        plan = load_plan(plan, repeat, runs_dir)
     cells = expand(plan, overrides or {})
     code = Study(plan, cells, wait_quiet).run(resume)
     report = Report(plan.runs_dir)
     paths = report.write(plan.runs_dir / "report", fmt)
     print(report.text(fmt))
     log.info("report: %d files in %s", len(paths), plan.runs_dir / "report")
+    if plan.path.suffix == ".json":
+        _check_advice(plan)
     return code
+
+
+def _check_advice(plan: Plan) -> None:
+    """advice-check.{json,md} in the report folder: the advice against what ran."""
+    from ddlstudy.plan import load_advice
+    from ddlstudy.tools.advise import check, check_text
+
+    record = json.loads((plan.runs_dir / STUDY_FILE).read_text())
+    result = check(load_advice(plan.path), plan.runs_dir, record)
+    text = check_text(result)
+    out = plan.runs_dir / "report"
+    atomic_write_text(out / "advice-check.json", json.dumps(result, indent=2) + "\n")
+    atomic_write_text(out / "advice-check.md", text + "\n")
+    print()
+    print(text)

@@ -6,6 +6,8 @@
     ddlstudy run --usecase simple-big --data-dir /path/to/imagefolder --epochs 2
     ddlstudy report runs/ --out report/                   # tables and figures
     ddlstudy study usecases/demo.toml --resume            # a whole matrix of runs
+    ddlstudy advise --usecase tiny --nodes 1,2            # how to train it here
+    ddlstudy study --from-advice runs/advise/advise.json  # run the top advice
     ddlstudy replay runs/<id>/manifest.json               # the same run again
     ddlstudy compare runs/<a> runs/<b>                    # what differs, by how much
     ddlstudy strategies                                   # what --strategy takes
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import sys
 import threading
@@ -89,7 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "(other processes used their host) in medians and speedups")
 
     p = sub.add_parser("study", help="run a study plan: use cases x configurations x repeats")
-    p.add_argument("plan", type=Path, help="a study plan TOML, e.g. usecases/demo.toml, or "
+    p.add_argument("plan", type=Path, nargs="?", help="a study plan TOML, e.g. "
+                   "usecases/demo.toml, or "
                    "the name of one shipped with ddlstudy (demo, paper, ...)")
     p.add_argument("--repeat", type=int, help="repeats of every cell, interleaved (default: "
                    "the plan's repeat, else 3)")
@@ -104,6 +108,34 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how the tables are printed")
     p.add_argument("--wait-quiet", action="store_true", help="before each cell, wait until "
                    f"other processes use at most {NOISY_CORES} cores of this host")
+    p.add_argument("--quiet", action="store_true", help="warnings and errors only")
+
+    p.add_argument("--from-advice", type=Path, metavar="ADVISE_JSON", help="instead of a "
+                   "plan: run the top recommendations of `ddlstudy advise` (and the baseline)"
+                   " and check its first place against what they measure")
+    p.add_argument("--top", type=int, default=3, help="with --from-advice: how many of its "
+                   "recommendations to run")
+
+    p = sub.add_parser("advise", help="how to train a use case here: probes every local "
+                       "strategy, measures the exchange, predicts and ranks")
+    p.add_argument("--usecase", default="tiny", help="a use case name or TOML file")
+    p.add_argument("--nodes", help="node counts to rank (default: 1,2,4; with --hosts, 1 "
+                   "up to the hosts given)")
+    p.add_argument("--hosts", help="where the nodes will run (emulated[:PREFIX] or "
+                   "host1,host2): the exchange is measured there (default: this host)")
+    p.add_argument("--link", help="instead of measuring hosts: predict separate machines "
+                   "like this one joined by a link of this rate, e.g. 10gbit")
+    p.add_argument("--budget", default="120s", help="time for the whole advice, e.g. 90s or "
+                   "5m; more probe rounds while it lasts")
+    p.add_argument("--runs", type=Path, help="earlier runs of the use case: rank by "
+                   "predicted time to its target accuracy, weighing what changes "
+                   "convergence by the epochs it took there")
+    p.add_argument("--rounds", type=int, default=3, help="most probe rounds")
+    p.add_argument("--steps", type=int, default=24, help="steady steps a probe times")
+    p.add_argument("--datasets-dir", type=Path, help="where the synthetic sets are "
+                   "(default: datasets/)")
+    p.add_argument("--out", type=Path, help="where advise.json, advise.md and the probes' "
+                   "runs go (default: runs/advise/<usecase>)")
     p.add_argument("--quiet", action="store_true", help="warnings and errors only")
 
     p = sub.add_parser("replay", help="run a manifest again: same config, seeds and data")
@@ -363,12 +395,87 @@ def cmd_study(args: argparse.Namespace) -> int:
                 raise ConfigError(f"--{name.replace('_', '-')}",
                                   f"must be a positive integer, got {value}")
             overrides[name] = value
+    if (args.plan is None) == (args.from_advice is None):
+        raise UsageError("give a study plan (e.g. usecases/demo.toml) or --from-advice "
+                         "advise.json, one of them")
+    if args.from_advice is not None:
+        from ddlstudy.plan import advice_plan
+
+        if args.top <= 0:
+            raise ConfigError("--top", f"must be a positive integer, got {args.top}")
+        plan = advice_plan(args.from_advice, args.top, args.repeat, args.runs_dir)
+    else:
+        plan = load_plan(args.plan, args.repeat, args.runs_dir)
     # A bad plan or cell is refused before torch is imported.
-    configs(load_plan(args.plan, args.repeat, args.runs_dir), overrides)
+    configs(plan, overrides)
     from ddlstudy.study import study
 
-    return study(args.plan, repeat=args.repeat, resume=args.resume, runs_dir=args.runs_dir,
-                 overrides=overrides, fmt=args.format, wait_quiet=args.wait_quiet)
+    return study(plan, resume=args.resume, overrides=overrides, fmt=args.format,
+                 wait_quiet=args.wait_quiet)
+
+
+def _seconds(flag: str, text: str) -> float:
+    """90, 90s, 2m or 1h as seconds."""
+    scale = {"s": 1, "m": 60, "h": 3600}.get(text[-1:].lower(), None)
+    try:
+        value = float(text[:-1] if scale else text) * (scale or 1)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise ConfigError(flag, f"{text!r}; give seconds, e.g. 120, 90s or 5m")
+    return value
+
+
+def cmd_advise(args: argparse.Namespace) -> int:
+    from ddlstudy.config import DEFAULT_RUNS_DIR, load_usecase
+    from ddlstudy.tools.predict import parse_list
+
+    uc = load_usecase(args.usecase)  # an unknown use case is refused before anything runs
+    budget = _seconds("--budget", args.budget)
+    for flag in ("rounds", "steps"):
+        if getattr(args, flag) <= 0:
+            raise ConfigError(f"--{flag}", f"must be a positive integer, got "
+                              f"{getattr(args, flag)}")
+    if args.link is not None:
+        from ddlstudy.hosts import rate_bits
+
+        if args.hosts is not None:
+            raise ConfigError("--link", "give --hosts (the exchange measured there) or "
+                              "--link (predicted for that rate), not both")
+        try:
+            rate_bits(args.link)
+        except ConfigError as exc:
+            raise ConfigError("--link", str(exc).split(": ", 1)[1]) from None
+    if args.runs is not None:
+        from ddlstudy.report.tables import runs_folder
+
+        runs_folder(args.runs)
+    count = None
+    if args.hosts is not None:
+        from ddlstudy.backends.mpi.launch import placement
+
+        placement(args.hosts, 2)  # hosts that are not up: refused before probing
+        count = _host_count(args.hosts)
+    nodes = parse_list("--nodes", args.nodes) if args.nodes else \
+        list(range(1, count + 1)) if count else [1, 2, 4]
+    from ddlstudy.tools import advise
+
+    out = args.out or DEFAULT_RUNS_DIR / "advise" / uc.name
+    result = advise.advise(args.usecase, nodes, args.hosts, args.link, budget, out,
+                           runs=args.runs, rounds=args.rounds, steps=args.steps,
+                           datasets_dir=args.datasets_dir, host_count=count)
+    print(advise.markdown(result))
+    for path in advise.write(result, out):
+        print(f"wrote {path}")
+    return 0
+
+
+def _host_count(hosts: str) -> int:
+    if hosts == "emulated" or hosts.startswith("emulated:"):
+        from ddlstudy.hosts import DEFAULT_PREFIX, load
+
+        return load(hosts.partition(":")[2] or DEFAULT_PREFIX).count
+    return len([h for h in hosts.split(",") if h])
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
@@ -481,7 +588,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"run": cmd_run, "dataset": cmd_dataset, "strategies": cmd_strategies,
-            "hosts": cmd_hosts, "predict": cmd_predict, "doctor": cmd_doctor,
+            "hosts": cmd_hosts, "predict": cmd_predict, "advise": cmd_advise, "doctor": cmd_doctor,
             "report": cmd_report, "bench": cmd_bench,
             "study": cmd_study, "replay": cmd_replay, "compare": cmd_compare,
             "export": cmd_export}

@@ -262,6 +262,9 @@ class RunConfig:
                               type=float)
     max_steps: int | None = option(None, "stop each epoch after this many optimizer steps "
                                    "(quick measurements)", group=OUTPUT, type=int)
+    max_val_steps: int | None = option(None, "validate on at most this many batches each "
+                                       "epoch (quick measurements: advise's probes)",
+                                       group=OUTPUT, type=int, metavar="N")
     snapshot: bool = option(True, "do not write snapshot.pt after each epoch", group=OUTPUT,
                             type=bool, negate=True)
     tensorboard: bool = option(False, "also write the metrics and resource samples as "
@@ -421,6 +424,8 @@ class RunConfig:
     def _check_output(self) -> None:
         if self.max_steps is not None:
             _positive("--max-steps", self.max_steps)
+        if self.max_val_steps is not None:
+            _positive("--max-val-steps", self.max_val_steps)
         if self.snapshot_every is not None:
             _positive("--snapshot-every", self.snapshot_every)
             if not self.snapshot:

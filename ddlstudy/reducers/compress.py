@@ -22,6 +22,8 @@ from ddlstudy.errors import ConfigError
 
 class Compressor:
     name = "none"
+    wire_ratio = 1.0
+    """Bytes on the wire per byte of the float32 gradient (advise's cost model)."""
 
     def __init__(self) -> None:
         self.sent_bytes = 0
@@ -40,6 +42,7 @@ class Compressor:
 
 class Fp16(Compressor):
     name = "fp16"
+    wire_ratio = 0.5
 
     def _exchange(self, comm, buf: np.ndarray) -> int:
         # torch converts float16 with vector instructions; numpy's casts are ~20x slower.
@@ -62,6 +65,7 @@ class TopK(Compressor):
         super().__init__()
         self.ratio = ratio
         self.name = f"topk:{ratio:g}"
+        self.wire_ratio = 2 * ratio  # an int32 index and a float32 value per kept element
         self.residual: np.ndarray | None = None
 
     def _exchange(self, comm, buf: np.ndarray) -> int:

@@ -79,26 +79,34 @@ def fit(samples: dict[str, dict[int, float]]) -> dict[str, Cost]:
     return costs
 
 
-def measure_reducers(floats: int, nodes: int, repeats: int,
-                     hosts: str | None = None) -> dict[str, list[float]]:
-    """Milliseconds of every reducer on a buffer of ``floats`` between ``nodes`` ranks."""
+def measure_reducers(floats: int, nodes: int, repeats: int, hosts: str | None = None,
+                     compress: tuple[str, ...] = ()) -> dict[str, list[float]]:
+    """Milliseconds of every reducer (and of every compressor in ``compress``) on a buffer
+    of ``floats`` between ``nodes`` ranks."""
+    return measure_sizes([floats], nodes, repeats, hosts, compress)[floats]
 
+
+def measure_sizes(sizes: list[int], nodes: int, repeats: int, hosts: str | None = None,
+                  compress: tuple[str, ...] = ()) -> dict[int, dict[str, list[float]]]:
+    """``measure_reducers`` on each of ``sizes`` (floats), in one MPI launch."""
     mpiexec = require_mpiexec()
     where, netmod = placement(hosts, nodes)
     out = subprocess.run([mpiexec, *where, "-n", str(nodes), sys.executable, "-m",
-                          "ddlstudy.tools.bench_reduce", "--floats", str(floats), "--repeats",
-                          str(repeats)], capture_output=True, text=True,
-                         env=os.environ | netmod)
+                          "ddlstudy.tools.bench_reduce", "--floats", ",".join(map(str, sizes)),
+                          "--repeats", str(repeats), "--compress", ",".join(compress)],
+                         capture_output=True, text=True, env=os.environ | netmod)
     if out.returncode != 0:
         raise UsageError(f"mpiexec failed ({out.returncode}): {out.stderr.strip()[-500:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])["ms"]
+    lines = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    return {line["floats"]: line["ms"] for line in lines}
 
 
 def calibrate(gradient_bytes: int, hosts: str | None, repeats: int = 5) -> dict[str, Cost]:
     """Time every reducer on the gradient and on 1/16 of it, between 2 ranks."""
     samples: dict[str, dict[int, float]] = {r: {} for r in REDUCERS}
-    for floats in (gradient_bytes // 4, max(gradient_bytes // 64, 1024)):
-        for reducer, ms in measure_reducers(floats, 2, repeats, hosts).items():
+    sizes = [gradient_bytes // 4, max(gradient_bytes // 64, 1024)]
+    for floats, by_reducer in measure_sizes(sizes, 2, repeats, hosts).items():
+        for reducer, ms in by_reducer.items():
             if reducer in samples:
                 samples[reducer][4 * floats] = statistics.median(ms) / 1e3
     return fit(samples)

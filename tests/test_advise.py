@@ -1,0 +1,316 @@
+"""`ddlstudy advise` (issue 18): probes, the exchange's cost model, the ranking, and the
+advice checked against what a study of its candidates measures."""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+import pytest
+
+from ddlstudy import hosts
+from ddlstudy.cli import main
+from ddlstudy.tools import advise
+from ddlstudy.tools.predict import Cost, measure_sizes
+
+WHY_NOT = hosts.can_emulate()
+needs_hosts = pytest.mark.skipif(WHY_NOT is not None, reason=WHY_NOT or "")
+
+
+def _exchange(beta: float) -> advise.Exchange:
+    """Every reducer at alpha 50 us and ``beta`` s/byte; compressors costing 2 ns a
+    gradient byte of compute on top of their wire bytes."""
+    from ddlstudy import reducers
+
+    return advise.Exchange({r: Cost(50e-6, beta) for r in reducers.REGISTRY},
+                           {s: (50e-6, 2e-9, beta) for s in advise.COMPRESSORS}, "test")
+
+
+def test_candidates_list_every_layout_and_say_why_one_cannot_fit():
+    two = {c.label: c for c in advise.candidates(2, 0)}
+    assert [c.flags.get("strategy") for c in two.values()] == [
+        "sequential", "cpu-intraop", "cpu-threads", "cpu-processes", "pipeline", "pipeline",
+        "hybrid", "gpu-data"]
+    assert two["cpu-processes (2 processes)"].flags == {"strategy": "cpu-processes",
+                                                        "workers": 2}
+    assert "needs 4 processes" in two["hybrid (2 x 2 stages)"].skip
+    assert not two["sequential"].skip
+    eight = [c.flags.get("workers") for c in advise.candidates(8, 0)
+             if c.flags.get("strategy") == "cpu-intraop"]
+    assert eight == [8, 4, 2]
+    one = advise.candidates(1, 0)
+    assert any("1 usable core" in c.skip for c in one)
+    assert all(c.skip for c in one if c.cores > 1)
+
+
+def test_memory_and_preflight_refusals_become_reasons(tmp_path):
+    cands = advise.candidates(2, 0)
+    advise.check_fit(cands, "tiny", 3_571_923, available=10 * 2**30, runs_dir=tmp_path)
+    by = {c.label: c.skip for c in cands}
+    assert "needs CUDA GPUs" in by["gpu-data (all GPUs)"]
+    assert by["sequential"] == "" and by["cpu-processes (2 processes)"] == ""
+    cands = advise.candidates(2, 0)
+    advise.check_fit(cands, "tiny", 3_571_923, available=80 * 2**20, runs_dir=tmp_path)
+    by = {c.label: c.skip for c in cands}
+    # 16 bytes a weight: 57 MB a replica fits in 64 MB (80 %), two of them do not
+    assert by["sequential"] == ""
+    assert "2 replica(s) need about 0.1 GiB" in by["cpu-processes (2 processes)"]
+
+
+def test_probe_settings_time_enough_steady_steps():
+    tiny = advise.probe_settings("tiny", 24)  # 240 training images, batch 16: 15 steps
+    assert tiny == {"epochs": 2, "max_steps": 15, "max_val_steps": 1, "no_snapshot": True,
+                    "sample_hz": 0}
+    big = advise.probe_settings("simple-big", 24)  # 151 steps an epoch
+    assert big["epochs"] == 1 and big["max_steps"] == 26
+
+
+def test_a_compressor_pays_its_compute_everywhere_and_saves_on_a_slow_link():
+    nbytes = 14e6
+    fast, slow = _exchange(1e-10), _exchange(8 / 100e6)
+    # shared memory: allreduce's 1.5 ms (2 messages, the buffer once) beats top-k's 28 ms
+    # of compute
+    assert fast.seconds("allreduce", 2, nbytes) == pytest.approx(2 * 50e-6 + 1.4e-3)
+    assert fast.seconds("topk:0.01", 2, nbytes) == pytest.approx(
+        50e-6 + nbytes * (2e-9 + 0.02 * 1e-10))
+    assert fast.seconds("allreduce", 2, nbytes) < fast.seconds("topk:0.01", 2, nbytes)
+    # 100 Mbit/s: the whole gradient takes 1.12 s, 2 % of it (index + value) 22 ms
+    assert slow.seconds("allreduce", 2, nbytes) == pytest.approx(2 * 50e-6 + 1.12)
+    assert slow.seconds("topk:0.01", 2, nbytes) == pytest.approx(
+        50e-6 + nbytes * (2e-9 + 0.02 * 8e-8))
+    assert slow.seconds("fp16", 2, nbytes) == pytest.approx(50e-6 + nbytes * (2e-9 + 4e-8))
+    assert fast.seconds("topk:0.01", 1, nbytes) == 0.0  # one node exchanges nothing
+    assert advise.on_link(fast, "100mbit").seconds("allreduce", 2, nbytes) == \
+        pytest.approx(slow.seconds("allreduce", 2, nbytes))
+
+
+def _probed(label: str, flags: dict, cores: int, speeds: list[float], **kw):
+    c = advise.Candidate(label, flags, cores, **kw)
+    c.speeds = speeds
+    return c
+
+
+def test_predictions_take_a_node_count_s_compute_from_its_mpi_probe():
+    seq = _probed("sequential", {"strategy": "sequential"}, 1, [400.0, 380.0])
+    intra = _probed("cpu-intraop (2 threads)", {"strategy": "cpu-intraop", "workers": 2}, 2,
+                    [440.0])
+    mpi = _probed("sequential x 2 MPI nodes, allreduce", {"strategy": "sequential",
+                  "backend": "mpi", "nodes": 2, "reduce": "allreduce"}, 1, [320.0],
+                  nodes=2, node=seq)
+    mpi.exchanges = [0.01]
+    where = advise.Setting(2, shared=True, exchange=_exchange(1e-10), hosts=None, link=None,
+                           placeable=2)
+    rows, notes = advise.predictions([seq, intra, mpi], [1, 2, 4], where, 16, 14_000_000, 240)
+    assert notes == ["4 nodes: they would share this machine's 2 cores, less than one each"]
+    by = {(r["nodes"], r["label"]): r for r in rows}
+    assert by[(1, "sequential")]["images_per_s"] == 390.0
+    assert by[(1, "sequential")]["low"] == 380.0 and by[(1, "sequential")]["high"] == 400.0
+    assert by[(1, "cpu-intraop (2 threads)")]["speedup"] == pytest.approx(440 / 390)
+    probed = by[(2, "sequential x 2 MPI nodes, allreduce")]
+    assert probed["images_per_s"] == 320.0 and probed["basis"] == "probed"
+    assert probed["flags"] == {"strategy": "sequential", "backend": "mpi", "nodes": 2,
+                               "reduce": "allreduce"}
+    compute = 16 / 320 - 0.01  # the probe's step less its measured exchange
+    ring = by[(2, "sequential x 2 MPI nodes, ring-reduce")]
+    assert ring["basis"] == "probe + model"
+    assert ring["images_per_s"] == pytest.approx(16 / (compute + 2 * 50e-6 + 2 * 14e6 * 1e-10))
+    weak = by[(2, "sequential x 2 MPI nodes, allreduce weak (batch 32)")]
+    assert weak["images_per_s"] == pytest.approx(32 / (2 * compute + 2 * 50e-6 + 14e6 * 1e-10))
+    assert weak["flags"]["scaling"] == "weak"
+    assert weak["convergence_key"] == "batch 32"
+    # the 2-core intra-op node does not fit a node's share of this machine's cores
+    assert not any("cpu-intraop" in label for n, label in by if n == 2)
+
+
+def test_other_machines_on_a_named_link_are_predicted_from_one_node():
+    seq = _probed("sequential", {"strategy": "sequential"}, 1, [400.0])
+    intra = _probed("cpu-intraop (2 threads)", {"strategy": "cpu-intraop", "workers": 2}, 2,
+                    [500.0])
+    where = advise.Setting(2, shared=False, exchange=advise.on_link(_exchange(1e-10),
+                                                                   "10gbit"),
+                           hosts=None, link="10gbit", placeable=0)
+    rows, _ = advise.predictions([seq, intra], [2], where, 16, 14_000_000, 240)
+    row = next(r for r in rows if r["label"] == "cpu-intraop (2 threads) x 2 MPI nodes, "
+               "allreduce")
+    assert row["basis"] == "model" and row["runnable"] is False
+    assert row["images_per_s"] == pytest.approx(16 / (8 / 500 + 2 * 50e-6 + 14e6 * 8e-10))
+
+
+def test_the_ranking_weighs_changed_convergence_by_its_measured_epochs():
+    rows = [{"label": "exact", "nodes": 2, "images_per_s": 400.0, "epoch_s": 0.6,
+             "convergence_key": "baseline"},
+            {"label": "weak", "nodes": 2, "images_per_s": 600.0, "epoch_s": 0.4,
+             "convergence_key": "batch 32"},
+            {"label": "top-k", "nodes": 2, "images_per_s": 500.0, "epoch_s": 0.48,
+             "convergence_key": "topk:0.01"},
+            {"label": "local", "nodes": 1, "images_per_s": 300.0, "epoch_s": 0.8,
+             "convergence_key": "baseline"}]
+    by_speed = [dict(r) for r in rows]
+    advise.rank(by_speed, {})
+    assert [r["label"] for r in by_speed] == ["weak", "top-k", "exact", "local"]
+    assert "not measured: give --runs" in by_speed[0]["convergence"]
+    assert by_speed[0]["efficiency"] == pytest.approx(600 / (2 * 300))
+    # weak scaling took twice the baseline's epochs, top-k was not measured (assumed 1)
+    conv = {"baseline_epochs": 6, "target": 0.6, "factor": {"baseline": 1.0,
+                                                            "batch 32": 2.0}}
+    by_time = [dict(r) for r in rows]
+    advise.rank(by_time, conv)
+    assert [r["label"] for r in by_time] == ["top-k", "exact", "weak", "local"]
+    assert by_time[2]["time_to_target_s"] == pytest.approx(12 * 0.4)
+    assert by_time[2]["convergence"] == "measured: x2.00 the baseline's epochs"
+    assert "not measured in --runs" in by_time[0]["convergence"]
+
+
+def test_the_convergence_key_names_what_changes_convergence():
+    key = advise.convergence_key
+    assert key({"strategy": "sequential"}, 16, 16) == "baseline"
+    assert key({"backend": "mpi", "nodes": 2, "reduce": "allreduce"}, 16, 16) == "baseline"
+    assert key({"backend": "mpi", "reduce": "step-wise", "scaling": "weak"}, 32, 16) == \
+        "batch 32 + step-wise"
+    assert key({"backend": "mpi", "compress": "topk:0.01"}, 16, 16) == "topk:0.01"
+    assert key({"backend": "mpi", "compress": "fp16"}, 16, 16) == "baseline"
+
+
+def test_sureness_reads_the_probes_spread():
+    a = {"low": 400.0, "high": 420.0}
+    assert advise.sureness([a | {}, {"low": 300.0, "high": 390.0}]).startswith("sure")
+    assert advise.sureness([a, {"low": 380.0, "high": 410.0}]).startswith("a toss-up")
+    assert advise.sureness([{"low": 400.0, "high": 400.0}, a]).startswith("one probe each")
+
+
+def test_one_mpi_launch_times_every_reducer_and_compressor_on_two_sizes():
+    ms = measure_sizes([4096, 1024], 2, 2, compress=advise.COMPRESSORS)
+    assert set(ms) == {4096, 1024}
+    for by_method in ms.values():
+        assert set(by_method) == {"allreduce", "parameter-server", "ring-reduce",
+                                  "ring-allreduce", "step-wise", "fp16", "topk:0.01"}
+        assert all(len(t) == 2 and all(x > 0 for x in t) for t in by_method.values())
+
+
+def test_max_val_steps_validates_on_the_first_batches_only(quick_config):
+    from ddlstudy.data import prepare_data
+    from ddlstudy.training import val_loader
+
+    cfg = quick_config(max_val_steps=2)
+    loader = val_loader(cfg, prepare_data(cfg))
+    assert len(loader) == 2
+    for _ in range(2):  # each validation starts again from the first batch
+        sizes = [labels.numel() for _, labels in loader]
+        assert sizes == [16, 16]
+    full = val_loader(quick_config(), prepare_data(cfg))
+    assert sum(labels.numel() for _, labels in full) == 60
+
+
+@pytest.mark.slow
+def test_advise_ranks_first_what_a_study_of_its_candidates_measures_fastest(
+        tmp_path, datasets_dir, capsys):
+    """Done when: the configuration ranked first is within 10 % of the best that a study of
+    the same candidates measures; the budget holds; progress is printed."""
+    out = tmp_path / "advice"
+    code = main(["advise", "--usecase", "tiny", "--nodes", "1", "--budget", "150s",
+                 "--datasets-dir", str(datasets_dir), "--out", str(out)])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "[probe 1, round 1] sequential:" in captured.err
+    assert "| rank | configuration |" in captured.out
+    result = json.loads((out / "advise.json").read_text())
+    probes = [p for p in result["probes"] if "images_per_s" in p]
+    assert len(probes) >= 4 and all(len(p["images_per_s"]) >= 1 for p in probes)
+    assert result["seconds"] <= 150 + max(s for p in probes for s in p["probe_s"])
+    assert result["ranking"][0]["rank"] == 1
+    assert [r["images_per_s"] for r in result["ranking"]] == sorted(
+        (r["images_per_s"] for r in result["ranking"]), reverse=True)
+    # every probe is a real run folder with a manifest
+    for p in probes:
+        for run in p["runs"]:
+            m = json.loads((out / "probes" / run / "manifest.json").read_text())
+            assert m["status"] == "completed" and m["config"]["max_val_steps"] == 1
+    confirm = tmp_path / "confirm"
+    code = main(["study", "--from-advice", str(out / "advise.json"), "--top", "10",
+                 "--repeat", "2", "--epochs", "2", "--runs-dir", str(confirm)])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    check = json.loads((confirm / "report" / "advice-check.json").read_text())
+    assert check["criterion"] == "images/s"
+    assert len(check["rows"]) == len(probes)  # the baseline is among the candidates
+    measured = {r["rank"]: r["measured"] for r in check["rows"]}
+    assert check["first_over_best"] == pytest.approx(measured[1] / max(measured.values()))
+    assert check["confirmed"], check
+    assert "confirmed: the first-ranked measured" in captured.out
+
+
+@pytest.mark.slow
+@needs_hosts
+def test_a_slow_link_changes_the_advice_and_the_measured_runs_agree(tmp_path, datasets_dir,
+                                                                     capsys):
+    """On a 100 Mbit/s link the 14 MB gradient of tiny takes over a second to send:
+    advise picks another exchange for 2 nodes than on shared memory, and running both on
+    the slow link shows its pick is the faster."""
+    def best_for_two_nodes(*flags: str) -> dict:
+        out = tmp_path / f"advice-{len(list(tmp_path.iterdir()))}"
+        assert main(["advise", "--usecase", "tiny", "--nodes", "2", "--rounds", "2",
+                     "--budget", "150", "--datasets-dir", str(datasets_dir), "--out",
+                     str(out), *flags]) == 0, capsys.readouterr().err
+        ranking = json.loads((out / "advise.json").read_text())["ranking"]
+        return next(r for r in ranking if r["nodes"] == 2 and "scaling" not in r["flags"])
+
+    def method(row: dict) -> str:
+        return row["flags"].get("compress") or row["flags"]["reduce"]
+
+    shared = best_for_two_nodes()
+    slow = hosts.up(2, prefix="dadv", subnet="10.80.0", rate="100mbit")
+    try:
+        far = best_for_two_nodes("--hosts", "emulated:dadv")
+        assert far["flags"]["hosts"] == "emulated:dadv"
+        assert method(far) != method(shared), (far["label"], shared["label"])
+        assert method(far).startswith("topk")
+        speeds = {}
+        for row in (far, shared):
+            flags = dict(row["flags"], hosts="emulated:dadv")
+            runs = tmp_path / "measured"
+            argv = ["run", "--usecase", "tiny", "--epochs", "1", "--max-steps", "6",
+                    "--max-val-steps", "1", "--no-snapshot", "--sample-hz", "0", "--runs-dir",
+                    str(runs), "--datasets-dir", str(datasets_dir)]
+            for key, value in flags.items():
+                argv += [f"--{key.replace('_', '-')}", str(value)]
+            assert main(argv) == 0, capsys.readouterr().err
+            newest = max(runs.glob("*/manifest.json"), key=lambda p: p.stat().st_mtime)
+            m = json.loads(newest.read_text())
+            speeds[method(row)] = statistics.median(e["steady_images_per_s"]
+                                                    for e in m["epochs"])
+        assert speeds[method(far)] > 2 * speeds[method(shared)], speeds
+    finally:
+        hosts.down(slow.prefix)
+
+
+def test_earlier_runs_give_the_epochs_each_convergence_took(cli, tmp_path):
+    """The baseline reaches tiny's 0.60 in some epoch; weak scaling over 2 processes (batch
+    32) did not in its 2 epochs: its rows rank last, as never reaching it."""
+    code, err, runs = cli("run", "--usecase", "tiny", "--epochs", "7", "--no-snapshot",
+                          "--sample-hz", "0")
+    assert code == 0, err
+    code, err, _ = cli("run", "--usecase", "tiny", "--epochs", "2", "--no-snapshot",
+                       "--sample-hz", "0", "--strategy", "cpu-processes", "--workers", "2",
+                       "--scaling", "weak")
+    assert code == 0, err
+    tta = {}
+    for path in runs.glob("*/manifest.json"):
+        m = json.loads(path.read_text())
+        tta[m["strategy"]["name"]] = m["time_to_target"]
+    assert tta["sequential"]["reached"], tta  # tiny's calibration: 0.60 by epoch 6
+    assert tta["cpu-processes"]["reached"] is False
+    conv = advise.convergence(runs, "tiny")
+    assert conv["baseline_epochs"] == tta["sequential"]["epoch"] and conv["target"] == 0.6
+    assert conv["factor"] == {"baseline": 1.0, "batch 32": float("inf")}
+    rows = [{"label": "weak", "nodes": 2, "images_per_s": 900.0, "epoch_s": 0.3,
+             "convergence_key": "batch 32"},
+            {"label": "exact", "nodes": 1, "images_per_s": 400.0, "epoch_s": 0.6,
+             "convergence_key": "baseline"}]
+    advise.rank(rows, conv)
+    assert [r["label"] for r in rows] == ["exact", "weak"]
+    assert rows[1]["time_to_target_s"] is None
+    assert "did not reach the target there" in rows[1]["convergence"]
+    assert rows[0]["time_to_target_s"] == pytest.approx(conv["baseline_epochs"] * 0.6)
+    assert advise.convergence(tmp_path / "runs", "simple-big") == {
+        "note": f"no run in {tmp_path / 'runs'} of simple-big that converges like the "
+                "baseline reached its target accuracy 0.9: ranked by images/s"}
