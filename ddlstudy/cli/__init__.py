@@ -112,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p.add_argument("--from-advice", type=Path, metavar="ADVISE_JSON", help="instead of a "
                    "plan: run the top recommendations of `ddlstudy advise` (and the baseline)"
-                   " and check its first place against what they measure")
+                   " and check its first place against what they measure (default: none)")
     p.add_argument("--top", type=int, default=3, help="with --from-advice: how many of its "
                    "recommendations to run")
 
@@ -124,12 +124,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hosts", help="where the nodes will run (emulated[:PREFIX] or "
                    "host1,host2): the exchange is measured there (default: this host)")
     p.add_argument("--link", help="instead of measuring hosts: predict separate machines "
-                   "like this one joined by a link of this rate, e.g. 10gbit")
+                   "like this one joined by a link of this rate, e.g. 10gbit (default: none, "
+                   "measure where the nodes are)")
     p.add_argument("--budget", default="120s", help="time for the whole advice, e.g. 90s or "
                    "5m; more probe rounds while it lasts")
     p.add_argument("--runs", type=Path, help="earlier runs of the use case: rank by "
                    "predicted time to its target accuracy, weighing what changes "
-                   "convergence by the epochs it took there")
+                   "convergence by the epochs it took there (default: none, rank by images/s)")
     p.add_argument("--rounds", type=int, default=3, help="most probe rounds")
     p.add_argument("--steps", type=int, default=24, help="steady steps a probe times")
     p.add_argument("--datasets-dir", type=Path, help="where the synthetic sets are "
