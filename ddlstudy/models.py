@@ -8,6 +8,7 @@ tiny use case exercises the code paths of the real ones (including the ``feature
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 from torchvision import models
 
@@ -101,3 +102,10 @@ def build_model(spec: ModelSpec, num_classes: int) -> nn.Module:
 
 def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+def parameter_count(spec: ModelSpec, num_classes: int) -> int:
+    """The weights of the model ``spec`` names, from its shapes only: built on the meta
+    device, nothing allocated, nothing initialised."""
+    with torch.device("meta"):
+        return count_parameters(build_model(spec, num_classes))

@@ -92,9 +92,8 @@ def load_plan(path: Path, repeat: int | None = None, runs_dir: Path | None = Non
     if not isinstance(name, str) or not PLAIN_NAME.match(name):
         raise ConfigError("study.name", f"{name!r}: a study's name is the folder its runs go "
                           "into; use letters, digits, '.', '_' or '-'")
-    repeat = repeat if repeat is not None else study.get("repeat", DEFAULT_REPEAT)
-    if isinstance(repeat, bool) or not isinstance(repeat, int) or not 0 < repeat <= 1000:
-        raise ConfigError("--repeat", f"must be an integer from 1 to 1000, got {repeat!r}")
+    repeat = _checked_repeat(repeat if repeat is not None else
+                             study.get("repeat", DEFAULT_REPEAT))
     if runs_dir is None:
         runs_dir = Path(study["runs_dir"]) if "runs_dir" in study else DEFAULT_RUNS_DIR / name
         if not runs_dir.is_absolute():
@@ -102,6 +101,12 @@ def load_plan(path: Path, repeat: int | None = None, runs_dir: Path | None = Non
     return Plan(name=name, path=path, usecases=usecases, cells=cells, repeat=repeat,
                 runs_dir=runs_dir, description=study.get("description", ""),
                 settings=settings)
+
+
+def _checked_repeat(repeat: Any) -> int:
+    if isinstance(repeat, bool) or not isinstance(repeat, int) or not 0 < repeat <= 1000:
+        raise ConfigError("--repeat", f"must be an integer from 1 to 1000, got {repeat!r}")
+    return repeat
 
 
 def run_flags(usecase: str, flags: dict[str, Any], runs_dir: Path) -> list[str]:
@@ -118,6 +123,11 @@ def run_flags(usecase: str, flags: dict[str, Any], runs_dir: Path) -> list[str]:
     return out
 
 
+def cell_config(usecase: str, flags: dict[str, Any], runs_dir: Path) -> RunConfig:
+    """The config ``ddlstudy run`` would make of a cell's flags (UsageError if bad)."""
+    return config_from_args(run_parser().parse_args(run_flags(usecase, flags, runs_dir)))
+
+
 def configs(plan: Plan, overrides: dict[str, Any]) -> list[tuple[str, dict, RunConfig]]:
     """Every cell of every use case (the baseline first where the plan lacks it) with its
     config, checked as ``ddlstudy run`` checks its flags (still without torch): a bad value
@@ -132,7 +142,7 @@ def configs(plan: Plan, overrides: dict[str, Any]) -> list[tuple[str, dict, RunC
     out = []
     for uc, flags in specs:
         try:
-            cfg = config_from_args(run_parser().parse_args(run_flags(uc, flags, plan.runs_dir)))
+            cfg = cell_config(uc, flags, plan.runs_dir)
         except UsageError as exc:
             raise UsageError(f"{plan.path}, use case {uc}, cell {flags}: {exc}") from None
         out.append((uc, flags, cfg))
@@ -166,9 +176,7 @@ def advice_plan(path: Path, top: int, repeat: int | None = None,
                          f"a {advice.get('link')} link between other machines)")
     settings = {k: v for k, v in (advice.get("probe_settings") or {}).items()
                 if k == "datasets_dir"}
-    repeat = repeat if repeat is not None else DEFAULT_REPEAT
-    if isinstance(repeat, bool) or not 0 < repeat <= 1000:
-        raise ConfigError("--repeat", f"must be an integer from 1 to 1000, got {repeat!r}")
+    repeat = _checked_repeat(repeat if repeat is not None else DEFAULT_REPEAT)
     return Plan(name=f"advice-{advice['usecase']}", path=Path(path),
                 usecases=[advice["usecase"]], cells=[r["flags"] for r in rows],
                 repeat=repeat, runs_dir=runs_dir or Path(path).parent / "confirm",

@@ -243,6 +243,16 @@ def _describe(parser: argparse.ArgumentParser) -> None:
 
 # --- commands ---------------------------------------------------------------------------
 
+def _check_positive(args: argparse.Namespace, *names: str) -> None:
+    """Refuse a value below 1 of these integer options (one not given, or that this
+    subcommand lacks, passes)."""
+    for name in names:
+        value = getattr(args, name, None)
+        if value is not None and value <= 0:
+            raise ConfigError(f"--{name.replace('_', '-')}",
+                              f"must be a positive integer, got {value}")
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     if args.max_restarts < 0:
         raise ConfigError("--max-restarts", f"must be 0 or more, got {args.max_restarts}")
@@ -388,22 +398,15 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_study(args: argparse.Namespace) -> int:
     from ddlstudy.plan import configs, load_plan
 
-    overrides = {}
-    for name in ("epochs", "max_steps"):
-        value = getattr(args, name)
-        if value is not None:
-            if value <= 0:
-                raise ConfigError(f"--{name.replace('_', '-')}",
-                                  f"must be a positive integer, got {value}")
-            overrides[name] = value
+    _check_positive(args, "epochs", "max_steps", "top")
+    overrides = {name: getattr(args, name) for name in ("epochs", "max_steps")
+                 if getattr(args, name) is not None}
     if (args.plan is None) == (args.from_advice is None):
         raise UsageError("give a study plan (e.g. usecases/demo.toml) or --from-advice "
                          "advise.json, one of them")
     if args.from_advice is not None:
         from ddlstudy.plan import advice_plan
 
-        if args.top <= 0:
-            raise ConfigError("--top", f"must be a positive integer, got {args.top}")
         plan = advice_plan(args.from_advice, args.top, args.repeat, args.runs_dir)
     else:
         plan = load_plan(args.plan, args.repeat, args.runs_dir)
@@ -433,20 +436,14 @@ def cmd_advise(args: argparse.Namespace) -> int:
 
     uc = load_usecase(args.usecase)  # an unknown use case is refused before anything runs
     budget = _seconds("--budget", args.budget)
-    for flag in ("rounds", "steps"):
-        if getattr(args, flag) <= 0:
-            raise ConfigError(f"--{flag}", f"must be a positive integer, got "
-                              f"{getattr(args, flag)}")
+    _check_positive(args, "rounds", "steps")
     if args.link is not None:
         from ddlstudy.hosts import rate_bits
 
         if args.hosts is not None:
             raise ConfigError("--link", "give --hosts (the exchange measured there) or "
                               "--link (predicted for that rate), not both")
-        try:
-            rate_bits(args.link)
-        except ConfigError as exc:
-            raise ConfigError("--link", str(exc).split(": ", 1)[1]) from None
+        rate_bits(args.link, "--link")
     if args.runs is not None:
         from ddlstudy.report.tables import runs_folder
 
@@ -471,12 +468,12 @@ def cmd_advise(args: argparse.Namespace) -> int:
     return 0
 
 
-def _host_count(hosts: str) -> int:
-    if hosts == "emulated" or hosts.startswith("emulated:"):
-        from ddlstudy.hosts import DEFAULT_PREFIX, load
+def _host_count(spec: str) -> int:
+    """How many hosts a ``--hosts`` value names."""
+    from ddlstudy import hosts
 
-        return load(hosts.partition(":")[2] or DEFAULT_PREFIX).count
-    return len([h for h in hosts.split(",") if h])
+    prefix = hosts.emulated_prefix(spec)
+    return hosts.load(prefix).count if prefix else len([h for h in spec.split(",") if h])
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
@@ -498,9 +495,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    for name in ("steps", "repeats", "threads", "nodes"):
-        if getattr(args, name, 1) <= 0:
-            raise ConfigError(f"--{name}", f"must be a positive integer, got {getattr(args, name)}")
+    _check_positive(args, "steps", "repeats", "threads", "nodes")
     hz = getattr(args, "hz", 1.0)
     if not 0 < hz <= 100:  # NaN too
         raise ConfigError("--hz", f"must be a rate above 0 and at most 100, got {hz}")
@@ -553,8 +548,7 @@ def cmd_hosts(args: argparse.Namespace) -> int:
         hosts.down(args.prefix)
         print(f"hosts {args.prefix}-h* removed")
     elif args.hosts_command == "spark":
-        if args.cores <= 0:
-            raise ConfigError("--cores", f"must be a positive integer, got {args.cores}")
+        _check_positive(args, "cores")
         up = hosts.load(args.prefix)
         master = hosts.spark_up(up, cores=args.cores)
         print(f"Spark master {master} with {up.count} worker(s) of {args.cores} core(s); "
@@ -572,8 +566,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     runs_folder(args.runs)  # refused before torch is imported
     from ddlstudy.tools import predict
 
-    if args.repeats <= 0:
-        raise ConfigError("--repeats", f"must be a positive integer, got {args.repeats}")
+    _check_positive(args, "repeats")
     nodes = predict.parse_list("--nodes", args.nodes)
     batches = predict.parse_list("--batches", args.batches) if args.batches else None
     links = [x for x in args.links.split(",") if x]

@@ -289,11 +289,19 @@ def _shape(hosts: Hosts) -> None:
 _UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}
 
 
-def rate_bits(rate: str) -> float:
-    """A tc rate ("100mbit") in bits per second."""
+def emulated_prefix(spec: str | None) -> str | None:
+    """The prefix of the emulated hosts a ``--hosts`` value names (``emulated`` or
+    ``emulated:PREFIX``); None for real hosts, or for none."""
+    if spec is not None and (spec == "emulated" or spec.startswith("emulated:")):
+        return spec.partition(":")[2] or DEFAULT_PREFIX
+    return None
+
+
+def rate_bits(rate: str, flag: str = "--rate") -> float:
+    """A tc rate ("100mbit") in bits per second (ConfigError naming ``flag`` if not one)."""
     found = _RATE.match(rate)
     if not found:
-        raise ConfigError("--rate", f"{rate!r}; a tc rate such as 100mbit or 1gbit")
+        raise ConfigError(flag, f"{rate!r}; a tc rate such as 100mbit or 1gbit")
     return float(rate[:found.start(2)]) * _UNITS[found.group(2)]
 
 

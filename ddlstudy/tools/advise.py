@@ -53,16 +53,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from ddlstudy import environment, reducers
-from ddlstudy.config import load_usecase
-from ddlstudy.config.options import config_from_args, run_parser
+from ddlstudy.config import UseCase, load_usecase
 from ddlstudy.errors import ConfigError, Unavailable
 from ddlstudy.files import atomic_write_text
-from ddlstudy.plan import run_flags
+from ddlstudy.hosts import emulated_prefix, rate_bits
+from ddlstudy.models import parameter_count
+from ddlstudy.plan import cell_config, run_flags
 from ddlstudy.reducers.compress import parse as parse_compress
+from ddlstudy.report import load_runs
 from ddlstudy.runfolder import MANIFEST, new_run_id, run_env
 from ddlstudy.runner import preflight
 from ddlstudy.tools.predict import Cost, fit, measure_sizes
+from ddlstudy.training import WARMUP_STEPS
 
 log = logging.getLogger("ddlstudy")
 COMPRESSORS = ("fp16", "topk:0.01")
@@ -149,10 +154,6 @@ def candidates(cores: int, gpus: int) -> list[Candidate]:
     return out
 
 
-def _config(usecase: str, flags: dict[str, Any], runs_dir: Path):
-    return config_from_args(run_parser().parse_args(run_flags(usecase, flags, runs_dir)))
-
-
 def check_fit(cands: list[Candidate], usecase: str, params: int, available: int,
               runs_dir: Path) -> None:
     """Mark what this machine cannot run: preflight's refusals (no GPU, a layout the model
@@ -166,19 +167,21 @@ def check_fit(cands: list[Candidate], usecase: str, params: int, available: int,
                       f"gradients and momentum; {available / 2**30:.1f} GiB is available")
             continue
         try:
-            preflight(_config(usecase, c.flags, runs_dir))
+            preflight(cell_config(usecase, c.flags, runs_dir))
         except (Unavailable, ConfigError) as exc:
             c.skip = str(exc)
+
+
+def train_images(uc: UseCase) -> int:
+    """About how many images an epoch trains on (the split rounds each class)."""
+    return uc.data.images - round(uc.data.images * uc.train.val_fraction)
 
 
 def probe_settings(usecase: str, steps: int) -> dict[str, Any]:
     """The run flags of a probe: enough epochs of at most ``steps_per_epoch`` steps to time
     ``steps`` steady steps, one validation batch an epoch, no snapshot, no sampler."""
     uc = load_usecase(usecase)
-    from ddlstudy.training import WARMUP_STEPS
-
-    images = uc.data.images - round(uc.data.images * uc.train.val_fraction)
-    per_epoch = max(1, math.ceil(images / uc.train.batch_size))
+    per_epoch = max(1, math.ceil(train_images(uc) / uc.train.batch_size))
     steady_per_epoch = max(1, min(per_epoch, WARMUP_STEPS + steps) - WARMUP_STEPS)
     return {"epochs": max(1, math.ceil(steps / steady_per_epoch)),
             "max_steps": min(per_epoch, WARMUP_STEPS + steps), "max_val_steps": 1,
@@ -303,8 +306,6 @@ def measure_exchange(gradient_bytes: int, hosts: str | None, repeats: int = 3) -
 def on_link(measured: Exchange, link: str) -> Exchange:
     """Separate machines like this one joined by ``link``: the fitted alphas and compute,
     beta = 8 / rate."""
-    from ddlstudy.hosts import rate_bits
-
     beta = 8 / rate_bits(link)
     return Exchange({r: Cost(c.alpha, beta) for r, c in measured.reduce.items()},
                     {s: (a, g, beta) for s, (a, g, _) in measured.compress.items()}, link)
@@ -317,8 +318,6 @@ def convergence(runs_dir: Path | None, usecase: str) -> dict[str, Any]:
     runs in ``runs_dir``."""
     if runs_dir is None:
         return {}
-    from ddlstudy.report import load_runs
-
     uc = load_usecase(usecase)
     runs = [m for m in load_runs(runs_dir) if m.get("status") == "completed"
             and m.get("usecase") == uc.name
@@ -521,10 +520,6 @@ def advise(usecase: str, nodes: list[int], hosts: str | None, link: str | None,
            host_count: int | None = None) -> dict:
     """Probe, measure, predict and rank (see the module's docstring): advise.json's
     content. ``host_count``: how many ``hosts`` there are (MPI probes up to that many)."""
-    import psutil
-
-    from ddlstudy.models import build_model
-
     started = time.monotonic()
     deadline = started + budget
     uc = load_usecase(usecase)
@@ -532,7 +527,7 @@ def advise(usecase: str, nodes: list[int], hosts: str | None, link: str | None,
     settings = probe_settings(usecase, steps) | (
         {"datasets_dir": str(datasets_dir)} if datasets_dir else {})
     cores, gpus = environment.usable_cores(), len(environment.gpus())
-    params = sum(p.numel() for p in build_model(uc.model, len(uc.classes)).parameters())
+    params = parameter_count(uc.model, len(uc.classes))
     cands = candidates(cores, gpus)
     check_fit(cands, usecase, params, psutil.virtual_memory().available, probes_dir)
     say(f"advise {usecase}: {sum(not c.skip for c in cands)} local configurations to probe "
@@ -541,7 +536,7 @@ def advise(usecase: str, nodes: list[int], hosts: str | None, link: str | None,
         if c.skip:
             say(f"  skip {c.label}: {c.skip}")
     where = Setting(cores, shared=link is None and (hosts is None
-                                                   or hosts.startswith("emulated")),
+                                                   or emulated_prefix(hosts) is not None),
                     exchange=None, hosts=hosts, link=link,
                     placeable=0 if link else host_count or cores)
     if any(n > 1 for n in nodes):
@@ -553,8 +548,7 @@ def advise(usecase: str, nodes: list[int], hosts: str | None, link: str | None,
     done = probe_all(cands, usecase, settings, probes_dir, deadline, rounds,
                      lambda done: mpi_candidates(done, nodes, where, 4 * params))
     batch = uc.train.batch_size
-    train_images = uc.data.images - round(uc.data.images * uc.train.val_fraction)
-    rows, notes = predictions(cands, nodes, where, batch, 4 * params, train_images)
+    rows, notes = predictions(cands, nodes, where, batch, 4 * params, train_images(uc))
     conv = convergence(runs, uc.name)
     rank(rows, conv)
     for r in rows:
@@ -627,8 +621,6 @@ def check(advice: dict, runs_dir: Path, study: dict) -> dict:
     """The advice against a study of its recommendations (``study.json``'s record): each
     cell's measured figure (median over repeats) beside the predicted one, and whether the
     first-ranked is within 10 % of the best measured."""
-    from ddlstudy.report import load_runs
-
     by_flags = {json.dumps(r["flags"], sort_keys=True): r for r in advice["ranking"]}
     manifests = {m["id"]: m for m in load_runs(runs_dir)}
     ttt = bool((advice.get("convergence") or {}).get("factor"))

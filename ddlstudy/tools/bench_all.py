@@ -91,11 +91,11 @@ def strategies(usecase: str, steps: int, repeats: int, runs: Path,
 
 def reducers(usecase: str, repeats: int, hosts: str | None) -> list[Ratio]:
     from ddlstudy.config import load_usecase
-    from ddlstudy.models import build_model
+    from ddlstudy.models import parameter_count
     from ddlstudy.tools.predict import measure_reducers
 
     uc = load_usecase(usecase)
-    floats = sum(p.numel() for p in build_model(uc.model, len(uc.classes)).parameters())
+    floats = parameter_count(uc.model, len(uc.classes))
     ms = measure_reducers(floats, 2, repeats, hosts)
     return [Ratio("reducers", f"{name} / MPI Allreduce (2 ranks, {4 * floats / 1e6:.1f} MB)",
                   "ms", times, ms["allreduce"]) for name, times in ms.items()

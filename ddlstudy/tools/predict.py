@@ -140,11 +140,10 @@ class Node:
 
 def _gradient_bytes(manifest: dict) -> int:
     from ddlstudy.config import load_usecase
-    from ddlstudy.models import build_model
+    from ddlstudy.models import parameter_count
 
     uc = load_usecase(manifest["usecase"])
-    model = build_model(uc.model, len(uc.classes))
-    return 4 * sum(p.numel() for p in model.parameters())
+    return 4 * parameter_count(uc.model, len(uc.classes))
 
 
 def one_node(manifests: list[dict]) -> Node:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterable, Iterator
 
 import numpy as np
@@ -101,31 +100,18 @@ def train_loader(dataset: Dataset, cfg: RunConfig, *, shard: tuple[int, int] | N
 
 
 def val_loader(cfg: RunConfig, data: DataPlan, shard: tuple[int, int] | None = None,
-               loader_workers: int | None = None) -> DataLoader | FirstBatches:
+               loader_workers: int | None = None) -> DataLoader:
     """The validation images in order (``shard``: this rank's share of them; only the
     first --max-val-steps batches of it when given)."""
     items = data.val
     if shard is not None:
         items = [items[i] for i in np.array_split(np.arange(len(items)), shard[1])[shard[0]]]
+    if cfg.max_val_steps:
+        items = items[:cfg.max_val_steps * cfg.usecase.train.batch_size]
     workers = cfg.loader_workers if loader_workers is None else loader_workers
     dataset = ImageListDataset(data.images.root, items,
                                make_transform(cfg.usecase.train.image_size, False))
-    loader = DataLoader(dataset, batch_size=cfg.usecase.train.batch_size,
-                        **_worker_args(workers))
-    return FirstBatches(loader, cfg.max_val_steps) if cfg.max_val_steps else loader
-
-
-class FirstBatches:
-    """The first ``n`` batches of a loader, each time it is iterated (--max-val-steps)."""
-
-    def __init__(self, loader: DataLoader, n: int) -> None:
-        self.loader, self.n = loader, n
-
-    def __iter__(self):
-        return itertools.islice(self.loader, self.n)
-
-    def __len__(self) -> int:
-        return min(len(self.loader), self.n)
+    return DataLoader(dataset, batch_size=cfg.usecase.train.batch_size, **_worker_args(workers))
 
 
 def make_loaders(cfg: RunConfig, data: DataPlan, loader_workers: int | None = None,

@@ -69,8 +69,9 @@ def placement(hosts: str | None, nodes: int,
         return ["-hosts", ",".join(f"{h}:{n}" for h, n in read_hostfile(hostfile))], {}
     if hosts is None:
         return ONE_HOST[0], dict(ONE_HOST[1])
-    if hosts == "emulated" or hosts.startswith("emulated:"):
-        found = emulated.load(hosts.partition(":")[2] or emulated.DEFAULT_PREFIX)
+    prefix = emulated.emulated_prefix(hosts)
+    if prefix is not None:
+        found = emulated.load(prefix)
         if nodes > found.count:
             log.warning("%d ranks on %d emulated hosts: some hosts run several", nodes,
                         found.count)

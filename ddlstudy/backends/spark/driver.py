@@ -18,7 +18,6 @@ import warnings
 from typing import Any
 
 import psutil
-import torch
 
 from ddlstudy.backends.spark.allgather import (
     RPC_MAX_MB,
@@ -30,7 +29,7 @@ from ddlstudy.config import RunConfig, spark_slots
 from ddlstudy.config.run import local_cluster, read_secret
 from ddlstudy.environment import usable_cores
 from ddlstudy.errors import Unavailable
-from ddlstudy.models import build_model, count_parameters
+from ddlstudy.models import parameter_count
 from ddlstudy.strategies.processes import data_parallel_rank
 from ddlstudy.training.distributed import free_port
 from ddlstudy.training.job import Job
@@ -65,8 +64,7 @@ def jvm_heap_mb(cfg: RunConfig) -> int | None:
     is more than Spark's default (None: the default holds them, or gloo mode)."""
     if cfg.spark_sync != "allgather":
         return None
-    with torch.device("meta"):  # the shapes only: nothing allocated, nothing initialised
-        weights = count_parameters(build_model(cfg.usecase.model, len(cfg.usecase.classes)))
+    weights = parameter_count(cfg.usecase.model, len(cfg.usecase.classes))
     heap = heap_mb(weights, nodes(cfg))
     return heap if heap > SPARK_DEFAULT_HEAP_MB else None
 
