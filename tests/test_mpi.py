@@ -119,6 +119,43 @@ def test_a_killed_rank_ends_the_job_and_is_named(tmp_path, datasets_dir):
     assert f"MPI rank 1 (PID {victims[0].pid}) died" in out
 
 
+_HYDRA_LIKE = """
+import os, signal, subprocess, sys, time
+ranks = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                          env=os.environ | {"PMI_RANK": str(r)}) for r in range(2)]
+os.wait()  # one rank died: clean up the other, as hydra's proxy does, a moment later
+time.sleep(0.3)
+for r in ranks:
+    r.send_signal(signal.SIGKILL)
+sys.exit(9)
+"""
+
+
+@pytest.mark.parametrize("victim", [0, 1])
+def test_the_rank_that_ended_first_is_the_one_named(victim):
+    """Hydra names the lowest rank its clean-up killed; launch's watcher names the first."""
+    import signal
+    import time
+
+    import psutil
+
+    from ddlstudy.backends.mpi.launch import FirstToEnd
+
+    fake = subprocess.Popen([sys.executable, "-c", _HYDRA_LIKE])
+    watch = FirstToEnd(fake.pid, 2)
+    watch.start()
+    deadline = time.time() + 30
+    while len(watch.ranks) < 2 and time.time() < deadline:
+        time.sleep(0.05)
+    ranks = {int(c.environ()["PMI_RANK"]): c for c in psutil.Process(fake.pid).children()}
+    assert sorted(watch.ranks.values()) == sorted(c.pid for c in ranks.values())
+    ranks[victim].send_signal(signal.SIGKILL)
+    assert fake.wait(timeout=30) == 9
+    watch.stop.set()
+    watch.join(timeout=10)
+    assert watch.dead_pid() == ranks[victim].pid
+
+
 @pytest.mark.slow
 def test_accumulating_nodes_match_accumulating_local_processes(tmp_path, datasets_dir,
                                                                quick_config):

@@ -6,11 +6,15 @@ from __future__ import annotations
 import logging
 import os
 import re
+import select
 import shutil
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
+
+import psutil
 
 from ddlstudy import hosts as emulated
 from ddlstudy.config.run import read_hostfile
@@ -79,6 +83,60 @@ def placement(hosts: str | None, nodes: int,
     return ["-hosts", hosts], {}
 
 
+class FirstToEnd(threading.Thread):
+    """Which of the ranks mpiexec started on this host ended first, seen through their pidfds.
+
+    Hydra's own report is not enough: its proxy SIGKILLs the other ranks as soon as one dies
+    by a signal, and then names the lowest rank among those that ended by a signal, which is
+    rank 0 whenever the proxy reaped it before it sent the report (seen in CI: rank 1 was
+    killed and the run said rank 0). The ranks are found among mpiexec's descendants by
+    their ``PMI_RANK``; ranks on other hosts are not watched, and hydra's report stands."""
+
+    FIND_EVERY_S = 0.5
+    FIND_FOR_S = 120.0
+
+    def __init__(self, mpiexec: int, nodes: int) -> None:
+        super().__init__(name="ddlstudy-mpi-watch", daemon=True)
+        self.mpiexec, self.nodes = mpiexec, nodes
+        self.ranks: dict[int, int] = {}  # pidfd -> PID
+        self.first: list[int] = []  # the PIDs that had ended when the first end was seen
+        self.stop = threading.Event()
+
+    def _find(self) -> None:
+        try:
+            children = psutil.Process(self.mpiexec).children(recursive=True)
+        except psutil.Error:
+            return
+        for child in children:
+            if child.pid in self.ranks.values():
+                continue
+            try:  # a rank's own workers inherit its PMI_RANK
+                if "PMI_RANK" in child.environ() and \
+                        "PMI_RANK" not in child.parent().environ():
+                    self.ranks[os.pidfd_open(child.pid)] = child.pid
+            except (psutil.Error, OSError, AttributeError):
+                continue
+
+    def run(self) -> None:
+        poller, watched = select.poll(), set()
+        waited, ready = 0.0, []
+        while not self.stop.is_set() and not ready:
+            if len(self.ranks) < self.nodes and waited < self.FIND_FOR_S:
+                self._find()
+                waited += self.FIND_EVERY_S
+            for fd in self.ranks.keys() - watched:
+                poller.register(fd, select.POLLIN)
+                watched.add(fd)
+            ready = poller.poll(self.FIND_EVERY_S * 1000)
+        self.first = sorted(self.ranks[fd] for fd, _ in ready)
+        for fd in self.ranks:
+            os.close(fd)
+
+    def dead_pid(self) -> int | None:
+        """The PID of the rank that ended first, if it alone had ended when that was seen."""
+        return self.first[0] if len(self.first) == 1 else None
+
+
 @dataclass
 class Launched:
     """How mpiexec ended: its exit code, the PID it reported for a rank that died, and
@@ -101,6 +159,9 @@ def launch(argv: list[str], nodes: int, run_id: str,
     ended = Launched(0)
     with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True, bufsize=1) as proc:
+        watch = FirstToEnd(proc.pid, nodes)
+        if hasattr(os, "pidfd_open"):  # Linux 5.3 and later
+            watch.start()
         for line in proc.stdout:
             sys.stderr.write(line)
             found = _BAD_TERMINATION.search(line)
@@ -109,6 +170,11 @@ def launch(argv: list[str], nodes: int, run_id: str,
             if RANK_FAILED in line and ended.failure is None:
                 ended.failure = line.split(RANK_FAILED, 1)[1].strip()
     ended.code = proc.returncode
+    watch.stop.set()
+    if watch.is_alive():
+        watch.join()
+    if ended.code and watch.dead_pid() is not None:
+        ended.dead_pid = watch.dead_pid()  # hydra's names the lowest rank killed
     return ended
 
 
