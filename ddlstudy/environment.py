@@ -8,12 +8,37 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 from importlib import metadata
 from typing import Any
 
 import psutil
 
 from ddlstudy.config import REPO_ROOT
+
+STARTED_ENV = "DDLSTUDY_STARTED_AT"
+"""When the user's command started (seconds since the epoch): set by the first ddlstudy
+process, inherited by every rank, worker and task it starts."""
+
+
+def mark_command_start(from_command_line: bool, launched: bool) -> None:
+    """Note when the user's command started: this process's start where it is the command
+    (the CLI's own process), now where Python called the CLI; a process ddlstudy
+    ``launched`` (a rank of its own mpiexec) keeps its launcher's."""
+    if launched and STARTED_ENV in os.environ:
+        return
+    started = psutil.Process().create_time() if from_command_line else time.time()
+    os.environ[STARTED_ENV] = repr(started)
+
+
+def seconds_since_command() -> float | None:
+    """Seconds since the user's command started (None when no ddlstudy CLI started it)."""
+    started = os.environ.get(STARTED_ENV)
+    try:
+        return time.time() - float(started) if started else None
+    except ValueError:
+        return None
+
 
 PACKAGES = ("ddlstudy", "torch", "torchvision", "numpy", "mpi4py", "pyspark", "psutil",
             "pandas", "pillow")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torchvision import models
 
 from ddlstudy.config import Arch, ModelSpec
 
@@ -94,6 +93,8 @@ class ScaledVGG16(nn.Module):
 def build_model(spec: ModelSpec, num_classes: int) -> nn.Module:
     """A freshly initialised network (seed torch first for identical weights)."""
     if spec.width == 1.0:
+        from torchvision import models  # 2 s of imports (torch._dynamo): only when needed
+
         make = models.alexnet if spec.arch is Arch.ALEXNET else models.vgg16
         return make(weights=None, num_classes=num_classes)
     cls = ScaledAlexNet if spec.arch is Arch.ALEXNET else ScaledVGG16

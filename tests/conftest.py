@@ -10,9 +10,19 @@ import pytest
 
 from ddlstudy.cli import main
 from ddlstudy.config import RunConfig, load_usecase, with_overrides
+from ddlstudy.data.cache import CACHE_ENV
 from ddlstudy.data.generate import make_dataset
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # tests assert behaviour, not speed
+
+
+@pytest.fixture(scope="session", autouse=True)
+def data_cache(tmp_path_factory) -> Path:
+    """The decoded-image cache of this session (runs in subprocesses inherit it), not the
+    user's ~/.cache."""
+    folder = tmp_path_factory.mktemp("cache")
+    os.environ[CACHE_ENV] = str(folder)
+    return folder
 
 
 @pytest.fixture(scope="session")

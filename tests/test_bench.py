@@ -18,10 +18,13 @@ def test_bench_all_writes_every_ratio_with_its_spread(tmp_path, datasets_dir, ca
                  "--out", str(out)]) == 0
     result = json.loads((out / "bench.json").read_text())
     names = [f["name"] for f in result["figures"]]
-    assert names[:3] == ["ddlstudy loop / raw torch loop",
+    assert names[:4] == ["ddlstudy loop / raw torch loop",
                          "step time, sampler on (10 Hz) / off",
-                         "DataLoader (decode in the loop) / in-memory tensors"]
+                         "DataLoader from the decoded cache / in-memory tensors",
+                         "DataLoader decoding every image in the loop / in-memory tensors"]
     assert sum(n.endswith("/ sequential") for n in names) == 4
+    starts = [f for f in result["figures"] if f["group"] == "start"]  # the same runs' start-up
+    assert len(starts) == 4 and all(0 < s for f in starts for s in f["a"] + f["b"])
     assert sum("/ MPI Allreduce" in n for n in names) == 4
     for f in result["figures"]:
         ratios = [a / b for a, b in zip(f["a"], f["b"], strict=True)]

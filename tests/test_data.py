@@ -132,3 +132,97 @@ def test_split_is_stratified_seeded_and_disjoint(datasets_dir, tiny):
     assert train == again and train != other
     assert not set(train) & set(val) and len(train) + len(val) == len(items)
     assert [sum(1 for _, lab in val if lab == c) for c in range(3)] == [20, 20, 20]
+
+
+def _batches(cfg, n=4):
+    import itertools
+
+    from ddlstudy.data import prepare_data
+    from ddlstudy.training import make_loaders, seed_everything
+
+    seed_everything(0)
+    train, val = make_loaders(cfg, prepare_data(cfg))
+    return list(itertools.islice(train, n)) + list(itertools.islice(val, 2))
+
+
+@pytest.mark.parametrize("size", [64, 80])  # the set's own size, and a resize
+def test_the_decoded_cache_gives_the_same_batches_and_flips(quick_config, data_cache, size):
+    """Batches from the cache equal torchvision's decode, resize, flip and normalise of
+    each image in the loop, bit for bit, flips included (the same random draws)."""
+    import torch
+
+    from ddlstudy.config import with_overrides
+    from ddlstudy.runner import resolve
+
+    cfg = quick_config(batch_size=32)
+    cfg = dataclasses.replace(cfg, usecase=with_overrides(cfg.usecase, image_size=size))
+    cached = _batches(resolve(cfg))
+    assert list(data_cache.glob(f"*-{size}px-v*.u8"))  # it did come from a cache
+    decoded = _batches(resolve(dataclasses.replace(cfg, data_cache=False)))
+    for (x, y), (x2, y2) in zip(cached, decoded, strict=True):
+        assert x.shape == (len(y), 3, size, size) and x.is_contiguous()
+        assert torch.equal(x, x2) and torch.equal(y, y2)
+    from ddlstudy.data import prepare_data
+    from ddlstudy.training import image_dataset
+
+    data = prepare_data(cfg)  # one batch by hand: some of its images are flipped, not all
+    plain = image_dataset(cfg, data, data.train, False).__getitems__(list(range(32)))[0]
+    torch.manual_seed(1)
+    trained = image_dataset(cfg, data, data.train, True).__getitems__(list(range(32)))[0]
+    flips = [torch.equal(t, p.flip(2)) and not torch.equal(t, p)
+             for t, p in zip(trained, plain, strict=True)]
+    assert 0 < sum(flips) < 32
+    torch.manual_seed(1)
+    one_by_one = image_dataset(dataclasses.replace(cfg, data_cache=False), data, data.train,
+                               True)
+    assert torch.equal(trained, torch.stack([one_by_one[i][0] for i in range(32)]))
+
+
+def test_the_cache_is_built_once_rebuilt_when_damaged_and_skipped_when_unwritable(
+        tmp_path, datasets_dir, tiny, monkeypatch, caplog):
+    from ddlstudy.data.cache import CACHE_ENV, decoded
+    from ddlstudy.data.folder import scan_imagefolder
+
+    images = scan_imagefolder(datasets_dir / tiny.data.name, tiny.classes)
+    rels = [rel for rel, _ in images.items]
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    first, why = decoded(images.root, rels, images.fingerprint, 32)
+    assert first is not None and why == "" and first.array().shape == (len(rels), 32, 32, 3)
+    built = first.file.stat().st_mtime_ns
+    again, _ = decoded(images.root, rels, images.fingerprint, 32)
+    assert again == first and again.file.stat().st_mtime_ns == built  # read, not rebuilt
+    with open(first.file, "r+b") as f:  # a cut-short file is rebuilt, not read
+        f.truncate(100)
+    rebuilt, _ = decoded(images.root, rels, images.fingerprint, 32)
+    assert rebuilt.file.stat().st_size == len(rels) * 32 * 32 * 3
+    assert np.array_equal(rebuilt.array(), again.array())
+    assert not list((tmp_path / "cache").glob(".*tmp*"))
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "file" / "cache"))
+    none, why = decoded(images.root, rels, images.fingerprint, 32)
+    assert none is None and str(tmp_path / "file") in why and CACHE_ENV in why
+
+
+def test_a_tree_is_decoded_once_per_content(imagefolder, tiny, monkeypatch):
+    """A second scan of the same files only hashes them (and finds the same bad image); a
+    file whose content changed is decoded again, and a damage is caught."""
+    from PIL import Image
+
+    opened = []
+    real_open = Image.open
+    monkeypatch.setattr(Image, "open", lambda *a, **k: opened.append(1) or real_open(*a, **k))
+    bad = imagefolder / "smoke" / "smoke_00003.jpg"
+    bad.write_bytes(bad.read_bytes()[:200])
+    first = scan_imagefolder(imagefolder, tiny.classes, BadImagePolicy.SKIP)
+    assert len(opened) == tiny.data.images and [f for f, _ in first.skipped] == \
+        ["smoke/smoke_00003.jpg"]
+    opened.clear()
+    again = scan_imagefolder(imagefolder, tiny.classes, BadImagePolicy.SKIP)
+    assert opened == [] and again == first
+    with pytest.raises(DataError, match="smoke_00003.jpg"):
+        scan_imagefolder(imagefolder, tiny.classes)  # the policy still applies
+    other = imagefolder / "fire" / "fire_00001.jpg"
+    other.write_bytes(other.read_bytes()[:100])
+    changed = scan_imagefolder(imagefolder, tiny.classes, BadImagePolicy.SKIP)
+    assert len(opened) == tiny.data.images
+    assert [f for f, _ in changed.skipped] == ["fire/fire_00001.jpg", "smoke/smoke_00003.jpg"]

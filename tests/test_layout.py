@@ -17,7 +17,7 @@ RUN_FLAGS = [
     "--data-dir", "--datasets-dir", "--devices", "--epochs", "--hostfile", "--hosts",
     "--image-size",
     "--loader-workers", "--lr", "--lr-scaling", "--max-steps", "--max-val-steps",
-    "--micro-batches",
+    "--micro-batches", "--no-data-cache",
     "--no-snapshot", "--nodes", "--on-bad-image", "--precision", "--reduce", "--replicas",
     "--runs-dir", "--sample-hz", "--scaling", "--seed", "--snapshot-every", "--spark-master",
     "--spark-secret-file", "--spark-sync", "--spark-ui", "--stage-starts", "--stages",

@@ -80,8 +80,9 @@ def test_a_failing_run_says_so_in_its_manifest(quick_config, imagefolder, monkey
         return plan
 
     monkeypatch.setattr(runner_module, "prepare_data", prepare_then_lose_the_images)
-    with pytest.raises(runner_module.RunFailed) as failed:
-        run(quick_config(data_dir=imagefolder), show_progress=False)
+    with pytest.raises(runner_module.RunFailed) as failed:  # (a decoded cache would not
+        run(quick_config(data_dir=imagefolder, data_cache=False),  # need them)
+            show_progress=False)
     folder = failed.value.folder
     manifest = json.loads((folder.path / MANIFEST).read_text())
     assert failed.value.exit_code == 1
@@ -93,7 +94,8 @@ def test_a_failing_run_says_so_in_its_manifest(quick_config, imagefolder, monkey
 
 def test_sigterm_leaves_an_interrupted_manifest(tmp_path, datasets_dir):
     runs = tmp_path / "runs"
-    env = os.environ | {"PYTHONUNBUFFERED": "1"}
+    env = os.environ | {"PYTHONUNBUFFERED": "1", "DDLSTUDY_STARTED_AT": "0"}  # a stale one
+    launched = time.time()
     proc = subprocess.Popen(
         [sys.executable, "-m", "ddlstudy", "run", "--usecase", "tiny", "--epochs", "200",
          "--datasets-dir", str(datasets_dir), "--runs-dir", str(runs)],
@@ -101,12 +103,14 @@ def test_sigterm_leaves_an_interrupted_manifest(tmp_path, datasets_dir):
     deadline = time.time() + 120
     while time.time() < deadline and not list(runs.glob("*/metrics.csv")):
         time.sleep(0.2)
+    first_epoch_seen = time.time() - launched
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 143, out
     manifest = json.loads(next(runs.glob(f"*/{MANIFEST}")).read_text())
     assert manifest["status"] == "interrupted" and manifest["exit_code"] == 143
     assert 1 <= len(manifest["epochs"]) < 200
+    assert 0 < manifest["first_step_s"] < first_epoch_seen  # from the command, not before
     assert "Traceback" not in out
     assert not list(runs.glob("*/.*tmp*"))  # no temporary file left
     torch.load(next(runs.glob(f"*/{SNAPSHOT}")), weights_only=True)  # last snapshot loads

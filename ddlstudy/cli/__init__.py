@@ -27,11 +27,12 @@ import threading
 import time
 from pathlib import Path
 
-from ddlstudy import __version__
+from ddlstudy import __version__, environment
 from ddlstudy.config.options import Parser, add_run_options
 from ddlstudy.errors import ConfigError, UsageError
 from ddlstudy.logs import setup_logging
 from ddlstudy.progress import on_terminal
+from ddlstudy.runfolder import CHILD_ENV
 from ddlstudy.sampler import NOISY_CORES
 
 log = logging.getLogger("ddlstudy")
@@ -275,7 +276,6 @@ def cmd_run(args: argparse.Namespace) -> int:
 def train(cfg, argv: list[str], resume: Path | None = None, max_restarts: int = 0) -> int:
     """Run ``cfg`` (launching mpiexec for --backend mpi) and print where it went; with
     ``max_restarts``, a run that failed after a snapshot continues from it."""
-    from ddlstudy.runfolder import CHILD_ENV
 
     # The imports below take seconds: on a terminal, say what is going on, unless a
     # refusal came first (a refusal stays one line; logs and pipes get no notice at all).
@@ -292,7 +292,7 @@ def train(cfg, argv: list[str], resume: Path | None = None, max_restarts: int = 
 
 
 def _train(cfg, argv: list[str], resume: Path | None, max_restarts: int) -> int:
-    from ddlstudy.runfolder import CHILD_ENV, SNAPSHOT, RunFolder
+    from ddlstudy.runfolder import SNAPSHOT, RunFolder
     from ddlstudy.runner import RunFailed, start
 
     restarts = 0
@@ -589,6 +589,8 @@ COMMANDS = {"run": cmd_run, "dataset": cmd_dataset, "strategies": cmd_strategies
 
 
 def main(argv: list[str] | None = None) -> int:
+    # the clock of the manifest's first_step_s
+    environment.mark_command_start(argv is None, launched=CHILD_ENV in os.environ)
     argv = sys.argv[1:] if argv is None else argv
     try:
         args = build_parser().parse_args(argv)

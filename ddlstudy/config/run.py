@@ -257,6 +257,11 @@ class RunConfig:
                                           choices=tuple(p.value for p in BadImagePolicy))
     loader_workers: int = option(0, "DataLoader processes that decode and augment (0: in "
                                  "the training process)", group=DATA, type=int)
+    data_cache: bool = option(True, "decode every image in the loop instead of once into "
+                              "this host's cache ($DDLSTUDY_CACHE, default "
+                              "~/.cache/ddlstudy), as torchvision's ImageFolder does (the "
+                              "same tensors and flips either way)", group=DATA, type=bool,
+                              negate=True)
     runs_dir: Path = option(DEFAULT_RUNS_DIR, "where run folders go", group=OUTPUT, type=Path)
     sample_hz: float = option(10.0, "resource sampling rate, 0 to turn it off", group=OUTPUT,
                               type=float)

@@ -11,17 +11,21 @@ The scan is sorted, so every rank of a distributed job gets the same list.
 from __future__ import annotations
 
 import io
+import json
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import PIL
 from PIL import Image, ImageFile
 
 from ddlstudy.config import BadImagePolicy
+from ddlstudy.data.cache import cache_dir
 from ddlstudy.data.fingerprint import fingerprint, sha256_bytes
 from ddlstudy.errors import DataError
+from ddlstudy.files import atomic_write_text
 
 IMAGE_EXTENSIONS = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm"}
 ImageFile.LOAD_TRUNCATED_IMAGES = False  # a truncated file is a bad image, not a grey one
@@ -75,23 +79,65 @@ def _image_files(folder: Path) -> list[Path]:
     return sorted(files)
 
 
-def _check_image(path: Path) -> tuple[str | None, str]:
-    """(sha256, '') for a readable image, (None, reason) otherwise."""
+def _check_image(path: Path, decode: bool = True) -> tuple[str | None, str]:
+    """(sha256, '') for a readable image, (None, reason) otherwise; without ``decode``,
+    for a file that can be read, whether or not it decodes."""
     try:
         data = path.read_bytes()
         if not data:
             return None, "empty file"
-        with Image.open(io.BytesIO(data)) as img:
-            img.load()
+        if decode:
+            with Image.open(io.BytesIO(data)) as img:
+                img.load()
         return sha256_bytes(data), ""
     except (OSError, ValueError, Image.DecompressionBombError) as exc:
         return None, f"{type(exc).__name__}: {exc}"
 
 
+def _checked_file(files: list[tuple[Path, int]], root: Path,
+                  digests: list[tuple[str | None, str]]) -> Path | None:
+    """Where the outcome of decoding exactly these files (by content) with this Pillow is
+    kept, so that the next scan of the same tree only reads and hashes them; None where a
+    file cannot even be read."""
+    if any(digest is None for digest, _ in digests):
+        return None
+    key = fingerprint((p.relative_to(root).as_posix(), d)
+                      for (p, _), (d, _) in zip(files, digests, strict=True))
+    return cache_dir() / "checked" / f"{key[:32]}-pillow{PIL.__version__}.json"
+
+
+def _checks(files: list[tuple[Path, int]], root: Path,
+            threads: int) -> list[tuple[str | None, str]]:
+    """Every file's (sha256, '') or (None, why it is not a usable image). Each file is
+    decoded once per content: a scan of a tree already checked only hashes it."""
+    with ThreadPoolExecutor(threads) as pool:  # Pillow releases the GIL while decoding
+        digests = list(pool.map(lambda f: _check_image(f[0], decode=False), files))
+        memo = _checked_file(files, root, digests)
+        try:
+            bad = json.loads(memo.read_text()) if memo is not None else None
+        except (OSError, ValueError):
+            bad = None
+        if isinstance(bad, dict):
+            rels = [p.relative_to(root).as_posix() for p, _ in files]
+            return [(None, bad[rel]) if rel in bad else found
+                    for rel, found in zip(rels, digests, strict=True)]
+        checks = list(pool.map(lambda f: _check_image(f[0]), files))
+    if memo is not None:
+        bad = {p.relative_to(root).as_posix(): reason
+               for (p, _), (digest, reason) in zip(files, checks, strict=True) if digest is None}
+        try:
+            memo.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(memo, json.dumps(bad))
+        except OSError:
+            pass  # the next scan decodes again
+    return checks
+
+
 def scan_imagefolder(root: Path, classes: tuple[str, ...],
                      policy: BadImagePolicy = BadImagePolicy.FAIL,
                      threads: int | None = None) -> ImageList:
-    """Check and list the tree; every image is decoded once (in threads) to catch bad files."""
+    """Check and list the tree; every image is decoded (in threads, once per content) to
+    catch bad files."""
     root = Path(root)
     _class_folders(root, classes)
     files: list[tuple[Path, int]] = []
@@ -101,9 +147,7 @@ def scan_imagefolder(root: Path, classes: tuple[str, ...],
             raise DataError(f"class folder {root / name} holds no images (looked for "
                             f"{', '.join(sorted(IMAGE_EXTENSIONS))})")
         files += [(p, label) for p in found]
-    threads = threads or min(8, (os.cpu_count() or 1) * 2)
-    with ThreadPoolExecutor(threads) as pool:  # Pillow releases the GIL while decoding
-        checks = list(pool.map(_check_image, (p for p, _ in files)))
+    checks = _checks(files, root, threads or min(8, (os.cpu_count() or 1) * 2))
     items, skipped, sums = [], [], []
     for (path, label), (digest, reason) in zip(files, checks, strict=True):
         rel = path.relative_to(root).as_posix()

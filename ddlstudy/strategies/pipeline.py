@@ -22,15 +22,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 from torch.utils.data import Dataset
 
 from ddlstudy.config import RunConfig, UseCase
-from ddlstudy.data.images import ImageListDataset, make_transform
 from ddlstudy.environment import usable_cores
 from ddlstudy.errors import ConfigError
 from ddlstudy.models import build_model
@@ -38,6 +37,7 @@ from ddlstudy.strategies.base import Layout, Strategy, register, warn_if_oversub
 from ddlstudy.training import (
     Batch,
     StepFn,
+    image_dataset,
     train_loader,
     val_loader,
 )
@@ -45,6 +45,9 @@ from ddlstudy.training.distributed import free_port, group_link, run_ranks, spaw
 from ddlstudy.training.flat import average, flat_gradients
 from ddlstudy.training.job import Job, Link
 from ddlstudy.training.worker import new_model, new_optimizer, train_worker
+
+if TYPE_CHECKING:  # 3 s of imports (torch._dynamo, DTensor): only in a pipeline's ranks
+    from torch.distributed.pipelining import ScheduleGPipe
 
 log = logging.getLogger("ddlstudy")
 
@@ -226,6 +229,8 @@ def train_stage(job: Job, device: torch.device, link: Link, starts: list[int], m
     # Rank 0 also validates the whole model; in an MPI node every rank's stage is a part of
     # the buffer of the whole model's gradients.
     (full if rank == 0 or exchange is not replica_exchange else module).to(device)
+    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
     stage = PipelineStage(module, index, stages, device, input_args=(example,),
                           group=pipes[replica])
     schedule = ScheduleGPipe(stage, micro, loss_fn=nn.CrossEntropyLoss())
@@ -246,9 +251,8 @@ def train_stage(job: Job, device: torch.device, link: Link, starts: list[int], m
 def _train_loader(cfg: RunConfig, job: Job, first: bool, shard: tuple[int, int]):
     """First stages read their replica's slice of the images; the other stages only its
     labels, in the same seeded order."""
-    dataset = (ImageListDataset(job.data.images.root, job.data.train,
-                                make_transform(cfg.usecase.train.image_size, True))
-               if first else _Labels(job.data.train))
+    dataset = (image_dataset(cfg, job.data, job.data.train, True) if first
+               else _Labels(job.data.train))
     return train_loader(dataset, cfg, shard=shard, drop_last=True,
                         loader_workers=None if first else 0)
 

@@ -6,11 +6,14 @@ per repeat, then summarised as min / median / max:
 
 - overhead:   ddlstudy's training loop / a hand-written torch loop (images/s)
 - sampler:    step time with the resource sampler on / off
-- loader:     the DataLoader decoding JPEGs / the same batches as in-memory tensors
+- loader:     the DataLoader reading the decoded cache, and decoding every JPEG in the
+              loop, each / the same batches as in-memory tensors
 - strategies: each local strategy / the sequential baseline (steady images/s of real
   ``ddlstudy run`` processes, a few steps each)
 - reducers:   each reducer / MPI's own Allreduce on the use case's gradient (time)
 - spark:      2 Spark tasks / 2 MPI nodes (steady images/s)
+- start:      with strategies and spark, the seconds from the command to the first
+              training step (imports, data scan, spawning, set-up) of the same runs
 """
 
 from __future__ import annotations
@@ -40,8 +43,8 @@ def _steady(manifest: dict) -> float:
 
 
 def _run(runs: Path, datasets_dir: Path | None, usecase: str, steps: int,
-         *flags: str) -> float:
-    """One real ``ddlstudy run`` of a few steps; its steady images/s."""
+         *flags: str) -> dict:
+    """One real ``ddlstudy run`` of a few steps; its manifest."""
     before = set(runs.glob("*/manifest.json"))
     where = ["--datasets-dir", str(datasets_dir)] if datasets_dir else []
     out = subprocess.run([sys.executable, "-m", "ddlstudy", "run", "--usecase", usecase,
@@ -52,12 +55,24 @@ def _run(runs: Path, datasets_dir: Path | None, usecase: str, steps: int,
         raise UsageError(f"ddlstudy run {' '.join(flags)} failed ({out.returncode}): "
                          f"{out.stderr.strip()[-400:]}")
     (path,) = set(runs.glob("*/manifest.json")) - before
-    return _steady(json.loads(path.read_text()))
+    return json.loads(path.read_text())
 
 
-def loader(usecase: str, steps: int, repeats: int, datasets_dir: Path | None) -> Ratio:
-    """The same batches, decoded and augmented by the DataLoader in the loop, against
-    held in memory as tensors: what reading the data costs the training."""
+def _side_by_side(speed: Ratio, start: Ratio, a: dict, b: dict) -> None:
+    """Runs ``a`` and ``b``: their steady images/s into ``speed``, their seconds from the
+    command to the first step into ``start``."""
+    speed.a.append(_steady(a))
+    speed.b.append(_steady(b))
+    start.a.append(a["first_step_s"])
+    start.b.append(b["first_step_s"])
+
+
+def loader(usecase: str, steps: int, repeats: int, datasets_dir: Path | None) -> list[Ratio]:
+    """The same batches read by the DataLoader from the decoded cache, and decoded image by
+    image in the loop, each against held in memory as tensors: what reading the data costs
+    the training."""
+    import dataclasses
+
     from ddlstudy.config import load_usecase
     from ddlstudy.data import prepare_data
     from ddlstudy.training import WARMUP_STEPS, make_loaders
@@ -65,28 +80,37 @@ def loader(usecase: str, steps: int, repeats: int, datasets_dir: Path | None) ->
     uc = load_usecase(usecase)
     _, step = model_step(uc)
     cfg = run_config(uc, datasets_dir)
-    train, _ = make_loaders(cfg, prepare_data(cfg), loader_workers=0)
+    data = prepare_data(cfg)
+    cached, _ = make_loaders(cfg, data, loader_workers=0)
+    decoding, _ = make_loaders(dataclasses.replace(cfg, data_cache=False), data,
+                               loader_workers=0)
     n = WARMUP_STEPS + steps
-    held = [b for _, b in zip(range(n), train, strict=False)]
+    held = [b for _, b in zip(range(n), cached, strict=False)]
     if len(held) < n:
         raise ConfigError("--steps", f"the use case has {len(held)} batches an epoch; ask "
                           f"for at most {len(held) - WARMUP_STEPS} steps")
-    ratio = Ratio("loader", "DataLoader (decode in the loop) / in-memory tensors", "images/s")
+    ratios = {"cache": Ratio("loader", "DataLoader from the decoded cache / in-memory tensors",
+                             "images/s"),
+              "decode": Ratio("loader", "DataLoader decoding every image in the loop / "
+                              "in-memory tensors", "images/s")}
     for _ in range(repeats):
-        ratio.a.append(images_per_s(step, train, steps))
-        ratio.b.append(images_per_s(step, held, steps))
-    return ratio
+        for name, batches in (("cache", cached), ("decode", decoding)):
+            ratios[name].a.append(images_per_s(step, batches, steps))
+            ratios[name].b.append(images_per_s(step, held, steps))
+    return list(ratios.values())
 
 
 def strategies(usecase: str, steps: int, repeats: int, runs: Path,
                datasets_dir: Path | None) -> list[Ratio]:
-    ratios = {s: Ratio("strategies", f"{s} / sequential", "images/s") for s in STRATEGY_FLAGS}
+    speed = {s: Ratio("strategies", f"{s} / sequential", "images/s") for s in STRATEGY_FLAGS}
+    start = {s: Ratio("start", f"{s} / sequential: seconds from the command to the first "
+                      "step", "s") for s in STRATEGY_FLAGS}
     for _ in range(repeats):
         for name, flags in STRATEGY_FLAGS.items():
-            ratios[name].a.append(_run(runs, datasets_dir, usecase, steps, "--strategy",
-                                       name, *flags))
-            ratios[name].b.append(_run(runs, datasets_dir, usecase, steps))
-    return list(ratios.values())
+            _side_by_side(speed[name], start[name],
+                          _run(runs, datasets_dir, usecase, steps, "--strategy", name, *flags),
+                          _run(runs, datasets_dir, usecase, steps))
+    return [*speed.values(), *start.values()]
 
 
 def reducers(usecase: str, repeats: int, hosts: str | None) -> list[Ratio]:
@@ -103,13 +127,15 @@ def reducers(usecase: str, repeats: int, hosts: str | None) -> list[Ratio]:
 
 
 def spark(usecase: str, steps: int, repeats: int, runs: Path,
-          datasets_dir: Path | None) -> Ratio:
-    ratio = Ratio("spark", "Spark, 2 tasks / MPI, 2 nodes", "images/s")
+          datasets_dir: Path | None) -> list[Ratio]:
+    speed = Ratio("spark", "Spark, 2 tasks / MPI, 2 nodes", "images/s")
+    start = Ratio("start", "Spark, 2 tasks / MPI, 2 nodes: seconds from the command to the "
+                  "first step", "s")
     for _ in range(repeats):
-        for out, backend in ((ratio.a, "spark"), (ratio.b, "mpi")):
-            out.append(_run(runs, datasets_dir, usecase, steps, "--backend", backend,
-                            "--nodes", "2"))
-    return ratio
+        _side_by_side(speed, start, *(_run(runs, datasets_dir, usecase, steps, "--backend",
+                                           backend, "--nodes", "2")
+                                      for backend in ("spark", "mpi")))
+    return [speed, start]
 
 
 def bench_all(usecase: str, steps: int, repeats: int, groups: list[str],
@@ -132,7 +158,7 @@ def bench_all(usecase: str, steps: int, repeats: int, groups: list[str],
             elif group == "sampler":
                 results.append(sampler(usecase, steps, repeats))
             elif group == "loader":
-                results.append(loader(usecase, steps, repeats, datasets_dir))
+                results += loader(usecase, steps, repeats, datasets_dir)
             elif group == "strategies":
                 results += strategies(usecase, steps, repeats, runs, datasets_dir)
             elif group == "reducers":
@@ -140,7 +166,7 @@ def bench_all(usecase: str, steps: int, repeats: int, groups: list[str],
             elif shutil.which("java") is None:
                 skipped["spark"] = "no Java on this machine (Spark's JVM needs it)"
             else:
-                results.append(spark(usecase, steps, repeats, runs, datasets_dir))
+                results += spark(usecase, steps, repeats, runs, datasets_dir)
             print(f"  {group}: {time.time() - t0:.0f} s", file=sys.stderr)
     return {"usecase": usecase, "steps": steps, "repeats": repeats,
             "seconds": round(time.time() - started, 1), "host": environment.host(),

@@ -7,6 +7,7 @@ from ddlstudy.training.job import Job, Link, train_epochs
 from ddlstudy.training.loaders import (
     ResumableBatches,
     ShardedBatches,
+    image_dataset,
     make_loaders,
     split_sizes,
     train_loader,
@@ -26,5 +27,6 @@ from ddlstudy.training.steps import (
 
 __all__ = ["WARMUP_STEPS", "Batch", "EpochResult", "Job", "Link", "ResumableBatches",
            "ShardedBatches", "StepFn", "Trainer", "accumulate_grads", "evaluate",
-           "make_loaders", "make_scaler", "micro_batches", "optimizer_step", "plain_step",
-           "seed_everything", "split_sizes", "train_epochs", "train_loader", "val_loader"]
+           "image_dataset", "make_loaders", "make_scaler", "micro_batches", "optimizer_step",
+           "plain_step", "seed_everything", "split_sizes", "train_epochs", "train_loader",
+           "val_loader"]

@@ -119,4 +119,6 @@ def job_epoch(job: Job, result: EpochResult) -> None:
     """Log the epoch and append it to the run folder."""
     log_epoch(result, job.cfg.usecase.train.epochs)
     if job.folder is not None:
+        if result.first_step_s is not None:  # the first attempt's, not a resume's
+            job.folder.manifest.setdefault("first_step_s", round(result.first_step_s, 2))
         job.folder.record_epoch(result.as_dict())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Iterator
 
 import numpy as np
@@ -10,7 +11,10 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, S
 
 from ddlstudy.config import RunConfig
 from ddlstudy.data import DataPlan
-from ddlstudy.data.images import ImageListDataset, make_transform
+from ddlstudy.data.cache import Decoded, decoded
+from ddlstudy.data.images import CachedImages, ImageListDataset, as_batch, make_transform
+
+log = logging.getLogger("ddlstudy")
 
 
 class ShardedBatches(Sampler[list[int]]):
@@ -76,9 +80,43 @@ class ResumableBatches(Sampler[list[int]]):
         return len(self.batches)  # type: ignore[arg-type]
 
 
+_caches: dict[tuple[str, int], Decoded | None] = {}
+
+
+def _cache(cfg: RunConfig, data: DataPlan) -> Decoded | None:
+    """This host's decoded cache of the run's data set (built by the first process that
+    asks), once per process; None with --no-data-cache or where it cannot be written."""
+    if not cfg.data_cache:
+        return None
+    size = cfg.usecase.train.image_size
+    key = (data.images.fingerprint, size)
+    if key not in _caches:
+        found, why = decoded(data.images.root, [rel for rel, _ in data.images.items],
+                             data.images.fingerprint, size)
+        if found is None:
+            log.warning("decoding every image in the loop: no decoded cache (%s)", why)
+        _caches[key] = found
+    return _caches[key]
+
+
+def image_dataset(cfg: RunConfig, data: DataPlan, items: list[tuple[str, int]],
+                  train: bool) -> Dataset:
+    """``items`` as tensors: from the decoded cache where there is one, else decoded one
+    by one; the same values and the same random flips either way."""
+    cache = _cache(cfg, data)
+    if cache is not None:
+        return CachedImages(cache, items, train)
+    return ImageListDataset(data.images.root, items,
+                            make_transform(cfg.usecase.train.image_size, train))
+
+
 def _worker_args(workers: int) -> dict:
     return {"num_workers": workers,
             **({"persistent_workers": True, "prefetch_factor": 4} if workers else {})}
+
+
+def _collate(dataset: Dataset):
+    return as_batch if isinstance(dataset, CachedImages) else None
 
 
 def train_loader(dataset: Dataset, cfg: RunConfig, *, shard: tuple[int, int] | None = None,
@@ -96,7 +134,8 @@ def train_loader(dataset: Dataset, cfg: RunConfig, *, shard: tuple[int, int] | N
         batches = ShardedBatches(batches, *shard)
     batches = ResumableBatches(batches)
     workers = cfg.loader_workers if loader_workers is None else loader_workers
-    return DataLoader(dataset, batch_sampler=batches, generator=gen, **_worker_args(workers))
+    return DataLoader(dataset, batch_sampler=batches, generator=gen, collate_fn=_collate(dataset),
+                      **_worker_args(workers))
 
 
 def val_loader(cfg: RunConfig, data: DataPlan, shard: tuple[int, int] | None = None,
@@ -109,9 +148,9 @@ def val_loader(cfg: RunConfig, data: DataPlan, shard: tuple[int, int] | None = N
     if cfg.max_val_steps:
         items = items[:cfg.max_val_steps * cfg.usecase.train.batch_size]
     workers = cfg.loader_workers if loader_workers is None else loader_workers
-    dataset = ImageListDataset(data.images.root, items,
-                               make_transform(cfg.usecase.train.image_size, False))
-    return DataLoader(dataset, batch_size=cfg.usecase.train.batch_size, **_worker_args(workers))
+    dataset = image_dataset(cfg, data, items, False)
+    return DataLoader(dataset, batch_size=cfg.usecase.train.batch_size,
+                      collate_fn=_collate(dataset), **_worker_args(workers))
 
 
 def make_loaders(cfg: RunConfig, data: DataPlan, loader_workers: int | None = None,
@@ -119,8 +158,6 @@ def make_loaders(cfg: RunConfig, data: DataPlan, loader_workers: int | None = No
                  drop_last: bool = False) -> tuple[DataLoader, DataLoader]:
     """Training loader (seeded, ``shard``: this rank's slice) and the validation loader
     (``shard``: this rank's share of the validation images)."""
-    train_ds = ImageListDataset(data.images.root, data.train,
-                                make_transform(cfg.usecase.train.image_size, True))
-    train = train_loader(train_ds, cfg, shard=shard, drop_last=drop_last,
-                         loader_workers=loader_workers)
+    train = train_loader(image_dataset(cfg, data, data.train, True), cfg, shard=shard,
+                         drop_last=drop_last, loader_workers=loader_workers)
     return train, val_loader(cfg, data, shard, loader_workers)

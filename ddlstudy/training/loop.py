@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ddlstudy.environment import seconds_since_command
 from ddlstudy.progress import progress
 from ddlstudy.training.steps import Batch, StepFn
 
@@ -42,9 +43,12 @@ class EpochResult:
     """Images per second after the first WARMUP_STEPS steps of the epoch."""
     val_time_s: float
     epoch_time_s: float
+    first_step_s: float | None = None
+    """Seconds from the user's command to this process's first training step (imports,
+    scan, spawning, set-up); a field of the run, not of the epoch: not in ``as_dict``."""
 
     def as_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        return {k: v for k, v in dataclasses.asdict(self).items() if k != "first_step_s"}
 
 
 @torch.no_grad()
@@ -94,6 +98,7 @@ class Trainer:
         """The running sums of the epoch in progress (part of a snapshot)."""
         self.epoch_start_generator: torch.Tensor | None = None
         self._clock: tuple[float, float | None, int] = (time.perf_counter(), None, 0)
+        self.first_step_s: float | None = None
 
     @property
     def generator(self) -> torch.Generator | None:
@@ -152,6 +157,8 @@ class Trainer:
             batches = []
         autocast = self.autocast()
         for batch in batches:
+            if self.first_step_s is None:
+                self.first_step_s = seconds_since_command()
             with autocast:
                 batch_loss, batch_correct, n = self.step(batch)
             sums["loss"] += batch_loss
@@ -182,7 +189,8 @@ class Trainer:
             images_per_s=images / train_time if train_time else 0.0,
             steady_images_per_s=(steady_n / steady_time if steady_n and steady_time
                                  else images / max(train_time, 1e-9)),
-            val_time_s=val_time, epoch_time_s=train_time + val_time)
+            val_time_s=val_time, epoch_time_s=train_time + val_time,
+            first_step_s=self.first_step_s)
 
 
 def _zero_sums() -> dict:
