@@ -8,17 +8,22 @@ import statistics
 import pytest
 
 from ddlstudy.cli import main
+from ddlstudy.environment import usable_cores
 
 
 @pytest.mark.slow
 def test_bench_all_writes_every_ratio_with_its_spread(tmp_path, datasets_dir, capsys):
     out = tmp_path / "bench"
-    assert main(["bench", "all", "--only", "overhead,sampler,loader,reducers,strategies",
+    assert main(["bench", "all", "--only",
+                 "overhead,ceiling,sampler,loader,reducers,strategies",
                  "--steps", "3", "--repeats", "2", "--datasets-dir", str(datasets_dir),
                  "--out", str(out)]) == 0
     result = json.loads((out / "bench.json").read_text())
     names = [f["name"] for f in result["figures"]]
-    assert names[:4] == ["ddlstudy loop / raw torch loop",
+    assert names[:6] == ["ddlstudy loop / raw torch loop",
+                         "sequential run / raw torch loop on batches in memory, 1 thread",
+                         "cpu-intraop run / raw torch loop on batches in memory, "
+                         f"{usable_cores()} thread" + "s" * (usable_cores() > 1),
                          "step time, sampler on (10 Hz) / off",
                          "DataLoader from the decoded cache / in-memory tensors",
                          "DataLoader decoding every image in the loop / in-memory tensors"]

@@ -73,7 +73,7 @@ def test_predict_from_real_runs_checks_itself_against_them(tmp_path, datasets_di
 @pytest.mark.parametrize("args, message", [
     (["--nodes", "1,x"], "--nodes: '1,x'"),
     (["--nodes", "0,2"], "must be positive"),
-    (["--links", "fast"], "--rate: 'fast'"),
+    (["--links", "fast"], "--links: 'fast'"),
     (["--hosts", "emulated:dnone"], "no emulated hosts named 'dnone'"),
     ([], "no runs in"),
 ])

@@ -52,7 +52,7 @@ STRATEGIES = {
 
 BACKENDS = ("local", "mpi", "spark")
 
-BENCH_GROUPS = ("overhead", "sampler", "loader", "strategies", "reducers", "spark")
+BENCH_GROUPS = ("overhead", "ceiling", "sampler", "loader", "strategies", "reducers", "spark")
 """What ``bench all --only`` takes."""
 
 

@@ -74,7 +74,7 @@ def _spread(xs: list[float], scale: float = 1.0, fmt: str = "{:.2f}") -> str:
     return " / ".join(fmt.format(scale * v) for v in (min(xs), statistics.median(xs), max(xs)))
 
 
-def _raw_loop(model, loader, steps: int) -> float:
+def raw_loop(model, loader, steps: int) -> float:
     """The hand-written torch loop: images per second after the warm-up steps."""
     optimizer = torch.optim.SGD(model.parameters(), lr=0.001, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
@@ -112,7 +112,7 @@ def overhead(usecase: str, steps: int, repeats: int,
     loader, _ = make_loaders(cfg, prepare_data(cfg), loader_workers=0)
     ratio = Ratio("overhead", "ddlstudy loop / raw torch loop", "images/s")
     for _ in range(repeats):  # alternate, so drift hits both
-        for fn, out in ((_raw_loop, ratio.b), (_framework_loop, ratio.a)):
+        for fn, out in ((raw_loop, ratio.b), (_framework_loop, ratio.a)):
             seed_everything(0)
             out.append(fn(build_model(uc.model, len(uc.classes)), loader, steps))
     return ratio

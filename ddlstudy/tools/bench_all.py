@@ -5,6 +5,9 @@ every repeat (A B, A B, ...) so that drift in the machine hits both; the ratio i
 per repeat, then summarised as min / median / max:
 
 - overhead:   ddlstudy's training loop / a hand-written torch loop (images/s)
+- ceiling:    a real ``ddlstudy run`` (sequential at 1 thread, cpu-intraop at every core),
+              data path and all / a hand-written torch loop on batches held in memory at
+              the same threads: how near a run comes to what the model alone does here
 - sampler:    step time with the resource sampler on / off
 - loader:     the DataLoader reading the decoded cache, and decoding every JPEG in the
               loop, each / the same batches as in-memory tensors
@@ -31,7 +34,15 @@ import torch
 
 from ddlstudy.config.catalog import bench_groups
 from ddlstudy.errors import ConfigError, UsageError
-from ddlstudy.tools.bench import Ratio, images_per_s, model_step, overhead, run_config, sampler
+from ddlstudy.tools.bench import (
+    Ratio,
+    images_per_s,
+    model_step,
+    overhead,
+    raw_loop,
+    run_config,
+    sampler,
+)
 
 STRATEGY_FLAGS = {"cpu-intraop": [], "cpu-threads": ["--workers", "2"],
                   "cpu-processes": ["--workers", "2"],
@@ -100,6 +111,35 @@ def loader(usecase: str, steps: int, repeats: int, datasets_dir: Path | None) ->
     return list(ratios.values())
 
 
+def ceiling(usecase: str, steps: int, repeats: int, runs: Path,
+            datasets_dir: Path | None) -> list[Ratio]:
+    from ddlstudy.config import load_usecase
+    from ddlstudy.data import prepare_data
+    from ddlstudy.environment import usable_cores
+    from ddlstudy.models import build_model
+    from ddlstudy.training import WARMUP_STEPS, make_loaders, seed_everything
+
+    uc = load_usecase(usecase)
+    cfg = run_config(uc, datasets_dir)
+    train, _ = make_loaders(cfg, prepare_data(cfg), loader_workers=0)
+    held = [b for _, b in zip(range(WARMUP_STEPS + steps), train, strict=False)]
+    cores = usable_cores()
+    settings = {"sequential": (1, []), "cpu-intraop": (cores, ["--strategy", "cpu-intraop"])}
+    ratios = {name: Ratio("ceiling", f"{name} run / raw torch loop on batches in memory, "
+                          f"{threads} thread{'s' * (threads > 1)}", "images/s")
+              for name, (threads, _) in settings.items()}
+    for _ in range(repeats):
+        for name, (threads, flags) in settings.items():
+            ratios[name].a.append(_steady(_run(runs, datasets_dir, usecase,
+                                               WARMUP_STEPS + steps, *flags)))
+            torch.set_num_threads(threads)
+            seed_everything(0)
+            ratios[name].b.append(raw_loop(build_model(uc.model, len(uc.classes)), held,
+                                           steps))
+            torch.set_num_threads(1)
+    return list(ratios.values())
+
+
 def strategies(usecase: str, steps: int, repeats: int, runs: Path,
                datasets_dir: Path | None) -> list[Ratio]:
     speed = {s: Ratio("strategies", f"{s} / sequential", "images/s") for s in STRATEGY_FLAGS}
@@ -155,6 +195,8 @@ def bench_all(usecase: str, steps: int, repeats: int, groups: list[str],
             t0 = time.time()
             if group == "overhead":
                 results.append(overhead(usecase, steps, repeats, datasets_dir))
+            elif group == "ceiling":
+                results += ceiling(usecase, steps, repeats, runs, datasets_dir)
             elif group == "sampler":
                 results.append(sampler(usecase, steps, repeats))
             elif group == "loader":

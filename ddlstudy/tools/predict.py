@@ -205,7 +205,7 @@ def predict(runs_dir: Path, hosts: str | None, nodes: list[int], links: list[str
     from ddlstudy.report import load_runs
 
     for link in links:
-        rate_bits(link)  # a bad rate is refused before anything is measured
+        rate_bits(link, "--links")  # a bad rate is refused before anything is measured
     manifests = load_runs(runs_dir)
     node = one_node(manifests)
     costs = calibrate(node.gradient_bytes, hosts, repeats)
