@@ -187,9 +187,11 @@ def test_thread_replicas_inside_each_node_train_like_four_local_processes(
     assert manifest["epochs"][-1]["train_images"] == 240
     ours, theirs = _losses(manifest), _losses(local.manifest)
     assert ours[-1] < 0.9 * ours[0]  # it learns
-    # The replicas draw dropout masks from one generator in thread order, so one epoch's
-    # loss moves with timing; the last three epochs' mean is what the two share.
-    assert sum(ours[-3:]) / 3 == pytest.approx(sum(theirs[-3:]) / 3, rel=0.1)
+    assert max(e["val_accuracy"] for e in manifest["epochs"]) >= 0.45  # chance is 1/3
+    # Dropout masks and flips differ between the two (both repeat bit for bit), so their
+    # curves do too: the last three epochs' mean losses, 1.00 against 0.91 here, are what
+    # they share.
+    assert sum(ours[-3:]) / 3 == pytest.approx(sum(theirs[-3:]) / 3, rel=0.2)
 
 
 def _relative_gap(a: dict, b: dict) -> float:

@@ -149,9 +149,9 @@ def _accuracies(folder):
 def test_strategies_learn_like_the_baseline(baseline_20, strategy, flags, tmp_path):
     """Twenty tiny epochs: every strategy ends well above chance (1/3) and near the baseline.
 
-    Their runs differ from the baseline's only in dropout masks and (cpu-threads) in which
-    thread draws them first, so the curves are not identical; 60 validation images make
-    one image 1.7 points. Observed best accuracies: 0.67 to 0.72, pipeline 0.58.
+    Their runs differ from the baseline's only in dropout masks, so the curves are not
+    identical; 60 validation images make one image 1.7 points. Observed best accuracies:
+    0.67 to 0.72, pipeline 0.58.
     """
     base_cfg, base = baseline_20
     cfg = dataclasses.replace(base_cfg, strategy=strategy, runs_dir=tmp_path, **flags)
@@ -159,6 +159,16 @@ def test_strategies_learn_like_the_baseline(baseline_20, strategy, flags, tmp_pa
     assert other.manifest["status"] == "completed" and len(_accuracies(other)) == 20
     assert max(_accuracies(other)) >= 0.55
     assert abs(max(_accuracies(other)) - max(_accuracies(base))) <= 0.15
+
+
+def test_thread_replicas_repeat_bit_for_bit(quick_config, tmp_path):
+    """Each replica draws its dropout masks from its own generator: two runs of the same
+    config have the same losses, however the threads happened to be scheduled."""
+    runs = [run(quick_config(strategy="cpu-threads", workers=2, epochs=2, snapshot=False,
+                             runs_dir=tmp_path / str(i)), show_progress=False)
+            for i in range(2)]
+    first, second = ([e["train_loss"] for e in r.manifest["epochs"]] for r in runs)
+    assert first == second
 
 
 def test_balanced_cuts_minimise_the_slowest_stage():

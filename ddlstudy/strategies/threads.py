@@ -5,8 +5,9 @@ on replica i (torch releases the GIL inside its kernels, so the threads really r
 side). Each sub-batch's loss is weighted by its share of the batch, so the summed replica
 gradients are exactly the full batch's mean gradient; replica 0 takes the optimizer step
 and its weights are copied to the others. Paper: "each thread works on a replica of the CNN".
-The replicas draw their dropout masks from torch's one global generator in whatever order
-the threads reach it, so runs with dropout are not bit-for-bit repeatable.
+Each replica draws its dropout masks from a generator of its own (``own_dropout``): from
+torch's one global generator they came in whatever order the threads reached it, so a
+run's losses moved with the machine's timing.
 """
 
 from __future__ import annotations
@@ -31,12 +32,41 @@ from ddlstudy.training.job import Job, Link
 from ddlstudy.training.worker import new_model, new_optimizer, train_worker
 
 
+class OwnDropout(nn.Dropout):
+    """``nn.Dropout`` drawing its masks from ``generator`` (the same distribution: each
+    element kept with probability 1 - p and scaled by 1 / (1 - p))."""
+
+    def __init__(self, p: float, generator: torch.Generator) -> None:
+        super().__init__(p)
+        self.generator = generator
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.p == 0:
+            return x
+        keep = torch.empty_like(x).bernoulli_(1 - self.p, generator=self.generator)
+        return x * keep / (1 - self.p)
+
+
+def own_dropout(replicas: list[nn.Module]) -> None:
+    """Give replica i's dropout layers a generator of its own, seeded from torch's seed and
+    i, so that the threads' masks do not depend on which thread draws first."""
+    base = torch.initial_seed()
+    for i, replica in enumerate(replicas):
+        generator = torch.Generator().manual_seed((base * 1_000_003 + i + 1) % 2**63)
+        for name, module in list(replica.named_modules()):
+            if type(module) is nn.Dropout:
+                parent = replica.get_submodule(name.rpartition(".")[0])
+                setattr(parent, name.rpartition(".")[2], OwnDropout(module.p, generator))
+
+
 def replica_grads(replicas: list[nn.Module], loss_fn: nn.Module, pool: ThreadPoolExecutor
                   ) -> Callable[..., tuple[float, int, int]]:
     """``grads(batch, scale=1)``: forward and backward of a batch split over ``replicas``,
     one thread each; the gradients summed into replica 0's (in place: they may be views of
     a flat buffer), each slice's loss weighted by its share of the batch (x ``scale``).
     The caller zeroes replica 0's gradients and steps."""
+    if len(replicas) > 1:  # one replica draws from torch's generator, as the baseline does
+        own_dropout(replicas)
     params = [list(r.parameters()) for r in replicas]
 
     def work(i: int, images: torch.Tensor, labels: torch.Tensor, total: int,
