@@ -158,7 +158,8 @@ def test_strategies_learn_like_the_baseline(baseline_20, strategy, flags, tmp_pa
     other = run(cfg, show_progress=False)
     assert other.manifest["status"] == "completed" and len(_accuracies(other)) == 20
     assert max(_accuracies(other)) >= 0.55
-    assert abs(max(_accuracies(other)) - max(_accuracies(base))) <= 0.15
+    # at most 9 of the 60 validation images apart (0.15 in floats can be 0.15000000000000002)
+    assert round(60 * abs(max(_accuracies(other)) - max(_accuracies(base)))) <= 9
 
 
 def test_thread_replicas_repeat_bit_for_bit(quick_config, tmp_path):
