@@ -55,12 +55,13 @@ def _steady(manifest: dict) -> float:
 
 def _run(runs: Path, datasets_dir: Path | None, usecase: str, steps: int,
          *flags: str) -> dict:
-    """One real ``ddlstudy run`` of a few steps; its manifest."""
+    """One real ``ddlstudy run`` of a few steps (validating on one batch); its manifest."""
     before = set(runs.glob("*/manifest.json"))
     where = ["--datasets-dir", str(datasets_dir)] if datasets_dir else []
     out = subprocess.run([sys.executable, "-m", "ddlstudy", "run", "--usecase", usecase,
                           *where, "--runs-dir", str(runs), "--epochs", "1", "--max-steps",
-                          str(steps), "--no-snapshot", "--sample-hz", "0", "--quiet", *flags],
+                          str(steps), "--max-val-steps", "1", "--no-snapshot", "--sample-hz",
+                          "0", "--quiet", *flags],
                          capture_output=True, text=True)
     if out.returncode:
         raise UsageError(f"ddlstudy run {' '.join(flags)} failed ({out.returncode}): "
