@@ -56,7 +56,8 @@ def own_dropout(replicas: list[nn.Module]) -> None:
         for name, module in list(replica.named_modules()):
             if type(module) is nn.Dropout:
                 parent = replica.get_submodule(name.rpartition(".")[0])
-                setattr(parent, name.rpartition(".")[2], OwnDropout(module.p, generator))
+                own = OwnDropout(module.p, generator).train(module.training)
+                setattr(parent, name.rpartition(".")[2], own)
 
 
 def replica_grads(replicas: list[nn.Module], loss_fn: nn.Module, pool: ThreadPoolExecutor
