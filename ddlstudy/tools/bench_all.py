@@ -79,6 +79,19 @@ def _side_by_side(speed: Ratio, start: Ratio, a: dict, b: dict) -> None:
     start.b.append(b["first_step_s"])
 
 
+def _held(loader, steps: int) -> list:
+    """The loader's first WARMUP_STEPS + ``steps`` batches, held in memory; a ConfigError
+    where an epoch has fewer."""
+    from ddlstudy.training import WARMUP_STEPS
+
+    n = WARMUP_STEPS + steps
+    held = [b for _, b in zip(range(n), loader, strict=False)]
+    if len(held) < n:
+        raise ConfigError("--steps", f"the use case has {len(held)} batches an epoch; ask "
+                          f"for at most {len(held) - WARMUP_STEPS} steps")
+    return held
+
+
 def loader(usecase: str, steps: int, repeats: int, datasets_dir: Path | None) -> list[Ratio]:
     """The same batches read by the DataLoader from the decoded cache, and decoded image by
     image in the loop, each against held in memory as tensors: what reading the data costs
@@ -87,7 +100,7 @@ def loader(usecase: str, steps: int, repeats: int, datasets_dir: Path | None) ->
 
     from ddlstudy.config import load_usecase
     from ddlstudy.data import prepare_data
-    from ddlstudy.training import WARMUP_STEPS, make_loaders
+    from ddlstudy.training import make_loaders
 
     uc = load_usecase(usecase)
     _, step = model_step(uc)
@@ -96,11 +109,7 @@ def loader(usecase: str, steps: int, repeats: int, datasets_dir: Path | None) ->
     cached, _ = make_loaders(cfg, data, loader_workers=0)
     decoding, _ = make_loaders(dataclasses.replace(cfg, data_cache=False), data,
                                loader_workers=0)
-    n = WARMUP_STEPS + steps
-    held = [b for _, b in zip(range(n), cached, strict=False)]
-    if len(held) < n:
-        raise ConfigError("--steps", f"the use case has {len(held)} batches an epoch; ask "
-                          f"for at most {len(held) - WARMUP_STEPS} steps")
+    held = _held(cached, steps)
     ratios = {"cache": Ratio("loader", "DataLoader from the decoded cache / in-memory tensors",
                              "images/s"),
               "decode": Ratio("loader", "DataLoader decoding every image in the loop / "
@@ -123,7 +132,7 @@ def ceiling(usecase: str, steps: int, repeats: int, runs: Path,
     uc = load_usecase(usecase)
     cfg = run_config(uc, datasets_dir)
     train, _ = make_loaders(cfg, prepare_data(cfg), loader_workers=0)
-    held = [b for _, b in zip(range(WARMUP_STEPS + steps), train, strict=False)]
+    held = _held(train, steps)
     cores = usable_cores()
     settings = {"sequential": (1, []), "cpu-intraop": (cores, ["--strategy", "cpu-intraop"])}
     ratios = {name: Ratio("ceiling", f"{name} run / raw torch loop on batches in memory, "
