@@ -94,15 +94,13 @@ def _check_image(path: Path, decode: bool = True) -> tuple[str | None, str]:
         return None, f"{type(exc).__name__}: {exc}"
 
 
-def _checked_file(files: list[tuple[Path, int]], root: Path,
-                  digests: list[tuple[str | None, str]]) -> Path | None:
+def _checked_file(rels: list[str], digests: list[tuple[str | None, str]]) -> Path | None:
     """Where the outcome of decoding exactly these files (by content) with this Pillow is
     kept, so that the next scan of the same tree only reads and hashes them; None where a
     file cannot even be read."""
     if any(digest is None for digest, _ in digests):
         return None
-    key = fingerprint((p.relative_to(root).as_posix(), d)
-                      for (p, _), (d, _) in zip(files, digests, strict=True))
+    key = fingerprint((rel, d) for rel, (d, _) in zip(rels, digests, strict=True))
     return cache_dir() / "checked" / f"{key[:32]}-pillow{PIL.__version__}.json"
 
 
@@ -110,21 +108,21 @@ def _checks(files: list[tuple[Path, int]], root: Path,
             threads: int) -> list[tuple[str | None, str]]:
     """Every file's (sha256, '') or (None, why it is not a usable image). Each file is
     decoded once per content: a scan of a tree already checked only hashes it."""
+    rels = [p.relative_to(root).as_posix() for p, _ in files]
     with ThreadPoolExecutor(threads) as pool:  # Pillow releases the GIL while decoding
         digests = list(pool.map(lambda f: _check_image(f[0], decode=False), files))
-        memo = _checked_file(files, root, digests)
+        memo = _checked_file(rels, digests)
         try:
             bad = json.loads(memo.read_text()) if memo is not None else None
         except (OSError, ValueError):
             bad = None
         if isinstance(bad, dict):
-            rels = [p.relative_to(root).as_posix() for p, _ in files]
             return [(None, bad[rel]) if rel in bad else found
                     for rel, found in zip(rels, digests, strict=True)]
         checks = list(pool.map(lambda f: _check_image(f[0]), files))
     if memo is not None:
-        bad = {p.relative_to(root).as_posix(): reason
-               for (p, _), (digest, reason) in zip(files, checks, strict=True) if digest is None}
+        bad = {rel: reason for rel, (digest, reason) in zip(rels, checks, strict=True)
+               if digest is None}
         try:
             memo.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_text(memo, json.dumps(bad))
