@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import resource
 import socket
 import threading
 import time
@@ -236,6 +237,42 @@ def host_busy(seconds: float = 1.0) -> float:
     return max(0.0, host - (_cpu_seconds(tree) - own) / seconds)
 
 
+def _busy_cpu_seconds() -> float:
+    """The host's busy CPU seconds since boot, all cores (what ``cpu_percent`` counts:
+    everything but idle and iowait; guest time is already inside user time)."""
+    t = psutil.cpu_times()
+    total = sum(t) - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0)
+    return total - t.idle - getattr(t, "iowait", 0.0)
+
+
+def _own_cpu_seconds() -> float:
+    """This process's CPU seconds and those of every child it (or they) reaped: a
+    subprocess run to its end, with its own workers and MPI ranks."""
+    me, kids = (resource.getrusage(w) for w in (resource.RUSAGE_SELF,
+                                                   resource.RUSAGE_CHILDREN))
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+class OthersLoad:
+    """The cores other processes kept busy on this host over a span: from its creation to
+    ``cores()``, the host's busy CPU seconds less this process's and its reaped
+    children's, per second. For a span that runs a subprocess to its end (its children
+    reaped by it), as advise's probes do."""
+
+    def __init__(self) -> None:
+        self.start = (time.monotonic(), _busy_cpu_seconds(), _own_cpu_seconds())
+
+    def cores(self) -> float:
+        t0, host0, own0 = self.start
+        t, host, own = time.monotonic(), _busy_cpu_seconds(), _own_cpu_seconds()
+        return max(0.0, ((host - host0) - (own - own0)) / max(t - t0, 1e-6))
+
+
+WAIT_MOST_S = 300.0
+"""How long ``--wait-quiet`` waits for a quiet host before measuring anyway (the runs
+then measured on a busy host are marked noisy, and left out of speedups)."""
+
+
 def wait_quiet(announce, most_s: float | None = None) -> float:
     """Wait until other processes use at most NOISY_CORES (3 quiet seconds in a row),
     saying what keeps the host busy every 10 s through ``announce``; returns the load
@@ -257,7 +294,8 @@ def check_load(wait: bool = False) -> float:
     is not quiet; with ``wait``, wait for it to be quiet first. Returns the cores busy."""
     if wait:
         busy = wait_quiet(lambda b, s: log.info("waiting for a quiet host: other processes "
-                                                "use %.2f core(s) (%.0f s so far)", b, s))
+                                                "use %.2f core(s) (%.0f s so far, at most "
+                                                "%.0f)", b, s, WAIT_MOST_S), WAIT_MOST_S)
     else:
         busy = host_busy(1.0)
     if busy > NOISY_CORES:

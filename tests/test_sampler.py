@@ -1,3 +1,4 @@
+import resource
 import socket
 import subprocess
 import sys
@@ -86,6 +87,33 @@ def test_a_run_beside_a_busy_process_is_marked_noisy(quick_config):
     unsampled = run(quick_config(sample_hz=0))
     load = json.loads((unsampled.path / MANIFEST).read_text())["host_load"]
     assert load["noisy"] is None and "no samples" in load["why"]
+
+
+def test_others_load_counts_what_this_process_did_not_run_and_reap():
+    """Over one span a process spinning elsewhere counts as others' load; a child run to
+    its end inside the span (a probe) counts as this process's own."""
+    from ddlstudy.sampler import OthersLoad
+
+    spin = "import time; t = time.time()\nwhile time.time() - t < 1.5: pass"
+    elsewhere = _spin_elsewhere()
+    try:
+        before = elsewhere.cpu_times()
+        psutil.cpu_percent(None)
+        meter, start = OthersLoad(), time.monotonic()
+        kids0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        subprocess.run([sys.executable, "-c", spin], check=True)
+        kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+        others = meter.cores()
+        span = time.monotonic() - start
+        host = psutil.cpu_percent(None) / 100 * psutil.cpu_count()
+        after = elsewhere.cpu_times()
+    finally:
+        elsewhere.kill()
+    spun = (after.user + after.system - before.user - before.system) / span
+    child = (kids.ru_utime + kids.ru_stime - kids0.ru_utime - kids0.ru_stime) / span
+    assert spun > 0.3 and child > 0.3, (spun, child)  # both got CPU, even on a busy host
+    assert others >= 0.9 * spun - 0.05, (others, spun)  # the spinner is counted
+    assert others <= host - 0.9 * child + 0.1, (others, host, child)  # the child is not
 
 
 def test_the_load_check_sees_a_busy_host_and_waiting_gives_up_when_told():

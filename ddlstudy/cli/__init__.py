@@ -33,7 +33,7 @@ from ddlstudy.errors import ConfigError, UsageError
 from ddlstudy.logs import setup_logging
 from ddlstudy.progress import on_terminal
 from ddlstudy.runfolder import CHILD_ENV
-from ddlstudy.sampler import NOISY_CORES
+from ddlstudy.sampler import NOISY_CORES, WAIT_MOST_S
 
 log = logging.getLogger("ddlstudy")
 PREPARING_NOTICE_S = 1.0
@@ -108,7 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", default="markdown", choices=["markdown", "csv", "latex"],
                    help="how the tables are printed")
     p.add_argument("--wait-quiet", action="store_true", help="before each cell, wait until "
-                   f"other processes use at most {NOISY_CORES} cores of this host")
+                   f"other processes use at most {NOISY_CORES} cores of this host (at most "
+                   f"{WAIT_MOST_S:.0f} s)")
     p.add_argument("--quiet", action="store_true", help="warnings and errors only")
 
     p.add_argument("--from-advice", type=Path, metavar="ADVISE_JSON", help="instead of a "
@@ -134,6 +135,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "convergence by the epochs it took there (default: none, rank by images/s)")
     p.add_argument("--rounds", type=int, default=3, help="most probe rounds")
     p.add_argument("--steps", type=int, default=24, help="steady steps a probe times")
+    p.add_argument("--wait-quiet", action="store_true", help="before each probe, wait until "
+                   f"other processes use at most {NOISY_CORES} cores of this host (at most "
+                   f"{WAIT_MOST_S:.0f} s; not charged to the budget). Without it, probes "
+                   "on a busy host are still marked and not counted where a quiet one came")
     p.add_argument("--datasets-dir", type=Path, help="where the synthetic sets are "
                    "(default: datasets/)")
     p.add_argument("--out", type=Path, help="where advise.json, advise.md and the probes' "
@@ -461,7 +466,8 @@ def cmd_advise(args: argparse.Namespace) -> int:
     out = args.out or DEFAULT_RUNS_DIR / "advise" / uc.name
     result = advise.advise(args.usecase, nodes, args.hosts, args.link, budget, out,
                            runs=args.runs, rounds=args.rounds, steps=args.steps,
-                           datasets_dir=args.datasets_dir, host_count=count)
+                           datasets_dir=args.datasets_dir, host_count=count,
+                           wait=args.wait_quiet)
     print(advise.markdown(result))
     for path in advise.write(result, out):
         print(f"wrote {path}")

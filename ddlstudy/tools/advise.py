@@ -66,6 +66,7 @@ from ddlstudy.reducers.compress import parse as parse_compress
 from ddlstudy.report import load_runs
 from ddlstudy.runfolder import MANIFEST, new_run_id, run_env
 from ddlstudy.runner import preflight
+from ddlstudy.sampler import NOISY_CORES, WAIT_MOST_S, OthersLoad, wait_quiet
 from ddlstudy.tools.predict import Cost, fit, measure_sizes
 from ddlstudy.training import WARMUP_STEPS
 
@@ -103,6 +104,11 @@ class Candidate:
     waits for no other)."""
     runs: list[str] = field(default_factory=list)
     seconds: list[float] = field(default_factory=list)
+    noisy: list[dict[str, Any]] = field(default_factory=list)
+    """Probes during which other processes kept more than NOISY_CORES of the host busy:
+    kept for the record, left out of ``speeds`` unless no quiet probe came (``busy``)."""
+    busy: bool = False
+    """Whether its figure comes from noisy probes only."""
 
     @property
     def speed(self) -> float:
@@ -114,7 +120,8 @@ class Candidate:
             return out | {"skipped": self.skip}
         return out | {"images_per_s": [round(s, 2) for s in self.speeds], "runs": self.runs,
                       "probe_s": [round(s, 1) for s in self.seconds]} | (
-            {"exchange_s": [round(e, 5) for e in self.exchanges]} if self.nodes > 1 else {})
+            {"exchange_s": [round(e, 5) for e in self.exchanges]} if self.nodes > 1 else {}) | (
+            {"noisy": self.noisy, "only_noisy": self.busy} if self.noisy else {})
 
 
 def _worker_counts(cores: int) -> list[int]:
@@ -189,25 +196,46 @@ def probe_settings(usecase: str, steps: int) -> dict[str, Any]:
 
 
 def probe(c: Candidate, usecase: str, settings: dict[str, Any], runs_dir: Path) -> None:
-    """One real ``ddlstudy run`` of ``c``: its steady images/s (median of its epochs)."""
+    """One real ``ddlstudy run`` of ``c``: its steady images/s (median of its epochs), and
+    the cores other processes used meanwhile (above NOISY_CORES: a noisy probe)."""
     run_id = new_run_id(usecase, c.flags.get("strategy", "sequential"))
     env = run_env(run_id)
     argv = ["run", "--quiet", *run_flags(usecase, settings | c.flags, runs_dir)]
-    start = time.monotonic()
+    start, others = time.monotonic(), OthersLoad()
     out = subprocess.run([sys.executable, "-m", "ddlstudy", *argv], capture_output=True,
                          text=True, env=env)
     c.seconds.append(time.monotonic() - start)
+    load = others.cores()
     manifest = runs_dir / run_id / MANIFEST
     if out.returncode or not manifest.is_file():
         tail = (out.stderr.strip().splitlines() or [f"exit code {out.returncode}"])[-1]
         c.skip = f"the probe failed: {tail}"
         return
     m = json.loads(manifest.read_text())
-    c.speeds.append(statistics.median(e["steady_images_per_s"] for e in m["epochs"]))
-    c.runs.append(run_id)
+    speed = statistics.median(e["steady_images_per_s"] for e in m["epochs"])
+    exchange = None
     if c.nodes > 1:
         ranks = m["backend"]["exchange"]["per_rank"]
-        c.exchanges.append(min(r["exchange_s"] / max(r["steps"], 1) for r in ranks))
+        exchange = min(r["exchange_s"] / max(r["steps"], 1) for r in ranks)
+    if load > NOISY_CORES:
+        c.noisy.append({"images_per_s": round(speed, 2), "others_cores": round(load, 2),
+                        "run": run_id} | ({"exchange_s": exchange} if c.nodes > 1 else {}))
+        return
+    c.speeds.append(speed)
+    c.runs.append(run_id)
+    if exchange is not None:
+        c.exchanges.append(exchange)
+
+
+def settle_noisy(cands: list[Candidate]) -> None:
+    """A candidate that got noisy probes only is ranked on them, flagged ``busy``."""
+    for c in cands:
+        if not c.speeds and c.noisy and not c.skip:
+            c.busy = True
+            c.speeds = [n["images_per_s"] for n in c.noisy]
+            c.runs = [n["run"] for n in c.noisy]
+            if c.nodes > 1:
+                c.exchanges = [n["exchange_s"] for n in c.noisy]
 
 
 def say(text: str) -> None:
@@ -217,43 +245,86 @@ def say(text: str) -> None:
 
 def probe_all(cands: list[Candidate], usecase: str, settings: dict[str, Any],
               runs_dir: Path, deadline: float, rounds: int,
-              grow: Callable[[list[Candidate]], list[Candidate]] = lambda done: []) -> int:
+              grow: Callable[[list[Candidate]], list[Candidate]] = lambda done: [],
+              wait: bool = False) -> tuple[int, float]:
     """Rounds of probes while the deadline allows. The first probes every candidate; after
     it ``grow`` adds those that depend on it (MPI nodes of the fastest local strategies),
-    probed first in the second round; later rounds probe only the contenders, fastest
+    probed first in the second round; later rounds probe first again those whose probes
+    were all noisy (another process kept the host busy), then only the contenders, fastest
     first: those whose fastest probe reaches ``CONTENDER`` of the leader's median (a
     candidate far behind needs no more probes to be ranked below it). A probe starts only
     if the slowest earlier probe of it (or of any, before its first) would end before the
-    deadline; the baseline always runs once. Returns the rounds completed."""
-    count = 0
-    for r in range(rounds):
-        if r == 0:
-            order = [c for c in cands if not c.skip]
-        else:
-            more = grow(cands) if r == 1 else []
-            cands += more
-            ran = [c for c in cands if c.speeds and not c.skip]
-            lead = max(c.speed for c in ran)
-            order = more + sorted((c for c in ran if max(c.speeds) >= CONTENDER * lead),
-                                  key=lambda c: -c.speed)
-        for c in order:
-            if c.skip or len(c.speeds) > r:
-                continue
-            guess = max(c.seconds or [s for o in cands for s in o.seconds] or [0.0])
-            left = deadline - time.monotonic()
-            if guess > left and (c.speeds or c.label != "sequential"):
-                for o in cands:
-                    if not o.speeds and not o.skip:
-                        o.skip = "not probed: the time budget ran out (give a larger --budget)"
-                say(f"  budget: {max(left, 0):.0f} s left, a probe takes about {guess:.0f} s;"
-                    " probing stops")
-                return r
-            count += 1
-            probe(c, usecase, settings, runs_dir)
-            got = f"{c.speeds[-1]:.1f} images/s" if not c.skip else c.skip
-            say(f"  [probe {count}, round {r + 1}] {c.label}: {got} ({c.seconds[-1]:.1f} s; "
-                f"{max(deadline - time.monotonic(), 0):.0f} s of the budget left)")
-    return rounds
+    deadline; the baseline always runs once. With ``wait``, each probe first waits for a
+    quiet host (at most WAIT_MOST_S), and the wait is not charged to the budget. Returns
+    the rounds completed and the seconds waited."""
+    count, waited = 0, 0.0
+    try:
+        for r in range(rounds):
+            if r == 0:
+                order = [c for c in cands if not c.skip]
+            else:
+                more = grow(cands) if r == 1 else []
+                cands += more
+                ran = [c for c in cands if c.speeds and not c.skip]
+                lead = max((c.speed for c in ran), default=0.0)
+                again = [c for c in cands if c.noisy and not c.speeds and not c.skip]
+                order = more + again + sorted(
+                    (c for c in ran if max(c.speeds) >= CONTENDER * lead),
+                    key=lambda c: -c.speed)
+            for c in order:
+                if c.skip or len(c.speeds) > r:
+                    continue
+                if wait:
+                    w = _wait_quiet()
+                    deadline, waited = deadline + w, waited + w
+                done = _probe_in_budget(c, cands, usecase, settings, runs_dir, deadline,
+                                        count + 1, r)
+                if done is None:
+                    return r, waited
+                count += 1
+        return rounds, waited
+    finally:
+        settle_noisy(cands)
+
+
+def _wait_quiet() -> float:
+    """Wait for a quiet host (at most WAIT_MOST_S); the seconds waited."""
+    start = time.monotonic()
+    busy = wait_quiet(lambda b, s: say(f"  waiting for a quiet host: other processes use "
+                                       f"{b:.2f} core(s) ({s:.0f} s so far, at most "
+                                       f"{WAIT_MOST_S:.0f})"), WAIT_MOST_S)
+    if busy > NOISY_CORES:
+        say(f"  the host stayed busy ({busy:.2f} cores): probing anyway")
+    return time.monotonic() - start
+
+
+def _probe_in_budget(c: Candidate, cands: list[Candidate], usecase: str,
+                     settings: dict[str, Any], runs_dir: Path, deadline: float, count: int,
+                     r: int) -> bool | None:
+    """Probe ``c`` if the deadline allows (None, every unprobed candidate marked skipped,
+    when it does not)."""
+    guess = max(c.seconds or [s for o in cands for s in o.seconds] or [0.0])
+    left = deadline - time.monotonic()
+    if guess > left and (c.speeds or c.noisy or c.label != "sequential"):
+        for o in cands:
+            if not o.speeds and not o.noisy and not o.skip:
+                o.skip = "not probed: the time budget ran out (give a larger --budget)"
+        say(f"  budget: {max(left, 0):.0f} s left, a probe takes about {guess:.0f} s;"
+            " probing stops")
+        return None
+    quiet = len(c.speeds)
+    probe(c, usecase, settings, runs_dir)
+    if c.skip:
+        got = c.skip
+    elif len(c.speeds) > quiet:
+        got = f"{c.speeds[-1]:.1f} images/s"
+    else:
+        n = c.noisy[-1]
+        got = (f"{n['images_per_s']:.1f} images/s, noisy: other processes used "
+               f"{n['others_cores']:.2f} cores (not counted; --wait-quiet waits)")
+    say(f"  [probe {count}, round {r + 1}] {c.label}: {got} ({c.seconds[-1]:.1f} s; "
+        f"{max(deadline - time.monotonic(), 0):.0f} s of the budget left)")
+    return True
 
 
 @dataclass(frozen=True)
@@ -405,7 +476,8 @@ def predictions(cands: list[Candidate], nodes: list[int], where: Setting, batch:
     for n in nodes:
         if n == 1:
             rows += [_row(c.node or c, 1, None, c.speeds, base, train_images,
-                          (batch, batch), "probed") for c in probed if c.nodes == 1]
+                          (batch, batch), "probed", busy=c.busy)
+                     for c in probed if c.nodes == 1]
             continue
         runs = [c for c in probed if c.nodes == n]
         # compute seconds a step of batch/n a node, per probe
@@ -435,15 +507,17 @@ def predictions(cands: list[Candidate], nodes: list[int], where: Setting, batch:
                         # alpha-beta; model: one node's probe and the alpha-beta
                         basis = "probe + model" if run else "model"
                     rows.append(_row(node, n, method, speeds, base, train_images,
-                                     (images, batch), basis, where, exchange))
+                                     (images, batch), basis, where, exchange,
+                                     busy=node.busy or bool(run and run.busy)))
     return rows, notes
 
 
 def _row(c: Candidate, n: int, method: str | None, speeds: list[float], base: float,
          train_images: int, batches: tuple[int, int], basis: str,
-         where: Setting | None = None, exchange: float = 0.0) -> dict[str, Any]:
+         where: Setting | None = None, exchange: float = 0.0,
+         busy: bool = False) -> dict[str, Any]:
     """A ranked row of local candidate ``c`` on ``n`` nodes: ``batches`` is (global batch,
-    the use case's batch)."""
+    the use case's batch); ``busy``: its figures come from noisy probes only."""
     flags = dict(c.flags)
     label = c.label
     weak = batches[0] != batches[1]
@@ -461,7 +535,7 @@ def _row(c: Candidate, n: int, method: str | None, speeds: list[float], base: fl
             "low": min(speeds), "high": max(speeds), "speedup": speed / base,
             "exchange_s": exchange, "epoch_s": train_images / speed, "basis": basis,
             "convergence_key": convergence_key(flags, *batches),
-            "runnable": n == 1 or where.link is None}
+            "runnable": n == 1 or where.link is None, "noisy": busy}
 
 
 def rank(rows: list[dict], conv: dict[str, Any]) -> None:
@@ -517,9 +591,10 @@ def sureness(rows: list[dict]) -> str:
 def advise(usecase: str, nodes: list[int], hosts: str | None, link: str | None,
            budget: float, out: Path, runs: Path | None = None, rounds: int = 3,
            steps: int = PROBE_STEADY_STEPS, datasets_dir: Path | None = None,
-           host_count: int | None = None) -> dict:
+           host_count: int | None = None, wait: bool = False) -> dict:
     """Probe, measure, predict and rank (see the module's docstring): advise.json's
-    content. ``host_count``: how many ``hosts`` there are (MPI probes up to that many)."""
+    content. ``host_count``: how many ``hosts`` there are (MPI probes up to that many);
+    ``wait``: each probe waits for a quiet host first."""
     started = time.monotonic()
     deadline = started + budget
     uc = load_usecase(usecase)
@@ -545,8 +620,8 @@ def advise(usecase: str, nodes: list[int], hosts: str | None, link: str | None,
         where.exchange = on_link(measured, link) if link else measured
         say(f"  exchange measured between 2 ranks on {measured.link} in "
             f"{time.monotonic() - t0:.0f} s")
-    done = probe_all(cands, usecase, settings, probes_dir, deadline, rounds,
-                     lambda done: mpi_candidates(done, nodes, where, 4 * params))
+    done, waited = probe_all(cands, usecase, settings, probes_dir, deadline, rounds,
+                     lambda done: mpi_candidates(done, nodes, where, 4 * params), wait)
     batch = uc.train.batch_size
     rows, notes = predictions(cands, nodes, where, batch, 4 * params, train_images(uc))
     conv = convergence(runs, uc.name)
@@ -555,6 +630,7 @@ def advise(usecase: str, nodes: list[int], hosts: str | None, link: str | None,
         r["command"] = command(usecase, r["flags"])
     result = {"usecase": uc.name, "nodes": nodes, "hosts": hosts, "link": link,
               "budget_s": budget, "seconds": round(time.monotonic() - started, 1),
+              "waited_s": round(waited, 1),
               "rounds": done, "cores": cores, "gpus": gpus, "batch": batch,
               "gradient_bytes": 4 * params, "probe_settings": settings,
               "probes": [c.record() for c in cands],
@@ -573,7 +649,9 @@ def markdown(result: dict, top: int = 10) -> str:
     lines = [f"# ddlstudy advise: {result['usecase']}", "",
              f"{result['cores']} cores, {result['gpus']} GPU(s); nodes {result['nodes']} on "
              f"{where}; {result['rounds']} probe round(s) in {result['seconds']:.0f} s "
-             f"(budget {result['budget_s']:.0f} s)", ""]
+             f"(budget {result['budget_s']:.0f} s"
+             + (f"; {result['waited_s']:.0f} s more waiting for a quiet host"
+                if result.get("waited_s") else "") + ")", ""]
     conv = result["convergence"]
     ttt = bool(conv.get("factor"))
     lines.append(f"ranked by {'predicted time to ' + str(conv['target']) if ttt else 'images/s'}"
@@ -587,7 +665,8 @@ def markdown(result: dict, top: int = 10) -> str:
         how = f"`{r['command']}`" if r["runnable"] else \
             "predicted for that link: run it with --hostfile on such machines"
         lines.append(f"| {r['rank']} | {r['label']} | {r['nodes']} | {r['images_per_s']:.1f} "
-                     f"({r['low']:.1f}-{r['high']:.1f}) | {r['basis']} | {r['speedup']:.2f} | "
+                     f"({r['low']:.1f}-{r['high']:.1f}) | {r['basis']}"
+                     f"{', busy host' if r.get('noisy') else ''} | {r['speedup']:.2f} | "
                      f"{r['efficiency']:.0%} |"
                      + (f" {_figure(r['time_to_target_s'], ' s')} |" if ttt else "")
                      + f" {r['convergence']} | {how} |")
@@ -598,6 +677,13 @@ def markdown(result: dict, top: int = 10) -> str:
     lines += [f"- {n}: {r['label']}, {r['images_per_s']:.1f} images/s (rank {r['rank']})"
               for n, r in sorted(best.items())]
     lines += [f"- {note}" for note in result["notes"]]
+    noisy = [n for p in result["probes"] for n in p.get("noisy", [])]
+    if noisy:
+        lines.append(f"- {len(noisy)} probe(s) ran while other processes kept more than "
+                     f"{NOISY_CORES} cores of this host busy (up to "
+                     f"{max(n['others_cores'] for n in noisy):.2f}): not counted where the "
+                     "configuration had a quiet probe; rows marked 'busy host' had none. "
+                     "--wait-quiet waits for a quiet host before each probe")
     skipped = [p for p in result["probes"] if "skipped" in p]
     if skipped:
         lines += ["", "not probed:", ""] + [f"- {p['label']}: {p['skipped']}" for p in skipped]
@@ -620,16 +706,21 @@ runs: left out when matching cells to the advice's rows."""
 def check(advice: dict, runs_dir: Path, study: dict) -> dict:
     """The advice against a study of its recommendations (``study.json``'s record): each
     cell's measured figure (median over repeats) beside the predicted one, and whether the
-    first-ranked is within 10 % of the best measured."""
+    first-ranked is within 10 % of the best measured. Runs marked noisy (other processes
+    kept the host busy) are left out, as the report leaves them out of speedups."""
     by_flags = {json.dumps(r["flags"], sort_keys=True): r for r in advice["ranking"]}
     manifests = {m["id"]: m for m in load_runs(runs_dir)}
     ttt = bool((advice.get("convergence") or {}).get("factor"))
     measured: dict[str, list[float]] = {}
+    noisy = 0
     for cell in study["cells"]:
         m = manifests.get(cell["run"])
         what = {k: v for k, v in cell["flags"].items() if k not in NOT_THE_CONFIGURATION}
         row = by_flags.get(json.dumps(what, sort_keys=True))
         if row is None or m is None or m.get("status") != "completed":
+            continue
+        if (m.get("host_load") or {}).get("noisy") is True:
+            noisy += 1
             continue
         if ttt:
             tta = m.get("time_to_target") or {}
@@ -645,7 +736,7 @@ def check(advice: dict, runs_dir: Path, study: dict) -> dict:
                      "measured": statistics.median(values), "runs": len(values)})
     rows.sort(key=lambda r: r["rank"])
     out: dict[str, Any] = {"criterion": "time to target (s)" if ttt else "images/s",
-                           "rows": rows}
+                           "rows": rows, "noisy_left_out": noisy}
     if rows and rows[0]["rank"] == 1 and not math.isinf(min(r["measured"] for r in rows)):
         better = min if ttt else max
         best = better(rows, key=lambda r: r["measured"])
@@ -677,6 +768,9 @@ def check_text(result: dict) -> str:
         lines += ["", f"{verdict}: the first-ranked measured {result['first_over_best']:.0%} "
                   f"of the best measured (rank {result['best_rank']}); within 10 % confirms"]
     else:
-        lines += ["", "not checked: the first-ranked configuration did not complete, or "
-                  "none reached the target"]
+        lines += ["", "not checked: the first-ranked configuration did not complete (or "
+                  "only on a busy host), or none reached the target"]
+    if result.get("noisy_left_out"):
+        lines.append(f"({result['noisy_left_out']} run(s) left out: other processes kept "
+                     "the host busy; --wait-quiet waits for a quiet host before each cell)")
     return "\n".join(lines)
