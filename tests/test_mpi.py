@@ -63,7 +63,9 @@ def test_exact_reducers_train_like_allreduce_on_three_nodes(tmp_path, datasets_d
     from ddlstudy.runfolder import SNAPSHOT
 
     flags = ("--nodes", "3", "--epochs", "1", "--max-steps", "4", "--sample-hz", "0")
-    reference, ref = _mpi_run(tmp_path / "a", datasets_dir, *flags, snapshot=True)
+    reference, ref = _mpi_run(tmp_path / "a", datasets_dir, *flags, "--reduce", "allreduce",
+                              snapshot=True)
+    assert reference["backend"]["reduce"] == "allreduce"
     other, folder = _mpi_run(tmp_path / "b", datasets_dir, *flags, "--reduce", reduce,
                              snapshot=True)
     assert other["backend"]["reduce"] == reduce
@@ -296,7 +298,8 @@ def test_buckets_start_during_backward_and_train_like_one_allreduce(tmp_path, da
     micro-batch only), and the training is the one whole-buffer Allreduce gives."""
     flags = ["--nodes", "3", "--epochs", "2", "--sample-hz", "0", "--accumulate", accumulate]
     bucketed, _ = _mpi_run(tmp_path / "a", datasets_dir, *flags, "--bucket-mb", "0.25")
-    whole, _ = _mpi_run(tmp_path / "b", datasets_dir, *flags)
+    whole, _ = _mpi_run(tmp_path / "b", datasets_dir, *flags, "--reduce", "allreduce")
+    assert bucketed["backend"]["reduce"] == whole["backend"]["reduce"] == "allreduce"
     buckets = bucketed["backend"]["buckets"]
     assert buckets["count"] >= 4 and buckets["mib"][:2] == [4.02, 9.0]  # last layers first
     assert sum(buckets["mib"]) == pytest.approx(14.3e6 / 2**20, rel=0.01)
@@ -322,7 +325,7 @@ def test_compressed_gradients_send_fewer_bytes_and_still_train(tmp_path, dataset
     (["--backend", "mpi", "--compress", "topk:2"], "topk needs a ratio in (0, 1]"),
     (["--compress", "fp16"], "it needs --backend mpi"),
     (["--backend", "mpi", "--compress", "fp16", "--reduce", "ring-reduce"],
-     "leave --reduce at allreduce, not ring-reduce"),
+     "leave --reduce at auto, not ring-reduce"),
     (["--backend", "mpi", "--bucket-mb", "0"], "--bucket-mb: must be a positive float"),
     (["--bucket-mb", "25"], "it needs --backend mpi with --reduce allreduce"),
     (["--backend", "mpi", "--reduce", "step-wise", "--bucket-mb", "25"], "--reduce allreduce"),

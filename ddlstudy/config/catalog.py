@@ -52,7 +52,8 @@ STRATEGIES = {
 
 BACKENDS = ("local", "mpi", "spark")
 
-BENCH_GROUPS = ("overhead", "ceiling", "sampler", "loader", "strategies", "reducers", "spark")
+BENCH_GROUPS = ("overhead", "ceiling", "sampler", "loader", "strategies", "reducers", "mpi",
+                "spark")
 """What ``bench all --only`` takes."""
 
 

@@ -26,8 +26,8 @@ from ddlstudy.config.paths import DEFAULT_DATASETS_DIR, DEFAULT_RUNS_DIR
 from ddlstudy.config.usecase import BadImagePolicy, UseCase, _choices, _positive
 from ddlstudy.errors import ConfigError
 from ddlstudy.files import check_folder
+from ddlstudy.reducers import AUTO, get_reducer
 from ddlstudy.reducers import REGISTRY as REDUCERS
-from ddlstudy.reducers import get_reducer
 from ddlstudy.reducers.compress import parse as parse_compress
 
 SPARK_SYNCS = ("gloo", "allgather")
@@ -204,13 +204,15 @@ class RunConfig:
                                    "listed in FILE, mpiexec's format (one host[:slots] per "
                                    "line; --nodes defaults to the slots)", group=NODES,
                                    type=Path, metavar="FILE")
-    reduce: str = option("allreduce", "how MPI nodes average gradients", group=NODES,
-                         choices=tuple(REDUCERS))
+    reduce: str = option(AUTO, "how MPI nodes average gradients (auto: MPI's Allreduce for "
+                         "small gradients, ring-allreduce for large ones, by size and rank "
+                         "count)", group=NODES, choices=(AUTO, *REDUCERS))
     compress: str = option("none", "gradients on the wire between MPI nodes: none, fp16, or "
                            "topk:<ratio> with error feedback", group=NODES,
                            metavar="{none,fp16,topk:RATIO}")
-    bucket_mb: float | None = option(None, "with --reduce allreduce: reduce the gradients in "
-                                     "buckets of this many MiB, each as soon as backward has "
+    bucket_mb: float | None = option(None, "with --reduce auto or allreduce: reduce the "
+                                     "gradients with MPI's Iallreduce in buckets of this "
+                                     "many MiB, each as soon as backward has "
                                      "filled it, overlapping the exchange with the backward "
                                      "pass", group=NODES, type=float)
     balance: str = option("equal", "equal: each node an equal slice of every global batch; "
@@ -370,10 +372,11 @@ class RunConfig:
         if self.bucket_mb is not None:
             _positive("--bucket-mb", self.bucket_mb, float, most=65536,
                       why=" MiB (a bucket holds part of one model's gradients)")
-            if self.backend != "mpi" or self.reduce != "allreduce" or \
+            if self.backend != "mpi" or self.reduce not in (AUTO, "allreduce") or \
                     self.compress != "none":
                 raise ConfigError("--bucket-mb", "buckets MPI's own Iallreduce: it needs "
-                                  "--backend mpi with --reduce allreduce and no --compress")
+                                  "--backend mpi with --reduce allreduce (or auto) and no "
+                                  "--compress")
         if self.balance not in BALANCES:
             raise ConfigError("--balance", f"unknown policy {self.balance!r}; choose one of: "
                               f"{', '.join(BALANCES)}")
@@ -384,11 +387,11 @@ class RunConfig:
             if self.backend != "mpi":
                 raise ConfigError("--compress", "compresses the gradients sent between "
                                   "nodes: it needs --backend mpi")
-            if self.reduce != "allreduce":
+            if self.reduce not in (AUTO, "allreduce"):
                 raise ConfigError("--compress", f"exchanges the compressed gradients itself "
-                                  f"(an allgather); leave --reduce at allreduce, not "
+                                  f"(an allgather); leave --reduce at auto, not "
                                   f"{self.reduce}")
-        if self.reduce != "allreduce" and self.backend != "mpi":
+        if self.reduce not in (AUTO, "allreduce") and self.backend != "mpi":
             raise ConfigError("--reduce", f"{self.reduce} averages gradients between MPI "
                               "nodes: it needs --backend mpi")
         if self.spark_sync not in SPARK_SYNCS:
@@ -412,7 +415,8 @@ class RunConfig:
                 raise ConfigError("--spark-master", f"{self.spark_master} has {slots} task "
                                   f"slot(s) but --nodes {self.nodes} barrier tasks must run "
                                   f"at once; give it at least {self.nodes}")
-        get_reducer(self.reduce)
+        if self.reduce != AUTO:
+            get_reducer(self.reduce)
 
     def _check_task(self) -> None:
         _positive("--accumulate", self.accumulate, most=4096)

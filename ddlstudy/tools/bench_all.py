@@ -14,6 +14,8 @@ per repeat, then summarised as min / median / max:
 - strategies: each local strategy / the sequential baseline (steady images/s of real
   ``ddlstudy run`` processes, a few steps each)
 - reducers:   each reducer / MPI's own Allreduce on the use case's gradient (time)
+- mpi:        2 MPI nodes of one sequential process each (``--reduce auto``) / 2 local
+              processes (cpu-processes: DDP over gloo), the same layout (steady images/s)
 - spark:      2 Spark tasks / 2 MPI nodes (steady images/s)
 - start:      with strategies and spark, the seconds from the command to the first
               training step (imports, data scan, spawning, set-up) of the same runs
@@ -176,6 +178,20 @@ def reducers(usecase: str, repeats: int, hosts: str | None) -> list[Ratio]:
             if name != "allreduce"]
 
 
+def mpi(usecase: str, steps: int, repeats: int, runs: Path,
+        datasets_dir: Path | None) -> list[Ratio]:
+    speed = Ratio("mpi", "MPI, 2 nodes / cpu-processes, 2 (DDP over gloo)", "images/s")
+    start = Ratio("start", "MPI, 2 nodes / cpu-processes, 2: seconds from the command to "
+                  "the first step", "s")
+    for _ in range(repeats):
+        _side_by_side(speed, start,
+                      _run(runs, datasets_dir, usecase, steps, "--backend", "mpi", "--nodes",
+                           "2"),
+                      _run(runs, datasets_dir, usecase, steps, "--strategy", "cpu-processes",
+                           "--workers", "2"))
+    return [speed, start]
+
+
 def spark(usecase: str, steps: int, repeats: int, runs: Path,
           datasets_dir: Path | None) -> list[Ratio]:
     speed = Ratio("spark", "Spark, 2 tasks / MPI, 2 nodes", "images/s")
@@ -215,6 +231,8 @@ def bench_all(usecase: str, steps: int, repeats: int, groups: list[str],
                 results += strategies(usecase, steps, repeats, runs, datasets_dir)
             elif group == "reducers":
                 results += reducers(usecase, repeats, hosts)
+            elif group == "mpi":
+                results += mpi(usecase, steps, repeats, runs, datasets_dir)
             elif shutil.which("java") is None:
                 skipped["spark"] = "no Java on this machine (Spark's JVM needs it)"
             else:

@@ -23,6 +23,7 @@ from ddlstudy.backends.base import Backend, Environment, register
 from ddlstudy.backends.mpi import launch, messages, node, nodes
 from ddlstudy.config import RunConfig
 from ddlstudy.errors import ConfigError, Unavailable, UsageError
+from ddlstudy.reducers import AUTO
 from ddlstudy.strategies import Strategy, get_strategy
 from ddlstudy.training import Job
 
@@ -110,7 +111,9 @@ class Mpi(Backend):
         return cfg.nodes or launch.launcher_world()
 
     def describe(self, cfg: RunConfig) -> dict[str, Any]:
-        return super().describe(cfg) | {"reduce": cfg.reduce}
+        # What the nodes run: auto's choice by name (the reports compare reducers).
+        return super().describe(cfg) | {"reduce": node.reducer_name(cfg, self.nodes(cfg))} | (
+            {"reduce_asked": cfg.reduce} if cfg.reduce == AUTO else {})
 
     def launch(self, cfg: RunConfig, argv: list[str], run_id: str) -> launch.Launched | None:
         if launch.under_mpiexec():

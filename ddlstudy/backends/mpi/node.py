@@ -28,7 +28,9 @@ from torch import nn
 
 from ddlstudy import wire
 from ddlstudy.backends.mpi import messages
-from ddlstudy.reducers import get_reducer
+from ddlstudy.config import RunConfig
+from ddlstudy.models import parameter_count
+from ddlstudy.reducers import AUTO, choose, get_reducer
 from ddlstudy.reducers.compress import parse as parse_compress
 from ddlstudy.strategies.base import Layout
 from ddlstudy.strategies.threads import replica_grads, sync_replicas
@@ -152,6 +154,16 @@ class Buckets:
         self.requests = [None] * len(self.ranges)
 
 
+def reducer_name(cfg: RunConfig, ranks: int) -> str:
+    """The reducer the nodes run: ``--reduce``, or for ``auto`` the one ``reducers.choose``
+    picks for the model's float32 gradient between ``ranks`` ranks (the same on every rank:
+    the model is counted from its shapes, nothing allocated). Buckets are MPI's own
+    Iallreduce."""
+    if cfg.reduce != AUTO or cfg.bucket_mb:
+        return "allreduce" if cfg.bucket_mb else cfg.reduce
+    return choose(4 * parameter_count(cfg.usecase.model, len(cfg.usecase.classes)), ranks)
+
+
 def node_link(comm, reducer) -> Link:
     """One process per node: the reducer averages between the MPI ranks."""
 
@@ -255,7 +267,7 @@ def _fit(job: Job, comm, model: nn.Module, flat: torch.Tensor, local=None,
     cfg = job.cfg
     rank, nodes = comm.Get_rank(), comm.Get_size()
     compressor = parse_compress(cfg.compress)
-    link = node_link(comm, compressor or get_reducer(cfg.reduce))
+    link = node_link(comm, compressor or get_reducer(reducer_name(cfg, nodes)))
     buckets = Buckets(model, flat, comm, int(cfg.bucket_mb * 2**20), cfg.accumulate) \
         if cfg.bucket_mb else None
     if buckets is not None:  # the buckets' exchange, begun during backward

@@ -47,6 +47,7 @@ from ddlstudy.backends.mpi.node import (
     mpi_step,
     record_compression,
     record_exchange,
+    reducer_name,
 )
 from ddlstudy.reducers import get_reducer
 from ddlstudy.reducers.compress import parse as parse_compress
@@ -167,7 +168,7 @@ def fit(job: Job, comm, layout: Layout) -> list[dict]:
     device_type = "cuda" if layout.collectives == "nccl" else "cpu"
     node, nodes = comm.Get_rank(), comm.Get_size()
     compressor = parse_compress(cfg.compress)
-    reducer = compressor or get_reducer(cfg.reduce)
+    reducer = compressor or get_reducer(reducer_name(cfg, nodes))
     work, args, spread = _work(job, comm, layout)
     port = free_port()
     level = logging.getLogger("ddlstudy").level
