@@ -178,30 +178,34 @@ def reducers(usecase: str, repeats: int, hosts: str | None) -> list[Ratio]:
             if name != "allreduce"]
 
 
+def _pair(group: str, a: str, b: str, a_flags: list[str], b_flags: list[str],
+          usecase: str, steps: int, repeats: int, runs: Path,
+          datasets_dir: Path | None) -> list[Ratio]:
+    """Run ``a`` then ``b`` (their flags) side by side ``repeats`` times: their images/s
+    in ``group``, and their seconds to the first step in ``start``."""
+    speed = Ratio(group, f"{a} / {b}", "images/s")
+    start = Ratio("start", f"{a} / {b}: seconds from the command to the first step", "s")
+    for _ in range(repeats):
+        _side_by_side(speed, start, *(_run(runs, datasets_dir, usecase, steps, *flags)
+                                      for flags in (a_flags, b_flags)))
+    return [speed, start]
+
+
+MPI_2 = ["--backend", "mpi", "--nodes", "2"]
+
+
 def mpi(usecase: str, steps: int, repeats: int, runs: Path,
         datasets_dir: Path | None) -> list[Ratio]:
-    speed = Ratio("mpi", "MPI, 2 nodes / cpu-processes, 2 (DDP over gloo)", "images/s")
-    start = Ratio("start", "MPI, 2 nodes / cpu-processes, 2: seconds from the command to "
-                  "the first step", "s")
-    for _ in range(repeats):
-        _side_by_side(speed, start,
-                      _run(runs, datasets_dir, usecase, steps, "--backend", "mpi", "--nodes",
-                           "2"),
-                      _run(runs, datasets_dir, usecase, steps, "--strategy", "cpu-processes",
-                           "--workers", "2"))
-    return [speed, start]
+    return _pair("mpi", "MPI, 2 nodes", "cpu-processes, 2 (DDP over gloo)", MPI_2,
+                 ["--strategy", "cpu-processes", "--workers", "2"], usecase, steps, repeats,
+                 runs, datasets_dir)
 
 
 def spark(usecase: str, steps: int, repeats: int, runs: Path,
           datasets_dir: Path | None) -> list[Ratio]:
-    speed = Ratio("spark", "Spark, 2 tasks / MPI, 2 nodes", "images/s")
-    start = Ratio("start", "Spark, 2 tasks / MPI, 2 nodes: seconds from the command to the "
-                  "first step", "s")
-    for _ in range(repeats):
-        _side_by_side(speed, start, *(_run(runs, datasets_dir, usecase, steps, "--backend",
-                                           backend, "--nodes", "2")
-                                      for backend in ("spark", "mpi")))
-    return [speed, start]
+    return _pair("spark", "Spark, 2 tasks", "MPI, 2 nodes",
+                 ["--backend", "spark", "--nodes", "2"], MPI_2, usecase, steps, repeats, runs,
+                 datasets_dir)
 
 
 def bench_all(usecase: str, steps: int, repeats: int, groups: list[str],
