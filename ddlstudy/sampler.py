@@ -289,13 +289,19 @@ def wait_quiet(announce, most_s: float | None = None) -> float:
             announce(busy, waited)
 
 
+def wait_quiet_at_most() -> float:
+    """``--wait-quiet``: wait for a quiet host, at most WAIT_MOST_S, logging what keeps it
+    busy every 10 s; returns the load last measured."""
+    return wait_quiet(lambda b, s: log.info("waiting for a quiet host: other processes use "
+                                            "%.2f core(s) (%.0f s so far, at most %.0f)",
+                                            b, s, WAIT_MOST_S), WAIT_MOST_S)
+
+
 def check_load(wait: bool = False) -> float:
     """Say how busy the host is before measuring (other processes' cores) and warn when it
     is not quiet; with ``wait``, wait for it to be quiet first. Returns the cores busy."""
     if wait:
-        busy = wait_quiet(lambda b, s: log.info("waiting for a quiet host: other processes "
-                                                "use %.2f core(s) (%.0f s so far, at most "
-                                                "%.0f)", b, s, WAIT_MOST_S), WAIT_MOST_S)
+        busy = wait_quiet_at_most()
     else:
         busy = host_busy(1.0)
     if busy > NOISY_CORES:

@@ -31,6 +31,9 @@ from ddlstudy.reducers import REGISTRY as REDUCERS
 from ddlstudy.reducers.compress import parse as parse_compress
 
 SPARK_SYNCS = ("gloo", "allgather")
+ALLREDUCE_OR_AUTO = (AUTO, "allreduce")
+"""``--reduce`` values that leave MPI's own Allreduce available: buckets and compression
+need one of them, and only these are allowed without ``--backend mpi``."""
 PRECISIONS = ("fp32", "bf16", "fp16")
 SCALINGS = ("strong", "weak")
 LR_SCALINGS = ("none", "linear")
@@ -372,7 +375,7 @@ class RunConfig:
         if self.bucket_mb is not None:
             _positive("--bucket-mb", self.bucket_mb, float, most=65536,
                       why=" MiB (a bucket holds part of one model's gradients)")
-            if self.backend != "mpi" or self.reduce not in (AUTO, "allreduce") or \
+            if self.backend != "mpi" or self.reduce not in ALLREDUCE_OR_AUTO or \
                     self.compress != "none":
                 raise ConfigError("--bucket-mb", "buckets MPI's own Iallreduce: it needs "
                                   "--backend mpi with --reduce allreduce (or auto) and no "
@@ -387,11 +390,11 @@ class RunConfig:
             if self.backend != "mpi":
                 raise ConfigError("--compress", "compresses the gradients sent between "
                                   "nodes: it needs --backend mpi")
-            if self.reduce not in (AUTO, "allreduce"):
+            if self.reduce not in ALLREDUCE_OR_AUTO:
                 raise ConfigError("--compress", f"exchanges the compressed gradients itself "
                                   f"(an allgather); leave --reduce at auto, not "
                                   f"{self.reduce}")
-        if self.reduce not in (AUTO, "allreduce") and self.backend != "mpi":
+        if self.reduce not in ALLREDUCE_OR_AUTO and self.backend != "mpi":
             raise ConfigError("--reduce", f"{self.reduce} averages gradients between MPI "
                               "nodes: it needs --backend mpi")
         if self.spark_sync not in SPARK_SYNCS:

@@ -66,7 +66,7 @@ from ddlstudy.reducers.compress import parse as parse_compress
 from ddlstudy.report import load_runs
 from ddlstudy.runfolder import MANIFEST, new_run_id, run_env
 from ddlstudy.runner import preflight
-from ddlstudy.sampler import NOISY_CORES, WAIT_MOST_S, OthersLoad, wait_quiet
+from ddlstudy.sampler import NOISY_CORES, OthersLoad, wait_quiet_at_most
 from ddlstudy.tools.predict import Cost, fit, measure_sizes
 from ddlstudy.training import WARMUP_STEPS
 
@@ -290,9 +290,7 @@ def probe_all(cands: list[Candidate], usecase: str, settings: dict[str, Any],
 def _wait_quiet() -> float:
     """Wait for a quiet host (at most WAIT_MOST_S); the seconds waited."""
     start = time.monotonic()
-    busy = wait_quiet(lambda b, s: say(f"  waiting for a quiet host: other processes use "
-                                       f"{b:.2f} core(s) ({s:.0f} s so far, at most "
-                                       f"{WAIT_MOST_S:.0f})"), WAIT_MOST_S)
+    busy = wait_quiet_at_most()
     if busy > NOISY_CORES:
         say(f"  the host stayed busy ({busy:.2f} cores): probing anyway")
     return time.monotonic() - start
@@ -621,7 +619,8 @@ def advise(usecase: str, nodes: list[int], hosts: str | None, link: str | None,
         say(f"  exchange measured between 2 ranks on {measured.link} in "
             f"{time.monotonic() - t0:.0f} s")
     done, waited = probe_all(cands, usecase, settings, probes_dir, deadline, rounds,
-                     lambda done: mpi_candidates(done, nodes, where, 4 * params), wait)
+                             lambda done: mpi_candidates(done, nodes, where, 4 * params),
+                             wait)
     batch = uc.train.batch_size
     rows, notes = predictions(cands, nodes, where, batch, 4 * params, train_images(uc))
     conv = convergence(runs, uc.name)

@@ -159,8 +159,10 @@ def reducer_name(cfg: RunConfig, ranks: int) -> str:
     picks for the model's float32 gradient between ``ranks`` ranks (the same on every rank:
     the model is counted from its shapes, nothing allocated). Buckets are MPI's own
     Iallreduce."""
-    if cfg.reduce != AUTO or cfg.bucket_mb:
-        return "allreduce" if cfg.bucket_mb else cfg.reduce
+    if cfg.bucket_mb:
+        return "allreduce"
+    if cfg.reduce != AUTO:
+        return cfg.reduce
     return choose(4 * parameter_count(cfg.usecase.model, len(cfg.usecase.classes)), ranks)
 
 
