@@ -142,15 +142,16 @@ class RunFolder:
         atomic_write(self.path / SNAPSHOT, lambda f: torch.save(state, f))
 
     def reload_epochs(self) -> None:
-        """Take the epochs (and the time to the first step) a worker process (rank 0 of a
-        multi-process strategy) wrote."""
+        """Take the epochs (and the time to the first step, the gradients' transport) a
+        worker process (rank 0 of a multi-process strategy) wrote."""
         try:
             written = json.loads((self.path / MANIFEST).read_text())
             self.manifest["epochs"] = written["epochs"]
         except (OSError, ValueError, KeyError):
             return
-        if "first_step_s" in written:
-            self.manifest.setdefault("first_step_s", written["first_step_s"])
+        for key in ("first_step_s", "transport"):
+            if key in written:
+                self.manifest.setdefault(key, written[key])
 
     def finish(self, status: str, exit_code: int, error: str | None = None,
                **extra: Any) -> None:

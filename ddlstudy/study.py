@@ -129,7 +129,7 @@ def _label(cfg: RunConfig) -> tuple[str, int]:
                 "config": {"precision": cfg.precision, "accumulate": cfg.accumulate,
                            "scaling": cfg.scaling, "lr_scaling": cfg.lr_scaling,
                            "compress": cfg.compress, "balance": cfg.balance,
-                           "bucket_mb": cfg.bucket_mb,
+                           "bucket_mb": cfg.bucket_mb, "transport": cfg.transport,
                            "hosts": cfg.hosts},
                 "effective": cfg.effective.as_dict(),
                 "host": {"usable_cores": usable_cores()}}

@@ -98,6 +98,11 @@ CASES = [
     (R + ["--batch-size", "100000000"], "--batch-size: 100000000 is above the limit"),
     (R + ["--epochs", "100000000000"], "--epochs: 100000000000 is above the limit"),
     (R + ["--strategy", "cpu-processes", "--workers", "100000"], "--workers: 100000 is above"),
+    (R + ["--transport", "gloo"], "--transport: chooses how DDP's processes average "
+                                  "gradients: it needs --strategy cpu-processes"),
+    (R + ["--strategy", "cpu-processes", "--transport", "tcp"], "--transport: unknown "
+                                                                "transport 'tcp'; choose one "
+                                                                "of: auto, gloo"),
     (R + ["--strategy", "pipeline", "--stages", "9999"], "--stages: 9999 is above the limit"),
     (R + ["--loader-workers", "10000"], "--loader-workers: must be 0 to 64 processes"),
     (R + ["--backend", "mpi", "--nodes", "100000"], "--nodes: 100000 is above the limit"),

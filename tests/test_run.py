@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from ddlstudy.errors import ConfigError
+from ddlstudy.report import config_label
 from ddlstudy.runfolder import MANIFEST, METRICS, SAMPLES, SNAPSHOT
 from ddlstudy.runner import resolve, run
 from ddlstudy.sampler import COLUMNS
@@ -151,6 +152,21 @@ def test_cpu_processes_merges_every_workers_samples(quick_config):
     assert samples["time"].is_monotonic_increasing
     assert not list(folder.path.glob(".samples-rank*"))
     assert folder.manifest["samples"]["workers_sampled"] == 2
+
+
+def test_cpu_processes_through_shared_memory_train_as_over_gloo(quick_config):
+    """Two ranks on one host average through /dev/shm by default, and learn what DDP over
+    gloo learns: (a + b) / 2 and a / 2 + b / 2 are the same floats."""
+    runs = [run(quick_config(strategy="cpu-processes", workers=2, epochs=2, snapshot=False,
+                             transport=transport), show_progress=False)
+            for transport in ("auto", "gloo")]
+    assert [r.manifest["transport"] for r in runs] == ["shared-memory", "gloo"]
+    assert [r.manifest["config"]["transport"] for r in runs] == ["auto", "gloo"]
+    assert [config_label(r.manifest) for r in runs] == [  # unlike runs: unlike rows
+        "cpu-processes (2 processes)", "cpu-processes (2 processes) over gloo"]
+    losses = [[e["train_loss"] for e in r.manifest["epochs"]] for r in runs]
+    assert losses[0] == pytest.approx(losses[1], rel=1e-6)
+    assert losses[0][1] < losses[0][0]
 
 
 def test_cpu_intraop_records_its_threads(quick_config):

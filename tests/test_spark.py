@@ -53,6 +53,8 @@ def test_gloo_sync_computes_what_cpu_processes_computes(tmp_path, datasets_dir, 
     assert backend["master"] == "local-cluster[2,1,1024]" and backend["stage_attempts"] == 1
     assert backend["session_start_s"] > 0 and sorted(t["rank"] for t in backend["tasks"]) == [0, 1]
     assert manifest["samples"]["workers_sampled"] == 2  # each task sampled itself
+    # the executors' tasks found each other on this host: shared memory, as local ranks
+    assert manifest["transport"] == local.manifest["transport"] == "shared-memory"
 
 
 @pytest.mark.slow

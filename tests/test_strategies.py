@@ -9,6 +9,7 @@ Dropout is off (eval mode; AlexNet has no batch norm) so that all draw the same 
 
 import copy
 import dataclasses
+import os
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -24,7 +25,9 @@ from ddlstudy.runner import run
 from ddlstudy.strategies import REGISTRY, get_strategy
 from ddlstudy.strategies.processes import ddp_step, free_port
 from ddlstudy.strategies.threads import replica_step
-from ddlstudy.training import ShardedBatches, plain_step, split_sizes
+from ddlstudy.training import ShardedBatches, hostmem, plain_step, split_sizes
+from ddlstudy.training.flat import exchange_step, flat_gradients
+from ddlstudy.training.job import Link
 
 BATCH = 16
 TOLERANCE = 1e-5
@@ -97,6 +100,55 @@ def test_cpu_processes_step_equals_sequential(world, tmp_path):
                        start_method="spawn")
     update = torch.load(out, weights_only=True) - before
     assert _relative_error(update, reference) < TOLERANCE
+
+
+def _shared_memory_rank(rank, world, port, out, shm_dir=None):
+    """A step whose gradient buffer is this rank's slot of the host's shared memory (or,
+    where rank 0 finds no ``shm_dir``, a DDP step over gloo), and what /dev/shm holds."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    if shm_dir is not None and rank == 0:
+        hostmem.SHM_DIR = shm_dir
+    model, images, labels = _setup()
+    mine = next(iter(ShardedBatches([list(range(BATCH))], rank, world)))
+    shared = hostmem.join("auto", rank, world, sum(p.numel() for p in model.parameters()))
+    if shared is None:
+        ddp_step(DistributedDataParallel(model), _sgd(model), nn.CrossEntropyLoss(), BATCH,
+                 world)((images[mine], labels[mine]))
+    else:
+        flat = flat_gradients(model, shared.buffer)
+        link = Link(rank, world, lambda _flat, _step: shared.average(), None, None, None)
+        exchange_step(model, _sgd(model), flat, link, BATCH)((images[mine], labels[mine]))
+    left = sorted(p.name for p in hostmem.SHM_DIR.glob(f"ddlstudy-{os.getpid()}-*"))
+    torch.save({"weights": _flat(model), "shared": shared is not None, "left": left},
+               out.with_suffix(f".{rank}.pt"))
+    dist.destroy_process_group()
+
+
+def _shared_memory_step(world, tmp_path, shm_dir=None):
+    out = tmp_path / "weights"
+    mp.start_processes(_shared_memory_rank, args=(world, free_port(), out, shm_dir),
+                       nprocs=world, start_method="spawn")
+    return [torch.load(out.with_suffix(f".{r}.pt"), weights_only=True) for r in range(world)]
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_shared_memory_step_equals_sequential_with_the_same_bits_on_every_rank(world,
+                                                                              tmp_path):
+    before, reference = _sequential_update()
+    results = _shared_memory_step(world, tmp_path)
+    assert all(r["shared"] for r in results)
+    assert all(r["left"] == [] for r in results)  # unlinked once every rank mapped it
+    assert _relative_error(results[0]["weights"] - before, reference) < TOLERANCE
+    assert all(torch.equal(r["weights"], results[0]["weights"]) for r in results)
+
+
+def test_ranks_keep_gloo_where_one_cannot_map_the_shared_file(tmp_path):
+    before, reference = _sequential_update()
+    results = _shared_memory_step(2, tmp_path, shm_dir=tmp_path / "no-shm")
+    assert not any(r["shared"] for r in results)
+    assert _relative_error(results[0]["weights"] - before, reference) < TOLERANCE
 
 
 def test_sharded_batches_cover_each_batch_once():

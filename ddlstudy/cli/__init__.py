@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 from ddlstudy import __version__, environment
+from ddlstudy.config.catalog import BENCH_GROUPS
 from ddlstudy.config.options import Parser, add_run_options
 from ddlstudy.errors import ConfigError, UsageError
 from ddlstudy.logs import setup_logging
@@ -214,8 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--usecase", default="tiny", help="a use case name or TOML file")
     b.add_argument("--steps", type=int, default=10, help="timed steps per measurement")
     b.add_argument("--repeats", type=int, default=3, help="alternations of each pair")
-    b.add_argument("--only", help="comma-separated groups: overhead, sampler, loader, "
-                   "strategies, reducers, spark (default: all)")
+    b.add_argument("--only", help=f"comma-separated groups: {', '.join(BENCH_GROUPS)} "
+                   "(default: all)")
     b.add_argument("--hosts", help="time the reducers on emulated[:PREFIX] or host1,host2 "
                    "(default: this host)")
     b.add_argument("--datasets-dir", type=Path, help="where the synthetic sets are "

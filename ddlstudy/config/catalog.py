@@ -32,9 +32,10 @@ STRATEGIES = {
         "batch, gradients averaged before the step",
         "--workers K (replicas, default: usable cores)"),
     "cpu-processes": Described(
-        "k processes, each a replica with its slice of every batch, gradients all-reduced "
-        "every step over gloo (DDP); the paper's fastest CPU strategy",
-        "--workers K (processes, default: usable cores), --loader-workers"),
+        "k processes, each a replica with its slice of every batch, gradients averaged "
+        "every step through this host's shared memory (else DDP over gloo); the paper's "
+        "fastest CPU strategy",
+        "--workers K (processes, default: usable cores), --loader-workers, --transport"),
     "gpu-data": Described(
         "one process per GPU, DistributedDataParallel over NCCL, CPU loader workers decoding "
         "ahead so each GPU stays busy",
@@ -52,8 +53,8 @@ STRATEGIES = {
 
 BACKENDS = ("local", "mpi", "spark")
 
-BENCH_GROUPS = ("overhead", "ceiling", "sampler", "loader", "strategies", "reducers", "mpi",
-                "spark")
+BENCH_GROUPS = ("overhead", "ceiling", "sampler", "loader", "strategies", "reducers",
+                "transport", "mpi", "spark")
 """What ``bench all --only`` takes."""
 
 

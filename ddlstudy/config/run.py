@@ -38,6 +38,7 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 SCALINGS = ("strong", "weak")
 LR_SCALINGS = ("none", "linear")
 BALANCES = ("equal", "throughput")
+TRANSPORTS = ("auto", "gloo")
 SYNC_EVERY = 10
 """Steps between weight averages in Spark's allgather mode, unless --sync-every says."""
 _SPARK_MASTER = re.compile(r"^(local(\[(\d+|\*)(,\d+)?\])?|local-cluster\[(\d+),(\d+),(\d+)\]"
@@ -222,6 +223,11 @@ class RunConfig:
                           "throughput: slices in proportion to each node's images/s, "
                           "measured over the first steps (MPI nodes of unequal speed)",
                           group=NODES, choices=BALANCES)
+    transport: str = option("auto", "how DDP's processes (cpu-processes, Spark's gloo "
+                            "mode) average gradients: auto: through this host's shared "
+                            "memory when every process runs on it, else gloo; gloo: "
+                            "gloo's TCP always, as plain DDP does", group=NODES,
+                            choices=TRANSPORTS)
     scaling: str = option("strong", "strong: --batch-size is the global batch, split over "
                           "the workers; weak: each worker's batch, so the global batch grows "
                           "with the workers", group=TASK, choices=SCALINGS)
@@ -397,6 +403,15 @@ class RunConfig:
         if self.reduce not in ALLREDUCE_OR_AUTO and self.backend != "mpi":
             raise ConfigError("--reduce", f"{self.reduce} averages gradients between MPI "
                               "nodes: it needs --backend mpi")
+        if self.transport not in TRANSPORTS:
+            raise ConfigError("--transport", f"unknown transport {self.transport!r}; choose "
+                              f"one of: {', '.join(TRANSPORTS)}")
+        ddp = (self.backend, self.strategy) == ("local", "cpu-processes") or \
+            (self.backend, self.spark_sync) == ("spark", "gloo")
+        if self.transport != "auto" and not ddp:
+            raise ConfigError("--transport", "chooses how DDP's processes average gradients: "
+                              "it needs --strategy cpu-processes (one node) or --backend "
+                              "spark with --spark-sync gloo")
         if self.spark_sync not in SPARK_SYNCS:
             raise ConfigError("--spark-sync", f"unknown mode {self.spark_sync!r}; choose one "
                               f"of: {', '.join(SPARK_SYNCS)}")

@@ -136,6 +136,8 @@ def config_label(manifest: dict) -> str:
     }
     label = f"{name} ({parts[name]()})" if name in parts else name
     config = manifest.get("config", {})
+    if config.get("transport", "auto") != "auto":
+        label += f" over {config['transport']}"
     if config.get("precision", "fp32") != "fp32":
         label += f" {config['precision']}"
     if config.get("accumulate", 1) > 1:

@@ -3,16 +3,20 @@ fastest CPU strategy).
 
 Every rank walks the same shuffled sequence of global batches (one seeded generator, as in
 the sequential baseline) and loads only its slice of each, so the k slices together are
-exactly the baseline's batch. DistributedDataParallel over gloo all-reduces the gradients in
-buckets while the backward pass runs. DDP divides the summed gradients by k; each rank
-scales its loss by k * n_rank / n so that the result is the full batch's mean gradient
-even when n is not a multiple of k. Threads per process are cores // k, so k x threads
+exactly the baseline's batch. Where every rank is on this host (``--transport auto``) each
+rank's gradients are views of its slot in one shared-memory file and the ranks average the
+slots after backward (``training.hostmem``: 4.6 ms for tiny's 13.6 MiB between 2 ranks
+here, against 19.2 over gloo); otherwise DistributedDataParallel over gloo all-reduces them
+in buckets while the backward pass runs. Either divides the summed gradients by k; each
+rank scales its loss by k * n_rank / n so that the result is the full batch's mean
+gradient even when n is not a multiple of k. Threads per process are cores // k, so k x threads
 never oversubscribes the machine. Rank 0 validates together with the others (each a slice,
 counts summed) and writes the run folder.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import torch
@@ -33,11 +37,13 @@ from ddlstudy.training import (
     Batch,
     StepFn,
     accumulate_grads,
+    hostmem,
     make_loaders,
     make_scaler,
     optimizer_step,
 )
 from ddlstudy.training.distributed import free_port, group_link, run_ranks, spawned_rank
+from ddlstudy.training.flat import exchange_step, flat_gradients
 from ddlstudy.training.job import Job
 from ddlstudy.training.worker import new_model, new_optimizer, train_worker
 
@@ -70,20 +76,39 @@ def ddp_step(model: DistributedDataParallel, optimizer: torch.optim.Optimizer,
 def data_parallel_rank(rank: int, world: int, port: int | str, job: Job, threads: int,
                        log_level: int, device_type: str = "cpu",
                        loader_workers: int | None = None) -> None:
-    """One data-parallel rank: on CPU over gloo, or on GPU ``rank`` over NCCL (gpu-data);
-    a spawned process of cpu-processes, or a Spark task (``port``: "host:port")."""
+    """One data-parallel rank: on CPU through this host's shared memory (``hostmem``,
+    where every rank is on this host and ``--transport auto``) or DDP over gloo, on GPU
+    ``rank`` DDP over NCCL (gpu-data); a spawned process of cpu-processes, or a Spark task
+    (``port``: "host:port")."""
     cfg = job.cfg
     cuda = device_type == "cuda"
     with spawned_rank(rank, world, port, job, threads, log_level, device_type) as device:
         model = new_model(cfg, rank, device)  # the same weights, each rank its own dropout
-        ddp = DistributedDataParallel(model, device_ids=[rank] if cuda else None)
-        optimizer = new_optimizer(ddp.parameters(), cfg)
+        shared = None if cuda else hostmem.join(cfg.transport, rank, world,
+                                                sum(p.numel() for p in model.parameters()))
+        if rank == 0 and job.folder is not None and not cuda:  # the parent reloads it
+            job.folder.manifest["transport"] = hostmem.GLOO if shared is None else \
+                hostmem.SHARED
         train, val = make_loaders(cfg, job.data, shard=(rank, world),
                                   loader_workers=loader_workers)
-        step = ddp_step(ddp, optimizer, nn.CrossEntropyLoss(), cfg.global_batch, world,
-                        device, cfg.accumulate, make_scaler(cfg.precision, device.type))
-        train_worker(job, group_link(rank, world, device), model, optimizer, step, train, val,
-                     device=device)
+        scaler = make_scaler(cfg.precision, device.type)
+        link = group_link(rank, world, device)
+        if shared is None:
+            ddp = DistributedDataParallel(model, device_ids=[rank] if cuda else None)
+            optimizer = new_optimizer(ddp.parameters(), cfg)
+            step = ddp_step(ddp, optimizer, nn.CrossEntropyLoss(), cfg.global_batch, world,
+                            device, cfg.accumulate, scaler)
+            train_worker(job, link, model, optimizer, step, train, val, device=device)
+            return
+        try:
+            optimizer = new_optimizer(model.parameters(), cfg)
+            flat = flat_gradients(model, shared.buffer)
+            link = dataclasses.replace(link, exchange=lambda _flat, _step: shared.average())
+            step = exchange_step(model, optimizer, flat, link, cfg.global_batch,
+                                 cfg.accumulate, scaler=scaler)
+            train_worker(job, link, model, optimizer, step, train, val, device=device)
+        finally:
+            shared.close()
 
 
 @register

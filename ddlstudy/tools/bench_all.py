@@ -14,8 +14,11 @@ per repeat, then summarised as min / median / max:
 - strategies: each local strategy / the sequential baseline (steady images/s of real
   ``ddlstudy run`` processes, a few steps each)
 - reducers:   each reducer / MPI's own Allreduce on the use case's gradient (time)
+- transport:  cpu-processes (2) averaging through this host's shared memory / the same
+              over gloo's TCP (plain DDP), steady images/s
 - mpi:        2 MPI nodes of one sequential process each (``--reduce auto``) / 2 local
-              processes (cpu-processes: DDP over gloo), the same layout (steady images/s)
+              processes (cpu-processes), through shared memory and as plain DDP over gloo
+              (steady images/s)
 - spark:      2 Spark tasks / 2 MPI nodes (steady images/s)
 - start:      with strategies and spark, the seconds from the command to the first
               training step (imports, data scan, spawning, set-up) of the same runs
@@ -192,13 +195,22 @@ def _pair(group: str, a: str, b: str, a_flags: list[str], b_flags: list[str],
 
 
 MPI_2 = ["--backend", "mpi", "--nodes", "2"]
+PROCESSES_2 = ["--strategy", "cpu-processes", "--workers", "2"]
+SHARED, GLOO = "cpu-processes, 2, shared memory", "cpu-processes, 2 (DDP over gloo)"
+
+
+def transport(usecase: str, steps: int, repeats: int, runs: Path,
+              datasets_dir: Path | None) -> list[Ratio]:
+    return _pair("transport", SHARED, GLOO, PROCESSES_2, [*PROCESSES_2, "--transport", "gloo"],
+                 usecase, steps, repeats, runs, datasets_dir)
 
 
 def mpi(usecase: str, steps: int, repeats: int, runs: Path,
         datasets_dir: Path | None) -> list[Ratio]:
-    return _pair("mpi", "MPI, 2 nodes", "cpu-processes, 2 (DDP over gloo)", MPI_2,
-                 ["--strategy", "cpu-processes", "--workers", "2"], usecase, steps, repeats,
-                 runs, datasets_dir)
+    return [*_pair("mpi", "MPI, 2 nodes", GLOO, MPI_2, [*PROCESSES_2, "--transport", "gloo"],
+                   usecase, steps, repeats, runs, datasets_dir),
+            *_pair("mpi", "MPI, 2 nodes", SHARED, MPI_2, PROCESSES_2, usecase, steps,
+                   repeats, runs, datasets_dir)]
 
 
 def spark(usecase: str, steps: int, repeats: int, runs: Path,
@@ -235,6 +247,8 @@ def bench_all(usecase: str, steps: int, repeats: int, groups: list[str],
                 results += strategies(usecase, steps, repeats, runs, datasets_dir)
             elif group == "reducers":
                 results += reducers(usecase, repeats, hosts)
+            elif group == "transport":
+                results += transport(usecase, steps, repeats, runs, datasets_dir)
             elif group == "mpi":
                 results += mpi(usecase, steps, repeats, runs, datasets_dir)
             elif shutil.which("java") is None:

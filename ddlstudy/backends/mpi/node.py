@@ -20,7 +20,6 @@ import copy
 import functools
 import logging
 import socket
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -35,15 +34,12 @@ from ddlstudy.reducers.compress import parse as parse_compress
 from ddlstudy.strategies.base import Layout
 from ddlstudy.strategies.threads import replica_grads, sync_replicas
 from ddlstudy.training import (
-    Batch,
     ShardedBatches,
     StepFn,
-    accumulate_grads,
     make_loaders,
     make_scaler,
-    optimizer_step,
 )
-from ddlstudy.training.flat import check_views, flat_gradients, param_ranges
+from ddlstudy.training.flat import exchange_step, flat_gradients, param_ranges
 from ddlstudy.training.job import Job, Link
 from ddlstudy.training.worker import new_model, new_optimizer, train_worker
 
@@ -184,54 +180,6 @@ def gather_tensors(comm, obj: object) -> list | None:
     return messages.gather_as(comm, obj, wire.to_tensors, wire.from_tensors)
 
 
-def mpi_step(model: nn.Module, optimizer: torch.optim.Optimizer, flat: torch.Tensor,
-             link: Link, global_batch: int, accumulate: int = 1,
-             balancer: Balancer | None = None, local=None, after=None,
-             scaler: torch.amp.GradScaler | None = None) -> StepFn:
-    """One worker's step: its gradients (``local``, e.g. cpu-threads' replicas, or the model
-    on its slice as ``accumulate`` micro-batches), weighted by the slice's share of the
-    global batch, then averaged over every worker by ``link``, then the optimizer (and
-    ``after``: cpu-threads copies the new weights to its other replicas). ``step.times``
-    adds up the seconds spent computing and in the exchange (waiting for the slowest
-    worker included), for ``record_exchange``."""
-    count = 0
-    times = {"steps": 0, "compute_s": 0.0, "exchange_s": 0.0}
-
-    def step(batch: Batch) -> tuple[float, int, int]:
-        nonlocal count
-        images, labels = batch
-        n = labels.numel()
-        optimizer.zero_grad(set_to_none=False)  # zero in place: the grads stay views
-        start = time.perf_counter()
-        scale = link.world * n / global_batch
-        if local is not None:
-            loss_sum, correct, _ = local(batch, scale)
-        else:
-            if images.device != flat.device:
-                images, labels = images.to(flat.device), labels.to(flat.device)
-            loss_sum, correct = accumulate_grads(model, nn.CrossEntropyLoss(), images,
-                                                 labels, accumulate, scale=scale,
-                                                 scaler=scaler)
-        if balancer is not None:
-            balancer.timed(n, time.perf_counter() - start)
-        if count == 0:
-            check_views(model, flat)
-        computed = time.perf_counter()
-        link.exchange(flat, count)  # once per step, after every micro-batch
-        exchanged = time.perf_counter()
-        optimizer_step(optimizer, scaler)  # fp16: every worker sees the same averaged inf
-        if after is not None:
-            after()
-        count += 1
-        times["steps"] += 1
-        times["exchange_s"] += exchanged - computed
-        times["compute_s"] += time.perf_counter() - start - (exchanged - computed)
-        return loss_sum, correct, n
-
-    step.times = times
-    return step
-
-
 def record_exchange(job: Job, link: Link, step: StepFn) -> None:
     """Every worker's compute and exchange seconds on the manifest (``backend.exchange``):
     where a node's time goes, and which one the others wait for. A collective."""
@@ -278,7 +226,7 @@ def _fit(job: Job, comm, model: nn.Module, flat: torch.Tensor, local=None,
     balancer = Balancer(comm, train.batch_sampler.batches) \
         if cfg.balance == "throughput" and nodes > 1 else None
     optimizer = new_optimizer(model.parameters(), cfg)
-    step = mpi_step(model, optimizer, flat, link, cfg.global_batch, cfg.accumulate,
+    step = exchange_step(model, optimizer, flat, link, cfg.global_batch, cfg.accumulate,
                     balancer, local, after, make_scaler(cfg.precision))
     train_worker(job, link, model, optimizer, step, train, val)
     record_exchange(job, link, step)

@@ -44,7 +44,6 @@ from ddlstudy import wire
 from ddlstudy.backends.mpi import messages
 from ddlstudy.backends.mpi.node import (
     gather_tensors,
-    mpi_step,
     record_compression,
     record_exchange,
     reducer_name,
@@ -65,7 +64,13 @@ from ddlstudy.training.distributed import (
     spawned_rank,
     stop_ranks,
 )
-from ddlstudy.training.flat import average, check_views, flat_gradients, param_ranges
+from ddlstudy.training.flat import (
+    average,
+    check_views,
+    exchange_step,
+    flat_gradients,
+    param_ranges,
+)
 from ddlstudy.training.job import Job, Link
 from ddlstudy.training.worker import new_model, new_optimizer, train_worker
 
@@ -126,7 +131,7 @@ def train_node_worker(job: Job, link: Link, device: torch.device,
     optimizer = new_optimizer(model.parameters(), cfg)
     train, val = make_loaders(cfg, job.data, shard=(link.rank, link.world),
                               loader_workers=loader_workers)
-    step = mpi_step(model, optimizer, flat, link, cfg.global_batch, cfg.accumulate,
+    step = exchange_step(model, optimizer, flat, link, cfg.global_batch, cfg.accumulate,
                     scaler=make_scaler(cfg.precision, device.type))
     train_worker(job, link, model, optimizer, step, train, val, device=device)
     record_exchange(job, link, step)

@@ -7,8 +7,9 @@ barrier stage of ``--nodes`` tasks. Two ways to keep the nodes in step:
 
 - ``--spark-sync gloo``: the tasks exchange "host:port" with ``BarrierTaskContext.allGather``
   and form a torch.distributed gloo group (as Spark's own TorchDistributor does); each
-  task is then exactly a cpu-processes rank (DDP, gradients all-reduced every step), so
-  the run computes what ``--strategy cpu-processes --workers N`` computes.
+  task is then exactly a cpu-processes rank (gradients averaged every step: through this
+  host's shared memory where every task runs on it, else DDP over gloo), so the run
+  computes what ``--strategy cpu-processes --workers N`` computes.
 - ``--spark-sync allgather`` (SparkNet): each task trains on its own slice with local SGD
   and every ``--sync-every`` steps (and at every epoch end) the weights are averaged
   through ``allGather`` itself, in chunks small enough for Spark's RPC messages. Each
