@@ -15,7 +15,7 @@ from ddlstudy.environment import usable_cores
 def test_bench_all_writes_every_ratio_with_its_spread(tmp_path, datasets_dir, capsys):
     out = tmp_path / "bench"
     assert main(["bench", "all", "--only",
-                 "overhead,ceiling,sampler,loader,reducers,strategies,mpi",
+                 "overhead,ceiling,sampler,loader,reducers,strategies,transport,mpi",
                  "--steps", "3", "--repeats", "2", "--datasets-dir", str(datasets_dir),
                  "--out", str(out)]) == 0
     result = json.loads((out / "bench.json").read_text())
@@ -29,8 +29,10 @@ def test_bench_all_writes_every_ratio_with_its_spread(tmp_path, datasets_dir, ca
                          "DataLoader decoding every image in the loop / in-memory tensors"]
     assert sum(n.endswith("/ sequential") for n in names) == 4
     starts = [f for f in result["figures"] if f["group"] == "start"]  # the same runs' start-up
-    assert len(starts) == 5 and all(0 < s for f in starts for s in f["a"] + f["b"])
+    assert len(starts) == 7 and all(0 < s for f in starts for s in f["a"] + f["b"])
+    assert "cpu-processes, 2, shared memory / cpu-processes, 2 (DDP over gloo)" in names
     assert "MPI, 2 nodes / cpu-processes, 2 (DDP over gloo)" in names
+    assert "MPI, 2 nodes / cpu-processes, 2, shared memory" in names
     assert sum("/ MPI Allreduce" in n for n in names) == 4
     for f in result["figures"]:
         ratios = [a / b for a, b in zip(f["a"], f["b"], strict=True)]

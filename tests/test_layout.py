@@ -21,7 +21,8 @@ RUN_FLAGS = [
     "--no-snapshot", "--nodes", "--on-bad-image", "--precision", "--reduce", "--replicas",
     "--runs-dir", "--sample-hz", "--scaling", "--seed", "--snapshot-every", "--spark-master",
     "--spark-secret-file", "--spark-sync", "--spark-ui", "--stage-starts", "--stages",
-    "--strategy", "--sync-every", "--target-accuracy", "--tensorboard", "--usecase", "--workers",
+    "--strategy", "--sync-every", "--target-accuracy", "--tensorboard", "--transport",
+    "--usecase", "--workers",
 ]
 
 
