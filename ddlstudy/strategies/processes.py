@@ -98,17 +98,17 @@ def data_parallel_rank(rank: int, world: int, port: int | str, job: Job, threads
             optimizer = new_optimizer(ddp.parameters(), cfg)
             step = ddp_step(ddp, optimizer, nn.CrossEntropyLoss(), cfg.global_batch, world,
                             device, cfg.accumulate, scaler)
-            train_worker(job, link, model, optimizer, step, train, val, device=device)
-            return
-        try:
+        else:
             optimizer = new_optimizer(model.parameters(), cfg)
             flat = flat_gradients(model, shared.buffer)
             link = dataclasses.replace(link, exchange=lambda _flat, _step: shared.average())
             step = exchange_step(model, optimizer, flat, link, cfg.global_batch,
                                  cfg.accumulate, scaler=scaler)
+        try:
             train_worker(job, link, model, optimizer, step, train, val, device=device)
         finally:
-            shared.close()
+            if shared is not None:
+                shared.close()
 
 
 @register

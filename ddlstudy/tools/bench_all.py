@@ -196,19 +196,20 @@ def _pair(group: str, a: str, b: str, a_flags: list[str], b_flags: list[str],
 
 MPI_2 = ["--backend", "mpi", "--nodes", "2"]
 PROCESSES_2 = ["--strategy", "cpu-processes", "--workers", "2"]
+PROCESSES_2_GLOO = [*PROCESSES_2, "--transport", "gloo"]
 SHARED, GLOO = "cpu-processes, 2, shared memory", "cpu-processes, 2 (DDP over gloo)"
 
 
 def transport(usecase: str, steps: int, repeats: int, runs: Path,
               datasets_dir: Path | None) -> list[Ratio]:
-    return _pair("transport", SHARED, GLOO, PROCESSES_2, [*PROCESSES_2, "--transport", "gloo"],
-                 usecase, steps, repeats, runs, datasets_dir)
+    return _pair("transport", SHARED, GLOO, PROCESSES_2, PROCESSES_2_GLOO, usecase, steps,
+                 repeats, runs, datasets_dir)
 
 
 def mpi(usecase: str, steps: int, repeats: int, runs: Path,
         datasets_dir: Path | None) -> list[Ratio]:
-    return [*_pair("mpi", "MPI, 2 nodes", GLOO, MPI_2, [*PROCESSES_2, "--transport", "gloo"],
-                   usecase, steps, repeats, runs, datasets_dir),
+    return [*_pair("mpi", "MPI, 2 nodes", GLOO, MPI_2, PROCESSES_2_GLOO, usecase, steps,
+                   repeats, runs, datasets_dir),
             *_pair("mpi", "MPI, 2 nodes", SHARED, MPI_2, PROCESSES_2, usecase, steps,
                    repeats, runs, datasets_dir)]
 

@@ -8,16 +8,13 @@ memory)."""
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from ddlstudy.training.job import Link
 from ddlstudy.training.steps import Batch, StepFn, accumulate_grads, optimizer_step
-
-if TYPE_CHECKING:
-    from ddlstudy.training.job import Link
 
 
 def flat_gradients(model: nn.Module, buffer: torch.Tensor | None = None) -> torch.Tensor:
