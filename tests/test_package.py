@@ -85,7 +85,9 @@ def test_the_strategy_catalog_names_the_registered_strategies_in_order():
 
 
 def test_strategies_answers_without_importing_torch():
-    code = ("import sys; from ddlstudy.cli import main; main(['strategies']); "
+    # nor does ddlstudy.sparkjvm: the CLI starts a Spark run's JVM from it before torch
+    code = ("import sys; import ddlstudy.sparkjvm; from ddlstudy.cli import main; "
+            "main(['strategies']); "
             "assert 'torch' not in sys.modules, 'torch imported'")
     start = time.perf_counter()
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -192,3 +192,85 @@ def test_a_local_cluster_listens_on_the_loopback_only(tmp_path, datasets_dir):
     assert proc.returncode == 0
     assert len(listening) >= 3  # the driver's RPC and block manager, the master, ...
     assert addresses(listening) <= LOOPBACK, listening
+
+
+def test_what_the_jvm_printed_before_the_run_folder_goes_into_its_spark_log(tmp_path):
+    """The JVM starts before the run has a folder (beside torch's import): its first lines
+    wait for the run's spark.log; what comes after a run ends is not the next run's."""
+    import io
+
+    from ddlstudy.sparkjvm import _JvmOutput
+
+    output, log_path = _JvmOutput(), tmp_path / "spark.log"
+    output.pump(io.BytesIO(b"Using Spark's default log4j profile\nSetting level WARN\n"))
+    with open(log_path, "w") as file:
+        output.to(file)
+        output.pump(io.BytesIO(b"WARN a task line\n"))
+        output.to(None)
+    output.pump(io.BytesIO(b"after the run\n"))
+    output.to(None)  # the next run starts: the line between runs is nobody's
+    assert log_path.read_text() == ("Using Spark's default log4j profile\nSetting level WARN\n"
+                                    "WARN a task line\n")
+    assert output.early == []
+
+
+def test_an_early_context_serves_its_own_settings_only(tmp_path):
+    """start_early's context is the run's where the settings agree; started for others,
+    it is stopped and one with the run's settings is started in its place."""
+    code = f"""
+import dataclasses, sys
+from ddlstudy.cli import build_parser
+from ddlstudy.config.options import config_from_args
+from ddlstudy import sparkjvm
+args = build_parser().parse_args(["run", "--usecase", "tiny", "--backend", "spark",
+                                  "--runs-dir", {str(tmp_path)!r}])
+cfg = config_from_args(args)
+sparkjvm.start_early(cfg)
+assert 'torch' not in sys.modules
+early = sparkjvm._early["start"]
+sc = sparkjvm.context(cfg, None)
+assert sc is early.sc and sc.appName == "ddlstudy-tiny-sequential", sc.appName
+sc.stop()
+sparkjvm.start_early(cfg)
+other = dataclasses.replace(cfg, strategy="cpu-intraop")
+sc = sparkjvm.context(other, None)
+assert sc.appName == "ddlstudy-tiny-cpu-intraop" and sparkjvm._early["start"] is None
+assert sc.parallelize(range(4), 2).sum() == 6
+sc.stop()
+print("ok")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_ctrl_c_interrupts_a_spark_run_and_leaves_no_process_behind(tmp_path, datasets_dir):
+    """SIGINT while the barrier tasks train: the run is recorded as interrupted (exit
+    130), not failed, however the signal lands in a call to the JVM; the JVM and its
+    Python workers end with it."""
+    runs = tmp_path / "runs"
+    proc = subprocess.Popen([sys.executable, "-m", "ddlstudy", "run", "--usecase", "tiny",
+                             "--datasets-dir", str(datasets_dir), "--runs-dir", str(runs),
+                             "--backend", "spark", "--nodes", "2", "--epochs", "30",
+                             "--sample-hz", "0", "--quiet"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    children, deadline = [], time.time() + 300
+    while not children and time.time() < deadline and proc.poll() is None:
+        for path in runs.glob(f"*/{MANIFEST}"):
+            try:
+                epochs = json.loads(path.read_text())["epochs"]
+            except (OSError, ValueError):
+                continue
+            if epochs:  # training has started
+                children = psutil.Process(proc.pid).children(recursive=True)
+                proc.send_signal(signal.SIGINT)
+        time.sleep(0.05)
+    assert children, "the run ended before it could be interrupted"
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-3000:]
+    manifest = json.loads(next(runs.glob(f"*/{MANIFEST}")).read_text())
+    assert manifest["status"] == "interrupted" and len(manifest["epochs"]) < 30
+    _, alive = psutil.wait_procs(children, timeout=30)
+    assert alive == [], [p.pid for p in alive]

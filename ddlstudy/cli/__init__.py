@@ -291,6 +291,10 @@ def train(cfg, argv: list[str], resume: Path | None = None, max_restarts: int = 
     notice.daemon = True
     if CHILD_ENV not in os.environ and on_terminal():
         notice.start()
+    if resume is None:  # a Spark run's JVM and context start beside those imports
+        from ddlstudy.sparkjvm import start_early
+
+        start_early(cfg)
     try:
         return _train(cfg, argv, resume, max_restarts)
     finally:

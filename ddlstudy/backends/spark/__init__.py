@@ -1,9 +1,10 @@
 """The Spark backend: one barrier task per node, gang-scheduled, each training the node's
 one-process local strategy (sequential or cpu-intraop) on its slice of every global batch.
 
-The driver (the `ddlstudy run` process) starts a SparkSession on ``--spark-master`` (timed
-apart from training: ``backend.session_start_s`` in the manifest), then runs a single
-barrier stage of ``--nodes`` tasks. Two ways to keep the nodes in step:
+The driver (the `ddlstudy run` process) starts a SparkContext on ``--spark-master``: in gloo
+mode as soon as the flags are read, beside torch's import (``ddlstudy.sparkjvm``); the
+seconds the run then waits for it are ``backend.session_start_s`` in the manifest. It runs
+a single barrier stage of ``--nodes`` tasks. Two ways to keep the nodes in step:
 
 - ``--spark-sync gloo``: the tasks exchange "host:port" with ``BarrierTaskContext.allGather``
   and form a torch.distributed gloo group (as Spark's own TorchDistributor does); each

@@ -15,11 +15,10 @@ from torch import nn
 from ddlstudy import wire
 from ddlstudy.logs import setup_logging
 from ddlstudy.sampler import ResourceSampler
+from ddlstudy.sparkjvm import RPC_MAX_MB
 from ddlstudy.training import Batch, Job, Link, StepFn, make_loaders, plain_step
 from ddlstudy.training.worker import new_model, new_optimizer, train_worker
 
-RPC_MAX_MB = 512
-"""spark.rpc.message.maxSize: an allGather reply carries every task's chunk."""
 SPARK_DEFAULT_HEAP_MB = 1024
 """spark.driver.memory and spark.executor.memory when nobody sets them."""
 JVM_BASE_MB = 512

@@ -7,55 +7,28 @@ import contextlib
 import functools
 import logging
 import os
-import re
-import shutil
 import socket
-import subprocess
-import sys
-import threading
 import time
-import warnings
 from typing import Any
 
 import psutil
 
-from ddlstudy.backends.spark.allgather import (
-    RPC_MAX_MB,
-    SPARK_DEFAULT_HEAP_MB,
-    allgather_rank,
-    heap_mb,
-)
-from ddlstudy.config import RunConfig, spark_slots
-from ddlstudy.config.run import local_cluster, read_secret
+from ddlstudy import sparkjvm
+from ddlstudy.backends.spark.allgather import SPARK_DEFAULT_HEAP_MB, allgather_rank, heap_mb
+from ddlstudy.config import RunConfig
+from ddlstudy.config.run import local_cluster
 from ddlstudy.environment import usable_cores
 from ddlstudy.errors import Unavailable
 from ddlstudy.models import parameter_count
+from ddlstudy.sparkjvm import context, jvm_output, master, nodes
 from ddlstudy.strategies.processes import data_parallel_rank
 from ddlstudy.training.distributed import free_port
 from ddlstudy.training.job import Job
 
 log = logging.getLogger("ddlstudy")
 
-SPARK_STRATEGIES = ("sequential", "cpu-intraop")
-"""Local strategies a Spark task can run (one process per node)."""
-BARRIER_TIMEOUT_S = 600
-"""A task that stops answering fails the stage after this long instead of hanging it."""
-
-
 def check(cfg: RunConfig) -> None:
-    if cfg.strategy not in SPARK_STRATEGIES:
-        raise Unavailable("--strategy", f"{cfg.strategy!r} cannot yet run inside Spark tasks; "
-                          f"with --backend spark use one of: {', '.join(SPARK_STRATEGIES)}")
-    if not (shutil.which("java") or os.environ.get("JAVA_HOME")):
-        raise Unavailable("--backend", "spark needs Java 17 or later, which was not found: "
-                          "install a JDK (apt install openjdk-17-jre-headless) or set "
-                          "JAVA_HOME")
-    if cfg.snapshot_every:
-        raise Unavailable("--snapshot-every", "Spark runs snapshot at epoch ends only")
-    slots = spark_slots(master(cfg))
-    if slots is not None and slots < nodes(cfg):
-        raise Unavailable("--spark-master", f"{master(cfg)} has {slots} task slot(s) for "
-                          f"{nodes(cfg)} barrier tasks")
+    sparkjvm.check(cfg)
     _check_heap(cfg)
 
 
@@ -90,17 +63,6 @@ def _check_heap(cfg: RunConfig) -> None:
                           f"in this machine's {ram} MiB; use --spark-sync gloo")
 
 
-def nodes(cfg: RunConfig) -> int:
-    if cfg.nodes:
-        return cfg.nodes
-    slots = spark_slots(cfg.spark_master) if cfg.spark_master else None
-    return slots or 2
-
-
-def master(cfg: RunConfig) -> str:
-    return cfg.spark_master or f"local[{nodes(cfg)}]"
-
-
 def describe(cfg: RunConfig) -> dict[str, Any]:
     out = {"name": "spark", "nodes": nodes(cfg), "master": master(cfg),
            "sync": cfg.spark_sync}
@@ -112,135 +74,55 @@ def describe(cfg: RunConfig) -> dict[str, Any]:
 
 JVM_LOG = "spark.log"
 """The run folder's file of what Spark's JVM printed (its log4j lines, at WARN and above)."""
-_OWN_LINE = re.compile(r"^\d\d:\d\d:\d\d \[")
-"""A ddlstudy log line (``12:00:01 [rank 1] ...``) that a task wrote through the JVM."""
-_jvm_log: dict[str, Any] = {"file": None}
-
-
-def _pump(stream) -> None:
-    """The JVM's output, line by line: all of it into the run's spark.log, and the
-    barrier tasks' own log lines (which Spark passes through the JVM) to the terminal."""
-    for raw in iter(stream.readline, b""):
-        line = raw.decode(errors="replace")
-        target = _jvm_log["file"]
-        if target is not None:
-            with contextlib.suppress(OSError, ValueError):
-                target.write(line)
-                target.flush()
-        if _OWN_LINE.match(line):
-            sys.stderr.write(line)
-
-
-def _gateway(conf) -> None:
-    """Start Spark's JVM with its output in a pipe that ``_pump`` reads, instead of on the
-    terminal (once per process: later sessions reuse the JVM, as pyspark does)."""
-    from pyspark import SparkContext
-    from pyspark.java_gateway import launch_gateway
-
-    if SparkContext._gateway is not None:
-        return
-    gateway = launch_gateway(conf, popen_kwargs={"stdout": subprocess.PIPE,
-                                                 "stderr": subprocess.STDOUT})
-    threading.Thread(target=_pump, args=(gateway.proc.stdout,), name="spark-jvm-output",
-                     daemon=True).start()
-    SparkContext._gateway, SparkContext._jvm = gateway, gateway.jvm
-
-
-def _session(cfg: RunConfig):
-    os.environ["PYSPARK_PYTHON"] = sys.executable  # executors run this venv's Python
-    local = not cfg.spark_master or cfg.spark_master.startswith("local")
-    if local:  # the JVMs bind the loopback, not the machine's external address
-        os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
-    from pyspark import SparkConf
-    from pyspark.sql import SparkSession
-
-    conf = SparkConf()
-    heap = jvm_heap_mb(cfg)
-    if heap is not None:  # the driver's heap is set as its JVM starts, the executors' below
-        conf.set("spark.driver.memory", f"{heap}m")
-    _gateway(conf)
-    builder = (SparkSession.builder.master(master(cfg))
-               .appName(f"ddlstudy-{cfg.usecase.name}-{cfg.strategy}")
-               .config("spark.ui.enabled", "true" if cfg.spark_ui else "false")
-               .config("spark.pyspark.python", sys.executable)
-               .config("spark.rpc.message.maxSize", str(RPC_MAX_MB))
-               .config("spark.driver.maxResultSize", "0")
-               .config("spark.barrier.sync.timeout", str(BARRIER_TIMEOUT_S))
-               .config("spark.python.worker.reuse", "false")
-               .config("spark.ui.showConsoleProgress", "false"))
-    if heap is not None:
-        builder = builder.config("spark.executor.memory", f"{heap}m")
-    if local:
-        builder = builder.config("spark.driver.host", "127.0.0.1") \
-            .config("spark.driver.bindAddress", "127.0.0.1")
-    elif cfg.spark_master.startswith("spark://"):
-        # The executors call the driver back: give them this machine's address on the
-        # route to the master (its host name may resolve to an address they cannot reach).
-        host, _, port = cfg.spark_master.removeprefix("spark://").split(",")[0].partition(":")
-        builder = builder.config("spark.driver.host", address_towards(host, int(port or 7077)))
-    if cfg.spark_secret_file is not None:  # the cluster's master and workers hold it too
-        builder = builder.config("spark.authenticate", "true") \
-            .config("spark.authenticate.secret", read_secret(cfg.spark_secret_file))
-    with warnings.catch_warnings():  # pyspark's pandas version notice is not ours to fix
-        warnings.simplefilter("ignore", FutureWarning)
-        spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("WARN")
-    return spark
-
-
-def address_towards(host: str, port: int) -> str:
-    """This machine's address on the route to ``host`` (nothing is sent)."""
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-            probe.connect((host, port))
-            return probe.getsockname()[0]
-    except OSError as exc:
-        raise Unavailable("--spark-master", f"no route to the master's host {host!r}: "
-                          f"{exc.strerror or exc}") from None
 
 
 def fit(job: Job) -> None:
-    """On the driver: start the session, run the barrier stage, record what Spark did."""
+    """On the driver: take the Spark context (started early, or now), run the barrier
+    stage, record what Spark did."""
     cfg = job.cfg
     n = nodes(cfg)
     start = time.perf_counter()
-    if job.folder is not None:
-        _jvm_log["file"] = open(job.folder.path / JVM_LOG, "a")  # noqa: SIM115 (closed below)
+    log_file = None if job.folder is None else open(job.folder.path / JVM_LOG, "a")  # noqa: SIM115
+    jvm_output.to(log_file)
     try:
         _fit(job, n, start)
     finally:
-        if _jvm_log["file"] is not None:
-            _jvm_log["file"].close()
-            _jvm_log["file"] = None
+        jvm_output.to(None)
+        if log_file is not None:
+            log_file.close()
 
 
 def _fit(job: Job, n: int, start: float) -> None:
     cfg = job.cfg
-    spark = _session(cfg)
+    sc = context(cfg, jvm_heap_mb(cfg))
     session_s = time.perf_counter() - start
-    log.info("Spark session on %s started in %.1f s; %d barrier tasks, sync %s", master(cfg),
-             session_s, n, cfg.spark_sync)
+    log.info("Spark context on %s ready (%.1f s waited for it); %d barrier tasks, sync %s",
+             master(cfg), session_s, n, cfg.spark_sync)
     if job.folder is not None:
         job.folder.manifest["backend"].update(session_start_s=round(session_s, 3),
-                                              spark_version=spark.version)
+                                              spark_version=sc.version)
         job.folder.write_manifest()
     level = logging.getLogger("ddlstudy").level
     task = functools.partial(_task, job, level)
-    from py4j.protocol import Py4JJavaError
+    from py4j.protocol import Py4JError, Py4JJavaError
 
     try:
         start = time.perf_counter()
-        spark.sparkContext.setJobGroup("ddlstudy", "training")
+        sc.setJobGroup("ddlstudy", "training")
         # The shuffle after the barrier stage makes it a shuffle-map stage, which Spark
         # retries whole when a task fails (a failed barrier result stage is not retried).
-        results = (spark.sparkContext.parallelize(range(n), n).barrier()
+        results = (sc.parallelize(range(n), n).barrier()
                    .mapPartitions(task).repartition(1).collect())
         stage_s = time.perf_counter() - start
-        attempts = _stage_attempts(spark.sparkContext)
+        attempts = _stage_attempts(sc)
     except Py4JJavaError as exc:
         raise SparkJobFailed(_spark_reason(exc)) from None
     finally:
-        spark.stop()
+        # An interrupt (Ctrl-C) that lands inside a call to the JVM leaves that call's
+        # connection without its answer: stopping may then fail, and must not turn the
+        # interrupt into a failure (the JVM ends with this process all the same).
+        with contextlib.suppress(Py4JError):
+            sc.stop()
     if attempts > 1:
         log.warning("Spark retried the barrier stage: attempt %d succeeded", attempts)
     if job.folder is not None:
