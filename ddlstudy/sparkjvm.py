@@ -35,7 +35,6 @@ BARRIER_TIMEOUT_S = 600
 _OWN_LINE = re.compile(r"^\d\d:\d\d:\d\d \[")
 """A ddlstudy log line (``12:00:01 [rank 1] ...``) that a task wrote through the JVM."""
 
-
 STRATEGIES = ("sequential", "cpu-intraop")
 """Local strategies a Spark task can run (one process per node)."""
 

@@ -35,6 +35,7 @@ from ddlstudy.logs import setup_logging
 from ddlstudy.progress import on_terminal
 from ddlstudy.runfolder import CHILD_ENV
 from ddlstudy.sampler import NOISY_CORES, WAIT_MOST_S
+from ddlstudy.sparkjvm import start_early
 
 log = logging.getLogger("ddlstudy")
 PREPARING_NOTICE_S = 1.0
@@ -292,8 +293,6 @@ def train(cfg, argv: list[str], resume: Path | None = None, max_restarts: int = 
     if CHILD_ENV not in os.environ and on_terminal():
         notice.start()
     if resume is None:  # a Spark run's JVM and context start beside those imports
-        from ddlstudy.sparkjvm import start_early
-
         start_early(cfg)
     try:
         return _train(cfg, argv, resume, max_restarts)

@@ -13,13 +13,13 @@ from typing import Any
 
 import psutil
 
-from ddlstudy import sparkjvm
 from ddlstudy.backends.spark.allgather import SPARK_DEFAULT_HEAP_MB, allgather_rank, heap_mb
 from ddlstudy.config import RunConfig
 from ddlstudy.config.run import local_cluster
 from ddlstudy.environment import usable_cores
 from ddlstudy.errors import Unavailable
 from ddlstudy.models import parameter_count
+from ddlstudy.sparkjvm import check as check_flags
 from ddlstudy.sparkjvm import context, jvm_output, master, nodes
 from ddlstudy.strategies.processes import data_parallel_rank
 from ddlstudy.training.distributed import free_port
@@ -28,7 +28,7 @@ from ddlstudy.training.job import Job
 log = logging.getLogger("ddlstudy")
 
 def check(cfg: RunConfig) -> None:
-    sparkjvm.check(cfg)
+    check_flags(cfg)
     _check_heap(cfg)
 
 
