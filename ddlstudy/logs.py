@@ -22,8 +22,22 @@ class _RankFilter(logging.Filter):
         return True
 
 
+class _Stderr(logging.StreamHandler):
+    """Writes to ``sys.stderr`` as it is at each line, not as it was at set-up: a caller
+    that swapped it since (pytest's capture, closed after its test) would otherwise get
+    "I/O operation on closed file" for every later line."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value) -> None:
+        pass
+
+
 def setup_logging(level: int = logging.INFO) -> None:
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _Stderr()
     handler.addFilter(_RankFilter())
     handler.setFormatter(logging.Formatter("%(asctime)s [rank %(rank)s] %(message)s", "%H:%M:%S"))
     log.handlers[:] = [handler]

@@ -231,3 +231,21 @@ def test_compare_never_calls_runs_with_other_losses_identical_without_a_reason()
     text = compare(manifest(1.0), manifest(1.5))
     assert "nothing recorded differs, so the run itself is not bit-reproducible" in text
     assert "the losses differ" not in compare(manifest(1.0), manifest(1.0))
+
+
+def test_log_lines_go_to_stderr_as_it_is_now(capsys, monkeypatch):
+    """Logging set up while a test captured stderr keeps working once that capture has
+    closed (CI printed "I/O operation on closed file" for every later run's lines)."""
+    import io
+
+    from ddlstudy.logs import log, setup_logging
+
+    swapped = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", swapped)
+    setup_logging()
+    log.info("while swapped")
+    swapped.close()
+    monkeypatch.undo()
+    log.info("after it closed")
+    err = capsys.readouterr().err
+    assert "after it closed" in err and "Logging error" not in err

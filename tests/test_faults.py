@@ -98,7 +98,9 @@ def _manifest(folder: Path) -> dict:
 
 def _reference(tmp_path, datasets_dir, *extra: str) -> Path:
     runs = tmp_path / "reference"
-    assert _cli(*_args(runs, datasets_dir, *extra)).returncode == 0
+    out = _cli(*_args(runs, datasets_dir, *extra))
+    errors = [p.read_text()[-3000:] for p in runs.glob("*/error.log")]
+    assert out.returncode == 0, (out.stderr[-3000:], errors)  # CI once failed it unsaid
     (folder,) = runs.glob("*/")
     return folder
 

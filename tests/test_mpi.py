@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -416,3 +417,17 @@ def test_a_run_under_your_own_mpiexec_replays_with_as_many_ranks(tmp_path, datas
                           str(replayed)], capture_output=True, text=True, timeout=120)
     assert "launcher: 'your mpiexec' -> \"ddlstudy's mpiexec\"" in out.stdout, out.stdout
     assert "the losses differ" not in out.stdout
+
+
+def test_a_rank_whose_mpi_call_failed_names_the_neighbour_that_died():
+    """On a busy host rank 0 can record its own broken collective before mpiexec kills it
+    (CI: "Exception on MPI rank 0: See the MPI_ERROR field"); the manifest then names the
+    rank that died first."""
+    script = Path(__file__).parent / "mpi" / "check_cause.py"
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=120)
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    _, reaped, zombie = result["pids"]
+    assert result["reaped"] == f"MPI rank 2 (PID {reaped}) died"
+    assert result["zombie"] == f"MPI rank 3 (PID {zombie}) died"
+    assert result["not MPI's"] is None and result["all alive"] is None

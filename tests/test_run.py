@@ -117,6 +117,19 @@ def test_sigterm_leaves_an_interrupted_manifest(tmp_path, datasets_dir):
     torch.load(next(runs.glob(f"*/{SNAPSHOT}")), weights_only=True)  # last snapshot loads
 
 
+def test_a_process_start_is_read_on_the_wall_clock():
+    """first_step_s counts from the command's process start: psutil's create_time read it
+    0.96 s early on a VM whose boot time had drifted."""
+    before = time.time()
+    out = subprocess.run(
+        [sys.executable, "-c", "import time; now = time.time(); "
+         "from ddlstudy.environment import process_start; print(process_start(), now)"],
+        capture_output=True, text=True, check=True).stdout
+    after = time.time()
+    started, now = map(float, out.split())
+    assert before - 0.05 <= started <= now <= after  # a clock tick is 10 ms
+
+
 def test_sigterm_between_an_epochs_record_and_its_snapshot_waits_for_the_snapshot(
         quick_config, monkeypatch):
     """The window CI once hit: the epoch is on record, the signal lands before its snapshot
@@ -232,17 +245,27 @@ def test_sigterm_during_a_write_lands_after_it(tmp_path):
     assert list(tmp_path.iterdir()) == [target]
 
 
-@pytest.mark.parametrize("precision", ["bf16", "fp16"])
-def test_half_precision_trains_tiny_within_a_few_points_of_fp32(quick_config, precision):
-    fp32 = run(quick_config(epochs=10), show_progress=False).manifest
-    half = run(quick_config(epochs=10, precision=precision), show_progress=False).manifest
-    assert half["config"]["precision"] == precision
-    losses32 = [e["train_loss"] for e in fp32["epochs"]]
-    losses16 = [e["train_loss"] for e in half["epochs"]]
-    assert losses16 != losses32  # autocast really ran in 16 bits
-    best32 = max(e["val_accuracy"] for e in fp32["epochs"])
-    best16 = max(e["val_accuracy"] for e in half["epochs"])
-    assert best16 >= 0.5 and abs(best16 - best32) <= 0.1, (best16, best32)
+HALF_SEEDS = (0, 1, 2)
+
+
+@pytest.mark.slow
+def test_half_precision_trains_tiny_within_a_few_points_of_fp32(quick_config):
+    """One seed's best accuracy on 60 validation images moves by up to 0.17 between seeds
+    and between CPUs (a 16-bit rounding changes the whole trajectory): compare the mean
+    over three seeds, at a learning rate that amplifies rounding less than tiny's 0.003.
+    Measured (AMD EPYC): fp32 0.678, bf16 0.655, fp16 0.672; broken autocast or loss
+    scaling stays near chance, 0.33."""
+    best, losses = {}, {}
+    for precision in ("fp32", "bf16", "fp16"):
+        runs = [run(quick_config(epochs=10, lr=0.001, seed=seed, precision=precision),
+                    show_progress=False).manifest for seed in HALF_SEEDS]
+        assert all(m["config"]["precision"] == precision for m in runs)
+        best[precision] = sum(max(e["val_accuracy"] for e in m["epochs"])
+                              for m in runs) / len(runs)
+        losses[precision] = [[e["train_loss"] for e in m["epochs"]] for m in runs]
+    for half in ("bf16", "fp16"):
+        assert losses[half] != losses["fp32"]  # autocast really ran in 16 bits
+        assert best[half] >= 0.55 and abs(best[half] - best["fp32"]) <= 0.1, best
 
 
 def test_fp16_scaler_skips_an_overflowing_step_and_lowers_its_scale():

@@ -58,6 +58,11 @@ class Environment:
         """The line a failing node logs (a launcher may read it back)."""
         return message
 
+    def cause(self, exc: Exception) -> str | None:
+        """What on another node made ``exc`` happen here, where this node can tell (a
+        neighbour that died), else None."""
+        return None
+
     def abort(self, code: int) -> None:
         """End every node after a failure here (the others would wait in a collective)."""
 

@@ -280,7 +280,8 @@ def _run(cfg: RunConfig, show_progress: bool, resume: Path | None) -> RunFolder 
     except Exception as exc:  # recorded in the manifest, then reported by the CLI
         if folder is not None:
             (folder.path / "error.log").write_text(traceback.format_exc())
-        outcome = Outcome("failed", 1, f"{type(exc).__name__}{env.where}: {exc}")
+        error, cause = f"{type(exc).__name__}{env.where}: {exc}", env.cause(exc)
+        outcome = Outcome("failed", 1, f"{cause}; then {error}" if cause else error)
         log.error("%s", env.failed(outcome.error))
     finally:
         own_rows = sampler.stop()

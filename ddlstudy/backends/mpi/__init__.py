@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from typing import Any
+
+import psutil
 
 from ddlstudy import wire
 from ddlstudy.backends.base import Backend, Environment, register
@@ -28,6 +31,18 @@ from ddlstudy.strategies import Strategy, get_strategy
 from ddlstudy.training import Job
 
 
+DEATH_WAIT_S = 1.0
+"""How long a rank whose MPI call failed waits to see a neighbour's death (its sockets
+close as it exits, a moment before it ends)."""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 class MpiEnvironment(Environment):
     """This process is MPI rank ``rank`` of ``world`` nodes."""
 
@@ -35,6 +50,7 @@ class MpiEnvironment(Environment):
         self.comm = comm
         self.rank, self.world = comm.Get_rank(), comm.Get_size()
         self.where = f" on MPI rank {self.rank}"
+        self.neighbours: dict[int, int] = {}  # rank -> PID, the other ranks on this host
 
     def share(self, make, dump, load) -> Any:
         message = None
@@ -51,10 +67,31 @@ class MpiEnvironment(Environment):
         return messages.gather_as(self.comm, obj, dump, load)
 
     def placement(self) -> dict[str, Any]:
-        everyone = messages.allgather(self.comm, wire.to_json([socket.gethostname(),
-                                                              os.getpid()]))
-        hosts, pids = zip(*(wire.from_json(m) for m in everyone), strict=True)
+        here = socket.gethostname()
+        everyone = [wire.from_json(m) for m in
+                    messages.allgather(self.comm, wire.to_json([here, os.getpid()]))]
+        self.neighbours = {rank: pid for rank, (host, pid) in enumerate(everyone)
+                           if host == here and rank != self.rank}
+        hosts, pids = zip(*everyone, strict=True)
         return {"hosts": list(hosts), "pids": list(pids)}
+
+    def cause(self, exc: Exception) -> str | None:
+        """A rank killed on this host closes its sockets before mpiexec ends the job: the
+        MPI call waiting on it fails here first, and this rank may record the failure
+        before mpiexec kills it (seen on a busy CI host: the manifest named rank 0's
+        "See the MPI_ERROR field", not rank 1's death). Name the dead rank."""
+        from mpi4py import MPI
+
+        if not isinstance(exc, MPI.Exception):
+            return None
+        deadline = time.monotonic() + DEATH_WAIT_S
+        while True:
+            for rank, pid in sorted(self.neighbours.items()):
+                if not _alive(pid):
+                    return f"MPI rank {rank} (PID {pid}) died"
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.05)
 
     def failed(self, message: str) -> str:
         return launch.RANK_FAILED + message
