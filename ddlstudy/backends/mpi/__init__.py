@@ -30,7 +30,6 @@ from ddlstudy.reducers import AUTO
 from ddlstudy.strategies import Strategy, get_strategy
 from ddlstudy.training import Job
 
-
 DEATH_WAIT_S = 1.0
 """How long a rank whose MPI call failed waits to see a neighbour's death (its sockets
 close as it exits, a moment before it ends)."""
