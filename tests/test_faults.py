@@ -300,3 +300,22 @@ def test_bad_accumulate_flags(tmp_path, capsys, args, message):
     assert main(["run", "--runs-dir", str(tmp_path / "runs"), *args]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()
+
+
+def _finish_then_crash_at_teardown(index: int, marker: str) -> None:
+    """A rank whose work is done but whose interpreter teardown would crash (as gloo's
+    threads once made one: SIGABRT after its last epoch)."""
+    import atexit
+
+    Path(marker).with_suffix(f".{index}").write_text("done")
+    atexit.register(os.abort)
+
+
+def test_a_finished_rank_ends_before_the_interpreter_teardown(tmp_path):
+    from ddlstudy.training.distributed import spawn
+
+    context = spawn(_finish_then_crash_at_teardown, 2, (str(tmp_path / "rank"),))
+    while not context.join(timeout=60):
+        pass
+    assert [p.exitcode for p in context.processes] == [0, 0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rank.0", "rank.1"]

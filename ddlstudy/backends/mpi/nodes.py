@@ -37,7 +37,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
 from ddlstudy import wire
@@ -61,6 +60,7 @@ from ddlstudy.training.distributed import (
     free_port,
     gather_to_first,
     process_group,
+    spawn,
     spawned_rank,
     stop_ranks,
 )
@@ -179,10 +179,8 @@ def fit(job: Job, comm, layout: Layout) -> list[dict]:
     level = logging.getLogger("ddlstudy").level
     with tempfile.TemporaryDirectory(prefix="ddlstudy-node-") as tmp:
         drop = Path(tmp)
-        context = mp.start_processes(
-            _spawned, args=(k, port, job, threads, level, device_type, node, nodes, spread,
-                            drop, work, args),
-            nprocs=k - 1, join=False, start_method="spawn")
+        context = spawn(_spawned, k - 1, (k, port, job, threads, level, device_type, node,
+                                           nodes, spread, drop, work, args))
         torch.set_num_threads(threads)
         sampler = ResourceSampler(cfg.sample_hz, rank=node * k, scope="worker").start()
         try:
