@@ -11,6 +11,7 @@ import os
 import signal
 import socket
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -94,6 +95,18 @@ def stop_ranks(processes: list) -> None:
         if proc.is_alive():  # stuck in a collective: signal handlers cannot run
             proc.kill()
             proc.join()
+
+
+def first_found(find, wait_s: float, every_s: float = 0.05):
+    """``find()``'s first answer that is not None, asked every ``every_s`` for at most
+    ``wait_s`` (None if it never gave one): a killed process's sockets close before it is
+    reaped, so its peers' errors come a moment before its death can be seen."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        found = find()
+        if found is not None or time.monotonic() > deadline:
+            return found
+        time.sleep(every_s)
 
 
 def exit_reason(code: int) -> str:

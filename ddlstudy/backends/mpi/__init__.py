@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import socket
-import time
 from typing import Any
 
 import psutil
@@ -29,6 +28,7 @@ from ddlstudy.errors import ConfigError, Unavailable, UsageError
 from ddlstudy.reducers import AUTO
 from ddlstudy.strategies import Strategy, get_strategy
 from ddlstudy.training import Job
+from ddlstudy.training.distributed import first_found
 
 DEATH_WAIT_S = 1.0
 """How long a rank whose MPI call failed waits to see a neighbour's death (its sockets
@@ -83,14 +83,9 @@ class MpiEnvironment(Environment):
 
         if not isinstance(exc, MPI.Exception):
             return None
-        deadline = time.monotonic() + DEATH_WAIT_S
-        while True:
-            for rank, pid in sorted(self.neighbours.items()):
-                if not _alive(pid):
-                    return f"MPI rank {rank} (PID {pid}) died"
-            if time.monotonic() > deadline:
-                return None
-            time.sleep(0.05)
+        return first_found(lambda: next((f"MPI rank {rank} (PID {pid}) died" for rank, pid
+                                         in sorted(self.neighbours.items())
+                                         if not _alive(pid)), None), DEATH_WAIT_S)
 
     def failed(self, message: str) -> str:
         return launch.RANK_FAILED + message

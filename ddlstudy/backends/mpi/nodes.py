@@ -31,7 +31,6 @@ from __future__ import annotations
 import functools
 import logging
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -57,6 +56,7 @@ from ddlstudy.training import make_loaders, make_scaler
 from ddlstudy.training.distributed import (
     WorkerDied,
     exit_reason,
+    first_found,
     free_port,
     gather_to_first,
     process_group,
@@ -208,17 +208,10 @@ def fit(job: Job, comm, layout: Layout) -> list[dict]:
 
 def _dead(processes: list, wait_s: float = 3.0) -> tuple[int, object] | None:
     """The first of the node's processes that ended with an error, as (its local rank,
-    it). A killed process's sockets close before it can be reaped, so its peers' error
-    may come first: wait a little for it."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        for i, proc in enumerate(processes):
-            if not proc.is_alive() and proc.exitcode:
-                return i + 1, proc
-        if time.monotonic() > deadline:
-            return None
-        time.sleep(0.05)
-
+    it), waiting a little for it (``first_found``)."""
+    return first_found(lambda: next(((i + 1, proc) for i, proc in enumerate(processes)
+                                     if not proc.is_alive() and proc.exitcode), None),
+                       wait_s)
 
 
 def node_exchange(node: Link, full: nn.Module, module: nn.Module, layers: list[nn.Module],
