@@ -1,6 +1,7 @@
 """The MPI backend, for real: `ddlstudy run --backend mpi --nodes N` starts mpiexec."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -431,3 +432,23 @@ def test_a_rank_whose_mpi_call_failed_names_the_neighbour_that_died():
     assert result["reaped"] == f"MPI rank 2 (PID {reaped}) died"
     assert result["zombie"] == f"MPI rank 3 (PID {zombie}) died"
     assert result["not MPI's"] is None and result["all alive"] is None
+
+
+def test_a_node_folder_left_by_a_killed_leader_is_removed_by_the_next(tmp_path):
+    """A SIGKILLed leader leaves its node folder behind; the next leader on the host removes
+    it, and leaves alone the folders of leaders that still run and anything else."""
+    from ddlstudy.backends.mpi.nodes import node_folder
+
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                           capture_output=True, text=True, check=True)
+    left = tmp_path / f"ddlstudy-node-{ended.stdout.strip()}-abc"
+    (left / "sub").mkdir(parents=True)
+    (left / "sub" / "rank1.parquet").write_bytes(b"x")
+    running = tmp_path / f"ddlstudy-node-{os.getppid()}-def"
+    running.mkdir()
+    other = tmp_path / "ddlstudy-node-notapid"
+    other.mkdir()
+    with node_folder(tmp_path) as mine:
+        assert Path(mine).name.startswith(f"ddlstudy-node-{os.getpid()}-")
+        assert not left.exists() and running.is_dir() and other.is_dir()
+    assert not Path(mine).exists()

@@ -30,10 +30,13 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
+import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+import psutil
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -177,7 +180,7 @@ def fit(job: Job, comm, layout: Layout) -> list[dict]:
     work, args, spread = _work(job, comm, layout)
     port = free_port()
     level = logging.getLogger("ddlstudy").level
-    with tempfile.TemporaryDirectory(prefix="ddlstudy-node-") as tmp:
+    with node_folder() as tmp:
         drop = Path(tmp)
         context = spawn(_spawned, k - 1, (k, port, job, threads, level, device_type, node,
                                            nodes, spread, drop, work, args))
@@ -204,6 +207,29 @@ def fit(job: Job, comm, layout: Layout) -> list[dict]:
         # The others' samples, from the files they wrote on this host as they ended.
         return own + [row for part in sorted(drop.glob("rank*.parquet"))
                       for row in read_rows(part)]
+
+
+NODE_FOLDER = "ddlstudy-node-"
+
+
+def node_folder(parent: Path | None = None) -> tempfile.TemporaryDirectory:
+    """The folder on this host where a node's spawned processes leave their samples, named
+    after the leader's PID. A leader killed with SIGKILL cannot remove its own, so each new
+    one first removes those of leaders that no longer run (``sweep_node_folders``)."""
+    parent = Path(parent or tempfile.gettempdir())
+    sweep_node_folders(parent)
+    return tempfile.TemporaryDirectory(prefix=f"{NODE_FOLDER}{os.getpid()}-", dir=parent)
+
+
+def sweep_node_folders(parent: Path) -> list[Path]:
+    """Remove the node folders in ``parent`` whose leader has ended; returns them."""
+    swept = []
+    for folder in parent.glob(f"{NODE_FOLDER}*-*"):
+        pid = folder.name[len(NODE_FOLDER):].split("-", 1)[0]
+        if pid.isdigit() and not psutil.pid_exists(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+            swept.append(folder)
+    return swept
 
 
 def _dead(processes: list, wait_s: float = 3.0) -> tuple[int, object] | None:
