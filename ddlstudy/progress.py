@@ -36,5 +36,16 @@ def progress(items: Iterable[T], *, total: int | None, desc: str, unit: str = "i
         # Every ~10 % but no more than one line in LOG_EVERY_S: short loops stay quiet.
         if total and done % step == 0 and done < total and now - last >= LOG_EVERY_S:
             last = now
-            rate = done / max(now - start, 1e-9)
-            log.info("%s: %d/%d %s (%.1f %s/s)", desc, done, total, unit, rate, unit)
+            log.info("%s: %d/%d %s (%s)", desc, done, total, unit,
+                     pace(done - initial, now - start, total - done, unit))
+
+
+def pace(done: int, seconds: float, left: int, unit: str) -> str:
+    """'12.5 batch/s, 40 s left', or '23.0 s/batch, 6.5 min left' where one takes longer
+    than a second (a VGG16 step on a CPU), so that a slow loop does not read 0.0/s."""
+    if done <= 0 or seconds <= 0:
+        return "starting"
+    rate = done / seconds
+    speed = f"{rate:.1f} {unit}/s" if rate >= 1 else f"{seconds / done:.1f} s/{unit}"
+    eta = left / rate
+    return f"{speed}, {eta:.0f} s left" if eta < 120 else f"{speed}, {eta / 60:.1f} min left"
