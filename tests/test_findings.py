@@ -63,7 +63,8 @@ def _manifest(strategy, rates, *, usecase="u", threads=1, processes=1, tta=None,
             "host": {"hostname": "h", "usable_cores": 2},
             "strategy": {"name": strategy, "processes": processes,
                          "threads_per_process": threads},
-            "time_to_target": {"target": target, "reached": tta is not None,
+            "time_to_target": {"target": target,
+                               "reached": None if target is None else tta is not None,
                                **({"seconds": tta, "epoch": 1} if tta else {"best": 0.5})},
             "epochs": epochs}
 
@@ -94,7 +95,7 @@ def test_the_report_shows_time_to_target_and_its_speedup():
 def _report(tmp_path, manifests) -> Report:
     for m in manifests:
         folder = tmp_path / m["id"]
-        folder.mkdir()
+        folder.mkdir(parents=True)
         (folder / "manifest.json").write_text(json.dumps(m))
     return Report(tmp_path)
 
@@ -143,6 +144,31 @@ def test_findings_are_inconclusive_when_the_interval_includes_one(tmp_path):
     assert found["a"].verdict == "inconclusive"
     assert found["c"].verdict == found["d"].verdict == "not measured"
     assert found["d"].lines == ["u: no completed MPI run"]
+
+
+def test_a_finding_says_when_the_faster_side_learns_slower(tmp_path):
+    """Images/s judge the claim (the paper's speedups are of images/s); time to accuracy
+    is said beside it, so a win that does not learn is seen as such."""
+    found = _by_letter(_report(tmp_path, [
+        _manifest("sequential", [20.0], tta=4.0),
+        _manifest("cpu-intraop", [25.0], threads=2, tta=3.0),
+        _manifest("cpu-processes", [30.0], processes=2, tta=None)]))
+    assert found["a"].verdict == "confirmed"
+    assert found["a"].lines[0].endswith(
+        "; time to the 0.60 target: cpu-processes (2 processes) not reached (0/1 runs), "
+        "cpu-intraop (2 threads) 3.00 s (cpu-processes (2 processes) is faster per image "
+        "but did not reach the target)")
+    found = _by_letter(_report(tmp_path / "later", [
+        _manifest("sequential", [20.0], tta=4.0),
+        _manifest("cpu-intraop", [25.0], threads=2, tta=3.0),
+        _manifest("cpu-processes", [30.0], processes=2, tta=4.5)]))
+    assert "(2 processes) 4.50 s, cpu-intraop (2 threads) 3.00 s (cpu-processes (2 " \
+        "processes) is faster per image but reaches the target 1.50x later)" in \
+        found["a"].lines[0]
+    found = _by_letter(_report(tmp_path / "none", [
+        _manifest("sequential", [20.0], target=None),
+        _manifest("cpu-processes", [30.0], processes=2, target=None)]))
+    assert "target" not in found["a"].lines[0]
 
 
 def test_finding_b_compares_the_two_paper_use_cases(tmp_path):

@@ -14,6 +14,9 @@ bootstrap interval of that ratio (the spreads the tables use):
   kept busy);
 - inconclusive: the interval includes 1;
 - not measured: a side has no completed run (the finding says which).
+
+Each comparison also gives both sides' time to the use case's target accuracy, and says so
+where the side faster per image reaches the target later, or not at all.
 """
 
 from __future__ import annotations
@@ -41,6 +44,9 @@ class Side:
     speedup: float | None
     spread: list[float]
     runs: pd.DataFrame  # its counted runs (rows of Report.runs)
+    target: float | None = None  # its use case's target validation accuracy
+    reached: str = ""  # how many of its runs reached it ('1/2'), '' without a target
+    tta_s: float | None = None  # the median time to it, when every run reached it
 
 
 @dataclass
@@ -98,7 +104,8 @@ class _Best:
         r = t.loc[t.images_per_s.idxmax()]
         mine = self.runs.get(tuple(r[k] for k in KEY), pd.DataFrame())
         return Side(r.config, float(r.images_per_s),
-                    None if pd.isna(r.speedup) else float(r.speedup), spread_of(mine), mine)
+                    None if pd.isna(r.speedup) else float(r.speedup), spread_of(mine), mine,
+                    _number(r.target), r.reached or "", _number(r.time_to_target_s))
 
 
 def _per_usecase(letter: str, claim: str, usecases: list[str], judge) -> Finding:
@@ -132,9 +139,37 @@ def _claim(report: Report, claimed: Side | None, other: Side | None, no_claimed:
         spread = f" (95 % interval {bounds[0]:.2f}-{bounds[1]:.2f})"
     line = (f"{verdict}: {claimed.label} {claimed.images_per_s:.1f} img/s against "
             f"{other.label} {other.images_per_s:.1f} img/s, ratio {ratio:.2f}{spread}")
+    line += _accuracy(claimed, other)
     if verdict == "refuted":
         line += "; " + "; ".join(_why(report, claimed, other))
     return verdict, line
+
+
+def _accuracy(claimed: Side, other: Side) -> str:
+    """The two sides' time to their use case's target accuracy, so that the side faster per
+    image that learns slower (or not at all in its epochs) is seen as such; '' where the
+    use case sets no target or the sides were held to different ones."""
+    if not (claimed.reached and other.reached) or claimed.target != other.target:
+        return ""
+
+    def one(side: Side) -> str:
+        if side.tta_s is not None:
+            return f"{side.label} {side.tta_s:.2f} s"
+        if side.reached.startswith("0/"):
+            return f"{side.label} not reached ({side.reached} runs)"
+        return f"{side.label} reached in {side.reached} runs only"
+
+    text = f"; time to the {claimed.target:.2f} target: {one(claimed)}, {one(other)}"
+    fast, slow = sorted((claimed, other), key=lambda side: -side.images_per_s)
+    if slow.tta_s is not None and (fast.tta_s is None or fast.tta_s > slow.tta_s):
+        text += (f" ({fast.label} is faster per image but "
+                 + ("did not reach the target" if fast.tta_s is None else
+                    f"reaches the target {fast.tta_s / slow.tta_s:.2f}x later") + ")")
+    return text
+
+
+def _number(value) -> float | None:
+    return None if value is None or pd.isna(value) else float(value)
 
 
 def _gains(best: _Best, usecases: list[str]) -> Finding:
