@@ -136,34 +136,23 @@ BEHAVIOUR_ENV = ("OMP_", "MKL_", "OPENBLAS_", "KMP_", "MPICH_", "MPIR_CVAR_", "H
 netmod, the devices, gloo and NCCL, torch's own switches): a manifest records those set."""
 
 
-def launch(backend: str, nodes: int, child_env: str) -> dict[str, Any]:
-    """How this run was started, for an exact replay: the launcher and the world it made,
-    the working directory, the behaviour-changing environment, torch's build and, where the
-    backend uses them, MPICH's and Java's versions."""
+def launch(nodes: int, launched: dict[str, Any]) -> dict[str, Any]:
+    """How this run was started, for an exact replay: the launcher and the world it made
+    (``launched``: the backend's ``Backend.launched``, with what else says which one ran),
+    the working directory, the behaviour-changing environment and torch's build."""
     import torch
 
     env = os.environ
-    if backend == "mpi":
-        how = ("ddlstudy's mpiexec" if child_env in env else
-               "srun" if "SLURM_JOB_ID" in env else "your mpiexec")
-    elif backend == "spark":
-        how = "spark"
-    else:
-        how = "plain"
-    out = {"launcher": how, "world": nodes, "cwd": os.getcwd(),
-           "env": {k: v for k, v in sorted(env.items()) if k.startswith(BEHAVIOUR_ENV)
-                   and not any(w in k for w in ("SECRET", "TOKEN", "PASSWORD", "KEY"))},
-           "torch_build": {"version": torch.__version__, "cuda": torch.version.cuda,
-                           "git": getattr(torch.version, "git_version", None),
-                           "debug": torch.version.debug}}
-    if backend == "mpi":
-        out["mpich"] = _mpi_library()
-    if backend == "spark":
-        out["java"] = java_version()
-    return out
+    return {"launcher": launched["launcher"], "world": nodes, "cwd": os.getcwd(),
+            "env": {k: v for k, v in sorted(env.items()) if k.startswith(BEHAVIOUR_ENV)
+                    and not any(w in k for w in ("SECRET", "TOKEN", "PASSWORD", "KEY"))},
+            "torch_build": {"version": torch.__version__, "cuda": torch.version.cuda,
+                            "git": getattr(torch.version, "git_version", None),
+                            "debug": torch.version.debug},
+            **{k: v for k, v in launched.items() if k != "launcher"}}
 
 
-def _mpi_library() -> str | None:
+def mpi_library() -> str | None:
     try:
         from mpi4py import MPI
 

@@ -24,7 +24,7 @@ import warnings
 from typing import Any, TextIO
 
 from ddlstudy.config import RunConfig, spark_slots
-from ddlstudy.config.run import read_secret
+from ddlstudy.config.spark import read_secret
 from ddlstudy.errors import Unavailable
 
 RPC_MAX_MB = 512
@@ -35,16 +35,9 @@ BARRIER_TIMEOUT_S = 600
 _OWN_LINE = re.compile(r"^\d\d:\d\d:\d\d \[")
 """A ddlstudy log line (``12:00:01 [rank 1] ...``) that a task wrote through the JVM."""
 
-STRATEGIES = ("sequential", "cpu-intraop")
-"""Local strategies a Spark task can run (one process per node)."""
-
-
 def check(cfg: RunConfig) -> None:
     """Refuse, as Unavailable, a Spark run that cannot start (all but allgather mode's
     heap, which the backend checks: it needs the model)."""
-    if cfg.strategy not in STRATEGIES:
-        raise Unavailable("--strategy", f"{cfg.strategy!r} cannot yet run inside Spark tasks; "
-                          f"with --backend spark use one of: {', '.join(STRATEGIES)}")
     if not (shutil.which("java") or os.environ.get("JAVA_HOME")):
         raise Unavailable("--backend", "spark needs Java 17 or later, which was not found: "
                           "install a JDK (apt install openjdk-17-jre-headless) or set "

@@ -32,7 +32,7 @@ from ddlstudy.report import config_label, speedup_table
     (["run", "--strategy", "pipeline", "--micro-batches", "5"],
      "--micro-batches: the batch of 16 does not split into 1 replica(s) x 5"),
     (["run", "--strategy", "hybrid", "--replicas", "0"], "--replicas: must be a positive"),
-    (["run", "--backend", "spark", "--strategy", "cpu-threads"], "cannot yet run inside Spark"),
+    (["run", "--backend", "spark", "--strategy", "hybrid"], "a Spark barrier task is one process"),
     (["run", "--backend", "slurm"], "--backend: unknown backend 'slurm'; choose one of: local"),
     (["run", "--nodes", "2"], "--nodes: more than one node needs --backend mpi"),
     (["run", "--backend", "mpi", "--reduce", "gossip"], "unknown reducer 'gossip'"),

@@ -85,7 +85,11 @@ class _Alone(base.Backend):
         return 1
 
     def fit(self, job, env):
-        get_strategy(job.cfg.strategy).fit(job)
+        import torch
+
+        from ddlstudy.training import Link
+
+        get_strategy(job.cfg.strategy).worker(job, Link.alone(), torch.device("cpu"))
         return []
 
 

@@ -150,7 +150,7 @@ def test_a_failed_task_makes_spark_retry_the_stage_and_the_run_says_so(tmp_path,
     (["--backend", "spark", "--nodes", "3", "--spark-master", "local[2]"],
      "local[2] has 2 task slot(s) but --nodes 3"),
     (["--backend", "spark", "--strategy", "cpu-processes"],
-     "'cpu-processes' cannot yet run inside Spark tasks"),
+     "--strategy: a Spark barrier task is one process, and a cpu-processes node runs"),
     (["--spark-master", "local[2]"], "--spark-master: needs --backend spark"),
     (["--spark-ui"], "--spark-ui: needs --backend spark"),
     (["--backend", "spark", "--sync-every", "4"], "--sync-every: sets how often allgather "
@@ -274,3 +274,21 @@ def test_ctrl_c_interrupts_a_spark_run_and_leaves_no_process_behind(tmp_path, da
     assert manifest["status"] == "interrupted" and len(manifest["epochs"]) < 30
     _, alive = psutil.wait_procs(children, timeout=30)
     assert alive == [], [p.pid for p in alive]
+
+
+def test_tasks_run_their_strategys_worker_as_mpi_nodes_do(tmp_path, datasets_dir):
+    """Each Spark task runs its strategy's own worker, as each MPI rank does: two tasks of
+    two cpu-threads replicas compute what two MPI nodes of them compute, to the bit."""
+    flags = ("--epochs", "2", "--max-steps", "5", "--strategy", "cpu-threads", "--workers",
+             "2", "--sample-hz", "0")
+    manifest = _spark(tmp_path / "spark", datasets_dir, *flags)
+    mpi = subprocess.run([sys.executable, "-m", "ddlstudy", "run", "--usecase", "tiny",
+                          "--backend", "mpi", "--nodes", "2", "--no-snapshot", "--quiet",
+                          "--datasets-dir", str(datasets_dir), "--runs-dir",
+                          str(tmp_path / "mpi"), *flags], capture_output=True, text=True,
+                         timeout=600)
+    assert mpi.returncode == 0, mpi.stderr[-2000:]
+    theirs = json.loads(next((tmp_path / "mpi").glob(f"*/{MANIFEST}")).read_text())
+    assert manifest["strategy"]["replicas"] == theirs["strategy"]["replicas"] == 2
+    assert manifest["effective"]["data_parallel_workers"] == 4
+    assert _losses(manifest["epochs"]) == _losses(theirs["epochs"])

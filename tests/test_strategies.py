@@ -23,11 +23,12 @@ from ddlstudy.config import ModelSpec, RunConfig, with_overrides
 from ddlstudy.models import build_model
 from ddlstudy.runner import run
 from ddlstudy.strategies import REGISTRY, get_strategy
-from ddlstudy.strategies.processes import ddp_step, free_port
-from ddlstudy.strategies.threads import replica_step
 from ddlstudy.training import ShardedBatches, hostmem, plain_step, split_sizes
+from ddlstudy.training.distributed import free_port
 from ddlstudy.training.flat import exchange_step, flat_gradients
 from ddlstudy.training.job import Link
+from ddlstudy.training.one_model import ddp_step
+from ddlstudy.training.replicas import replica_grads
 
 BATCH = 16
 TOLERANCE = 1e-5
@@ -49,10 +50,12 @@ def _flat(model):
     return torch.cat([p.detach().flatten() for p in model.parameters()])
 
 
-def _sequential_update():
+def _sequential_update(steps: int = 1):
     model, images, labels = _setup()
     before = _flat(model)
-    plain_step(model, _sgd(model), nn.CrossEntropyLoss())((images, labels))
+    step = plain_step(model, _sgd(model), nn.CrossEntropyLoss())
+    for i in range(steps):  # the second batch: the first's images upside down
+        step((images.flip(2) if i else images, labels))
     return before, _flat(model) - before
 
 
@@ -61,17 +64,20 @@ def _relative_error(update, reference):
 
 
 @pytest.mark.parametrize("replicas", [2, 3])  # 3 does not divide 16: 6 + 5 + 5 images
-def test_cpu_threads_step_equals_sequential(replicas):
-    before, reference = _sequential_update()
+def test_cpu_threads_steps_equal_sequential(replicas):
+    """Two steps of cpu-threads' worker step (alone): the second is right only if the
+    replicas took replica 0's new weights before it."""
+    before, reference = _sequential_update(steps=2)
     model, images, labels = _setup()
     copies = [model] + [copy.deepcopy(model) for _ in range(replicas - 1)]
     with ThreadPoolExecutor(replicas) as pool:
-        step = replica_step(copies, _sgd(model), nn.CrossEntropyLoss(), pool)
+        step = exchange_step(model, _sgd(model), flat_gradients(model), Link.alone(), BATCH,
+                             local=replica_grads(copies, nn.CrossEntropyLoss(), pool))
         loss, correct, n = step((images, labels))
+        step((images.flip(2), labels))
     assert n == BATCH
     update = _flat(model) - before
     assert _relative_error(update, reference) < TOLERANCE
-    assert all(torch.equal(_flat(c), _flat(model)) for c in copies)  # replicas in sync
 
 
 def _ddp_setup(rank, world, port):
@@ -176,10 +182,8 @@ def test_shares_cut_each_batch_in_proportion_and_still_cover_it_once():
 
 def test_registry_lists_the_strategies():
     assert {"sequential", "cpu-intraop", "cpu-threads", "cpu-processes"} <= set(REGISTRY)
-    from ddlstudy.config.catalog import STRATEGIES
-
-    assert all(STRATEGIES[name].summary and get_strategy(name).name == name
-               for name in REGISTRY)
+    assert all(cls.summary and get_strategy(name).name == name
+               for name, cls in REGISTRY.items())
 
 
 @pytest.fixture(scope="module")
@@ -225,7 +229,7 @@ def test_thread_replicas_repeat_bit_for_bit(quick_config, tmp_path):
 
 
 def test_balanced_cuts_minimise_the_slowest_stage():
-    from ddlstudy.strategies.pipeline import balanced_cuts
+    from ddlstudy.training.stages import balanced_cuts
 
     assert balanced_cuts([1, 1, 1, 1], 2) == [0, 2]
     assert balanced_cuts([5, 1, 1, 1, 1, 1], 2) == [0, 1]
@@ -236,7 +240,7 @@ def _pipeline_rank(rank, world, port, replicas, micro, out):
     """One rank of ``replicas`` pipelines (1: a plain pipeline), as the strategy builds it."""
     from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
-    from ddlstudy.strategies.pipeline import (
+    from ddlstudy.training.stages import (
         _groups,
         balanced_cuts,
         flat_layers,

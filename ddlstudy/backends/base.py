@@ -68,15 +68,26 @@ class Environment:
 
 
 class Backend(ABC):
-    """How a run's nodes are started and talk. Subclasses set ``name`` and ``summary``."""
+    """How a run's nodes are started and talk. Subclasses set ``name`` and ``summary`` and
+    implement ``nodes`` and ``fit``, which runs the node's strategy's worker (never a
+    training of its own) with a ``training.Link`` to the other nodes."""
 
     name: ClassVar[str]
     summary: ClassVar[str]
-    def own_step(self, cfg: RunConfig) -> str | None:
-        """What trains its nodes instead of the strategy's step, as the user chose it (the
-        flag), or None where the strategy's step runs: --accumulate and fp16's gradient
-        scaler live in the shared step (training.accumulate_grads)."""
-        return None
+    """One line for `ddlstudy backends`."""
+    multi_node: ClassVar[bool] = True
+    """Whether its runs may have several nodes (``--nodes``)."""
+    srun_tasks: ClassVar[bool] = False
+    """Whether the tasks Slurm's srun starts join it as its nodes (else srun's several
+    tasks are refused: they would be unrelated runs)."""
+    unsampled: ClassVar[str | None] = None
+    """Why its nodes' processes are not all in the sampled process trees, if they are not
+    (a run's host load is then not judged)."""
+
+    def launched(self) -> dict[str, Any]:
+        """How this process was started, for the manifest's ``launch`` block: the launcher
+        by name and what else says which one ran (a library's version)."""
+        return {"launcher": "plain"}
 
     def check(self, cfg: RunConfig, strategy: Strategy, resuming: bool) -> None:
         """Refuse what it cannot run, before anything starts (ConfigError, Unavailable)."""
@@ -103,7 +114,9 @@ class Backend(ABC):
         """Train this node; returns the samples of the node's other processes."""
 
 
-REGISTRY: Registry[type[Backend]] = Registry("--backend", "backend")
+REGISTRY: Registry[type[Backend]] = Registry("--backend", "backend", group="ddlstudy.backends")
+"""The backends by name: ddlstudy's own and those of installed plugins (entry points of the
+group ``ddlstudy.backends``)."""
 register = REGISTRY.register
 
 

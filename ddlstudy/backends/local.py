@@ -1,22 +1,37 @@
-"""The local backend: one node, this machine; the strategy starts whatever processes it
-needs itself."""
+"""The local backend: one node, this machine. A strategy of one process trains in this
+one; one of several has them spawned here, in one process group, each its worker."""
 
 from __future__ import annotations
+
+import logging
+
+import torch
 
 from ddlstudy.backends.base import Backend, Environment, register
 from ddlstudy.config import RunConfig
 from ddlstudy.strategies import get_strategy
-from ddlstudy.training import Job
+from ddlstudy.training import Job, Link
+from ddlstudy.training.distributed import device_of, free_port, group_rank, run_ranks
 
 
 @register
 class Local(Backend):
     name = "local"
     summary = "one node: this machine, with the strategy's own threads and processes"
+    multi_node = False
 
     def nodes(self, cfg: RunConfig) -> int:
         return 1
 
     def fit(self, job: Job, env: Environment) -> list[dict]:
-        get_strategy(job.cfg.strategy).fit(job)
+        strategy = get_strategy(job.cfg.strategy)
+        layout = strategy.layout(job.cfg)
+        if layout.processes == 1:
+            torch.set_num_threads(layout.torch_threads)
+            strategy.worker(job, Link.alone(), device_of(layout.device_type, 0))
+        else:
+            level = logging.getLogger("ddlstudy").level
+            run_ranks(group_rank, layout.processes,
+                      (free_port(), job, strategy.worker, layout.threads_per_process, level,
+                       layout.device_type))
         return []

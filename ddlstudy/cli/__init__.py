@@ -374,12 +374,12 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_strategies(args: argparse.Namespace) -> int:
-    from ddlstudy.config.catalog import STRATEGIES  # not the classes: no torch to import
+    from ddlstudy.strategies import REGISTRY  # the classes import no torch
 
-    for name, described in STRATEGIES.items():
-        print(f"{name:14s} {described.summary}")
-        if described.flags:
-            print(f"{'':14s} flags: {described.flags}")
+    for name, cls in REGISTRY.loaded().items():
+        print(f"{name:14s} {cls.summary}")
+        if cls.flags:
+            print(f"{'':14s} flags: {cls.flags}")
     return 0
 
 

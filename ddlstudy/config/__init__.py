@@ -12,7 +12,8 @@ from ddlstudy.config.paths import (
     REPO_ROOT,
     USECASES_DIR,
 )
-from ddlstudy.config.run import PRECISIONS, SPARK_SYNCS, Effective, RunConfig, spark_slots
+from ddlstudy.config.run import PRECISIONS, Effective, RunConfig
+from ddlstudy.config.spark import SPARK_SYNCS, spark_slots
 from ddlstudy.config.usecase import (
     MIN_IMAGE_SIZE,
     Arch,

@@ -1,6 +1,6 @@
 """The ``ddlstudy run`` flags and the study plans' cell keys, read from the declarations.
 
-A run option is a ``RunConfig`` field made with ``config.run.option`` (or, for the use
+A run option is a ``RunConfig`` field made with ``config.fields.option`` (or, for the use
 case's training task, a ``TrainSpec`` field with a ``help``): this module turns those
 fields into argparse arguments (help, type, default shown), into the keys a study plan's
 cells may set, and parsed arguments back into a ``RunConfig``.
@@ -13,11 +13,10 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from ddlstudy.config.catalog import BACKENDS, STRATEGIES
-from ddlstudy.config.run import TASK, WHAT, RunConfig, options
+from ddlstudy.config.fields import DATA, NODES, OUTPUT, SPARK, TASK, WHAT
+from ddlstudy.config.run import RunConfig, options
 from ddlstudy.config.usecase import TrainSpec, load_usecase, with_overrides
 from ddlstudy.errors import ConfigError, UsageError
-from ddlstudy.registry import refuse_unknown
 
 USECASE_DEFAULT = "tiny"
 
@@ -76,22 +75,20 @@ def _add(group: argparse._ArgumentGroup, f: dataclasses.Field, default: str = ""
     group.add_argument(flag(f), **kwargs)
 
 
+GROUPS = (WHAT, NODES, TASK, SPARK, DATA, OUTPUT)
+"""The order ``ddlstudy run --help`` shows the flags' groups in."""
+
+
 def add_run_options(parser: argparse.ArgumentParser) -> None:
     """Every run option as a flag, in its group."""
-    groups: dict[str, argparse._ArgumentGroup] = {}
-
-    def group(name: str) -> argparse._ArgumentGroup:
-        if name not in groups:
-            groups[name] = parser.add_argument_group(name)
-        return groups[name]
-
-    group(WHAT).add_argument("--usecase", default=USECASE_DEFAULT, help="a name from "
-                             f"usecases/ or a path to a TOML file (default: {USECASE_DEFAULT})")
+    groups = {name: parser.add_argument_group(name) for name in GROUPS}
+    groups[WHAT].add_argument("--usecase", default=USECASE_DEFAULT, help="a name from "
+                              f"usecases/ or a path to a TOML file (default: "
+                              f"{USECASE_DEFAULT})")
+    for t in train_options():  # the use case's flags first in their group
+        _add(groups[TASK], t, " (default: the use case's)")
     for f in options():
-        if f.metadata["group"] == TASK and TASK not in groups:  # the use case's flags first
-            for t in train_options():
-                _add(group(TASK), t, " (default: the use case's)")
-        _add(group(f.metadata["group"]), f)
+        _add(groups[f.metadata["group"]], f)
 
 
 class Parser(argparse.ArgumentParser):
@@ -129,12 +126,8 @@ def switches() -> set[str]:
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
     """The RunConfig of parsed ``ddlstudy run`` arguments (flags left out keep the use
-    case's or the field's default). An unknown strategy or backend is refused here, from
-    the catalog, before their classes (and torch) are imported."""
-    for flag, name, known, noun in (("--strategy", args.strategy, STRATEGIES, "strategy"),
-                                    ("--backend", args.backend, BACKENDS, "backend")):
-        if name is not None and name not in known:
-            refuse_unknown(flag, noun, name, known)
+    case's or the field's default). The strategy and backend are names here: their
+    registries refuse an unknown one (``ddlstudy.runner.preflight``)."""
     usecase = load_usecase(args.usecase)
     overrides = {f.name: getattr(args, f.name) for f in train_options()}
     try:

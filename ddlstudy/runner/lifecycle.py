@@ -21,13 +21,13 @@ from pathlib import Path
 import psutil
 
 from ddlstudy import environment, signals, wire
-from ddlstudy.backends import Environment, get_backend
+from ddlstudy.backends import REGISTRY as BACKENDS
+from ddlstudy.backends import Backend, Environment, get_backend
 from ddlstudy.config import Effective, RunConfig
 from ddlstudy.data import DataPlan, prepare_data
 from ddlstudy.errors import ConfigError, Unavailable, UsageError
 from ddlstudy.files import sweep_temporaries
 from ddlstudy.runfolder import (
-    CHILD_ENV,
     MANIFEST,
     RUN_ID_ENV,
     SNAPSHOT,
@@ -108,10 +108,14 @@ def preflight(cfg: RunConfig, resuming: bool = False) -> RunConfig:
     Unavailable for one this machine or this version cannot run (no GPU, no mpiexec).
     Returns ``cfg`` resolved (its effective parallelism computed, once)."""
     strategy, backend = get_strategy(cfg.strategy), get_backend(cfg.backend)
+    if (cfg.nodes or 1) > 1 and not backend.multi_node:
+        several = [name for name, cls in BACKENDS.loaded().items() if cls.multi_node]
+        raise ConfigError("--nodes", f"more than one node needs --backend "
+                          f"{' or '.join(several)}")
     cfg = resolve(cfg)
     strategy.check_options(cfg)
     strategy.check(cfg)
-    exact = [name for name, cls in REGISTRY.items() if cls.resumable]
+    exact = [name for name, cls in REGISTRY.loaded().items() if cls.resumable]
     if (resuming or cfg.snapshot_every) and not strategy.resumable:
         flag = "--resume" if resuming else "--snapshot-every"
         raise Unavailable(flag, f"{strategy.name} cannot yet be resumed exactly (only its "
@@ -119,14 +123,11 @@ def preflight(cfg: RunConfig, resuming: bool = False) -> RunConfig:
                           f"{', '.join(exact)}")
     # --accumulate and fp16's gradient scaler live in the step every accumulating
     # strategy shares (training.accumulate_grads and optimizer_step).
-    can = [name for name, cls in REGISTRY.items() if cls.accumulates]
-    own_step = backend.own_step(cfg)
-    what = own_step if strategy.accumulates else strategy.name
-    shared_step = strategy.accumulates and own_step is None
+    can = [name for name, cls in REGISTRY.loaded().items() if cls.accumulates]
     if cfg.precision == "fp16":
-        if not shared_step:
-            raise Unavailable("--precision", f"{what} has no fp16 gradient scaler yet; use "
-                              f"bf16, or one of: {', '.join(can)}")
+        if not strategy.accumulates:
+            raise Unavailable("--precision", f"{strategy.name} has no fp16 gradient scaler "
+                              f"yet; use bf16, or one of: {', '.join(can)}")
         if resuming or cfg.snapshot_every:
             raise Unavailable("--resume" if resuming else "--snapshot-every",
                               "fp16 runs cannot be resumed exactly yet (the snapshot does "
@@ -136,9 +137,9 @@ def preflight(cfg: RunConfig, resuming: bool = False) -> RunConfig:
                         "measured 1.2 images/s against 37 in fp32 on an AVX-512 CPU); it "
                         "is meant for GPUs: on CPUs use --precision bf16")
     if cfg.accumulate > 1:
-        if not shared_step:
-            raise Unavailable("--accumulate", f"{what} does not accumulate gradients yet; "
-                              f"strategies that do: {', '.join(can)}")
+        if not strategy.accumulates:
+            raise Unavailable("--accumulate", f"{strategy.name} does not accumulate "
+                              f"gradients yet; strategies that do: {', '.join(can)}")
         share = cfg.global_batch // cfg.data_parallel()
         if cfg.accumulate > share:
             raise ConfigError("--accumulate", f"{cfg.accumulate} micro-batches but each "
@@ -215,7 +216,8 @@ def _open_folder(env: Environment, resume: Path | None, backend: dict):
     return folder, snapshot
 
 
-def _create(cfg: RunConfig, strategy: Strategy, backend: dict, data) -> RunFolder:
+def _create(cfg: RunConfig, strategy: Strategy, backend: Backend, described: dict,
+            data) -> RunFolder:
     """Node 0's new run folder, its manifest written before training starts."""
     uc = cfg.usecase
     for old in Path(cfg.runs_dir).glob("*/"):
@@ -225,7 +227,7 @@ def _create(cfg: RunConfig, strategy: Strategy, backend: dict, data) -> RunFolde
         "command": environment.command_line(),
         "usecase": uc.name,
         "strategy": {"name": strategy.name, **strategy.layout(cfg).as_dict()},
-        "backend": backend,
+        "backend": described,
         "config": cfg.to_dict(),
         "seeds": {"train": uc.train.seed, "data": uc.data.seed},
         "effective": cfg.effective.as_dict(),
@@ -233,13 +235,13 @@ def _create(cfg: RunConfig, strategy: Strategy, backend: dict, data) -> RunFolde
         "git": environment.git_state(),
         "versions": environment.versions(),
         "host": environment.host(),
-        "launch": environment.launch(cfg.backend, backend["nodes"], CHILD_ENV),
+        "launch": environment.launch(described["nodes"], backend.launched()),
         "sampler": {"hz": cfg.sample_hz},
         "pid": os.getpid(),
         **_study_tag(),
     })
     log.info("run %s: %s on %s (%s backend, %d node(s)), %d train / %d validation images",
-             folder.path.name, strategy.name, uc.name, backend["name"], backend["nodes"],
+             folder.path.name, strategy.name, uc.name, backend.name, described["nodes"],
              len(data.train), len(data.val))
     return folder
 
@@ -263,7 +265,7 @@ def _run(cfg: RunConfig, show_progress: bool, resume: Path | None) -> RunFolder 
     described = backend.describe(cfg) | env.placement()
     folder, snapshot = _open_folder(env, resume, described)
     if env.rank == 0 and folder is None:
-        folder = _create(cfg, strategy, described, data)
+        folder = _create(cfg, strategy, backend, described, data)
     sampler = ResourceSampler(cfg.sample_hz, rank=env.rank).start()
     outcome = Outcome("completed", 0)
     rows_by_node = None
@@ -271,6 +273,8 @@ def _run(cfg: RunConfig, show_progress: bool, resume: Path | None) -> RunFolder 
         with signals.handled():
             job = Job(cfg=cfg, data=data, folder=folder, show_progress=show_progress,
                       resume=snapshot)
+            # What the strategy prepares once, on node 0, for every node's workers.
+            job.plan = env.share(lambda: strategy.prepare(job), wire.to_json, wire.from_json)
             others = backend.fit(job, env)  # the samples of the node's other processes
             rows_by_node = env.gather(sampler.stop() + others, wire.to_json, wire.from_json)
     except KeyboardInterrupt:
@@ -289,7 +293,8 @@ def _run(cfg: RunConfig, show_progress: bool, resume: Path | None) -> RunFolder 
             folder.reload_epochs()
             rows = [r for node_rows in rows_by_node for r in node_rows] if rows_by_node \
                 else own_rows
-            folder.manifest["host_load"] = _host_load(cfg, folder.write_samples(rows))
+            folder.manifest["host_load"] = _host_load(cfg, backend,
+                                                      folder.write_samples(rows))
             epochs = folder.manifest["epochs"]
             folder.finish(outcome.status, outcome.exit_code, outcome.error,
                           summary=_summary(epochs), time_to_target=time_to_target(
@@ -304,11 +309,10 @@ def _run(cfg: RunConfig, show_progress: bool, resume: Path | None) -> RunFolder 
     return folder
 
 
-def _host_load(cfg: RunConfig, frame) -> dict:
+def _host_load(cfg: RunConfig, backend: Backend, frame) -> dict:
     """Whether other processes used the run's hosts (``noisy``), from its samples."""
-    if cfg.backend == "spark":  # its executors are not in the sampled process trees
-        return {"noisy": None, "why": "not measured: Spark's executors run outside the "
-                                      "sampled process trees"}
+    if backend.unsampled:
+        return {"noisy": None, "why": f"not measured: {backend.unsampled}"}
     others = others_cores(frame, psutil.cpu_count() or 1,
                           one_machine=str(cfg.hosts or "").startswith("emulated"))
     if others is None:
@@ -333,7 +337,7 @@ def _tensorboard(folder: RunFolder) -> None:
         log.warning("could not write TensorBoard scalars: %s", exc)
 
 
-def refuse_foreign_launcher(env: dict[str, str], backend: str) -> None:
+def refuse_foreign_launcher(env: dict[str, str], backend: Backend) -> None:
     """torchrun and Slurm's srun start N copies of the command: outside an MPI world each
     would be a whole run of its own, in a folder of its own. Say so instead of training N
     unrelated runs (under srun, ``--backend mpi`` joins: each task is an MPI rank)."""
@@ -345,9 +349,10 @@ def refuse_foreign_launcher(env: dict[str, str], backend: str) -> None:
                          f"cpu-processes --workers {world} (one node) or --backend mpi "
                          f"--nodes {world}")
     tasks = env.get("SLURM_NTASKS", "1")
-    if "SLURM_PROCID" in env and tasks.isdigit() and int(tasks) > 1 and backend != "mpi":
+    if "SLURM_PROCID" in env and tasks.isdigit() and int(tasks) > 1 and \
+            not backend.srun_tasks:
         raise UsageError(f"started by srun as task {env['SLURM_PROCID']} of {tasks} with "
-                         f"--backend {backend}: that would be {tasks} unrelated runs; give "
+                         f"--backend {backend.name}: that would be {tasks} unrelated runs; give "
                          f"--backend mpi (each task an MPI node: srun --mpi=pmi2 ...), or "
                          f"run it once with srun --ntasks 1")
 
@@ -355,7 +360,7 @@ def refuse_foreign_launcher(env: dict[str, str], backend: str) -> None:
 def start(cfg: RunConfig, argv: list[str], resume: Path | None = None) -> RunFolder | None:
     """``ddlstudy run``: train here, or, where the backend starts the run's processes
     itself (``--backend mpi --nodes N`` from a plain shell), launch them and wait."""
-    refuse_foreign_launcher(dict(os.environ), cfg.backend)
+    refuse_foreign_launcher(dict(os.environ), get_backend(cfg.backend))
     cfg = preflight(cfg, resuming=resume is not None)
     run_id = (Path(resume).name if resume else os.environ.get(RUN_ID_ENV)
               or new_run_id(cfg.usecase.name, cfg.strategy))

@@ -1,4 +1,16 @@
-"""The Strategy interface (how one node trains) and the registry the CLI reads names from."""
+"""The Strategy interface (how one node trains) and the registry the CLI reads names from.
+
+A strategy says what it is (the catalog's text, the report's table and label, the layouts
+``advise`` probes), checks its flags, lays a node out (processes, threads, devices) and
+gives the work of one of the node's processes (``worker``). Backends start those processes
+(here, as MPI ranks and the processes they lead, as Spark tasks) and hand each worker its
+``Link`` to the others; no backend trains in a strategy's place.
+
+A strategy module is imported to list and check strategies, by the command line before it
+imports torch: it keeps torch out of its top level, and its worker imports the training
+code it runs (``ddlstudy.training``). A plugin's strategy may import torch at the top: it
+only makes `ddlstudy strategies` slower.
+"""
 
 from __future__ import annotations
 
@@ -6,15 +18,30 @@ import dataclasses
 import logging
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ddlstudy.config import RunConfig
 from ddlstudy.environment import usable_cores
 from ddlstudy.errors import ConfigError
 from ddlstudy.registry import Registry
-from ddlstudy.training.job import Job
+
+if TYPE_CHECKING:  # torch: the workers' types only
+    import torch
+
+    from ddlstudy.training.job import Job, Link
 
 log = logging.getLogger("ddlstudy")
+
+
+@dataclass(frozen=True)
+class Probe:
+    """A layout ``advise`` times: its label, its run flags, the cores it keeps busy and the
+    model replicas it holds in memory."""
+
+    label: str
+    flags: dict[str, Any]
+    cores: int
+    replicas: int = 1
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,16 +72,28 @@ class Layout:
         return out
 
     @property
+    def device_type(self) -> str:
+        """Where its processes train: cuda or cpu."""
+        return self.device or ("cuda" if self.collectives == "nccl" else "cpu")
+
+    @property
     def torch_threads(self) -> int:
         """The intra-op threads each of the node's processes sets."""
         return self.intraop_threads or self.threads_per_process
 
 
 class Strategy(ABC):
-    """How one node trains. Subclasses set ``name`` (described in
-    ``config.catalog.STRATEGIES``) and implement ``fit``."""
+    """How one node trains. Subclasses set ``name`` and ``summary`` and implement
+    ``worker``; the rest has defaults for a one-process, one-model strategy."""
 
     name: ClassVar[str]
+    summary: ClassVar[str]
+    """One line for `ddlstudy strategies`: what it does and why one would pick it."""
+    flags: ClassVar[str] = ""
+    """The flags that lay it out, with their defaults."""
+    table: ClassVar[int] = 1
+    """The report's table of a one-node run: 1 data parallelism, 2 model and hybrid
+    parallelism (runs of several nodes go in table 3 whatever their strategy)."""
     resumable: ClassVar[bool] = False
     """Whether --resume and --snapshot-every continue it bit for bit."""
     options: ClassVar[tuple[str, ...]] = ()
@@ -77,7 +116,7 @@ class Strategy(ABC):
         defaults = {f.name: f.default for f in dataclasses.fields(cfg)}
         for name, what in LAYOUT_OPTIONS.items():
             if name not in self.options and getattr(cfg, name) != defaults[name]:
-                users = [n for n, c in REGISTRY.items() if name in c.options]
+                users = [n for n, c in REGISTRY.loaded().items() if name in c.options]
                 flag = "--" + name.replace("_", "-")
                 raise ConfigError(flag, f"{what}: {self.name} has none; it applies to "
                                   f"--strategy {' or '.join(users)}")
@@ -94,9 +133,28 @@ class Strategy(ABC):
         """Workers on one node that each take a slice of every batch."""
         return 1
 
+    def label(self, layout: dict[str, Any]) -> str:
+        """The report's short name of a run of it, from its manifest's layout (``Layout``
+        as recorded: processes, threads_per_process, replicas, stages, ...)."""
+        return self.name
+
+    def probes(self, cores: int, gpus: int) -> list[Probe]:
+        """The layouts ``advise`` times on a machine of ``cores`` usable cores and ``gpus``
+        GPUs (none: advise leaves it out)."""
+        return []
+
+    def prepare(self, job: Job) -> Any:
+        """Once, on node 0, before any worker starts: what every worker of every node needs
+        (plain JSON values, as ``job.plan``), e.g. where a pipeline is cut. It may record
+        in ``job.folder``'s manifest."""
+        return None
+
     @abstractmethod
-    def fit(self, job: Job) -> None:
-        """Train for the configured epochs (``train_epochs`` runs the loop)."""
+    def worker(self, job: Job, link: Link, device: torch.device) -> None:
+        """The work of one of the node's processes (``layout(cfg).processes`` of them; in
+        a process group of that size on the node when there are several): train for the
+        configured epochs, exchanging with every other worker of the run through
+        ``link`` (``training.worker.train_worker`` runs the epochs)."""
 
 
 def require_batch_per_worker(cfg: RunConfig, workers: int, noun: str) -> None:
@@ -122,7 +180,10 @@ LAYOUT_OPTIONS = {"workers": "sets the replicas, processes or threads",
                   "devices": "sets the GPUs"}
 """RunConfig fields that lay a strategy out, and what each does."""
 
-REGISTRY: Registry[type[Strategy]] = Registry("--strategy", "strategy")
+REGISTRY: Registry[type[Strategy]] = Registry("--strategy", "strategy",
+                                              group="ddlstudy.strategies")
+"""The strategies by name: ddlstudy's own (registered as their modules are imported) and
+those of installed plugins (entry points of the group ``ddlstudy.strategies``)."""
 register = REGISTRY.register
 
 

@@ -1,265 +1,37 @@
 """pipeline: the model cut into stages, one process each, a batch run as GPipe micro-batches.
 
-The network is flattened into its layers (features, avgpool, flatten, classifier) and cut
-into ``--stages`` contiguous stages whose measured forward time is as even as possible.
-torch.distributed.pipelining's ScheduleGPipe runs every micro-batch forward through the
-stages, then every one backward (fill-drain), over gloo on CPU processes. The loss is the
-mean over a micro-batch and the schedule divides the gradients by the number of
-micro-batches, so with equal micro-batches one step is exactly the baseline's step on the
-same global batch. That is why the global batch must be a multiple of ``--micro-batches``
-and an epoch's last, smaller batch is dropped.
+The network is cut into ``--stages`` contiguous stages whose measured forward time is as
+even as possible (on node 0, once: ``prepare``); each process trains one stage with
+torch.distributed.pipelining's ScheduleGPipe (``training.stages``). With equal
+micro-batches one step is exactly the baseline's step on the same global batch: that is
+why the global batch must be a multiple of ``--micro-batches`` and an epoch's last, smaller
+batch is dropped. Stages run on one GPU each (NCCL) when the machine has a GPU for every
+stage, on CPU processes (gloo) otherwise.
 
-The first stage reads the images, the last one only the labels (same seeded order). After
-each epoch the stages send their weights to rank 0, which validates the whole model and
-writes the run folder. Stages run on one GPU each (NCCL) when the machine has a GPU for
-every stage, on CPU processes (gloo) otherwise.
-
-``hybrid`` (strategies/hybrid.py) composes the same pieces with R > 1 replicas.
+``hybrid`` (strategies/hybrid.py) is the same worker with R > 1 replicas.
 """
 
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Any
 
-import torch
-import torch.distributed as dist
-from torch import nn
-from torch.utils.data import Dataset
-
-from ddlstudy.config import RunConfig, UseCase
+from ddlstudy.config import RunConfig
 from ddlstudy.environment import usable_cores
 from ddlstudy.errors import ConfigError
-from ddlstudy.models import build_model
-from ddlstudy.strategies.base import Layout, Strategy, register, warn_if_oversubscribed
-from ddlstudy.training import (
-    Batch,
-    StepFn,
-    image_dataset,
-    train_loader,
-    val_loader,
-)
-from ddlstudy.training.distributed import free_port, group_link, run_ranks, spawned_rank
-from ddlstudy.training.flat import average, flat_gradients
-from ddlstudy.training.job import Job, Link
-from ddlstudy.training.worker import new_model, new_optimizer, train_worker
-
-if TYPE_CHECKING:  # 3 s of imports (torch._dynamo, DTensor): only in a pipeline's ranks
-    from torch.distributed.pipelining import ScheduleGPipe
+from ddlstudy.strategies.base import Layout, Probe, Strategy, register, warn_if_oversubscribed
+from ddlstudy.strategies.processes import cuda_devices
 
 log = logging.getLogger("ddlstudy")
-
-
-def flat_layers(model: nn.Module) -> list[nn.Module]:
-    """The network as one list of layers, in the order its forward runs them."""
-    return [*model.features, model.avgpool, nn.Flatten(1), *model.classifier]
-
-
-def layer_costs(uc: UseCase, micro_batch: int, repeats: int = 3) -> list[float]:
-    """Seconds each layer takes forward on one micro-batch (best of ``repeats``)."""
-    torch.manual_seed(0)
-    layers = flat_layers(build_model(uc.model, len(uc.classes)))
-    x = torch.randn(micro_batch, 3, uc.train.image_size, uc.train.image_size)
-    costs = []
-    with torch.no_grad():
-        for layer in layers:
-            best = float("inf")
-            for _ in range(repeats):
-                start = time.perf_counter()
-                y = layer(x)
-                best = min(best, time.perf_counter() - start)
-            costs.append(best)
-            x = y
-    return costs
-
-
-def balanced_cuts(costs: list[float], stages: int) -> list[int]:
-    """Start index of each stage, minimising the slowest stage's cost (dynamic programme)."""
-    n = len(costs)
-    prefix = [0.0]
-    for c in costs:
-        prefix.append(prefix[-1] + c)
-    inf = float("inf")
-    # best[s][i]: the slowest stage when the first i layers form s stages.
-    best = [[inf] * (n + 1) for _ in range(stages + 1)]
-    cut = [[0] * (n + 1) for _ in range(stages + 1)]
-    best[0][0] = 0.0
-    for s in range(1, stages + 1):
-        for i in range(s, n + 1):
-            for j in range(s - 1, i):
-                value = max(best[s - 1][j], prefix[i] - prefix[j])
-                if value < best[s][i]:
-                    best[s][i], cut[s][i] = value, j
-    starts, i = [], n
-    for s in range(stages, 0, -1):
-        i = cut[s][i]
-        starts.append(i)
-    return starts[::-1]
-
-
-def stage_module(layers: list[nn.Module], starts: list[int], index: int) -> nn.Sequential:
-    end = starts[index + 1] if index + 1 < len(starts) else len(layers)
-    first = layers[starts[index]]
-    if index and getattr(first, "inplace", False):
-        first.inplace = False  # a stage's input is a leaf that autograd must not see changed
-    return nn.Sequential(*layers[starts[index]:end])
-
-
-class _Labels(Dataset):
-    """The labels of a dataset without decoding its images (for the last stage)."""
-
-    def __init__(self, items: list[tuple[str, int]]) -> None:
-        self.items = items
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
-        return torch.empty(0), self.items[i][1]
-
-
-def pipeline_step(schedule: ScheduleGPipe, optimizer: torch.optim.Optimizer, first: bool,
-                  last: bool, average: Callable[[], None] = lambda: None,
-                  device: torch.device | None = None,
-                  zero: Callable[[], None] | None = None) -> StepFn:
-    """One GPipe step; only the last stage knows the loss and the predictions.
-
-    ``average`` runs between the backward passes and the optimizer step: the hybrid's
-    all-reduce of this stage's gradients over the replicas (or an MPI node's exchange).
-    ``zero`` clears the gradients first (the optimizer's, unless given).
-    """
-    zero = zero or (lambda: optimizer.zero_grad(set_to_none=True))
-
-    def step(batch: Batch) -> tuple[float, int, int]:
-        images, labels = batch
-        if device is not None:
-            images, labels = images.to(device), labels.to(device)
-        zero()
-        losses: list[torch.Tensor] = []
-        args = (images,) if first else ()
-        out = schedule.step(*args, target=labels if last else None, losses=losses)
-        average()
-        optimizer.step()
-        if not last:
-            return 0.0, 0, 0
-        n = labels.numel()
-        loss = torch.stack(losses).mean().item()
-        return loss * n, int((out.argmax(1) == labels).sum()), n
-
-    return step
-
-
-StageExchange = Callable[..., tuple[Callable[[], None], Callable[[], None] | None]]
-"""``exchange(full, module, layers, starts, rank, replicas, data_group) -> (average,
-zero)``: what a stage does with its gradients between the backward passes and the step
-(``average``), and how it clears them before a step (``zero``; None: the optimizer's)."""
-
-
-def replica_exchange(full: nn.Module, module: nn.Module, layers: list[nn.Module],
-                     starts: list[int], rank: int, replicas: int,
-                     data_group) -> tuple[Callable[[], None], Callable[[], None] | None]:
-    """A stage alone on its node: its replicas average its gradients, one collective on
-    one buffer of which every gradient is a view."""
-    if replicas == 1 or not list(module.parameters()):
-        return (lambda: None), None
-    flat = flat_gradients(module)
-    return (lambda: average(flat, data_group, replicas)), flat.zero_
-
-
-def gather_weights(full: nn.Module | None, layers: list[nn.Module], starts: list[int],
-                   rank: int, world: int) -> None:
-    """Send every stage's parameters to rank 0, which loads them into its whole model."""
-    for stage in range(1, world):
-        params = list(stage_module(layers, starts, stage).parameters())
-        if not params or rank not in (0, stage):
-            continue
-        flat = torch.cat([p.detach().flatten() for p in params])
-        if rank == stage:
-            dist.send(flat, dst=0)
-        else:
-            dist.recv(flat, src=stage)
-            torch.nn.utils.vector_to_parameters(flat, params)
-
-
-def _groups(replicas: int, stages: int):
-    """Process groups: one pipeline per replica, one data-parallel group per stage index.
-
-    Global rank = replica * stages + stage. Every rank creates every group, in one order.
-    """
-    pipes = [dist.new_group(list(range(r * stages, (r + 1) * stages)))
-             for r in range(replicas)]
-    data = [dist.new_group(list(range(s, replicas * stages, stages))) for s in range(stages)]
-    return pipes, data
-
-
-def _worker(rank: int, world: int, port: int, job: Job, starts: list[int], micro: int,
-            replicas: int, threads: int, log_level: int, device_type: str = "cpu") -> None:
-    """One stage of one replica: a CPU process over gloo, or GPU ``rank`` over NCCL."""
-    with spawned_rank(rank, world, port, job, threads, log_level, device_type) as device:
-        train_stage(job, device, group_link(rank, world, device), starts, micro, replicas)
-
-
-def train_stage(job: Job, device: torch.device, link: Link, starts: list[int], micro: int,
-                replicas: int, exchange: StageExchange = replica_exchange) -> None:
-    """Stage ``rank % stages`` of replica ``rank // stages`` of this process group (``rank``
-    its rank in the group); ``link``: this process among every data-parallel worker of the
-    run (the group's, or every MPI node's, ``ddlstudy.backends.mpi.nodes``).
-
-    ``exchange`` decides what the stage does with its gradients before each step: alone,
-    the replicas of a stage average them; in an MPI node, the node exchanges them with the
-    other nodes through its leader.
-    """
-    cfg = job.cfg
-    rank, world = dist.get_rank(), dist.get_world_size()
-    stages = world // replicas
-    replica, index = divmod(rank, stages)
-    pipes, data_groups = _groups(replicas, stages)
-    node_index, nodes = link.rank // world, link.world // world
-    pipelines = nodes * replicas  # each takes its slice of every global batch
-    full = new_model(cfg)  # the same weights on every rank
-    layers = flat_layers(full)
-    module = stage_module(layers, starts, index)
-    first, last = index == 0, index == stages - 1
-    example = torch.empty(cfg.global_batch // pipelines // micro, 3,
-                          cfg.usecase.train.image_size, cfg.usecase.train.image_size)
-    with torch.no_grad():
-        example = nn.Sequential(*layers[:starts[index]])(example).to(device)
-    # Rank 0 also validates the whole model; in an MPI node every rank's stage is a part of
-    # the buffer of the whole model's gradients.
-    (full if rank == 0 or exchange is not replica_exchange else module).to(device)
-    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
-
-    stage = PipelineStage(module, index, stages, device, input_args=(example,),
-                          group=pipes[replica])
-    schedule = ScheduleGPipe(stage, micro, loss_fn=nn.CrossEntropyLoss())
-    optimizer = new_optimizer(module.parameters(), cfg)
-    average, zero = exchange(full, module, layers, starts, rank, replicas, data_groups[index])
-    train = _train_loader(cfg, job, first, (node_index * replicas + replica, pipelines))
-    val = val_loader(cfg, job.data) if link.rank == 0 else []  # rank 0 validates it all
-
-    def collect() -> None:
-        if replica == 0:
-            gather_weights(full, layers, starts, rank, stages)
-
-    train_worker(job, link, full if rank == 0 else module, optimizer,
-                 pipeline_step(schedule, optimizer, first, last, average, device, zero),
-                 train, val, device=device, before_eval=collect)
-
-
-def _train_loader(cfg: RunConfig, job: Job, first: bool, shard: tuple[int, int]):
-    """First stages read their replica's slice of the images; the other stages only its
-    labels, in the same seeded order."""
-    dataset = (image_dataset(cfg, job.data, job.data.train, True) if first
-               else _Labels(job.data.train))
-    return train_loader(dataset, cfg, shard=shard, drop_last=True,
-                        loader_workers=None if first else 0)
 
 
 @register
 class Pipeline(Strategy):
     name = "pipeline"
+    summary = ("model parallel: the network cut into --stages processes balanced by measured "
+               "cost, each batch run as --micro-batches GPipe micro-batches")
+    flags = "--stages S (default: usable cores), --micro-batches M (default 4), --stage-starts"
+    table = 2
     options = ("stages", "stage_starts", "micro_batches")
 
     def replicas(self, cfg: RunConfig) -> int:
@@ -274,10 +46,11 @@ class Pipeline(Strategy):
         return cfg.stages or max(2, usable_cores() // self.replicas(cfg))
 
     def check(self, cfg: RunConfig) -> None:
+        from ddlstudy.training.stages import layer_count  # torch: the model's layers
+
         r, s, m = self.replicas(cfg), self.stages(cfg), cfg.micro_batches
         batch, pipelines = cfg.global_batch, cfg.data_parallel()  # x nodes under MPI
-        with torch.device("meta"):
-            n_layers = len(flat_layers(build_model(cfg.usecase.model, 3)))
+        n_layers = layer_count(cfg.usecase)
         if s < 2:
             raise ConfigError("--stages", f"a pipeline needs at least 2 stages, got {s}")
         if s > n_layers:
@@ -297,9 +70,7 @@ class Pipeline(Strategy):
 
     def device_type(self, cfg: RunConfig) -> str:
         """Stages on GPUs when there is one for each, else on CPU processes."""
-        wanted = self.replicas(cfg) * self.stages(cfg)
-        return "cuda" if torch.cuda.is_available() and torch.cuda.device_count() >= wanted \
-            else "cpu"
+        return "cuda" if cuda_devices() >= self.replicas(cfg) * self.stages(cfg) else "cpu"
 
     def layout(self, cfg: RunConfig) -> Layout:
         r, s = self.replicas(cfg), self.stages(cfg)
@@ -310,29 +81,28 @@ class Pipeline(Strategy):
                       device=self.device_type(cfg), collectives="nccl" if cuda else "gloo",
                       schedule="GPipe")
 
-    def cuts(self, job: Job) -> list[int]:
+    def label(self, layout: dict[str, Any]) -> str:
+        return (f"{self.name} ({layout.get('stages', '?')} stages x "
+                f"{layout.get('micro_batches', '?')} mb)")
+
+    def probes(self, cores: int, gpus: int) -> list[Probe]:
+        return [Probe(f"pipeline (2 stages x {mb} mb)",
+                      {"strategy": self.name, "stages": 2, "micro_batches": mb}, 2)
+                for mb in (2, 4)]
+
+    def prepare(self, job) -> dict[str, Any]:
         """Where each stage starts, from the layers' measured forward times (recorded)."""
+        from ddlstudy.training.stages import cuts  # torch: measures the model
+
         cfg = job.cfg
-        r, s, micro = self.replicas(cfg), self.stages(cfg), cfg.micro_batches
-        if cfg.stage_starts is not None:  # given: nothing measured
-            starts, costs = list(cfg.stage_starts), None
-        else:
-            log.info("measuring each layer's forward time to balance %d stages ...", s)
-            costs = layer_costs(cfg.usecase, cfg.global_batch // cfg.data_parallel() // micro)
-            starts = balanced_cuts(costs, s)
-        if job.folder is not None:
-            job.folder.manifest["strategy"].update(stage_starts=starts, layer_costs_s=costs)
-            job.folder.write_manifest()
-        log.info("%s: %d replica(s) of %d stages starting at layers %s", self.name, r, s, starts)
-        return starts
+        r, s = self.replicas(cfg), self.stages(cfg)
+        starts = cuts(job, s, cfg.global_batch // cfg.data_parallel() // cfg.micro_batches)
+        log.info("%s: %d replica(s) of %d stages starting at layers %s", self.name, r, s,
+                 starts)
+        return {"starts": starts}
 
-    def fit(self, job: Job) -> None:
-        cfg = job.cfg
-        r, s, micro = self.replicas(cfg), self.stages(cfg), cfg.micro_batches
-        starts = self.cuts(job)
-        level = logging.getLogger("ddlstudy").level
-        threads = self.layout(cfg).threads_per_process
-        run_ranks(_worker, r * s, (free_port(), job, starts, micro, r, threads, level,
-                                   self.device_type(cfg)))
+    def worker(self, job, link, device) -> None:
+        from ddlstudy.training.stages import train_stage  # torch: in workers only
 
-
+        train_stage(job, link, device, job.plan["starts"], job.cfg.micro_batches,
+                    self.replicas(job.cfg))

@@ -2,44 +2,53 @@
 
 from __future__ import annotations
 
-import torch
-from torch import nn
+from typing import Any
 
 from ddlstudy.config import RunConfig
-from ddlstudy.strategies.base import Layout, Strategy, register
-from ddlstudy.training import Job, Link, make_loaders, make_scaler, plain_step
-from ddlstudy.training.worker import new_model, new_optimizer, train_worker
+from ddlstudy.strategies.base import Layout, Probe, Strategy, register
 
 
-def fit_one_model(job: Job, threads: int, loader_workers: int) -> None:
-    """Train one model in this process with ``threads`` intra-op threads."""
-    cfg = job.cfg
-    torch.set_num_threads(threads)
-    model = new_model(cfg)
-    optimizer = new_optimizer(model.parameters(), cfg)
-    train, val = make_loaders(cfg, job.data, loader_workers=loader_workers)
-    step = plain_step(model, optimizer, nn.CrossEntropyLoss(), cfg.accumulate,
-                      make_scaler(cfg.precision))
-    train_worker(job, Link.alone(), model, optimizer, step, train, val)
+def worker_counts(cores: int) -> list[int]:
+    """Threads, replicas or processes worth trying on ``cores``: all, and halves down to 2."""
+    out, n = [], cores
+    while n >= 2:
+        out.append(n)
+        n //= 2
+    return out
+
+
+class OneModel(Strategy):
+    """A strategy whose every process trains one model on its slice of every batch
+    (``training.one_model``)."""
+
+    def worker(self, job, link, device) -> None:
+        from ddlstudy.training.one_model import train_one_model  # torch: in workers only
+
+        train_one_model(job, link, device, self.layout(job.cfg).loader_workers)
 
 
 @register
-class Sequential(Strategy):
+class Sequential(OneModel):
     name = "sequential"
+    summary = ("the baseline: one process, one intra-op thread, data loaded in that process; "
+               "every speedup is measured against it")
     resumable = True
     accumulates = True
 
     def layout(self, cfg: RunConfig) -> Layout:
+        # By definition the baseline decodes its own data: no loader workers.
         return Layout(loader_workers=0)
 
-    def fit(self, job: Job) -> None:
-        # By definition the baseline decodes its own data: no loader workers.
-        fit_one_model(job, threads=1, loader_workers=0)
+    def probes(self, cores: int, gpus: int) -> list[Probe]:
+        return [Probe("sequential", {"strategy": "sequential"}, 1)]
 
 
 @register
-class CpuIntraOp(Strategy):
+class CpuIntraOp(OneModel):
     name = "cpu-intraop"
+    summary = ("one process, one model, torch's intra-op threads over all cores (the paper's "
+               "CPU single-process)")
+    flags = "--workers N (threads, default: all usable cores), --loader-workers"
     options = ("workers",)
     resumable = True
     accumulates = True
@@ -47,5 +56,9 @@ class CpuIntraOp(Strategy):
     def layout(self, cfg: RunConfig) -> Layout:
         return Layout(threads_per_process=self.workers(cfg), loader_workers=cfg.loader_workers)
 
-    def fit(self, job: Job) -> None:
-        fit_one_model(job, threads=self.workers(job.cfg), loader_workers=job.cfg.loader_workers)
+    def label(self, layout: dict[str, Any]) -> str:
+        return f"{self.name} ({layout.get('threads_per_process', '?')} threads)"
+
+    def probes(self, cores: int, gpus: int) -> list[Probe]:
+        return [Probe(f"cpu-intraop ({w} threads)", {"strategy": self.name, "workers": w}, w)
+                for w in worker_counts(cores)]

@@ -12,7 +12,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -158,19 +158,28 @@ def rendezvous(host: str, port: int, rank: int, world: int) -> dist.TCPStore:
                          master_listen_fd=fd)
 
 
+def device_of(device_type: str, index: int) -> torch.device:
+    """GPU ``index`` (made this process's current one), or the CPU."""
+    if device_type != "cuda":
+        return torch.device("cpu")
+    device = torch.device("cuda", index)
+    torch.cuda.set_device(device)
+    return device
+
+
 @contextlib.contextmanager
 def process_group(rank: int, world: int, port: int | str,
                   device_type: str = "cpu") -> Iterator[torch.device]:
     """Join the ranks' process group (gloo on CPU, NCCL on ``cuda:rank``) through the
     TCPStore at ``port`` ("host:port", or a port on the loopback). Yields the device."""
     cuda = device_type == "cuda"
-    device = torch.device("cuda", rank) if cuda else torch.device("cpu")
-    if cuda:
-        torch.cuda.set_device(device)
+    device = device_of(device_type, rank)
     host, port = port.rsplit(":", 1) if isinstance(port, str) else ("127.0.0.1", port)
     store = rendezvous(host, int(port), rank, world)
+    # NCCL bound to the rank's GPU: its barriers need not guess the device (a warning).
     dist.init_process_group("nccl" if cuda else "gloo", store=store, rank=rank,
-                            world_size=world, timeout=COLLECTIVE_TIMEOUT)
+                            world_size=world, timeout=COLLECTIVE_TIMEOUT,
+                            device_id=device if cuda else None)
     try:
         yield device
         dist.barrier()  # the group ends together: no rank closes its pairs (rank 0 the
@@ -207,8 +216,21 @@ def spawned_rank(rank: int, world: int, port: int | str, job: Job, threads: int,
 
 
 def group_link(rank: int, world: int, device: torch.device | None = None) -> Link:
-    """Rank ``rank`` of a torch.distributed process group of ``world``: the gradient buffer
-    averaged over the group, counts summed, objects gathered on rank 0."""
+    """Rank ``rank`` of a torch.distributed process group of ``world``, every worker of
+    the run: the gradient buffer averaged over the group, counts summed, objects gathered
+    on rank 0."""
     return Link(rank, world, lambda flat, step: average(flat),
                 lambda *values: sum_over_ranks(*values, device=device),
-                functools.partial(gather_to_first, device=device), dist.barrier)
+                functools.partial(gather_to_first, device=device), dist.barrier, group=True)
+
+
+Work = Callable[[Job, Link, torch.device], None]
+"""A worker's training (``Strategy.worker``): its job, its link to the others, its device."""
+
+
+def group_rank(rank: int, world: int, port: int | str, job: Job, work: Work, threads: int,
+               log_level: int, device_type: str = "cpu") -> None:
+    """Rank ``rank`` of a process group of ``world`` that is the whole run (the processes
+    of a node alone, or Spark's tasks): ``work`` with the group's link."""
+    with spawned_rank(rank, world, port, job, threads, log_level, device_type) as device:
+        work(job, group_link(rank, world, device), device)

@@ -59,16 +59,16 @@ def average(flat: torch.Tensor, group=None, size: int | None = None) -> None:
 
 def exchange_step(model: nn.Module, optimizer: torch.optim.Optimizer, flat: torch.Tensor,
                   link: Link, global_batch: int, accumulate: int = 1, balancer=None,
-                  local=None, after=None,
+                  local=None,
                   scaler: torch.amp.GradScaler | None = None) -> StepFn:
     """One worker's step whose gradients are views of ``flat``: its gradients (``local``,
     e.g. cpu-threads' replicas, or the model on its slice as ``accumulate`` micro-batches),
     weighted by the slice's share of the global batch, then averaged over every worker by
-    ``link``, then the optimizer (and ``after``: cpu-threads copies the new weights to its
-    other replicas). ``step.times`` adds up the seconds spent computing and in the
-    exchange (waiting for the slowest worker included), for the manifest (MPI's
-    ``record_exchange``). ``balancer``: MPI's ``--balance throughput``, which times each
-    node's compute."""
+    ``link``, then the optimizer (and ``link.settle``, where the backend averages weights).
+    Alone (``link.world`` 1) it is the baseline's step. ``step.times`` adds up the seconds
+    spent computing and in the exchange (waiting for the slowest worker included), for the
+    manifest (``worker.record_exchange``). ``balancer``: MPI's ``--balance throughput``,
+    which times each node's compute."""
     count = 0
     times = {"steps": 0, "compute_s": 0.0, "exchange_s": 0.0}
 
@@ -78,7 +78,9 @@ def exchange_step(model: nn.Module, optimizer: torch.optim.Optimizer, flat: torc
         n = labels.numel()
         optimizer.zero_grad(set_to_none=False)  # zero in place: the grads stay views
         start = time.perf_counter()
-        scale = link.world * n / global_batch
+        # Each worker's share of the global batch; alone, a batch's mean (the baseline's
+        # step, a final smaller batch included).
+        scale = link.world * n / global_batch if link.world > 1 else 1.0
         if local is not None:
             loss_sum, correct, _ = local(batch, scale)
         else:
@@ -93,14 +95,16 @@ def exchange_step(model: nn.Module, optimizer: torch.optim.Optimizer, flat: torc
             check_views(model, flat)
         computed = time.perf_counter()
         link.exchange(flat, count)  # once per step, after every micro-batch
-        exchanged = time.perf_counter()
+        exchange_s = time.perf_counter() - computed
         optimizer_step(optimizer, scaler)  # fp16: every worker sees the same averaged inf
-        if after is not None:
-            after()
         count += 1
+        if link.settle is not None:  # local SGD: the weights averaged every so often
+            settling = time.perf_counter()
+            link.settle(model, count)
+            exchange_s += time.perf_counter() - settling
         times["steps"] += 1
-        times["exchange_s"] += exchanged - computed
-        times["compute_s"] += time.perf_counter() - start - (exchanged - computed)
+        times["exchange_s"] += exchange_s
+        times["compute_s"] += time.perf_counter() - start - exchange_s
         return loss_sum, correct, n
 
     step.times = times

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import nn
 
 from ddlstudy.config import RunConfig
 from ddlstudy.data import DataPlan
@@ -30,16 +31,38 @@ class Job:
     folder: RunFolder | None = None
     show_progress: bool = True
     resume: dict | None = None
+    plan: Any = None
+    """What the strategy prepared once on node 0 for every worker of every node (the
+    pipeline's cuts: ``Strategy.prepare``), plain JSON values."""
+
+
+def _untimed(model: nn.Module, flat: torch.Tensor, train: Any) -> None:
+    return None
 
 
 @dataclass
 class Link:
-    """Where one training process stands among a run's data-parallel workers, and how it
-    reaches the others: ``exchange(flat, step)`` averages the gradient buffer over all
-    ``world`` workers in place; ``sum`` adds per-worker counts; ``gather`` collects an
-    object from every worker on worker 0 (None elsewhere); ``barrier`` waits for all;
-    ``between(flat, step)``, on an MPI node's leader only, averages its node's buffer
-    with the other nodes' leaders."""
+    """Where one training process stands among a run's workers, and how it reaches the
+    others: what a backend hands a strategy's worker (``Strategy.worker``).
+
+    ``exchange(flat, step)`` averages the gradient buffer over all ``world`` workers in
+    place; ``sum`` adds per-worker counts; ``gather`` collects an object from every worker
+    on worker 0 (None elsewhere); ``barrier`` waits for all. The rest is for the workers
+    that can use it:
+
+    - ``between(flat, step)``, on local rank 0 of a node of several processes only:
+      averages that node's buffer with the other nodes (a pipeline node's exchange);
+    - ``group``: every worker of the run is in this process's default torch.distributed
+      group and the exchange is one all-reduce over it, so a worker may average through
+      this host's shared memory or let DDP do it during backward instead;
+    - ``attach(model, flat, train)``: the backend's hooks on a worker's model, gradient
+      buffer and training loader (MPI's buckets sent during backward, its throughput
+      balance), called once the worker has them; returns what times each step's compute
+      (``exchange_step``'s ``balancer``), or None;
+    - ``settle(model, steps)``: where weights are averaged rather than gradients (local
+      SGD: Spark's allgather mode), called after every optimizer step with the steps done
+      and before every validation with None.
+    """
 
     rank: int
     world: int
@@ -48,12 +71,20 @@ class Link:
     gather: Callable[[Any], list | None]
     barrier: Callable[[], None]
     between: Callable[[torch.Tensor, int], None] | None = None
+    group: bool = False
+    attach: Callable[[nn.Module, torch.Tensor, Any], Any] = _untimed
+    settle: Callable[[nn.Module, int | None], None] | None = None
 
     @classmethod
     def alone(cls) -> Link:
         """The only worker of a run: nothing to exchange, its own counts, itself."""
         return cls(0, 1, lambda flat, step: None, lambda *values: list(values),
                    lambda obj: [obj], lambda: None)
+
+    @property
+    def shard(self) -> tuple[int, int] | None:
+        """This worker's slice of every global batch (None: alone, all of it)."""
+        return None if self.world == 1 else (self.rank, self.world)
 
 
 def train_epochs(job: Job, trainer: Trainer, optimizer: torch.optim.Optimizer, *,

@@ -4,6 +4,7 @@ initial weights everywhere), its optimizer (the paper's SGD with momentum), and 
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable, Iterable
 
 import torch
@@ -41,11 +42,42 @@ def train_worker(job: Job, link: Link, model: nn.Module, optimizer: torch.optim.
                  device: torch.device | None = None,
                  before_eval: Callable[[], None] = lambda: None) -> None:
     """The epochs of one worker (``model``: what it validates); worker 0 shows progress
-    and writes the run folder."""
+    and writes the run folder. Where the backend averages weights (``link.settle``) they
+    are averaged before every validation; a step that times its exchange has its figures
+    recorded once training ends (``record_exchange``)."""
     cuda = device is not None and device.type == "cuda"
+    if link.settle is not None:
+        own, settle = before_eval, link.settle
+
+        def before_eval() -> None:
+            settle(model, None)
+            own()
+
     trainer = Trainer(model, step, train, val, max_steps=job.cfg.max_steps,
                       show_progress=job.show_progress and link.rank == 0, reduce=link.sum,
                       before_eval=before_eval, device=device,
                       sync=torch.cuda.synchronize if cuda else (lambda: None))
     train_epochs(job, trainer, optimizer, rank=link.rank, writer=link.rank == 0,
                  gather=link.gather, barrier=link.barrier)
+    if link.world > 1 and hasattr(step, "times"):
+        record_exchange(job, link, step)
+
+
+def record_exchange(job: Job, link: Link, step: StepFn) -> None:
+    """Every worker's compute and exchange seconds on the manifest (``backend.exchange``):
+    where a step's time goes, and which worker the others wait for. A collective."""
+    mine = {"rank": link.rank, "host": socket.gethostname(), **step.times}
+    everyone = link.gather(mine)
+    if everyone is not None and link.rank == 0:
+        record(job, "exchange", {
+            "per_rank": everyone,
+            "note": "seconds over the run (since its last resume); exchange: from the end "
+                    "of a step's backward to its averaged gradient, waiting for the slowest "
+                    "worker included"})
+
+
+def record(job: Job, key: str, value: dict) -> None:
+    """Add what the backend measured to the manifest (the writer's ``backend`` section)."""
+    if job.folder is not None:
+        job.folder.manifest["backend"][key] = value
+        job.folder.write_manifest()

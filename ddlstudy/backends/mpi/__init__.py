@@ -7,8 +7,9 @@ of every global batch, and the nodes average their gradients with a reducer.
 ``--nodes N`` makes ddlstudy start ``mpiexec -n N`` on this machine itself (``launch``); a
 run started under someone else's mpiexec (hosts file, scheduler) just joins. Rank 0 checks
 and scans the data and sends the list to the others, writes the run folder, and gathers
-every rank's resource samples. A node of one process trains in its rank (``node``); a
-node of several is led by its rank (``nodes``). A rank that raises aborts the whole job
+every rank's resource samples. Each node runs its strategy's worker: a node of one
+process in its rank (``node``), a node of several in the processes its rank leads
+(``nodes``). A rank that raises aborts the whole job
 (MPI_Abort), so no rank waits forever.
 """
 
@@ -20,7 +21,7 @@ from typing import Any
 
 import psutil
 
-from ddlstudy import wire
+from ddlstudy import environment, wire
 from ddlstudy.backends.base import Backend, Environment, register
 from ddlstudy.backends.mpi import launch, messages, node, nodes
 from ddlstudy.config import RunConfig
@@ -99,11 +100,18 @@ class Mpi(Backend):
     name = "mpi"
     summary = ("each MPI rank a node running the local strategy; nodes average gradients "
                "with --reduce (ddlstudy's own mpiexec with --nodes, or yours)")
+    srun_tasks = True  # srun --mpi=pmi2 makes its tasks one MPI world
+
+    def launched(self) -> dict[str, Any]:
+        env = os.environ
+        how = ("ddlstudy's mpiexec" if launch.CHILD_ENV in env else
+               "srun" if "SLURM_JOB_ID" in env else "your mpiexec")
+        return {"launcher": how, "mpich": environment.mpi_library()}
 
     def check(self, cfg: RunConfig, strategy: Strategy, resuming: bool) -> None:
-        """What a node's strategy can do under MPI (the strategy has checked its own flags).
-        Every local strategy can: a one-process one runs in the rank, a multi-process one
-        in a node the rank leads (``nodes``)."""
+        """What MPI can do with the node's strategy (the strategy has checked its own
+        flags): every strategy's worker runs, in the rank or in the processes it leads;
+        buckets and throughput balance need a node of one process."""
         if cfg.bucket_mb and not strategy.grads_in_backward:
             raise ConfigError("--bucket-mb", f"a bucket is sent when backward fills it, but "
                               f"{strategy.name} sums its replicas' gradients after backward; "
@@ -159,6 +167,7 @@ class Mpi(Backend):
     def fit(self, job: Job, env: Environment) -> list[dict]:
         assert isinstance(env, MpiEnvironment)
         # The node's processes, threads and replicas as its strategy lays them out.
-        layout = get_strategy(job.cfg.strategy).layout(job.cfg)
+        strategy = get_strategy(job.cfg.strategy)
+        layout = strategy.layout(job.cfg)
         fit = nodes.fit if layout.processes > 1 else node.fit
-        return fit(job, env.comm, layout)
+        return fit(job, env.comm, strategy, layout)

@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 
 from ddlstudy import hosts as emulated
-from ddlstudy.config.run import read_hostfile
+from ddlstudy.config.mpi import read_hostfile
 from ddlstudy.errors import Unavailable
 from ddlstudy.runfolder import CHILD_ENV, RUN_ID_ENV
 

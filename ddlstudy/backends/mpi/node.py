@@ -1,14 +1,13 @@
-"""An MPI node of one process (sequential, cpu-intraop, cpu-threads): the rank trains with
-its strategy's step on its slice of every global batch, and the nodes average their
-gradients with a reducer.
+"""An MPI node of one process (sequential, cpu-intraop, cpu-threads, any one-process
+strategy): the rank runs its strategy's worker on its slice of every global batch, and the
+nodes average their gradients with a reducer (the worker's ``Link``).
 
 Every rank reads only its own slice of the images.
 
 Gradients are averaged without a copy: each parameter's ``.grad`` is a view into one flat
 buffer, backward accumulates into it, and the reducer averages the buffer in place through
-its numpy view. Each node weights its loss by nodes x (its images / global batch), so the
-average is the global batch's mean gradient even when the slices differ by an image. A
-rank that raises aborts the whole job (MPI_Abort), so no rank waits forever.
+its numpy view. A rank that raises aborts the whole job (MPI_Abort), so no rank waits
+forever.
 
 A node whose strategy runs several processes (cpu-processes, gpu-data, pipeline, hybrid)
 is led by its rank: see ``nodes``.
@@ -16,11 +15,8 @@ is led by its rank: see ``nodes``.
 
 from __future__ import annotations
 
-import copy
 import functools
 import logging
-import socket
-from concurrent.futures import ThreadPoolExecutor
 
 import torch
 from torch import nn
@@ -31,17 +27,12 @@ from ddlstudy.config import RunConfig
 from ddlstudy.models import parameter_count
 from ddlstudy.reducers import AUTO, choose, get_reducer
 from ddlstudy.reducers.compress import parse as parse_compress
-from ddlstudy.strategies.base import Layout
-from ddlstudy.strategies.threads import replica_grads, sync_replicas
-from ddlstudy.training import (
-    ShardedBatches,
-    StepFn,
-    make_loaders,
-    make_scaler,
-)
-from ddlstudy.training.flat import exchange_step, flat_gradients, param_ranges
+from ddlstudy.strategies import Layout, Strategy
+from ddlstudy.training import ShardedBatches
+from ddlstudy.training.distributed import device_of
+from ddlstudy.training.flat import param_ranges
 from ddlstudy.training.job import Job, Link
-from ddlstudy.training.worker import new_model, new_optimizer, train_worker
+from ddlstudy.training.worker import record
 
 log = logging.getLogger("ddlstudy")
 
@@ -180,70 +171,49 @@ def gather_tensors(comm, obj: object) -> list | None:
     return messages.gather_as(comm, obj, wire.to_tensors, wire.from_tensors)
 
 
-def record_exchange(job: Job, link: Link, step: StepFn) -> None:
-    """Every worker's compute and exchange seconds on the manifest (``backend.exchange``):
-    where a node's time goes, and which one the others wait for. A collective."""
-    mine = {"rank": link.rank, "host": socket.gethostname(), **step.times}
-    everyone = link.gather(mine)
-    if everyone is not None and link.rank == 0:
-        record(job, "exchange", {
-            "per_rank": everyone,
-            "note": "seconds over the run (since its last resume); exchange: from the end "
-                    "of a step's backward to its averaged gradient, waiting for the slowest "
-                    "worker included"})
+class NodeHooks:
+    """What MPI adds to a node's worker (``Link.attach``): ``--bucket-mb``'s buckets, sent
+    as backward fills them, and ``--balance throughput``; recorded when training ends."""
+
+    def __init__(self, cfg: RunConfig, comm, link: Link) -> None:
+        self.cfg, self.comm, self.link = cfg, comm, link
+        self.buckets: Buckets | None = None
+        self.balancer: Balancer | None = None
+        link.attach = self.attach
+
+    def attach(self, model: nn.Module, flat: torch.Tensor, train) -> Balancer | None:
+        cfg = self.cfg
+        if cfg.bucket_mb:  # the buckets' exchange, begun during backward
+            self.buckets = Buckets(model, flat, self.comm, int(cfg.bucket_mb * 2**20),
+                                   cfg.accumulate)
+            self.link.exchange = lambda flat, step: self.buckets.finish()
+        if cfg.balance == "throughput" and self.comm.Get_size() > 1:
+            self.balancer = Balancer(self.comm, train.batch_sampler.batches)
+        return self.balancer
+
+    def record(self, job: Job) -> None:
+        if self.buckets is not None:
+            record(job, "buckets", self.buckets.describe())
+        if self.balancer is not None:
+            balancer = self.balancer
+            record(job, "balance", balancer.result or {
+                "after_steps": None, "note": f"fewer than {balancer.WARMUP + balancer.STEPS} "
+                                             "steps: never measured, slices stayed equal"})
 
 
-def fit(job: Job, comm, layout: Layout) -> list[dict]:
-    """Train this rank's one-process node (its threads and replicas as its strategy lays
-    them out, and records) and average across nodes. Returns no samples: the node has no
-    other processes."""
+def fit(job: Job, comm, strategy: Strategy, layout: Layout) -> list[dict]:
+    """Train this rank's one-process node with its strategy's worker (its threads and
+    replicas as the strategy lays them out), averaging across nodes. Returns no samples:
+    the node has no other processes."""
     cfg = job.cfg
-    replicas = layout.replicas or 1
     torch.set_num_threads(layout.torch_threads)
-    model = new_model(cfg, comm.Get_rank())  # the same weights, each node its own dropout
-    flat = flat_gradients(model)
-    if replicas == 1:
-        _fit(job, comm, model, flat)
-        return []
-    copies = [model] + [copy.deepcopy(model) for _ in range(replicas - 1)]
-    with ThreadPoolExecutor(replicas, thread_name_prefix="replica") as pool:
-        _fit(job, comm, model, flat, local=replica_grads(copies, nn.CrossEntropyLoss(), pool),
-             after=lambda: sync_replicas(copies))
-    return []
-
-
-def _fit(job: Job, comm, model: nn.Module, flat: torch.Tensor, local=None,
-         after=None) -> None:
-    cfg = job.cfg
-    rank, nodes = comm.Get_rank(), comm.Get_size()
     compressor = parse_compress(cfg.compress)
-    link = node_link(comm, compressor or get_reducer(reducer_name(cfg, nodes)))
-    buckets = Buckets(model, flat, comm, int(cfg.bucket_mb * 2**20), cfg.accumulate) \
-        if cfg.bucket_mb else None
-    if buckets is not None:  # the buckets' exchange, begun during backward
-        link.exchange = lambda flat, step: buckets.finish()
-    train, val = make_loaders(cfg, job.data, shard=(rank, nodes))
-    balancer = Balancer(comm, train.batch_sampler.batches) \
-        if cfg.balance == "throughput" and nodes > 1 else None
-    optimizer = new_optimizer(model.parameters(), cfg)
-    step = exchange_step(model, optimizer, flat, link, cfg.global_batch, cfg.accumulate,
-                    balancer, local, after, make_scaler(cfg.precision))
-    train_worker(job, link, model, optimizer, step, train, val)
-    record_exchange(job, link, step)
-    if buckets is not None:
-        record(job, "buckets", buckets.describe())
-    if balancer is not None:
-        record(job, "balance", balancer.result or {
-            "after_steps": None, "note": f"fewer than {balancer.WARMUP + balancer.STEPS} "
-                                         "steps: never measured, slices stayed equal"})
+    link = node_link(comm, compressor or get_reducer(reducer_name(cfg, comm.Get_size())))
+    hooks = NodeHooks(cfg, comm, link)
+    strategy.worker(job, link, device_of(layout.device_type, 0))
+    hooks.record(job)
     record_compression(job, compressor)
-
-
-def record(job: Job, key: str, value: dict) -> None:
-    """Add what the backend measured to the manifest (the writer's ``backend`` section)."""
-    if job.folder is not None:
-        job.folder.manifest["backend"][key] = value
-        job.folder.write_manifest()
+    return []
 
 
 def record_compression(job: Job, compressor) -> None:

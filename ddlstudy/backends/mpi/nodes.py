@@ -1,15 +1,16 @@
 """MPI nodes of several processes: ``--backend mpi --strategy cpu-processes`` (gpu-data,
-pipeline, hybrid).
+pipeline, hybrid: any strategy whose node has several processes).
 
     ddlstudy run --usecase tiny --backend mpi --nodes 2 --strategy cpu-processes --workers 2
     mpiexec -n 4 -hosts a,b,c,d ddlstudy run --usecase simple-big --backend mpi \\
         --strategy cpu-processes --workers 2
 
-Each MPI rank leads a node: it is the node's worker 0 and spawns the node's other K - 1
-workers, which meet it in a process group on the node's loopback (gloo; NCCL on GPUs).
-Only the leaders are MPI processes; the spawned workers never touch MPI. Worker w of node
-i is worker i * K + w of the run's N * K: it takes that slice of every global batch and
-that dropout seed, exactly as rank i * K + w of N * K local cpu-processes would.
+Each MPI rank leads a node: it is the node's process 0 and spawns the node's other K - 1,
+which meet it in a process group on the node's loopback (gloo; NCCL on GPUs); each runs
+the strategy's worker. Only the leaders are MPI processes; the spawned processes never
+touch MPI. Worker w of node i is worker i * K + w of the run's N * K: it takes that slice
+of every global batch and that dropout seed, exactly as rank i * K + w of N * K local
+cpu-processes would.
 
 A step is a hierarchical all-reduce (as Horovod's): each worker's gradient, its loss
 weighted by N * K x its slice / global batch, is summed on the leader (one reduce over the
@@ -18,45 +19,32 @@ and sent back to the node's workers (one broadcast). Every gradient is a view of
 buffer, so no step copies a gradient on a CPU node. The node's workers write their
 resource samples to a folder on their own host; the leader hands them to MPI rank 0.
 
-A node of pipelines (``pipeline``, ``hybrid``: R replicas of S stages) first averages each
-stage over its replicas, then the first pipeline's stages send their parts of the
-gradient to the leader, which averages the whole buffer with the other leaders and sends
-each part back (``node_exchange``). Every node cuts its pipelines
-where rank 0's measurement says, and takes slice i * R + r of every batch, as pipeline
-r of N * R would.
+A node of pipelines (``pipeline``, ``hybrid``: R replicas of S stages) averages through its
+leader's ``between`` (``training.stages.node_exchange``). Every node cuts its pipelines
+where rank 0's measurement says (``job.plan``), and takes slice i * R + r of every batch,
+as pipeline r of N * R would.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 
 import psutil
 import torch
 import torch.distributed as dist
-from torch import nn
 
-from ddlstudy import wire
 from ddlstudy.backends.mpi import messages
-from ddlstudy.backends.mpi.node import (
-    gather_tensors,
-    record_compression,
-    record_exchange,
-    reducer_name,
-)
+from ddlstudy.backends.mpi.node import gather_tensors, record_compression, reducer_name
 from ddlstudy.reducers import get_reducer
 from ddlstudy.reducers.compress import parse as parse_compress
 from ddlstudy.sampler import ResourceSampler, read_rows
-from ddlstudy.strategies import get_strategy
-from ddlstudy.strategies.base import Layout
-from ddlstudy.strategies.pipeline import Pipeline, stage_module, train_stage
-from ddlstudy.training import make_loaders, make_scaler
+from ddlstudy.strategies import Layout, Strategy
 from ddlstudy.training.distributed import (
+    Work,
     WorkerDied,
     exit_reason,
     first_found,
@@ -67,15 +55,7 @@ from ddlstudy.training.distributed import (
     spawned_rank,
     stop_ranks,
 )
-from ddlstudy.training.flat import (
-    average,
-    check_views,
-    exchange_step,
-    flat_gradients,
-    param_ranges,
-)
 from ddlstudy.training.job import Job, Link
-from ddlstudy.training.worker import new_model, new_optimizer, train_worker
 
 log = logging.getLogger("ddlstudy")
 
@@ -125,71 +105,39 @@ def node_link(comm, reducer, node: int, nodes: int, local: int, k: int,
                 between if leader else None)
 
 
-def train_node_worker(job: Job, link: Link, device: torch.device,
-                      loader_workers: int | None) -> None:
-    """One data-parallel worker of a node: the model, its slice of every batch, the epochs."""
-    cfg = job.cfg
-    model = new_model(cfg, link.rank, device)  # the same weights, each its own dropout
-    flat = flat_gradients(model)
-    optimizer = new_optimizer(model.parameters(), cfg)
-    train, val = make_loaders(cfg, job.data, shard=(link.rank, link.world),
-                              loader_workers=loader_workers)
-    step = exchange_step(model, optimizer, flat, link, cfg.global_batch, cfg.accumulate,
-                    scaler=make_scaler(cfg.precision, device.type))
-    train_worker(job, link, model, optimizer, step, train, val, device=device)
-    record_exchange(job, link, step)
-
-
-def train_pipeline_stage(job: Job, link: Link, device: torch.device, starts: list[int],
-                         replicas: int) -> None:
-    """One stage of one of a node's pipelines (``pipeline``, ``hybrid``)."""
-    train_stage(job, device, link, starts, job.cfg.micro_batches, replicas,
-                exchange=functools.partial(node_exchange, link))
-
-
-def _spawned(index: int, k: int, port: int, job: Job, threads: int, level: int,
-             device_type: str, node: int, nodes: int, spread: int, drop: Path, work,
-             args: tuple) -> None:
-    """A node's process 1..K-1, spawned by its leader."""
+def _spawned(index: int, k: int, port: int, job: Job, work: Work, threads: int, level: int,
+             device_type: str, node: int, nodes: int, spread: int, drop: Path) -> None:
+    """A node's process 1..K-1, spawned by its leader: the strategy's worker."""
     local = index + 1
     with spawned_rank(local, k, port, job, threads, level, device_type,
                       tag=node * k + local, drop=drop) as device:
-        work(job, node_link(None, None, node, nodes, local, k, device, spread), device, *args)
+        work(job, node_link(None, None, node, nodes, local, k, device, spread), device)
 
 
-def _work(job: Job, comm, layout: Layout) -> tuple:
-    """What each of the node's processes runs, its arguments, and the node's ``spread``."""
-    strategy = get_strategy(job.cfg.strategy)
-    if isinstance(strategy, Pipeline):  # hybrid too
-        # Rank 0 measures the layers; every node cuts its pipelines where rank 0 does.
-        mine = wire.to_json(strategy.cuts(job)) if comm.Get_rank() == 0 else None
-        starts = wire.from_json(messages.bcast(comm, mine))
-        return train_pipeline_stage, (starts, layout.replicas), layout.replicas
-    return train_node_worker, (layout.loader_workers,), layout.processes
-
-
-def fit(job: Job, comm, layout: Layout) -> list[dict]:
-    """Lead this MPI rank's node of ``layout.processes`` processes through the run.
-    Returns the samples of the node's processes (for rank 0's samples.parquet)."""
+def fit(job: Job, comm, strategy: Strategy, layout: Layout) -> list[dict]:
+    """Lead this MPI rank's node of ``layout.processes`` processes through the run, each
+    the strategy's worker. Returns the samples of the node's processes (for rank 0's
+    samples.parquet)."""
     cfg = job.cfg
-    k, threads = layout.processes, layout.threads_per_process
-    device_type = "cuda" if layout.collectives == "nccl" else "cpu"
+    k, threads, device_type = layout.processes, layout.threads_per_process, layout.device_type
     node, nodes = comm.Get_rank(), comm.Get_size()
     compressor = parse_compress(cfg.compress)
     reducer = compressor or get_reducer(reducer_name(cfg, nodes))
-    work, args, spread = _work(job, comm, layout)
+    # The node's processes whose gradients are of the same weights: their sum is divided
+    # by this many (its data-parallel workers, or its pipelines' replicas).
+    spread = strategy.data_parallel(cfg)
     port = free_port()
     level = logging.getLogger("ddlstudy").level
     with node_folder() as tmp:
         drop = Path(tmp)
-        context = spawn(_spawned, k - 1, (k, port, job, threads, level, device_type, node,
-                                           nodes, spread, drop, work, args))
+        context = spawn(_spawned, k - 1, (k, port, job, strategy.worker, threads, level,
+                                           device_type, node, nodes, spread, drop))
         torch.set_num_threads(threads)
         sampler = ResourceSampler(cfg.sample_hz, rank=node * k, scope="worker").start()
         try:
             with process_group(0, k, port, device_type) as device:
-                work(job, node_link(comm, reducer, node, nodes, 0, k, device, spread), device,
-                     *args)
+                strategy.worker(job, node_link(comm, reducer, node, nodes, 0, k, device,
+                                               spread), device)
             while not context.join():  # the others end on their own after the last epoch
                 pass
         except Exception as exc:
@@ -238,51 +186,3 @@ def _dead(processes: list, wait_s: float = 3.0) -> tuple[int, object] | None:
     return first_found(lambda: next(((i + 1, proc) for i, proc in enumerate(processes)
                                      if not proc.is_alive() and proc.exitcode), None),
                        wait_s)
-
-
-def node_exchange(node: Link, full: nn.Module, module: nn.Module, layers: list[nn.Module],
-                  starts: list[int], rank: int, replicas: int,
-                  data_group) -> tuple[Callable[[], None], Callable[[], None]]:
-    """An MPI node's exchange after every step's backward passes, and the zeroing of this
-    stage's gradients before them. Every gradient is a view of one buffer of the whole
-    model's, where each stage's part is one contiguous range (parameters in layer order).
-
-    The replicas of this stage average its range; the first pipeline's stages send theirs
-    to the leader (stage 0 of pipeline 0), which averages the whole buffer between the
-    nodes and sends each range back; the replicas then take it from the first pipeline.
-    """
-    stages = len(starts)
-    replica, index = divmod(rank, stages)
-    flat = flat_gradients(full)
-    offsets = param_ranges(full)
-    ranges = []
-    for s in range(stages):
-        spans = sorted(offsets[id(p)] for p in stage_module(layers, starts, s).parameters())
-        lo, hi = (spans[0][0], spans[-1][1]) if spans else (0, 0)
-        if sum(b - a for a, b in spans) != hi - lo:
-            raise RuntimeError(f"stage {s}'s parameters are not one range of the buffer")
-        ranges.append((lo, hi))
-    mine = flat[slice(*ranges[index])]
-    count = 0
-
-    def exchange() -> None:
-        nonlocal count
-        if count == 0:
-            check_views(full, flat)
-        if replicas > 1 and mine.numel():
-            average(mine, data_group, replicas)  # this stage over the node's replicas
-        if node.between is not None:  # the leader
-            others = [(s, flat[lo:hi]) for s, (lo, hi) in enumerate(ranges) if s and hi > lo]
-            for s, part in others:
-                dist.recv(part, src=s)
-            node.between(flat, count)
-            for s, part in others:
-                dist.send(part, dst=s)
-        elif replica == 0 and mine.numel():
-            dist.send(mine, dst=0)
-            dist.recv(mine, src=0)
-        if replicas > 1 and mine.numel():
-            dist.broadcast(mine, src=index, group=data_group)  # from pipeline 0's stage
-        count += 1
-
-    return exchange, mine.zero_

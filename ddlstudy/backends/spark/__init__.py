@@ -1,5 +1,6 @@
-"""The Spark backend: one barrier task per node, gang-scheduled, each training the node's
-one-process local strategy (sequential or cpu-intraop) on its slice of every global batch.
+"""The Spark backend: one barrier task per node, gang-scheduled, each running the worker of
+the node's one-process strategy (sequential, cpu-intraop, cpu-threads) on its slice of
+every global batch.
 
 The driver (the `ddlstudy run` process) starts a SparkContext on ``--spark-master``: in gloo
 mode as soon as the flags are read, beside torch's import (``ddlstudy.sparkjvm``); the
@@ -8,13 +9,15 @@ a single barrier stage of ``--nodes`` tasks. Two ways to keep the nodes in step:
 
 - ``--spark-sync gloo``: the tasks exchange "host:port" with ``BarrierTaskContext.allGather``
   and form a torch.distributed gloo group (as Spark's own TorchDistributor does); each
-  task is then exactly a cpu-processes rank (gradients averaged every step: through this
-  host's shared memory where every task runs on it, else DDP over gloo), so the run
-  computes what ``--strategy cpu-processes --workers N`` computes.
-- ``--spark-sync allgather`` (SparkNet): each task trains on its own slice with local SGD
-  and every ``--sync-every`` steps (and at every epoch end) the weights are averaged
-  through ``allGather`` itself, in chunks small enough for Spark's RPC messages. Each
-  such barrier call costs Spark a round trip through the driver, hence the K steps.
+  task's worker is then one of a process group, as a cpu-processes rank is (gradients
+  averaged every step: through this host's shared memory where every task runs on it,
+  else DDP over gloo), so a run of sequential tasks computes what ``--strategy
+  cpu-processes --workers N`` computes.
+- ``--spark-sync allgather`` (SparkNet): each task's worker trains on its own slice with
+  local SGD and every ``--sync-every`` steps (and at every epoch end) the weights are
+  averaged through ``allGather`` itself (the worker's ``Link.settle``), in chunks small
+  enough for Spark's RPC messages. Each such barrier call costs Spark a round trip through
+  the driver, hence the K steps.
 
 Task 0 writes the run folder (the runs and data folders must be visible to the executors:
 a shared file system on a real cluster, as for MPI). If a task fails Spark retries the
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ddlstudy import environment
 from ddlstudy.backends.base import Backend, Environment, register
 from ddlstudy.backends.spark import driver
 from ddlstudy.config import RunConfig
@@ -36,15 +40,22 @@ from ddlstudy.training import Job
 @register
 class Spark(Backend):
     name = "spark"
-    summary = ("each Spark barrier task a node running sequential or cpu-intraop; "
-               "gradients over gloo every step, or weights through allGather")
+    summary = ("each Spark barrier task a node of one process running its strategy's "
+               "worker; gradients over gloo every step, or weights through allGather")
+    unsampled = "Spark's executors run outside the sampled process trees"
 
-    def own_step(self, cfg: RunConfig) -> str | None:
-        # allgather mode's local SGD has its own step; gloo runs cpu-processes' step
-        return None if cfg.spark_sync == "gloo" else f"--spark-sync {cfg.spark_sync}"
+    def launched(self) -> dict[str, Any]:
+        return {"launcher": "spark", "java": environment.java_version()}
 
     def check(self, cfg: RunConfig, strategy: Strategy, resuming: bool) -> None:
         driver.check(cfg)
+        processes = strategy.layout(cfg).processes
+        if processes > 1:
+            raise Unavailable("--strategy", f"a Spark barrier task is one process, and a "
+                              f"{strategy.name} node runs {processes}; give each task a "
+                              f"strategy of one process (sequential, cpu-intraop, "
+                              f"cpu-threads), or use --backend mpi, whose ranks lead nodes "
+                              f"of several processes")
         if resuming:
             raise Unavailable("--resume", "Spark runs cannot be resumed yet (Spark retries "
                               "a failed stage itself); use --backend mpi")

@@ -1,6 +1,7 @@
-"""``--spark-sync allgather`` (SparkNet): each task trains on its own slice with local SGD
-and every ``--sync-every`` steps (and at every epoch end) the weights are averaged through
-Spark's barrier ``allGather`` itself, in chunks small enough for Spark's RPC messages."""
+"""``--spark-sync allgather`` (SparkNet): each task's worker trains on its own slice with
+local SGD (its link exchanges no gradient) and every ``--sync-every`` steps (and at every
+epoch end) the weights are averaged through Spark's barrier ``allGather`` itself, in
+chunks small enough for Spark's RPC messages."""
 
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ from ddlstudy import wire
 from ddlstudy.logs import setup_logging
 from ddlstudy.sampler import ResourceSampler
 from ddlstudy.sparkjvm import RPC_MAX_MB
-from ddlstudy.training import Batch, Job, Link, StepFn, make_loaders, plain_step
-from ddlstudy.training.worker import new_model, new_optimizer, train_worker
+from ddlstudy.training import Job, Link
+from ddlstudy.training.distributed import Work
 
 SPARK_DEFAULT_HEAP_MB = 1024
 """spark.driver.memory and spark.executor.memory when nobody sets them."""
@@ -66,46 +67,29 @@ def average_weights(ctx, model: nn.Module, world: int) -> None:
             offset += p.numel()
 
 
-def _local_step(model: nn.Module, optimizer: torch.optim.Optimizer, ctx, world: int,
-                every: int) -> StepFn:
-    """Local SGD on this task's slice (the baseline's step); weights averaged every
-    ``every`` steps."""
-    local = plain_step(model, optimizer, nn.CrossEntropyLoss())
-    count = 0
-
-    def step(batch: Batch) -> tuple[float, int, int]:
-        nonlocal count
-        result = local(batch)
-        count += 1
-        if count % every == 0:
-            average_weights(ctx, model, world)
-        return result
-
-    return step
-
-
-def allgather_rank(ctx, rank: int, world: int, job: Job, threads: int, level: int) -> None:
-    """Task ``rank`` of ``world``: local SGD, weights averaged through ``ctx.allGather``."""
+def allgather_rank(ctx, rank: int, world: int, job: Job, work: Work, threads: int,
+                   level: int) -> None:
+    """Task ``rank`` of ``world``: its strategy's worker with local SGD, the weights
+    averaged through ``ctx.allGather`` every --sync-every steps and before validating."""
     cfg = job.cfg
     torch.set_num_threads(threads)
     setup_logging(level)
     sampler = ResourceSampler(cfg.sample_hz, rank=rank, scope="worker").start()
+
+    def sum_over_tasks(*values: float) -> list[float]:
+        every = [wire.from_json(m) for m in _gather(ctx, wire.to_json(values))]
+        return np.sum(np.asarray(every, dtype=np.float64), axis=0).tolist()
+
+    def gather(obj: Any) -> list[Any]:  # random states: tensors and plain values
+        return [wire.from_tensors(m) for m in _gather(ctx, wire.to_tensors(obj))]
+
+    def settle(model: nn.Module, steps: int | None) -> None:
+        if steps is None or steps % cfg.sync_every == 0:
+            average_weights(ctx, model, world)
+
     try:
-        model = new_model(cfg, rank)  # the same weights in every task, its own dropout
-        optimizer = new_optimizer(model.parameters(), cfg)
-        train, val = make_loaders(cfg, job.data, shard=(rank, world))
-
-        def sum_over_tasks(*values: float) -> list[float]:
-            every = [wire.from_json(m) for m in _gather(ctx, wire.to_json(values))]
-            return np.sum(np.asarray(every, dtype=np.float64), axis=0).tolist()
-
-        def gather(obj: Any) -> list[Any]:  # random states: tensors and plain values
-            return [wire.from_tensors(m) for m in _gather(ctx, wire.to_tensors(obj))]
-
-        link = Link(rank, world, lambda flat, step: None, sum_over_tasks, gather, ctx.barrier)
-        train_worker(job, link, model, optimizer,
-                     _local_step(model, optimizer, ctx, world, cfg.sync_every), train, val,
-                     before_eval=lambda: average_weights(ctx, model, world))
+        work(job, Link(rank, world, lambda flat, step: None, sum_over_tasks, gather,
+                       ctx.barrier, settle=settle), torch.device("cpu"))
     finally:
         rows = sampler.stop()
         if job.folder is not None and sampler.enabled:

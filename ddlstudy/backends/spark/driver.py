@@ -15,14 +15,14 @@ import psutil
 
 from ddlstudy.backends.spark.allgather import SPARK_DEFAULT_HEAP_MB, allgather_rank, heap_mb
 from ddlstudy.config import RunConfig
-from ddlstudy.config.run import local_cluster
+from ddlstudy.config.spark import local_cluster
 from ddlstudy.environment import usable_cores
 from ddlstudy.errors import Unavailable
 from ddlstudy.models import parameter_count
 from ddlstudy.sparkjvm import check as check_flags
 from ddlstudy.sparkjvm import context, jvm_output, master, nodes
-from ddlstudy.strategies.processes import data_parallel_rank
-from ddlstudy.training.distributed import free_port
+from ddlstudy.strategies import Layout, get_strategy
+from ddlstudy.training.distributed import Work, free_port, group_rank
 from ddlstudy.training.job import Job
 
 log = logging.getLogger("ddlstudy")
@@ -103,7 +103,8 @@ def _fit(job: Job, n: int, start: float) -> None:
                                               spark_version=sc.version)
         job.folder.write_manifest()
     level = logging.getLogger("ddlstudy").level
-    task = functools.partial(_task, job, level)
+    strategy = get_strategy(cfg.strategy)
+    task = functools.partial(_task, job, strategy.worker, strategy.layout(cfg), level)
     from py4j.protocol import Py4JError, Py4JJavaError
 
     try:
@@ -161,23 +162,24 @@ def _spark_reason(exc) -> str:
     return " ".join(lines[:3])[:600]
 
 
-def _threads(cfg: RunConfig, infos, rank: int) -> int:
-    if cfg.strategy == "sequential":
-        return 1
+def _threads(cfg: RunConfig, layout: Layout, infos, rank: int) -> int:
+    """The intra-op threads of a task: its strategy's, at most its share of the cores of a
+    host that runs several tasks, unless --workers says."""
     mine = infos[rank].address.rsplit(":", 1)[0]
     on_host = sum(1 for i in infos if i.address.rsplit(":", 1)[0] == mine)
-    return cfg.workers or max(1, usable_cores() // on_host)
+    share = max(1, usable_cores() // on_host)
+    return layout.torch_threads if cfg.workers else min(layout.torch_threads, share)
 
 
-def _task(job: Job, level: int, _partition):
-    """One node: a Spark barrier task."""
+def _task(job: Job, work: Work, layout: Layout, level: int, _partition):
+    """One node: a Spark barrier task, its strategy's worker."""
     from pyspark import BarrierTaskContext
 
     ctx = BarrierTaskContext.get()
     rank, infos = ctx.partitionId(), ctx.getTaskInfos()
     world = len(infos)
     os.environ["RANK"] = str(rank)
-    threads = _threads(job.cfg, infos, rank)
+    threads = _threads(job.cfg, layout, infos, rank)
     if ctx.attemptNumber() and rank == 0:
         logging.getLogger("ddlstudy").warning("Spark attempt %d of the stage: training starts "
                                               "again", ctx.attemptNumber() + 1)
@@ -185,9 +187,9 @@ def _task(job: Job, level: int, _partition):
         hosts = {i.address.rsplit(":", 1)[0] for i in infos}
         host = "127.0.0.1" if len(hosts) == 1 else infos[rank].address.rsplit(":", 1)[0]
         addresses = ctx.allGather(f"{host}:{free_port(host)}")
-        data_parallel_rank(rank, world, addresses[0], job, threads, level)
+        group_rank(rank, world, addresses[0], job, work, threads, level)
     else:
-        allgather_rank(ctx, rank, world, job, threads, level)
+        allgather_rank(ctx, rank, world, job, work, threads, level)
     yield {"rank": rank, "attempt": ctx.attemptNumber(), "host": socket.gethostname(),
            "pid": os.getpid(), "threads": threads}
 
