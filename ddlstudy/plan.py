@@ -111,7 +111,12 @@ def _checked_repeat(repeat: Any) -> int:
 
 def run_flags(usecase: str, flags: dict[str, Any], runs_dir: Path) -> list[str]:
     """The ``ddlstudy run`` flags of a cell of ``usecase``."""
-    out = ["--usecase", usecase, "--runs-dir", str(runs_dir)]
+    return ["--usecase", usecase, "--runs-dir", str(runs_dir), *cell_flags(flags)]
+
+
+def cell_flags(flags: dict[str, Any]) -> list[str]:
+    """A cell's keys as ``ddlstudy run`` flags."""
+    out = []
     for key, value in flags.items():
         flag = "--" + key.replace("_", "-")
         if isinstance(value, bool):

@@ -22,7 +22,7 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.figure import Figure
 
-from ddlstudy.report.tables import Report, only_main
+from ddlstudy.report.tables import LOCAL, Report, only_main
 from ddlstudy.runfolder import SAMPLES
 
 
@@ -111,7 +111,7 @@ def plot_resources(report: Report) -> Figure | None:
 
 
 def plot_distributed(report: Report) -> Figure | None:
-    s = samples_of(report, _first_completed(report.runs[report.runs.backend != "local"]))
+    s = samples_of(report, _first_completed(report.runs[report.runs.backend != LOCAL]))
     if s.empty:
         return None
     # Idle and iowait are the host's: ranks that share a host are one line, which says so.
@@ -170,14 +170,14 @@ def plot_speedup(report: Report) -> Figure | None:
 
 def plot_scaling(report: Report) -> Figure | None:
     t = only_main(report.table).dropna(subset=["speedup"])
-    multi = t[t.backend != "local"]
+    multi = t[t.backend != LOCAL]
     if multi.empty:
         return None
     points = []
     for r in multi.itertuples(index=False):
         line = f"{r.usecase}: {r.backend} x {r.strategy}"
         points.append({"line": line, "nodes": r.nodes, "speedup": r.speedup})
-        one = t[(t.usecase == r.usecase) & (t.strategy == r.strategy) & (t.backend == "local")]
+        one = t[(t.usecase == r.usecase) & (t.strategy == r.strategy) & (t.backend == LOCAL)]
         if len(one):
             points.append({"line": line, "nodes": 1, "speedup": one.speedup.max()})
     p = pd.DataFrame(points).drop_duplicates(["line", "nodes"])

@@ -26,13 +26,20 @@ from pathlib import Path
 
 import pandas as pd
 
-from ddlstudy.report.tables import KEY, Report, interval, is_baseline, only_main, spread_of
+from ddlstudy.report.tables import (
+    KEY,
+    LOCAL,
+    Report,
+    interval,
+    is_baseline,
+    only_main,
+    spread_of,
+)
 from ddlstudy.runfolder import SAMPLES
 
 PAPER = ("Lerat, Mahmoudi & Mahmoudi, \"Distributed Deep Learning: From Single-Node to "
          "Multi-Node Architecture\", Electronics 11(10):1525, 2022")
 PAPER_USECASES = ("simple-big", "complex-small")
-SINGLE_PROCESS = ("sequential", "cpu-intraop", "cpu-threads")
 
 
 @dataclass(frozen=True)
@@ -68,10 +75,11 @@ def findings(report: Report) -> list[Finding]:
     out = [
         _per_usecase("a", "CPU multi-process data parallelism is faster than one process",
                      usecases, lambda uc: _claim(
-                         report, best(uc, lambda t: _local_cpu(t) &
-                                      (t.strategy == "cpu-processes")),
-                         best(uc, lambda t: _local_cpu(t) & t.strategy.isin(SINGLE_PROCESS)),
-                         "no completed cpu-processes run", "no completed one-process run")),
+                         report, best(uc, lambda t: _local_cpu(t) & (t.table == 1) &
+                                      (t.processes > 1)),
+                         best(uc, lambda t: _local_cpu(t) & (t.processes == 1)),
+                         "no completed multi-process data-parallel run",
+                         "no completed one-process run")),
         _gains(best, usecases),
         _per_usecase("c", "Spark is slower than local parallelism", usecases,
                      lambda uc: _claim(
@@ -87,7 +95,7 @@ def findings(report: Report) -> list[Finding]:
 
 
 def _local_cpu(t: pd.DataFrame) -> pd.Series:
-    return (t.backend == "local") & (t.gpus == 0)
+    return (t.backend == LOCAL) & (t.gpus == 0)
 
 
 class _Best:

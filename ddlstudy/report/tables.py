@@ -27,6 +27,8 @@ import pandas as pd
 from ddlstudy.errors import UsageError
 from ddlstudy.files import atomic_write_text
 from ddlstudy.runfolder import MANIFEST
+from ddlstudy.strategies import REGISTRY as STRATEGIES
+from ddlstudy.strategies import Strategy
 
 log = logging.getLogger("ddlstudy")
 
@@ -38,8 +40,8 @@ TABLES = {
     2: "Table 2: model and hybrid parallelism",
     3: "Table 3: several nodes (MPI and Spark)",
 }
-STRATEGY_ORDER = ("sequential", "cpu-intraop", "cpu-threads", "cpu-processes", "gpu-data",
-                  "pipeline", "hybrid")
+LOCAL = "local"
+"""The backend of one node: any other's runs go in Table 3."""
 KEY = ["usecase", "setting", "config", "strategy", "backend", "nodes", "reduce", "precision",
        "cores", "gpus"]
 """A configuration: runs with the same key are repeats of one another. ``setting`` is what
@@ -122,19 +124,19 @@ def cores_used(manifest: dict) -> int:
     return per_node * int(manifest.get("backend", {}).get("nodes", 1))
 
 
+def _strategy(name: str) -> Strategy | None:
+    """The strategy a run names, or None where it is not installed here (a plugin's)."""
+    cls = STRATEGIES.get(name) or STRATEGIES.loaded().get(name)
+    return cls() if cls is not None else None
+
+
 def config_label(manifest: dict) -> str:
-    """A short readable name of what ran: strategy, its degrees, and the backend."""
+    """A short readable name of what ran: strategy, its degrees (the strategy's own
+    ``label`` of its recorded layout), and the backend."""
     s = manifest.get("strategy", {})
     name = s.get("name", "?")
-    parts = {
-        "cpu-intraop": lambda: f"{s.get('threads_per_process', '?')} threads",
-        "cpu-threads": lambda: f"{s.get('replicas', '?')} replicas",
-        "cpu-processes": lambda: f"{s.get('processes', '?')} processes",
-        "gpu-data": lambda: f"{s.get('devices') or 'all'} GPUs",
-        "pipeline": lambda: f"{s.get('stages', '?')} stages x {s.get('micro_batches', '?')} mb",
-        "hybrid": lambda: f"{s.get('replicas', '?')} x {s.get('stages', '?')} stages",
-    }
-    label = f"{name} ({parts[name]()})" if name in parts else name
+    strategy = _strategy(name)
+    label = strategy.label(s) if strategy is not None else name
     config = manifest.get("config", {})
     if config.get("transport", "auto") != "auto":
         label += f" over {config['transport']}"
@@ -148,7 +150,7 @@ def config_label(manifest: dict) -> str:
     if config.get("lr_scaling", "none") != "none":
         label += f" lr {config['lr_scaling']}"
     backend = manifest.get("backend", {})
-    if backend.get("name", "local") != "local":
+    if backend.get("name", LOCAL) != LOCAL:
         how = backend.get("reduce") or backend.get("sync")
         if config.get("compress", "none") != "none":  # replaces the reducer
             how = f"{config['compress']} allgather"
@@ -185,10 +187,12 @@ def setting(manifest: dict) -> str:
 
 
 def table_number(strategy: str, backend: str) -> int:
-    """Which of the paper's three tables a configuration belongs to."""
-    if backend != "local":
+    """Which of the paper's three tables a configuration belongs to: 3 for several nodes,
+    else the strategy's own (1 where it is not installed here)."""
+    if backend != LOCAL:
         return 3
-    return 2 if strategy in ("pipeline", "hybrid") else 1
+    found = _strategy(strategy)
+    return found.table if found is not None else 1
 
 
 def _median(values: list[float]) -> float | None:
@@ -209,7 +213,7 @@ def _run_row(m: dict) -> dict:
     target, reached, tta = _time_to_target(m)
     backend = m.get("backend", {})
     strategy = m.get("strategy", {}).get("name", "?")
-    backend_name = backend.get("name", "local")
+    backend_name = backend.get("name", LOCAL)
     return {
         "usecase": m.get("usecase", "?"), "setting": setting(m), "config": config_label(m),
         "strategy": strategy,
@@ -221,6 +225,7 @@ def _run_row(m: dict) -> dict:
             "global_batch", m.get("config", {}).get("usecase", {}).get("train", {})
             .get("batch_size")),
         "cores": cores_used(m), "gpus": _gpus(m),
+        "processes": int(m.get("strategy", {}).get("processes", 1)),
         "table": table_number(strategy, backend_name),
         "repeat": m.get("study", {}).get("repeat", 0), "status": m.get("status", "?"),
         "noisy": (m.get("host_load") or {}).get("noisy") is True,
@@ -243,7 +248,7 @@ def runs_frame(manifests: list[dict], planned: list[dict] = (),
     unless ``include_noisy``)."""
     rows = [_run_row(m) for m in manifests]
     for c in planned:
-        backend = c.get("backend", "local")
+        backend = c.get("backend", LOCAL)
         rows.append({
             "usecase": c["usecase"], "setting": None, "config": c["label"],
             "strategy": c["strategy"],
@@ -251,15 +256,15 @@ def runs_frame(manifests: list[dict], planned: list[dict] = (),
             "precision": c.get("flags", {}).get("precision", "fp32"),
             "scaling": c.get("flags", {}).get("scaling", "strong"), "global_batch": None,
             "cores": c.get("cores", 0),
-            "gpus": 0, "table": table_number(c["strategy"], backend),
+            "gpus": 0, "processes": 1, "table": table_number(c["strategy"], backend),
             "repeat": c.get("repeat", 0), "status": c["status"], "noisy": False,
             "reason": c.get("reason", ""), "epochs": 0, "epoch_s": None,
             "images_per_s": None, "epoch_rates": [], "val_accuracy": None,
             "best_val_accuracy": None, "train_time_s": None, "target": None,
             "reached": None, "tta_s": None, "run": "", "path": "",
         })
-    frame = pd.DataFrame(rows, columns=[*KEY, "scaling", "global_batch", "table", "repeat",
-                                        "status", "noisy", "reason", "epochs", "epoch_s",
+    frame = pd.DataFrame(rows, columns=[*KEY, "scaling", "global_batch", "processes", "table",
+                                        "repeat", "status", "noisy", "reason", "epochs", "epoch_s",
                                         "images_per_s", "epoch_rates", "val_accuracy",
                                         "best_val_accuracy", "train_time_s", "target",
                                         "reached", "tta_s", "run", "path"])
@@ -299,7 +304,7 @@ def _tta(g: pd.DataFrame) -> tuple[float | None, float | None]:
 def is_baseline(frame: pd.DataFrame) -> pd.Series:
     """The sequential baseline: one process on one node, nothing varied (not sequential
     ranks under MPI or Spark, not bf16, not accumulating)."""
-    return (frame.config == BASELINE) & (frame.backend == "local")
+    return (frame.config == BASELINE) & (frame.backend == LOCAL)
 
 
 def short_reason(reason: str) -> str:
@@ -371,6 +376,7 @@ def speedup_table(manifests: list[dict], planned: list[dict] = (),
         b_target, b_tta = base_tta.get((g.usecase.iloc[0], g.setting.iloc[0]), (None, None))
         rows.append({
             **dict(zip(KEY, key, strict=True)), "table": int(g.table.iloc[0]),
+            "processes": int(g.processes.iloc[0]),
             "scaling": g.scaling.iloc[0], "runs": len(ok),
             "status": _status(list(g.status), list(g.reason), noisy),
             "epoch_s": _median(times),
@@ -385,12 +391,12 @@ def speedup_table(manifests: list[dict], planned: list[dict] = (),
             "target": target, "reached": _reached_text(ok), "time_to_target_s": tta,
             "tta_speedup": b_tta / tta if tta and b_tta and b_target == target else None,
         })
-    columns = [*KEY, "table", "scaling", "runs", "status", "epoch_s", "epoch_s_spread",
+    columns = [*KEY, "table", "processes", "scaling", "runs", "status", "epoch_s", "epoch_s_spread",
                "images_per_s", "images_per_s_95", "speedup", "speedup_95", "efficiency",
                "val_accuracy", "target", "reached", "time_to_target_s", "tta_speedup"]
     table = pd.DataFrame(rows, columns=columns)
     # The main setting first (most runs), then the baseline, then by table and speed.
-    rank = {name: i for i, name in enumerate(STRATEGY_ORDER)}
+    rank = {name: i for i, name in enumerate(STRATEGIES.loaded())}
     runs = table.groupby(["usecase", "setting"]).runs.transform("sum")
     order = table.assign(_runs=-runs, _base=~is_baseline(table),
                          _strategy=table.strategy.map(lambda n: rank.get(n, len(rank))))

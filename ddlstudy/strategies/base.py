@@ -35,13 +35,14 @@ log = logging.getLogger("ddlstudy")
 
 @dataclass(frozen=True)
 class Probe:
-    """A layout ``advise`` times: its label, its run flags, the cores it keeps busy and the
-    model replicas it holds in memory."""
+    """A layout ``advise`` times: its label, its run flags, the cores (or, with ``gpus``,
+    the GPUs) it keeps busy and the model replicas it holds in memory."""
 
     label: str
     flags: dict[str, Any]
     cores: int
     replicas: int = 1
+    gpus: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -107,4 +107,4 @@ class GpuData(OneModel):
     def probes(self, cores: int, gpus: int) -> list[Probe]:
         n = max(gpus, 1)
         return [Probe(f"gpu-data ({gpus or 'all'} GPUs)", {"strategy": self.name}, n,
-                      replicas=n)]
+                      replicas=n, gpus=True)]

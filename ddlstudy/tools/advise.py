@@ -67,6 +67,7 @@ from ddlstudy.report import load_runs
 from ddlstudy.runfolder import MANIFEST, new_run_id, run_env
 from ddlstudy.runner import preflight
 from ddlstudy.sampler import NOISY_CORES, OthersLoad, wait_quiet_at_most
+from ddlstudy.strategies import REGISTRY as STRATEGIES
 from ddlstudy.tools.predict import Cost, fit, measure_sizes
 from ddlstudy.training import WARMUP_STEPS
 
@@ -124,40 +125,19 @@ class Candidate:
             {"noisy": self.noisy, "only_noisy": self.busy} if self.noisy else {})
 
 
-def _worker_counts(cores: int) -> list[int]:
-    """Workers worth trying on ``cores``: all of them, and halves down to 2."""
-    out, n = [], cores
-    while n >= 2:
-        out.append(n)
-        n //= 2
-    return out
-
-
 def candidates(cores: int, gpus: int) -> list[Candidate]:
-    """Every local strategy and layout worth probing on a machine of ``cores`` and ``gpus``
-    (those that cannot fit carry the reason in ``skip``)."""
-    out = [Candidate("sequential", {"strategy": "sequential"}, 1)]
-    for w in _worker_counts(cores):
-        out += [Candidate(f"cpu-intraop ({w} threads)", {"strategy": "cpu-intraop",
-                                                         "workers": w}, w),
-                Candidate(f"cpu-threads ({w} replicas)", {"strategy": "cpu-threads",
-                                                          "workers": w}, w, replicas=w),
-                Candidate(f"cpu-processes ({w} processes)", {"strategy": "cpu-processes",
-                                                             "workers": w}, w, replicas=w)]
+    """Every strategy's layouts worth probing on a machine of ``cores`` and ``gpus`` (its
+    ``Strategy.probes``; those that cannot fit carry the reason in ``skip``)."""
+    out = []
+    for cls in STRATEGIES.loaded().values():
+        for p in cls().probes(cores, gpus):
+            skip = "" if p.gpus or p.cores <= cores else (
+                f"needs {p.cores} processes, one a core, and this machine has {cores} "
+                f"usable cores")
+            out.append(Candidate(p.label, p.flags, p.cores, p.replicas, skip=skip))
     if cores < 2:
-        out.append(Candidate("cpu-* with 2 or more", {}, 2,
+        out.append(Candidate("layouts of 2 or more workers", {}, 2,
                              skip=f"this machine has {cores} usable core"))
-    for mb in (2, 4):
-        out.append(Candidate(f"pipeline (2 stages x {mb} mb)", {
-            "strategy": "pipeline", "stages": 2, "micro_batches": mb}, 2))
-    out.append(Candidate("hybrid (2 x 2 stages)", {"strategy": "hybrid", "replicas": 2,
-                                                   "stages": 2}, 4, replicas=2))
-    out.append(Candidate(f"gpu-data ({gpus or 'all'} GPUs)", {"strategy": "gpu-data"},
-                         max(gpus, 1), replicas=max(gpus, 1)))
-    for c in out:
-        if c.cores > cores and not c.skip and c.flags.get("strategy") != "gpu-data":
-            c.skip = (f"needs {c.cores} processes, one a core, and this machine has "
-                      f"{cores} usable cores")
     return out
 
 

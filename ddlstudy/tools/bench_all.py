@@ -38,7 +38,11 @@ from pathlib import Path
 import torch
 
 from ddlstudy.config.catalog import bench_groups
+from ddlstudy.environment import usable_cores
 from ddlstudy.errors import ConfigError, UsageError
+from ddlstudy.plan import cell_flags
+from ddlstudy.report import BASELINE
+from ddlstudy.strategies import REGISTRY as STRATEGIES
 from ddlstudy.tools.bench import (
     Ratio,
     images_per_s,
@@ -49,9 +53,19 @@ from ddlstudy.tools.bench import (
     sampler,
 )
 
-STRATEGY_FLAGS = {"cpu-intraop": [], "cpu-threads": ["--workers", "2"],
-                  "cpu-processes": ["--workers", "2"],
-                  "pipeline": ["--stages", "2", "--micro-batches", "4"]}
+
+def strategy_flags(cores: int) -> dict[str, list[str]]:
+    """Each strategy's layout the strategies group times against the baseline: of its
+    ``advise`` probes that fit this machine's cores (no GPU), the one on the most cores
+    (the last of those: pipeline's 4 micro-batches rather than 2)."""
+    out = {}
+    for name, cls in STRATEGIES.loaded().items():
+        fits = [p for p in cls().probes(cores, 0) if not p.gpus and p.cores <= cores]
+        if name != BASELINE and fits:
+            best = max(p.cores for p in fits)
+            probe = [p for p in fits if p.cores == best][-1]
+            out[name] = cell_flags(probe.flags)
+    return out
 
 
 def _steady(manifest: dict) -> float:
@@ -157,13 +171,14 @@ def ceiling(usecase: str, steps: int, repeats: int, runs: Path,
 
 def strategies(usecase: str, steps: int, repeats: int, runs: Path,
                datasets_dir: Path | None) -> list[Ratio]:
-    speed = {s: Ratio("strategies", f"{s} / sequential", "images/s") for s in STRATEGY_FLAGS}
+    layouts = strategy_flags(usable_cores())
+    speed = {s: Ratio("strategies", f"{s} / sequential", "images/s") for s in layouts}
     start = {s: Ratio("start", f"{s} / sequential: seconds from the command to the first "
-                      "step", "s") for s in STRATEGY_FLAGS}
+                      "step", "s") for s in layouts}
     for _ in range(repeats):
-        for name, flags in STRATEGY_FLAGS.items():
+        for name, flags in layouts.items():
             _side_by_side(speed[name], start[name],
-                          _run(runs, datasets_dir, usecase, steps, "--strategy", name, *flags),
+                          _run(runs, datasets_dir, usecase, steps, *flags),
                           _run(runs, datasets_dir, usecase, steps))
     return [*speed.values(), *start.values()]
 
