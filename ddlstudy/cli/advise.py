@@ -1,0 +1,79 @@
+"""`ddlstudy advise`: how to train a use case here."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ddlstudy.cli.common import check_positive, host_count, seconds
+from ddlstudy.errors import ConfigError
+from ddlstudy.sampler import NOISY_CORES, WAIT_MOST_S
+
+
+def register(sub) -> None:
+    p = sub.add_parser("advise", help="how to train a use case here: probes every local "
+                       "strategy, measures the exchange, predicts and ranks")
+    p.add_argument("--usecase", default="tiny", help="a use case name or TOML file")
+    p.add_argument("--nodes", help="node counts to rank (default: 1,2,4; with --hosts, 1 "
+                   "up to the hosts given)")
+    p.add_argument("--hosts", help="where the nodes will run (emulated[:PREFIX] or "
+                   "host1,host2): the exchange is measured there (default: this host)")
+    p.add_argument("--link", help="instead of measuring hosts: predict separate machines "
+                   "like this one joined by a link of this rate, e.g. 10gbit (default: none, "
+                   "measure where the nodes are)")
+    p.add_argument("--budget", default="120s", help="time for the whole advice, e.g. 90s or "
+                   "5m; more probe rounds while it lasts")
+    p.add_argument("--runs", type=Path, help="earlier runs of the use case: rank by "
+                   "predicted time to its target accuracy, weighing what changes "
+                   "convergence by the epochs it took there (default: none, rank by images/s)")
+    p.add_argument("--rounds", type=int, default=3, help="most probe rounds")
+    p.add_argument("--steps", type=int, default=24, help="steady steps a probe times")
+    p.add_argument("--wait-quiet", action="store_true", help="before each probe, wait until "
+                   f"other processes use at most {NOISY_CORES} cores of this host (at most "
+                   f"{WAIT_MOST_S:.0f} s; not charged to the budget). Without it, probes "
+                   "on a busy host are still marked and not counted where a quiet one came")
+    p.add_argument("--datasets-dir", type=Path, help="where the synthetic sets are "
+                   "(default: datasets/)")
+    p.add_argument("--out", type=Path, help="where advise.json, advise.md and the probes' "
+                   "runs go (default: runs/advise/<usecase>)")
+    p.add_argument("--quiet", action="store_true", help="warnings and errors only")
+    p.set_defaults(func=cmd_advise)
+
+
+def cmd_advise(args: argparse.Namespace) -> int:
+    from ddlstudy.config import DEFAULT_RUNS_DIR, load_usecase
+    from ddlstudy.tools.predict import parse_list
+
+    uc = load_usecase(args.usecase)  # an unknown use case is refused before anything runs
+    budget = seconds("--budget", args.budget)
+    check_positive(args, "rounds", "steps")
+    if args.link is not None:
+        from ddlstudy.hosts import rate_bits
+
+        if args.hosts is not None:
+            raise ConfigError("--link", "give --hosts (the exchange measured there) or "
+                              "--link (predicted for that rate), not both")
+        rate_bits(args.link, "--link")
+    if args.runs is not None:
+        from ddlstudy.report.tables import runs_folder
+
+        runs_folder(args.runs)
+    count = None
+    if args.hosts is not None:
+        from ddlstudy.backends.mpi.launch import placement
+
+        placement(args.hosts, 2)  # hosts that are not up: refused before probing
+        count = host_count(args.hosts)
+    nodes = parse_list("--nodes", args.nodes) if args.nodes else \
+        list(range(1, count + 1)) if count else [1, 2, 4]
+    from ddlstudy.tools import advise
+
+    out = args.out or DEFAULT_RUNS_DIR / "advise" / uc.name
+    result = advise.advise(args.usecase, nodes, args.hosts, args.link, budget, out,
+                           runs=args.runs, rounds=args.rounds, steps=args.steps,
+                           datasets_dir=args.datasets_dir, host_count=count,
+                           wait=args.wait_quiet)
+    print(advise.markdown(result))
+    for path in advise.write(result, out):
+        print(f"wrote {path}")
+    return 0

@@ -1,0 +1,80 @@
+"""`ddlstudy bench`: performance figures, measured side by side."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from ddlstudy.cli.common import check_positive
+from ddlstudy.config.catalog import BENCH_GROUPS
+from ddlstudy.errors import ConfigError
+
+
+def register(sub) -> None:
+    p = sub.add_parser("bench", help="performance figures, measured side by side")
+    bsub = p.add_subparsers(dest="bench_command", required=True, metavar="WHAT")
+    b = bsub.add_parser("sampler", help="step time with the sampler on against off")
+    b.add_argument("--usecase", default="tiny", help="a use case name or TOML file")
+    b.add_argument("--steps", type=int, default=30, help="timed steps per repeat")
+    b.add_argument("--repeats", type=int, default=5, help="on/off alternations")
+    b.add_argument("--hz", type=float, default=10.0, help="sampling rate when on")
+    b.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    b = bsub.add_parser("reduce", help="every gradient-averaging algorithm under mpiexec")
+    b.add_argument("--size", default="alexnet", help="alexnet, vgg16 or a number of floats")
+    b.add_argument("--nodes", type=int, default=2, help="MPI ranks (default 2)")
+    b.add_argument("--hosts", help="place them on emulated[:PREFIX] or host1,host2 "
+                   "(default: this host)")
+    b.add_argument("--repeats", type=int, default=5, help="timings per reducer")
+    b = bsub.add_parser("all", help="every figure in one go, as ratios: JSON and Markdown")
+    b.add_argument("--usecase", default="tiny", help="a use case name or TOML file")
+    b.add_argument("--steps", type=int, default=10, help="timed steps per measurement")
+    b.add_argument("--repeats", type=int, default=3, help="alternations of each pair")
+    b.add_argument("--only", help=f"comma-separated groups: {', '.join(BENCH_GROUPS)} "
+                   "(default: all)")
+    b.add_argument("--hosts", help="time the reducers on emulated[:PREFIX] or host1,host2 "
+                   "(default: this host)")
+    b.add_argument("--datasets-dir", type=Path, help="where the synthetic sets are "
+                   "(default: datasets/ under $DDLSTUDY_HOME or the working directory)")
+    b.add_argument("--out", type=Path, help="where bench.json and bench.md go "
+                   "(default runs/bench/<time>)")
+    b = bsub.add_parser("overhead", help="ddlstudy's loop against a raw torch loop")
+    b.add_argument("--usecase", default="tiny", help="a use case name or TOML file")
+    b.add_argument("--steps", type=int, default=20, help="timed steps per repeat")
+    b.add_argument("--repeats", type=int, default=3, help="alternations of the two loops")
+    b.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    p.set_defaults(func=cmd_bench)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    check_positive(args, "steps", "repeats", "threads", "nodes")
+    hz = getattr(args, "hz", 1.0)
+    if not 0 < hz <= 100:  # NaN too
+        raise ConfigError("--hz", f"must be a rate above 0 and at most 100, got {hz}")
+    from ddlstudy.config import DEFAULT_RUNS_DIR
+    from ddlstudy.config.catalog import bench_groups
+
+    groups = bench_groups(args.only) if args.bench_command == "all" else []
+    from ddlstudy.sampler import check_load
+
+    check_load()  # figures measured on a busy host say little: say so first
+    from ddlstudy.tools.bench import bench_overhead, bench_reduce, bench_sampler
+
+    if args.bench_command == "all":
+        from ddlstudy.tools import bench_all
+
+        result = bench_all.bench_all(args.usecase, args.steps, args.repeats, groups,
+                                     args.hosts, args.datasets_dir)
+        print(bench_all.markdown(result))
+        out = args.out or DEFAULT_RUNS_DIR / "bench" / time.strftime("%Y%m%d-%H%M%S")
+        for path in bench_all.write(result, out):
+            print(f"wrote {path}")
+    elif args.bench_command == "reduce":
+        print(bench_reduce(args.size, args.nodes, args.repeats, args.hosts))
+    elif args.bench_command == "sampler":
+        print(bench_sampler(args.usecase, steps=args.steps, repeats=args.repeats, hz=args.hz,
+                            threads=args.threads))
+    else:
+        print(bench_overhead(args.usecase, steps=args.steps, repeats=args.repeats,
+                             threads=args.threads))
+    return 0

@@ -1,0 +1,38 @@
+"""What several subcommands share: refusing values below 1, durations, host counts."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+from ddlstudy.errors import ConfigError
+
+
+def check_positive(args: argparse.Namespace, *names: str) -> None:
+    """Refuse a value below 1 of these integer options (one not given, or that this
+    subcommand lacks, passes)."""
+    for name in names:
+        value = getattr(args, name, None)
+        if value is not None and value <= 0:
+            raise ConfigError(f"--{name.replace('_', '-')}",
+                              f"must be a positive integer, got {value}")
+
+
+def seconds(flag: str, text: str) -> float:
+    """90, 90s, 2m or 1h as seconds."""
+    scale = {"s": 1, "m": 60, "h": 3600}.get(text[-1:].lower(), None)
+    try:
+        value = float(text[:-1] if scale else text) * (scale or 1)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise ConfigError(flag, f"{text!r}; give seconds, e.g. 120, 90s or 5m")
+    return value
+
+
+def host_count(spec: str) -> int:
+    """How many hosts a ``--hosts`` value names."""
+    from ddlstudy import hosts
+
+    prefix = hosts.emulated_prefix(spec)
+    return hosts.load(prefix).count if prefix else len([h for h in spec.split(",") if h])

@@ -1,0 +1,63 @@
+"""`ddlstudy report`, `export` and `compare`: what a folder of runs says."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def register(sub) -> None:
+    p = sub.add_parser("report", help="speedup tables (and figures) of a folder of runs")
+    p.add_argument("runs", type=Path, nargs="?", default=None, help="default: runs/")
+    p.add_argument("--format", default="markdown", choices=["markdown", "csv", "latex"],
+                   help="how the tables are printed")
+    p.add_argument("--out", type=Path, help="also write the tables, runs.csv and the figures "
+                   "into this folder (default: print only)")
+    p.add_argument("--no-figures", action="store_true", help="with --out: tables only")
+    p.add_argument("--include-noisy", action="store_true", help="count runs marked noisy "
+                   "(other processes used their host) in medians and speedups")
+    p.set_defaults(func=cmd_report)
+    p = sub.add_parser("export", help="runs in other tools' formats")
+    esub = p.add_subparsers(dest="export_command", required=True, metavar="FORMAT")
+    e = esub.add_parser("tensorboard", help="per-epoch metrics and resource samples as "
+                        "TensorBoard scalars, one TensorBoard run per ddlstudy run")
+    e.add_argument("runs", type=Path, help="a run folder or a folder of runs")
+    e.add_argument("--out", type=Path, required=True, help="the log folder to give "
+                   "`tensorboard --logdir`")
+    p.set_defaults(func=cmd_export)
+    p = sub.add_parser("compare", help="what differs between two runs, and by how much")
+    p.add_argument("a", type=Path, help="a run folder or its manifest.json")
+    p.add_argument("b", type=Path, help="the other run folder or manifest.json")
+    p.set_defaults(func=cmd_compare)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from ddlstudy.config import DEFAULT_RUNS_DIR
+    from ddlstudy.files import check_folder
+    from ddlstudy.report import Report
+
+    if args.out:
+        check_folder("--out", args.out)
+    report = Report(args.runs or DEFAULT_RUNS_DIR, include_noisy=args.include_noisy)
+    print(report.text(args.format))
+    if args.out:
+        paths = report.write(args.out, args.format, figures=not args.no_figures)
+        print(f"\n{len(paths)} files written to {args.out}", file=sys.stderr)
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from ddlstudy.tensorboard import export
+
+    written = export(args.runs, args.out)
+    print(f"{len(written)} run(s) written to {args.out}; view them with "
+          f"`tensorboard --logdir {args.out}`")
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from ddlstudy.manifests import compare, read_manifest
+
+    print(compare(read_manifest(args.a), read_manifest(args.b)))
+    return 0

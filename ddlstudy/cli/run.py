@@ -1,0 +1,129 @@
+"""`ddlstudy run` and `ddlstudy replay`: train one configuration into runs/<id>/."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import threading
+from pathlib import Path
+
+from ddlstudy.config.options import add_run_options
+from ddlstudy.errors import ConfigError
+from ddlstudy.progress import on_terminal
+from ddlstudy.runfolder import CHILD_ENV
+from ddlstudy.sparkjvm import start_early
+
+log = logging.getLogger("ddlstudy")
+PREPARING_NOTICE_S = 1.0
+"""A run not started (nor refused) this long after the command says it is preparing."""
+
+
+def register(sub) -> None:
+    p = sub.add_parser("run", help="train one use case with one strategy into runs/<id>/")
+    add_run_options(p)
+    faults = p.add_argument_group("faults")
+    faults.add_argument("--resume", type=Path, metavar="RUN", help="continue runs/<id> from "
+                        "its last snapshot, with its recorded configuration (default: a new "
+                        "run)")
+    faults.add_argument("--max-restarts", type=int, default=0, metavar="N",
+                        help="when a worker dies, restart from the last snapshot up to N "
+                        "times (default 0)")
+    p.add_argument("--quiet", action="store_true", help="warnings and errors only")
+    p.set_defaults(func=cmd_run)
+    p = sub.add_parser("replay", help="run a manifest again: same config, seeds and data")
+    p.add_argument("manifest", type=Path, help="runs/<id>/manifest.json or runs/<id>")
+    p.add_argument("--runs-dir", type=Path, help="where the new run goes (default: the "
+                   "original's runs folder)")
+    p.add_argument("--quiet", action="store_true", help="warnings and errors only")
+    p.set_defaults(func=cmd_replay)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    if args.max_restarts < 0:
+        raise ConfigError("--max-restarts", f"must be 0 or more, got {args.max_restarts}")
+    if args.resume is not None:
+        from ddlstudy.config.options import given_options
+        from ddlstudy.manifests import resume_config
+
+        given = given_options(args)
+        if given:
+            raise ConfigError("--resume", f"continues a run with its recorded configuration, "
+                              f"so {given[0]} would be ignored; leave it out (or start a new "
+                              f"run, or `ddlstudy replay` one)")
+
+        return train(resume_config(args.resume), args.argv, args.resume, args.max_restarts)
+    from ddlstudy.config.options import config_from_args
+
+    return train(config_from_args(args), args.argv, max_restarts=args.max_restarts)
+
+
+def train(cfg, argv: list[str], resume: Path | None = None, max_restarts: int = 0) -> int:
+    """Run ``cfg`` (launching mpiexec for --backend mpi) and print where it went; with
+    ``max_restarts``, a run that failed after a snapshot continues from it."""
+
+    # The imports below take seconds: on a terminal, say what is going on, unless a
+    # refusal came first (a refusal stays one line; logs and pipes get no notice at all).
+    notice = threading.Timer(PREPARING_NOTICE_S, log.info, args=(
+        "preparing %s on %s (importing torch, checking the data) ...", cfg.strategy,
+        cfg.usecase.name))
+    notice.daemon = True
+    if CHILD_ENV not in os.environ and on_terminal():
+        notice.start()
+    if resume is None:  # a Spark run's JVM and context start beside those imports
+        start_early(cfg)
+    try:
+        return _train(cfg, argv, resume, max_restarts)
+    finally:
+        notice.cancel()
+
+
+def _train(cfg, argv: list[str], resume: Path | None, max_restarts: int) -> int:
+    from ddlstudy.runfolder import SNAPSHOT, RunFolder
+    from ddlstudy.runner import RunFailed, start
+
+    restarts = 0
+    while True:
+        try:
+            folder = start(cfg, argv, resume)
+            break
+        except RunFailed as exc:
+            restartable = (exc.folder is not None and exc.exit_code not in (2, 130, 143)
+                           and (exc.folder.path / SNAPSHOT).is_file())
+            if restarts >= max_restarts or not restartable:
+                print(f"ddlstudy: {exc}", file=sys.stderr)
+                return exc.exit_code
+            restarts += 1
+            resume = exc.folder.path
+            argv = ["run", "--resume", str(resume), *(["--quiet"] if "--quiet" in argv else [])]
+            log.warning("%s; restarting from its last snapshot (restart %d of %d)", exc,
+                        restarts, max_restarts)
+    if not isinstance(folder, RunFolder) or os.environ.get(CHILD_ENV):
+        return 0  # other MPI ranks stay quiet; under our own launcher, the launcher reports
+    summary = folder.manifest.get("summary", {})
+    print(f"{folder.path}  val accuracy {summary.get('final_val_accuracy', float('nan')):.3f}  "
+          f"{summary.get('median_images_per_s', float('nan')):.1f} img/s"
+          f"{_reached(folder.manifest.get('time_to_target') or {})}")
+    return 0
+
+
+def _reached(tta: dict) -> str:
+    """The run's time to accuracy, as its last line says it."""
+    if tta.get("reached") is True:
+        return f"  target {tta['target']:.2f} reached in {tta['seconds']:.1f} s " \
+               f"(epoch {tta['epoch']})"
+    if tta.get("reached") is False:
+        return f"  target {tta['target']:.2f} not reached"
+    return ""
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from ddlstudy.manifests import config_from_manifest, differences, read_manifest
+
+    manifest = read_manifest(args.manifest)
+    runs_dir = args.runs_dir or Path(manifest["path"]).parent
+    cfg = config_from_manifest(manifest, runs_dir)
+    for line in differences(manifest):
+        log.warning("replay of %s differs: %s", manifest.get("id"), line)
+    return train(cfg, args.argv)
