@@ -142,8 +142,9 @@ class RunFolder:
         atomic_write(self.path / SNAPSHOT, lambda f: torch.save(state, f))
 
     def reload_epochs(self) -> None:
-        """Take the epochs (and the time to the first step, the gradients' transport) a
-        worker process (rank 0 of a multi-process strategy) wrote."""
+        """Take the epochs (and the time to the first step, the gradients' transport, what
+        it measured of the exchange) a worker process (rank 0 of a multi-process strategy)
+        wrote."""
         try:
             written = json.loads((self.path / MANIFEST).read_text())
             self.manifest["epochs"] = written["epochs"]
@@ -152,6 +153,9 @@ class RunFolder:
         for key in ("first_step_s", "transport"):
             if key in written:
                 self.manifest.setdefault(key, written[key])
+        mine = self.manifest.setdefault("backend", {})
+        for key, value in (written.get("backend") or {}).items():
+            mine.setdefault(key, value)
 
     def finish(self, status: str, exit_code: int, error: str | None = None,
                **extra: Any) -> None:

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 import pytest
 
-from ddlstudy.backends import base
 from ddlstudy.config import RunConfig
 from ddlstudy.config.options import cell_keys, key, run_parser, train_options
 from ddlstudy.config.run import options
 from ddlstudy.errors import ConfigError
-from ddlstudy.runner import preflight, resolve, run
-from ddlstudy.strategies import get_strategy
+from ddlstudy.runner import preflight, resolve
 
 RUN_FLAGS = [
     "--accumulate", "--backend", "--balance", "--batch-size", "--bucket-mb", "--compress",
@@ -75,32 +76,41 @@ def test_an_unknown_backend_lists_the_registered_ones(quick_config):
         preflight(quick_config(backend="slurm"))
 
 
-class _Alone(base.Backend):
-    """A backend written as the README's example: one class and its registration."""
-
-    name = "alone"
-    summary = "one node, this process"
-
-    def nodes(self, cfg):
-        return 1
-
-    def fit(self, job, env):
-        import torch
-
-        from ddlstudy.training import Link
-
-        get_strategy(job.cfg.strategy).worker(job, Link.alone(), torch.device("cpu"))
-        return []
+PACKAGE = Path(__file__).parents[1] / "ddlstudy"
+LONGEST_FUNCTION, LONGEST_MODULE = 60, 400
 
 
-def test_a_new_backend_is_one_class_and_its_registration(quick_config, monkeypatch):
-    monkeypatch.setitem(base.REGISTRY, "alone", _Alone)
-    mine = run(quick_config(backend="alone", max_steps=3), show_progress=False).manifest
-    local = run(quick_config(max_steps=3), show_progress=False).manifest
-    assert mine["status"] == "completed"
-    assert mine["backend"] == {"name": "alone", "nodes": 1}
-    assert [e["train_loss"] for e in mine["epochs"]] == \
-        [e["train_loss"] for e in local["epochs"]]
+def test_no_function_over_60_lines_and_no_module_over_400():
+    """Functions short enough to read at once, modules of one idea (STYLE.md)."""
+    long_functions, long_modules = [], []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        text = path.read_text()
+        if len(text.splitlines()) > LONGEST_MODULE:
+            long_modules.append(f"{path.relative_to(PACKAGE)}: {len(text.splitlines())}")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > LONGEST_FUNCTION:
+                    long_functions.append(f"{path.relative_to(PACKAGE)}:{node.lineno} "
+                                          f"{node.name}: {lines}")
+    assert long_modules == [] and long_functions == []
+
+
+def test_no_backend_asks_which_strategy_it_runs():
+    """Backends run the strategy's worker; none looks at its class or its name."""
+    found = [f"{path.relative_to(PACKAGE)}:{n}" for path in (PACKAGE / "backends").rglob("*.py")
+             for n, line in enumerate(path.read_text().splitlines(), 1)
+             if "isinstance(strategy" in line or "cfg.strategy ==" in line]
+    assert found == []
+
+
+def test_the_readme_extending_section_is_the_tested_plugin():
+    """The README shows the plugin tests/test_extend.py installs and runs, as it is."""
+    readme = (PACKAGE.parent / "README.md").read_text()
+    plugin = (Path(__file__).parent / "plugin" / "ddlstudy_example.py").read_text()
+    pyproject = (Path(__file__).parent / "plugin" / "pyproject.toml").read_text()
+    extending = readme.split("## Extending", 1)[1]
+    assert plugin in extending and pyproject.split("[project.entry-points", 1)[1] in extending
 
 
 @pytest.mark.parametrize("name", ["../../../escaped", "a/b", ".hidden", "", "x" * 65])

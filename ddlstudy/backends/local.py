@@ -3,15 +3,13 @@ one; one of several has them spawned here, in one process group, each its worker
 
 from __future__ import annotations
 
-import logging
-
 import torch
 
 from ddlstudy.backends.base import Backend, Environment, register
 from ddlstudy.config import RunConfig
 from ddlstudy.strategies import get_strategy
 from ddlstudy.training import Job, Link
-from ddlstudy.training.distributed import device_of, free_port, group_rank, run_ranks
+from ddlstudy.training.distributed import device_of, run_group
 
 
 @register
@@ -30,8 +28,6 @@ class Local(Backend):
             torch.set_num_threads(layout.torch_threads)
             strategy.worker(job, Link.alone(), device_of(layout.device_type, 0))
         else:
-            level = logging.getLogger("ddlstudy").level
-            run_ranks(group_rank, layout.processes,
-                      (free_port(), job, strategy.worker, layout.threads_per_process, level,
-                       layout.device_type))
+            run_group(strategy.worker, layout.processes, job, layout.threads_per_process,
+                      layout.device_type)
         return []

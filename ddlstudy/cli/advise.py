@@ -55,7 +55,7 @@ def cmd_advise(args: argparse.Namespace) -> int:
                               "--link (predicted for that rate), not both")
         rate_bits(args.link, "--link")
     if args.runs is not None:
-        from ddlstudy.report.tables import runs_folder
+        from ddlstudy.report.runs import runs_folder
 
         runs_folder(args.runs)
     count = None

@@ -26,7 +26,7 @@ def register(sub) -> None:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    from ddlstudy.report.tables import runs_folder
+    from ddlstudy.report.runs import runs_folder
 
     runs_folder(args.runs)  # refused before torch is imported
     from ddlstudy.tools import predict

@@ -61,7 +61,8 @@ class MpiOptions:
                                    purpose="places MPI ranks")
     reduce: str = option(AUTO, "how MPI nodes average gradients (auto: MPI's Allreduce for "
                          "small gradients, ring-allreduce for large ones, by size and rank "
-                         "count)", group=NODES, choices=(AUTO, *REDUCERS), noun="reducer")
+                         "count; a plugin's by its name)", group=NODES,
+                         metavar="{" + ",".join((AUTO, *REDUCERS)) + "}")
     compress: str = option("none", "gradients on the wire between MPI nodes: none, fp16, or "
                            "topk:<ratio> with error feedback", group=NODES,
                            metavar="{none,fp16,topk:RATIO}", owners=MPI,
@@ -111,4 +112,4 @@ class MpiOptions:
             raise ConfigError("--reduce", f"{self.reduce} averages gradients between MPI "
                               "nodes: it needs --backend mpi")
         if self.reduce != AUTO:
-            get_reducer(self.reduce)
+            get_reducer(self.reduce)  # an unknown name is refused with the known ones

@@ -26,6 +26,8 @@ class Reducer:
     """Whether every node ends with the exact average (step-wise does not)."""
 
 
-REGISTRY: Registry[Reducer] = Registry("--reduce", "reducer")
+REGISTRY: Registry[Reducer] = Registry("--reduce", "reducer", group="ddlstudy.reducers")
+"""The reducers by name: ddlstudy's own and installed plugins' (entry points of the group
+``ddlstudy.reducers``, each a ``Reducer``)."""
 register = REGISTRY.register
 get = REGISTRY.named

@@ -10,20 +10,16 @@ from ddlstudy.files import atomic_write_text
 from ddlstudy.report import tables
 from ddlstudy.report.figures import make_figures
 from ddlstudy.report.findings import Finding, findings, render_findings
-from ddlstudy.report.tables import (
+from ddlstudy.report.formats import FORMATS, render, to_latex, to_markdown
+from ddlstudy.report.runs import (
     BASELINE,
-    FORMATS,
     STUDY_FILE,
     config_label,
     cores_used,
     load_runs,
-    paper_tables,
-    render,
     runs_frame,
-    speedup_table,
-    to_latex,
-    to_markdown,
 )
+from ddlstudy.report.tables import paper_tables, speedup_table
 
 
 class Report(tables.Report):

@@ -22,7 +22,8 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.figure import Figure
 
-from ddlstudy.report.tables import LOCAL, Report, only_main
+from ddlstudy.report.runs import LOCAL
+from ddlstudy.report.tables import Report, only_main
 from ddlstudy.runfolder import SAMPLES
 
 

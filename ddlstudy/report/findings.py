@@ -26,15 +26,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from ddlstudy.report.tables import (
-    KEY,
-    LOCAL,
-    Report,
-    interval,
-    is_baseline,
-    only_main,
-    spread_of,
-)
+from ddlstudy.report.runs import KEY, LOCAL, is_baseline
+from ddlstudy.report.tables import Report, interval, only_main, spread_of
 from ddlstudy.runfolder import SAMPLES
 
 PAPER = ("Lerat, Mahmoudi & Mahmoudi, \"Distributed Deep Learning: From Single-Node to "

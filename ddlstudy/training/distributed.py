@@ -228,6 +228,14 @@ Work = Callable[[Job, Link, torch.device], None]
 """A worker's training (``Strategy.worker``): its job, its link to the others, its device."""
 
 
+def run_group(work: Work, world: int, job: Job, threads: int, device_type: str = "cpu") -> None:
+    """``work`` in ``world`` processes spawned here, one process group that is the whole
+    run (each with ``threads`` intra-op threads, on GPU ``rank`` with ``device_type``
+    cuda); waits for all (``run_ranks``)."""
+    level = logging.getLogger("ddlstudy").level
+    run_ranks(group_rank, world, (free_port(), job, work, threads, level, device_type))
+
+
 def group_rank(rank: int, world: int, port: int | str, job: Job, work: Work, threads: int,
                log_level: int, device_type: str = "cpu") -> None:
     """Rank ``rank`` of a process group of ``world`` that is the whole run (the processes

@@ -1,0 +1,204 @@
+"""Bringing the hosts up and down: a network namespace per host, its veth link to the
+bridge (shaped by tc), its CPU share (a cgroup), the launcher that enters it."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+from dataclasses import asdict
+from pathlib import Path
+
+from ddlstudy.errors import ConfigError, Unavailable
+from ddlstudy.hosts.processes import _ip, _kill, _namespaces
+from ddlstudy.hosts.spark import spark_down
+from ddlstudy.hosts.spec import (
+    DEFAULT_PREFIX,
+    DEFAULT_SUBNET,
+    STATE_DIR,
+    Hosts,
+    _state_file,
+    check_prefix,
+    rate_bits,
+    validate,
+)
+
+
+def can_emulate() -> str | None:
+    """Why hosts cannot be emulated here, or None."""
+    if os.name != "posix" or not Path("/proc/self/ns/net").exists():
+        return "emulated hosts need Linux network namespaces"
+    if os.geteuid() != 0:
+        return "emulated hosts need root (ip netns add); run as root or use real hosts"
+    for tool in ("ip", "tc", "unshare"):
+        if shutil.which(tool) is None:
+            return f"emulated hosts need {tool!r} (Debian: apt install iproute2 util-linux)"
+    return None
+
+
+def _cgroup(name: str) -> Path | None:
+    """The CPU cgroup of a host (v1's cpu controller, or the unified hierarchy)."""
+    root = Path("/sys/fs/cgroup")
+    if (root / "cpu" / "cpu.cfs_quota_us").exists() or (root / "cpu" / "tasks").exists():
+        return root / "cpu" / f"ddlstudy-{name}"
+    if (root / "cgroup.controllers").exists():
+        return root / f"ddlstudy-{name}"
+    return None
+
+
+def _limit_cpu(name: str, cores: float) -> Path:
+    group = _cgroup(name)
+    if group is None:
+        raise Unavailable("--cpus", "no CPU cgroup here (/sys/fs/cgroup/cpu or cgroup v2), so "
+                          "hosts cannot be given unequal CPU shares")
+    try:
+        group.mkdir(exist_ok=True)
+        period = 10_000  # 10 ms: throttled in slices finer than a training step
+        if (group / "cpu.cfs_quota_us").exists():
+            (group / "cpu.cfs_period_us").write_text(str(period))
+            (group / "cpu.cfs_quota_us").write_text(str(int(cores * period)))
+        else:
+            (group / "cpu.max").write_text(f"{int(cores * period)} {period}")
+    except OSError as exc:
+        raise Unavailable("--cpus", f"cannot set a CPU quota in {group}: {exc.strerror}") \
+            from None
+    return group
+
+
+def load(prefix: str = DEFAULT_PREFIX) -> Hosts:
+    """The emulated hosts ``hosts up`` made, checked to be still there."""
+    check_prefix(prefix)
+    try:
+        hosts = Hosts(**json.loads(_state_file(prefix).read_text()))
+    except (OSError, ValueError, TypeError):
+        raise ConfigError("--hosts", f"no emulated hosts named {prefix!r} are up; start them "
+                          f"with: ddlstudy hosts up --count N --prefix {prefix}") from None
+    missing = [n for n in hosts.names if n not in _namespaces()]
+    if missing:
+        raise ConfigError("--hosts", f"emulated host(s) {', '.join(missing)} are gone (a "
+                          f"reboot?); run: ddlstudy hosts down --prefix {prefix} && "
+                          f"ddlstudy hosts up --count {hosts.count} --prefix {prefix}")
+    return hosts
+
+
+def up(count: int, prefix: str = DEFAULT_PREFIX, subnet: str = DEFAULT_SUBNET,
+       delay: str | None = None, rate: str | None = None,
+       cpus: list[float] | None = None) -> Hosts:
+    """Create ``count`` hosts (replacing a set of the same prefix)."""
+    validate(count, prefix, subnet, delay, rate, cpus)
+    why = can_emulate()
+    if why:
+        raise Unavailable("hosts", why)
+    hosts = Hosts(prefix, count, subnet, delay, rate, cpus)
+    down(prefix)
+    try:
+        _ip("link", "add", hosts.bridge, "type", "bridge")
+        _ip("addr", "add", f"{hosts.gateway}/24", "dev", hosts.bridge)
+        _ip("link", "set", hosts.bridge, "up")
+        for i, (name, address) in enumerate(hosts.members, start=1):
+            veth = f"{prefix}-v{i}"
+            _ip("netns", "add", name)
+            _ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", name)
+            _ip("link", "set", veth, "master", hosts.bridge, "up")
+            _ip("-n", name, "addr", "add", f"{address}/24", "dev", "eth0")
+            _ip("-n", name, "link", "set", "eth0", "up")
+            _ip("-n", name, "link", "set", "lo", "up")
+            # ip netns exec bind-mounts /etc/netns/<name>/* over /etc: each host resolves
+            # its own name and the others' (gloo and Spark look their host name up).
+            etc = Path("/etc/netns") / name
+            etc.mkdir(parents=True, exist_ok=True)
+            (etc / "hosts").write_text(
+                "127.0.0.1 localhost\n" + "".join(
+                    f"{a} {n}\n" for n, a in hosts.members)
+                + f"{hosts.gateway} {prefix}-gw\n")
+        _shape(hosts)
+        for name, cores in zip(hosts.names, hosts.cpus or [], strict=False):
+            _limit_cpu(name, cores)
+        STATE_DIR.mkdir(parents=True, exist_ok=True)
+        _write_launcher(hosts)
+        _state_file(prefix).write_text(json.dumps(asdict(hosts), indent=2) + "\n")
+    except Unavailable:
+        down(prefix)
+        raise
+    except subprocess.CalledProcessError as exc:
+        down(prefix)
+        raise Unavailable("hosts", f"{' '.join(exc.cmd)} failed: {exc.stderr.strip()}") \
+            from None
+    return hosts
+
+
+def _shape(hosts: Hosts) -> None:
+    """Shape every host's link, each direction getting the rate and delay:
+    ``tbf`` for a rate alone, ``netem`` when there is a delay (kernels without netem, as
+    some VMs', can still cap the rate)."""
+    if hosts.delay is None and hosts.rate is None:
+        return
+    tbf = None
+    if hosts.rate:
+        # a bucket of 10 ms at the rate (at least a few full frames), queued up to 100 ms
+        tbf = ["tbf", "rate", hosts.rate, "burst",
+               str(max(15000, int(rate_bits(hosts.rate) / 8 / 100))), "latency", "100ms"]
+    sent = ["netem", "delay", hosts.delay, *(["rate", hosts.rate] if hosts.rate else [])] \
+        if hosts.delay else tbf
+    # Both ends of every veth pair: the host's eth0 shapes (and delays) what it sends, the
+    # bridge's port caps what it receives, as a real link caps both directions.
+    for i, name in enumerate(hosts.names, start=1):
+        for where, dev, qdisc in ((["ip", "netns", "exec", name, "tc"], "eth0", sent),
+                                  (["tc"], f"{hosts.prefix}-v{i}", tbf)):
+            if qdisc is None:
+                continue
+            done = subprocess.run([*where, "qdisc", "replace", "dev", dev, "root", *qdisc],
+                                  capture_output=True, text=True)
+            if done.returncode and qdisc[0] == "netem" and "unknown" in done.stderr:
+                raise Unavailable("--delay", "this kernel has no netem qdisc "
+                                  "(CONFIG_NET_SCH_NETEM), so links cannot be delayed here; "
+                                  "--rate alone works (tbf)")
+            if done.returncode:
+                raise Unavailable("--rate" if hosts.rate else "--delay",
+                                  f"tc qdisc {' '.join(qdisc)} failed: {done.stderr.strip()}")
+
+
+def _write_launcher(hosts: Hosts) -> None:
+    """The script hydra calls instead of ssh: ``launcher [-x ...] host command...``."""
+    def enter(name: str) -> str:  # join the host's CPU cgroup, if it has one
+        group = _cgroup(name) if hosts.cpus else None
+        return f" echo $$ > {group}/cgroup.procs;" if group else ""
+
+    cases = "".join(f"  {a}|{n}) ns={n};{enter(n)};\n" for n, a in hosts.members)
+    script = f"""#!/bin/sh
+# ddlstudy's emulated hosts ({hosts.prefix}): enter a host's namespaces and run a command.
+while [ "${{1#-}}" != "$1" ]; do shift; done   # ssh options hydra passes (-x)
+host="$1"; shift
+case "$host" in
+{cases}  *) echo "ddlstudy emulated hosts: no host $host" >&2; exit 255;;
+esac
+exec ip netns exec "$ns" unshare --uts sh -c "hostname $ns && exec $*"
+"""
+    tmp = hosts.launcher.with_suffix(".tmp")
+    tmp.write_text(script)
+    tmp.chmod(0o755)
+    tmp.replace(hosts.launcher)
+
+
+def down(prefix: str = DEFAULT_PREFIX) -> None:
+    """Remove the hosts of ``prefix`` and whatever still runs in them."""
+    check_prefix(prefix)
+    spark_down(prefix)
+    _kill(prefix, signal.SIGKILL)
+    for name in sorted(n for n in _namespaces() if n.startswith(f"{prefix}-h")):
+        _ip("netns", "del", name, check=False)
+        shutil.rmtree(Path("/etc/netns") / name, ignore_errors=True)
+    links = _ip("-o", "link", "show", check=False).stdout
+    for veth in re.findall(rf"^\d+: ({re.escape(prefix)}-v\d+)@", links, re.M):
+        _ip("link", "del", veth, check=False)
+    _ip("link", "del", f"{prefix}br0", check=False)
+    for group in Path("/sys/fs/cgroup").glob(f"**/ddlstudy-{prefix}-h*"):
+        try:
+            group.rmdir()  # empty once the processes above are gone
+        except OSError:
+            pass
+    for path in (_state_file(prefix), STATE_DIR / f"{prefix}-launch"):
+        path.unlink(missing_ok=True)

@@ -1,0 +1,139 @@
+"""What a set of emulated hosts is (``Hosts``: names, addresses, the launcher), where its
+state lives, and the flags that describe it, checked."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from ddlstudy.errors import ConfigError
+
+STATE_DIR = Path(os.environ.get("DDLSTUDY_HOSTS_DIR", "/run/ddlstudy"))
+DEFAULT_PREFIX = "ddl"
+DEFAULT_SUBNET = "10.77.0"
+SPARK_PORT = 7077
+MPI_ENV = {"MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp"}
+"""The netmod that sends between emulated hosts over TCP (UCX would use shared memory)."""
+_PREFIX = re.compile(r"^[a-z][a-z0-9]{0,5}$")
+_RATE = re.compile(r"^\d+(\.\d+)?(bit|kbit|mbit|gbit|tbit)$")
+_DELAY = re.compile(r"^\d+(\.\d+)?(us|ms|s)$")
+
+
+@dataclass(frozen=True)
+class Hosts:
+    prefix: str
+    count: int
+    subnet: str
+    delay: str | None = None
+    rate: str | None = None
+    cpus: list[float] | None = None
+    """CPU time each host may use, in cores (a CFS quota): unequal nodes on one machine."""
+
+    @property
+    def names(self) -> list[str]:
+        return [f"{self.prefix}-h{i}" for i in range(1, self.count + 1)]
+
+    @property
+    def addresses(self) -> list[str]:
+        return [f"{self.subnet}.{i}" for i in range(1, self.count + 1)]
+
+    @property
+    def members(self) -> list[tuple[str, str]]:
+        """(name, address) of every host."""
+        return list(zip(self.names, self.addresses, strict=True))
+
+    @property
+    def gateway(self) -> str:
+        """The root namespace's address on the bridge: mpiexec and the Spark driver."""
+        return f"{self.subnet}.254"
+
+    @property
+    def bridge(self) -> str:
+        return f"{self.prefix}br0"
+
+    @property
+    def launcher(self) -> Path:
+        return STATE_DIR / f"{self.prefix}-launch"
+
+    @property
+    def spark_master(self) -> str:
+        return f"spark://{self.addresses[0]}:{SPARK_PORT}"
+
+    def mpiexec_args(self, nodes: int) -> list[str]:
+        """mpiexec's flags that place ``nodes`` ranks round-robin on the hosts, started
+        through the namespace launcher, with mpiexec itself on the bridge address."""
+        return ["-launcher", "ssh", "-launcher-exec", str(self.launcher),
+                "-localhost", self.gateway,
+                "-hosts", ",".join(self.addresses[:min(nodes, self.count)])]
+
+    def command(self, host: int, command: list[str]) -> list[str]:
+        """``command`` run on host ``host`` (1-based), through the launcher as hydra does."""
+        return [str(self.launcher), self.addresses[host - 1], shlex.join(command)]
+
+    def run_on(self, host: int, command: list[str], **kwargs) -> subprocess.CompletedProcess:
+        return subprocess.run(self.command(host, command), **kwargs)
+
+
+def check_prefix(prefix: str) -> str:
+    """``prefix`` if it is a set's name (it names namespaces, links, a bridge and state
+    files, so nothing else may pass: no path, no other tool's interface)."""
+    if not isinstance(prefix, str) or not _PREFIX.match(prefix):
+        raise ConfigError("--prefix", f"{prefix!r}; use 1-6 lower-case letters or digits, "
+                          "starting with a letter (it names namespaces and a bridge)")
+    return prefix
+
+
+def _state_file(prefix: str) -> Path:
+    return STATE_DIR / f"{check_prefix(prefix)}.json"
+
+
+def validate(count: int, prefix: str, subnet: str, delay: str | None, rate: str | None,
+             cpus: list[float] | None = None) -> None:
+    if not 1 <= count <= 16:
+        raise ConfigError("--count", f"{count} hosts; between 1 and 16 can be emulated")
+    check_prefix(prefix)
+    parts = subnet.split(".")
+    if len(parts) != 3 or not all(p.isdigit() and 0 <= int(p) <= 255 for p in parts) \
+            or parts[0] != "10":
+        raise ConfigError("--subnet", f"{subnet!r}; give the first three numbers of a private "
+                          "10.x.y address, e.g. 10.77.0")
+    if delay is not None and not _DELAY.match(delay):
+        raise ConfigError("--delay", f"{delay!r}; a tc time such as 500us, 2ms or 0.1s")
+    if rate is not None and not _RATE.match(rate):
+        raise ConfigError("--rate", f"{rate!r}; a tc rate such as 100mbit or 1gbit")
+    if cpus is not None and (len(cpus) != count or not all(0.05 <= c <= 64 for c in cpus)):
+        raise ConfigError("--cpus", f"{','.join(map(str, cpus))}; give one CPU share per host "
+                          f"({count}), each from 0.05 to 64 cores, e.g. 1,0.5")
+
+
+def parse_cpus(text: str | None) -> list[float] | None:
+    if text is None:
+        return None
+    try:
+        return [float(c) for c in text.split(",")]
+    except ValueError:
+        raise ConfigError("--cpus", f"{text!r}; give one number of cores per host, "
+                          "e.g. 1,0.5") from None
+
+
+_UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}
+
+
+def emulated_prefix(spec: str | None) -> str | None:
+    """The prefix of the emulated hosts a ``--hosts`` value names (``emulated`` or
+    ``emulated:PREFIX``); None for real hosts, or for none."""
+    if spec is not None and (spec == "emulated" or spec.startswith("emulated:")):
+        return spec.partition(":")[2] or DEFAULT_PREFIX
+    return None
+
+
+def rate_bits(rate: str, flag: str = "--rate") -> float:
+    """A tc rate ("100mbit") in bits per second (ConfigError naming ``flag`` if not one)."""
+    found = _RATE.match(rate)
+    if not found:
+        raise ConfigError(flag, f"{rate!r}; a tc rate such as 100mbit or 1gbit")
+    return float(rate[:found.start(2)]) * _UNITS[found.group(2)]

@@ -1,0 +1,275 @@
+"""The runs of a folder as rows: reading its manifests (and the cells its studies planned
+but could not run), and what a row holds (``runs_frame``: one row per run, the long tidy
+table for your own analysis, with each run's speedup against its use case's baseline).
+
+Cells a study planned but could not run (no GPU, a backend not available) come from the
+study's ``study.json`` and are shown with the reason, never dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import statistics
+from pathlib import Path
+
+import pandas as pd
+
+from ddlstudy.errors import UsageError
+from ddlstudy.runfolder import MANIFEST
+from ddlstudy.strategies import REGISTRY as STRATEGIES
+from ddlstudy.strategies import Strategy
+
+log = logging.getLogger("ddlstudy")
+
+BASELINE = "sequential"
+STUDY_FILE = "study.json"
+LOCAL = "local"
+"""The backend of one node: any other's runs go in Table 3."""
+KEY = ["usecase", "setting", "config", "strategy", "backend", "nodes", "reduce", "precision",
+       "cores", "gpus"]
+"""A configuration: runs with the same key are repeats of one another. ``setting`` is what
+changes the measured figures apart from the parallelism (``setting``); ``config`` and the
+rest are the parallelism itself."""
+
+
+def runs_folder(runs_dir: Path) -> Path:
+    """``runs_dir`` if it is a folder, else a UsageError."""
+    runs_dir = Path(runs_dir)
+    if not runs_dir.is_dir():
+        raise UsageError(f"runs folder {runs_dir} does not exist")
+    return runs_dir
+
+
+def load_runs(runs_dir: Path) -> list[dict]:
+    """Every manifest under ``runs_dir`` (any depth), oldest first."""
+    runs_dir = runs_folder(runs_dir)
+    manifests = []
+    for path in sorted(runs_dir.rglob(MANIFEST)):
+        try:
+            manifest = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            log.warning("report: skipped %s: unreadable (%s)", path, exc)
+            continue
+        reason = _unusable(manifest)
+        if reason:  # a foreign or damaged file is not a run: the others are still reported
+            log.warning("report: skipped %s: %s", path, reason)
+            continue
+        manifest["path"] = str(path.parent)
+        manifests.append(manifest)
+    if not manifests and not (runs_dir / STUDY_FILE).is_file():
+        raise UsageError(f"no runs in {runs_dir}; train some with `ddlstudy run` first")
+    return sorted(manifests, key=lambda m: m.get("started_at", ""))
+
+
+def _unusable(manifest) -> str | None:
+    """Why a manifest cannot be a row of the tables (None: it can)."""
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("strategy"), dict):
+        return "not a ddlstudy run manifest"
+    try:
+        row = _run_row(manifest)
+    except Exception as exc:  # noqa: BLE001 - any malformed field
+        return f"malformed ({type(exc).__name__}: {exc})"
+    for key in _MEASURED:  # the tables divide and compare these
+        if row[key] is not None and (isinstance(row[key], bool) or
+                                     not isinstance(row[key], int | float)):
+            return f"malformed ({key} is {row[key]!r}, not a number)"
+    return None
+
+
+_MEASURED = ("epoch_s", "images_per_s", "val_accuracy", "best_val_accuracy", "train_time_s",
+             "tta_s")
+
+
+def load_planned(runs_dir: Path) -> list[dict]:
+    """Cells of the studies under ``runs_dir`` that have no run: skipped, or not reached."""
+    planned = []
+    for path in sorted(Path(runs_dir).rglob(STUDY_FILE)):
+        try:
+            study = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        planned += [c for c in study.get("cells", []) if not c.get("run")]
+    return planned
+
+
+def _gpus(manifest: dict) -> int:
+    s = manifest.get("strategy", {})
+    if s.get("device") == "cuda":
+        return int(s.get("processes", 1)) * int(manifest.get("backend", {}).get("nodes", 1))
+    return int(s.get("devices", 0)) * int(manifest.get("backend", {}).get("nodes", 1))
+
+
+def cores_used(manifest: dict) -> int:
+    """Cores the run kept busy: processes x threads, at most the cores it had, per node."""
+    s = manifest.get("strategy", {})
+    per_node = max(1, int(s.get("processes", 1)) * int(s.get("threads_per_process", 1)))
+    per_node = min(per_node, manifest.get("host", {}).get("usable_cores") or per_node)
+    return per_node * int(manifest.get("backend", {}).get("nodes", 1))
+
+
+def _strategy(name: str) -> Strategy | None:
+    """The strategy a run names, or None where it is not installed here (a plugin's)."""
+    cls = STRATEGIES.get(name) or STRATEGIES.loaded().get(name)
+    return cls() if cls is not None else None
+
+
+def config_label(manifest: dict) -> str:
+    """A short readable name of what ran: strategy, its degrees (the strategy's own
+    ``label`` of its recorded layout), and the backend."""
+    s = manifest.get("strategy", {})
+    name = s.get("name", "?")
+    strategy = _strategy(name)
+    label = strategy.label(s) if strategy is not None else name
+    config = manifest.get("config", {})
+    if config.get("transport", "auto") != "auto":
+        label += f" over {config['transport']}"
+    if config.get("precision", "fp32") != "fp32":
+        label += f" {config['precision']}"
+    if config.get("accumulate", 1) > 1:
+        label += f" accumulate {config['accumulate']}"
+    if config.get("scaling", "strong") == "weak":
+        batch = manifest.get("effective", {}).get("global_batch", "?")
+        label += f" weak (batch {batch})"
+    if config.get("lr_scaling", "none") != "none":
+        label += f" lr {config['lr_scaling']}"
+    backend = manifest.get("backend", {})
+    if backend.get("name", LOCAL) != LOCAL:
+        how = backend.get("reduce") or backend.get("sync")
+        if config.get("compress", "none") != "none":  # replaces the reducer
+            how = f"{config['compress']} allgather"
+        how = f", {how}" if how else ""
+        if backend.get("sync") == "allgather":
+            how += f" every {backend.get('sync_every', '?')}"
+        if config.get("bucket_mb"):
+            how += f" in {config['bucket_mb']:g} MiB buckets"
+        if config.get("balance", "equal") != "equal":
+            how += f", balance {config['balance']}"
+        if config.get("hosts"):
+            how += f", hosts {config['hosts']}"
+        launcher = (manifest.get("launch") or {}).get("launcher")
+        if launcher in ("your mpiexec", "srun"):  # not ddlstudy's own: say whose
+            how += f", under {launcher}"
+        label = f"{backend['name']} {backend.get('nodes', '?')} nodes{how}: {label}"
+    return label
+
+
+def setting(manifest: dict) -> str:
+    """What a run measured apart from its parallelism: epochs (and --max-steps), the
+    per-run batch, the image size, the data (its fingerprint) and the host. Runs of
+    different settings are never repeats of each other, and a speedup divides by the
+    baseline of the same setting."""
+    config = manifest.get("config") or {}
+    train = (config.get("usecase") or {}).get("train") or {}
+    parts = [f"{train.get('epochs', '?')} epochs"]
+    if config.get("max_steps"):
+        parts.append(f"{config['max_steps']} steps")
+    parts += [f"batch {train.get('batch_size', '?')}", f"{train.get('image_size', '?')} px",
+              f"data {str((manifest.get('data') or {}).get('fingerprint') or '?')[:8]}",
+              f"host {(manifest.get('host') or {}).get('hostname', '?')}"]
+    return ", ".join(parts)
+
+
+def table_number(strategy: str, backend: str) -> int:
+    """Which of the paper's three tables a configuration belongs to: 3 for several nodes,
+    else the strategy's own (1 where it is not installed here)."""
+    if backend != LOCAL:
+        return 3
+    found = _strategy(strategy)
+    return found.table if found is not None else 1
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def _time_to_target(m: dict) -> tuple[float | None, bool | None, float | None]:
+    """(target, reached, seconds) of a run's time to accuracy; (None, None, None) for a run
+    without a target (or from before time to accuracy was measured)."""
+    tta = m.get("time_to_target") or {}
+    reached = tta.get("reached")
+    return tta.get("target"), reached, tta.get("seconds") if reached else None
+
+
+def _run_row(m: dict) -> dict:
+    """A run's row of ``runs_frame`` (raises on a malformed manifest)."""
+    epochs = m.get("epochs") or []
+    target, reached, tta = _time_to_target(m)
+    backend = m.get("backend", {})
+    strategy = m.get("strategy", {}).get("name", "?")
+    backend_name = backend.get("name", LOCAL)
+    return {
+        "usecase": m.get("usecase", "?"), "setting": setting(m), "config": config_label(m),
+        "strategy": strategy,
+        "backend": backend_name, "nodes": int(backend.get("nodes", 1)),
+        "reduce": backend.get("reduce") or backend.get("sync") or "",
+        "precision": m.get("config", {}).get("precision", "fp32"),
+        "scaling": m.get("config", {}).get("scaling", "strong"),
+        "global_batch": m.get("effective", {}).get(
+            "global_batch", m.get("config", {}).get("usecase", {}).get("train", {})
+            .get("batch_size")),
+        "cores": cores_used(m), "gpus": _gpus(m),
+        "processes": int(m.get("strategy", {}).get("processes", 1)),
+        "table": table_number(strategy, backend_name),
+        "repeat": m.get("study", {}).get("repeat", 0), "status": m.get("status", "?"),
+        "noisy": (m.get("host_load") or {}).get("noisy") is True,
+        "reason": m.get("error") or "", "epochs": len(epochs),
+        "epoch_s": _median([e["epoch_time_s"] for e in epochs]),
+        "images_per_s": _median([e["steady_images_per_s"] for e in epochs]),
+        "epoch_rates": [e["steady_images_per_s"] for e in epochs],  # checked by _unusable
+        "val_accuracy": epochs[-1]["val_accuracy"] if epochs else None,
+        "best_val_accuracy": max(e["val_accuracy"] for e in epochs) if epochs else None,
+        "train_time_s": sum(e.get("train_time_s", 0.0) for e in epochs) if epochs else None,
+        "target": target, "reached": reached, "tta_s": tta,
+        "run": m.get("id", ""), "path": m.get("path", ""),
+    }
+
+
+def runs_frame(manifests: list[dict], planned: list[dict] = (),
+               include_noisy: bool = False) -> pd.DataFrame:
+    """One row per run (and per planned cell that has no run), in a long tidy layout.
+    ``counted``: whether the run enters medians and speedups (completed, and not noisy
+    unless ``include_noisy``)."""
+    rows = [_run_row(m) for m in manifests]
+    for c in planned:
+        backend = c.get("backend", LOCAL)
+        rows.append({
+            "usecase": c["usecase"], "setting": None, "config": c["label"],
+            "strategy": c["strategy"],
+            "backend": backend, "nodes": c.get("nodes", 1), "reduce": "",
+            "precision": c.get("flags", {}).get("precision", "fp32"),
+            "scaling": c.get("flags", {}).get("scaling", "strong"), "global_batch": None,
+            "cores": c.get("cores", 0),
+            "gpus": 0, "processes": 1, "table": table_number(c["strategy"], backend),
+            "repeat": c.get("repeat", 0), "status": c["status"], "noisy": False,
+            "reason": c.get("reason", ""), "epochs": 0, "epoch_s": None,
+            "images_per_s": None, "epoch_rates": [], "val_accuracy": None,
+            "best_val_accuracy": None, "train_time_s": None, "target": None,
+            "reached": None, "tta_s": None, "run": "", "path": "",
+        })
+    frame = pd.DataFrame(rows, columns=[*KEY, "scaling", "global_batch", "processes", "table",
+                                        "repeat", "status", "noisy", "reason", "epochs", "epoch_s",
+                                        "images_per_s", "epoch_rates", "val_accuracy",
+                                        "best_val_accuracy", "train_time_s", "target",
+                                        "reached", "tta_s", "run", "path"])
+    # A planned cell that has no run belongs to its use case's usual setting.
+    usual = {uc: g.setting.mode().iloc[0] for uc, g in frame.dropna(subset=["setting"])
+             .groupby("usecase")}
+    frame["setting"] = [s if isinstance(s, str) else usual.get(uc, "")
+                        for uc, s in zip(frame.usecase, frame.setting, strict=True)]
+    frame["counted"] = (frame.status == "completed") & (include_noisy | ~frame.noisy)
+    baseline = frame[is_baseline(frame) & frame.counted]
+    base = {k: _median(list(g.images_per_s.dropna()))
+            for k, g in baseline.groupby(["usecase", "setting"])}
+    frame["speedup"] = [r / base[k] if base.get(k) and r is not None and r == r else None
+                        for k, r in zip(zip(frame.usecase, frame.setting, strict=True),
+                                        frame.images_per_s, strict=True)]
+    units = frame.gpus.where(frame.gpus > 0, frame.cores).clip(lower=1)
+    frame["efficiency"] = frame.speedup / units
+    return frame
+
+
+def is_baseline(frame: pd.DataFrame) -> pd.Series:
+    """The sequential baseline: one process on one node, nothing varied (not sequential
+    ranks under MPI or Spark, not bf16, not accumulating)."""
+    return (frame.config == BASELINE) & (frame.backend == LOCAL)

@@ -1,0 +1,145 @@
+"""`ddlstudy advise`: how to train this use case here. The paper's thesis as a command: find
+the fastest local strategy on one node first, then spread it over nodes.
+
+    ddlstudy advise --usecase tiny [--nodes 1,2,4 | --hosts emulated:ddl] [--link 10gbit]
+                    [--budget 120] [--runs runs/demo] [--out runs/advise]
+
+1. **Probe** every local strategy and layout that fits this machine (threads, replicas,
+   processes, pipeline stages and micro-batches; GPUs where present) with real ``ddlstudy
+   run`` processes of a few epochs of a few steps each, the framework's own loop and the
+   use case's real model and batch. Their steady images/s (warm-up steps left out) are the
+   node speeds. After the first round, MPI probes of the fastest strategies on the node
+   counts that can be placed here (ranks on this host or on ``--hosts``) measure a node's
+   compute as it is when the nodes run together (sharing cores, memory and the link);
+   further rounds, while the budget lasts, probe again only the contenders (within 80 %
+   of the leader), fastest first; the spread of a candidate's probes is how sure its
+   figure is. What cannot fit (cores, memory, no GPU) is listed with the reason.
+2. **Exchange**: every reducer and compressor timed on two buffer sizes between 2 MPI ranks
+   placed where the nodes will be (``--hosts``, else this host's shared memory), fitted as
+   ``predict`` fits them (alpha per message, beta per byte). ``--link RATE`` instead
+   predicts separate machines like this one joined by that link (the fitted alpha, beta =
+   8 / rate).
+3. **Predict** every node count x node strategy x reducer or compressor x scaling:
+   a step costs the node's compute plus the exchange (``predict``'s terms; a compressor's
+   allgather costs ``(N-1)`` messages, its compute per byte as measured and its compressed
+   bytes over the link). The compute is the N-node probe's step time less its measured
+   exchange ("probe + model"; the probed configuration itself: "probed"), or, for node
+   counts that cannot be placed here, the node's share of the batch at its one-node
+   probe's speed ("model"). Nodes on this machine (no ``--hosts``, or emulated ones) share
+   its cores: a node gets ``cores / N`` of them and only strategies that fit that many
+   are used. Weak scaling's compute is taken as N times the strong one's.
+4. **Rank** by images/s, or, with ``--runs`` holding earlier runs that reached the use
+   case's target accuracy, by predicted time to accuracy: configurations that change
+   convergence (weak scaling, step-wise, top-k) have their epochs to target measured there
+   against the baseline's; without such runs they are ranked as if they converged like
+   the baseline and flagged.
+
+``advise.json`` and ``advise.md`` go to ``--out``; the probes' run folders to
+``<out>/probes``. ``ddlstudy study --from-advice <out>/advise.json`` runs the top
+recommendations and says whether the first-ranked is the fastest measured.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import psutil
+
+from ddlstudy import environment
+from ddlstudy.config import load_usecase
+from ddlstudy.hosts import emulated_prefix
+from ddlstudy.models import parameter_count
+from ddlstudy.tools.advise.checking import NOT_THE_CONFIGURATION, check, check_text
+from ddlstudy.tools.advise.exchange import COMPRESSORS, Exchange, measure_exchange, on_link
+from ddlstudy.tools.advise.nodes import Setting, mpi_candidates
+from ddlstudy.tools.advise.output import markdown, write
+from ddlstudy.tools.advise.probes import (
+    BYTES_PER_WEIGHT,
+    CONTENDER,
+    MEMORY_SHARE,
+    PROBE_STEADY_STEPS,
+    Candidate,
+    candidates,
+    check_fit,
+    fastest,
+    probe,
+    probe_all,
+    probe_settings,
+    say,
+    settle_noisy,
+    train_images,
+)
+from ddlstudy.tools.advise.ranking import (
+    command,
+    convergence,
+    convergence_key,
+    finite,
+    predictions,
+    rank,
+    sureness,
+)
+
+
+def advise(usecase: str, nodes: list[int], hosts: str | None, link: str | None,
+           budget: float, out: Path, runs: Path | None = None, rounds: int = 3,
+           steps: int = PROBE_STEADY_STEPS, datasets_dir: Path | None = None,
+           host_count: int | None = None, wait: bool = False) -> dict:
+    """Probe, measure, predict and rank (see the module's docstring): advise.json's
+    content. ``host_count``: how many ``hosts`` there are (MPI probes up to that many);
+    ``wait``: each probe waits for a quiet host first."""
+    started = time.monotonic()
+    deadline = started + budget
+    uc = load_usecase(usecase)
+    probes_dir = out / "probes"
+    settings = probe_settings(usecase, steps) | (
+        {"datasets_dir": str(datasets_dir)} if datasets_dir else {})
+    cores, gpus = environment.usable_cores(), len(environment.gpus())
+    params = parameter_count(uc.model, len(uc.classes))
+    cands = candidates(cores, gpus)
+    check_fit(cands, usecase, params, psutil.virtual_memory().available, probes_dir)
+    say(f"advise {usecase}: {sum(not c.skip for c in cands)} local configurations to probe "
+        f"on {cores} cores, {gpus} GPU(s); budget {budget:.0f} s")
+    for c in cands:
+        if c.skip:
+            say(f"  skip {c.label}: {c.skip}")
+    where = Setting(cores, shared=link is None and (hosts is None
+                                                   or emulated_prefix(hosts) is not None),
+                    exchange=None, hosts=hosts, link=link,
+                    placeable=0 if link else host_count or cores)
+    if any(n > 1 for n in nodes):
+        t0 = time.monotonic()
+        measured = measure_exchange(4 * params, hosts)
+        where.exchange = on_link(measured, link) if link else measured
+        say(f"  exchange measured between 2 ranks on {measured.link} in "
+            f"{time.monotonic() - t0:.0f} s")
+    done, waited = probe_all(cands, usecase, settings, probes_dir, deadline, rounds,
+                             lambda done: mpi_candidates(done, nodes, where, 4 * params),
+                             wait)
+    batch = uc.train.batch_size
+    rows, notes = predictions(cands, nodes, where, batch, 4 * params, train_images(uc))
+    conv = convergence(runs, uc.name)
+    rank(rows, conv)
+    for r in rows:
+        r["command"] = command(usecase, r["flags"])
+    result = {"usecase": uc.name, "nodes": nodes, "hosts": hosts, "link": link,
+              "budget_s": budget, "seconds": round(time.monotonic() - started, 1),
+              "waited_s": round(waited, 1),
+              "rounds": done, "cores": cores, "gpus": gpus, "batch": batch,
+              "gradient_bytes": 4 * params, "probe_settings": settings,
+              "probes": [c.record() for c in cands],
+              "exchange": where.exchange.record() if where.exchange else None,
+              "convergence": conv | ({"factor": {k: finite(v) for k, v in
+                                                 conv["factor"].items()}}
+                                     if "factor" in conv else {}),
+              "notes": notes, "sureness": sureness(rows),
+              "ranking": rows, "host": environment.host()}
+    return result
+
+
+__all__ = ["BYTES_PER_WEIGHT", "COMPRESSORS", "CONTENDER", "MEMORY_SHARE",
+           "NOT_THE_CONFIGURATION", "PROBE_STEADY_STEPS", "Candidate", "Exchange", "Setting",
+           "advise", "candidates", "check", "check_fit", "check_text", "command", "convergence",
+           "convergence_key", "fastest", "finite", "markdown", "measure_exchange",
+           "mpi_candidates", "on_link", "predictions", "probe", "probe_all", "probe_settings",
+           "rank", "say", "settle_noisy", "sureness", "train_images", "write"]

@@ -1,0 +1,49 @@
+"""Where the nodes are (``Setting``), and the MPI probes of the fastest local strategies on
+the node counts that can be placed there."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ddlstudy.tools.advise.exchange import COMPRESSORS, Exchange
+from ddlstudy.tools.advise.probes import Candidate
+
+
+@dataclass
+class Setting:
+    """Where the nodes are: the cores each gets, how they exchange, how many can be probed
+    for real (MPI ranks on this host or on ``hosts``; none for a predicted ``link``)."""
+
+    cores: int
+    shared: bool
+    """Whether the nodes share this machine's cores (this host, or emulated hosts)."""
+    exchange: Exchange | None
+    hosts: str | None
+    link: str | None
+    placeable: int
+
+    def per_node(self, n: int) -> int:
+        return self.cores // n if self.shared else self.cores
+
+    def methods(self) -> list[str]:
+        return [*self.exchange.reduce, *self.exchange.compress] if self.exchange else []
+
+
+def mpi_candidates(cands: list[Candidate], nodes: list[int], where: Setting,
+                   gradient_bytes: int, best: int = 2) -> list[Candidate]:
+    """MPI probes: for each node count that can be placed, the ``best`` fastest probed
+    local strategies that fit a node's cores, exchanging with the cheapest method there."""
+    local = sorted((c for c in cands if c.speeds and c.nodes == 1), key=lambda c: -c.speed)
+    out = []
+    for n in nodes:
+        if not 1 < n <= where.placeable:
+            continue
+        method = min(where.methods(), key=lambda m: where.exchange.seconds(m, n,
+                                                                           gradient_bytes))
+        for c in [c for c in local if c.cores <= where.per_node(n)][:best]:
+            flags = c.flags | {"backend": "mpi", "nodes": n} | (
+                {"compress": method} if method in COMPRESSORS else {"reduce": method}) | (
+                {"hosts": where.hosts} if where.hosts else {})
+            out.append(Candidate(f"{c.label} x {n} MPI nodes, {method}", flags, c.cores,
+                                 c.replicas, nodes=n, node=c))
+    return out

@@ -1,0 +1,265 @@
+"""Probing: every local strategy and layout that fits this machine, and the MPI nodes of the
+fastest, timed with real ``ddlstudy run`` processes in rounds while the budget lasts."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ddlstudy.config import UseCase, load_usecase
+from ddlstudy.errors import ConfigError, Unavailable
+from ddlstudy.plan import cell_config, run_flags
+from ddlstudy.runfolder import MANIFEST, new_run_id, run_env
+from ddlstudy.runner import preflight
+from ddlstudy.sampler import NOISY_CORES, OthersLoad, wait_quiet_at_most
+from ddlstudy.strategies import REGISTRY as STRATEGIES
+from ddlstudy.training import WARMUP_STEPS
+
+log = logging.getLogger("ddlstudy")
+PROBE_STEADY_STEPS = 24
+"""Steady steps (after each epoch's warm-up) a probe times, over as many epochs as that
+takes: enough that a tiny probe's figure is not one step's noise."""
+CONTENDER = 0.8
+"""After the first round, only candidates whose fastest probe reaches this share of the
+leader's speed (its fastest probe, ``fastest``) are probed again."""
+MEMORY_SHARE = 0.8
+"""Of the memory available now, what the probes' replicas may plan to use."""
+BYTES_PER_WEIGHT = 16
+"""A training replica's weights, gradients, momentum and one copy in flight (float32)."""
+
+
+@dataclass
+class Candidate:
+    """A configuration to probe: a local strategy and layout, or (``nodes`` > 1) that
+    strategy on MPI nodes; its ``ddlstudy run`` flags and the cores one node occupies."""
+
+    label: str
+    flags: dict[str, Any]
+    cores: int
+    replicas: int = 1
+    nodes: int = 1
+    node: Candidate | None = None
+    """For MPI nodes: the local candidate each node runs."""
+    skip: str = ""
+    speeds: list[float] = field(default_factory=list)
+    exchanges: list[float] = field(default_factory=list)
+    """For MPI nodes: each probe's exchange seconds a step (its slowest rank's, which
+    waits for no other)."""
+    runs: list[str] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)
+    noisy: list[dict[str, Any]] = field(default_factory=list)
+    """Probes during which other processes kept more than NOISY_CORES of the host busy:
+    kept for the record, left out of ``speeds`` unless no quiet probe came (``busy``)."""
+    busy: bool = False
+    """Whether its figure comes from noisy probes only."""
+
+    @property
+    def speed(self) -> float:
+        return fastest(self.speeds)
+
+    def record(self) -> dict[str, Any]:
+        out = {"label": self.label, "flags": self.flags, "cores": self.cores}
+        if self.skip:
+            return out | {"skipped": self.skip}
+        return out | {"images_per_s": [round(s, 2) for s in self.speeds], "runs": self.runs,
+                      "probe_s": [round(s, 1) for s in self.seconds]} | (
+            {"exchange_s": [round(e, 5) for e in self.exchanges]} if self.nodes > 1 else {}) | (
+            {"noisy": self.noisy, "only_noisy": self.busy} if self.noisy else {})
+
+
+def candidates(cores: int, gpus: int) -> list[Candidate]:
+    """Every strategy's layouts worth probing on a machine of ``cores`` and ``gpus`` (its
+    ``Strategy.probes``; those that cannot fit carry the reason in ``skip``)."""
+    out = []
+    for cls in STRATEGIES.loaded().values():
+        for p in cls().probes(cores, gpus):
+            skip = "" if p.gpus or p.cores <= cores else (
+                f"needs {p.cores} processes, one a core, and this machine has {cores} "
+                f"usable cores")
+            out.append(Candidate(p.label, p.flags, p.cores, p.replicas, skip=skip))
+    if cores < 2:
+        out.append(Candidate("layouts of 2 or more workers", {}, 2,
+                             skip=f"this machine has {cores} usable core"))
+    return out
+
+
+def check_fit(cands: list[Candidate], usecase: str, params: int, available: int,
+              runs_dir: Path) -> None:
+    """Mark what this machine cannot run: preflight's refusals (no GPU, a layout the model
+    does not allow) and replicas whose weights would not fit in memory."""
+    for c in cands:
+        if c.skip:
+            continue
+        need = c.replicas * params * BYTES_PER_WEIGHT
+        if need > MEMORY_SHARE * available:
+            c.skip = (f"{c.replicas} replica(s) need about {need / 2**30:.1f} GiB of weights, "
+                      f"gradients and momentum; {available / 2**30:.1f} GiB is available")
+            continue
+        try:
+            preflight(cell_config(usecase, c.flags, runs_dir))
+        except (Unavailable, ConfigError) as exc:
+            c.skip = str(exc)
+
+
+def train_images(uc: UseCase) -> int:
+    """About how many images an epoch trains on (the split rounds each class)."""
+    return uc.data.images - round(uc.data.images * uc.train.val_fraction)
+
+
+def probe_settings(usecase: str, steps: int) -> dict[str, Any]:
+    """The run flags of a probe: enough epochs of at most ``steps_per_epoch`` steps to time
+    ``steps`` steady steps, one validation batch an epoch, no snapshot, no sampler."""
+    uc = load_usecase(usecase)
+    per_epoch = max(1, math.ceil(train_images(uc) / uc.train.batch_size))
+    steady_per_epoch = max(1, min(per_epoch, WARMUP_STEPS + steps) - WARMUP_STEPS)
+    return {"epochs": max(1, math.ceil(steps / steady_per_epoch)),
+            "max_steps": min(per_epoch, WARMUP_STEPS + steps), "max_val_steps": 1,
+            "no_snapshot": True, "sample_hz": 0}
+
+
+def probe(c: Candidate, usecase: str, settings: dict[str, Any], runs_dir: Path) -> None:
+    """One real ``ddlstudy run`` of ``c``: its steady images/s (median of its epochs), and
+    the cores other processes used meanwhile (above NOISY_CORES: a noisy probe)."""
+    run_id = new_run_id(usecase, c.flags.get("strategy", "sequential"))
+    env = run_env(run_id)
+    argv = ["run", "--quiet", *run_flags(usecase, settings | c.flags, runs_dir)]
+    start, others = time.monotonic(), OthersLoad()
+    out = subprocess.run([sys.executable, "-m", "ddlstudy", *argv], capture_output=True,
+                         text=True, env=env)
+    c.seconds.append(time.monotonic() - start)
+    load = others.cores()
+    manifest = runs_dir / run_id / MANIFEST
+    if out.returncode or not manifest.is_file():
+        tail = (out.stderr.strip().splitlines() or [f"exit code {out.returncode}"])[-1]
+        c.skip = f"the probe failed: {tail}"
+        return
+    m = json.loads(manifest.read_text())
+    speed = statistics.median(e["steady_images_per_s"] for e in m["epochs"])
+    exchange = None
+    if c.nodes > 1:
+        ranks = m["backend"]["exchange"]["per_rank"]
+        exchange = min(r["exchange_s"] / max(r["steps"], 1) for r in ranks)
+    if load > NOISY_CORES:
+        c.noisy.append({"images_per_s": round(speed, 2), "others_cores": round(load, 2),
+                        "run": run_id} | ({"exchange_s": exchange} if c.nodes > 1 else {}))
+        return
+    c.speeds.append(speed)
+    c.runs.append(run_id)
+    if exchange is not None:
+        c.exchanges.append(exchange)
+
+
+def settle_noisy(cands: list[Candidate]) -> None:
+    """A candidate that got noisy probes only is ranked on them, flagged ``busy``."""
+    for c in cands:
+        if not c.speeds and c.noisy and not c.skip:
+            c.busy = True
+            c.speeds = [n["images_per_s"] for n in c.noisy]
+            c.runs = [n["run"] for n in c.noisy]
+            if c.nodes > 1:
+                c.exchanges = [n["exchange_s"] for n in c.noisy]
+
+
+def say(text: str) -> None:
+    """Progress on stderr (not with --quiet)."""
+    log.info("%s", text)
+
+
+def probe_all(cands: list[Candidate], usecase: str, settings: dict[str, Any],
+              runs_dir: Path, deadline: float, rounds: int,
+              grow: Callable[[list[Candidate]], list[Candidate]] = lambda done: [],
+              wait: bool = False) -> tuple[int, float]:
+    """Rounds of probes while the deadline allows. The first probes every candidate; after
+    it ``grow`` adds those that depend on it (MPI nodes of the fastest local strategies),
+    probed first in the second round; later rounds probe first again those whose probes
+    were all noisy (another process kept the host busy), then only the contenders, fastest
+    first: those whose fastest probe reaches ``CONTENDER`` of the leader's speed (a
+    candidate far behind needs no more probes to be ranked below it). A probe starts only
+    if the slowest earlier probe of it (or of any, before its first) would end before the
+    deadline; the baseline always runs once. With ``wait``, each probe first waits for a
+    quiet host (at most WAIT_MOST_S), and the wait is not charged to the budget. Returns
+    the rounds completed and the seconds waited."""
+    count, waited = 0, 0.0
+    try:
+        for r in range(rounds):
+            if r == 0:
+                order = [c for c in cands if not c.skip]
+            else:
+                more = grow(cands) if r == 1 else []
+                cands += more
+                ran = [c for c in cands if c.speeds and not c.skip]
+                lead = max((c.speed for c in ran), default=0.0)
+                again = [c for c in cands if c.noisy and not c.speeds and not c.skip]
+                order = more + again + sorted(
+                    (c for c in ran if max(c.speeds) >= CONTENDER * lead),
+                    key=lambda c: -c.speed)
+            for c in order:
+                if c.skip or len(c.speeds) > r:
+                    continue
+                if wait:
+                    w = _wait_quiet()
+                    deadline, waited = deadline + w, waited + w
+                done = _probe_in_budget(c, cands, usecase, settings, runs_dir, deadline,
+                                        count + 1, r)
+                if done is None:
+                    return r, waited
+                count += 1
+        return rounds, waited
+    finally:
+        settle_noisy(cands)
+
+
+def _wait_quiet() -> float:
+    """Wait for a quiet host (at most WAIT_MOST_S); the seconds waited."""
+    start = time.monotonic()
+    busy = wait_quiet_at_most()
+    if busy > NOISY_CORES:
+        say(f"  the host stayed busy ({busy:.2f} cores): probing anyway")
+    return time.monotonic() - start
+
+
+def _probe_in_budget(c: Candidate, cands: list[Candidate], usecase: str,
+                     settings: dict[str, Any], runs_dir: Path, deadline: float, count: int,
+                     r: int) -> bool | None:
+    """Probe ``c`` if the deadline allows (None, every unprobed candidate marked skipped,
+    when it does not)."""
+    guess = max(c.seconds or [s for o in cands for s in o.seconds] or [0.0])
+    left = deadline - time.monotonic()
+    if guess > left and (c.speeds or c.noisy or c.label != "sequential"):
+        for o in cands:
+            if not o.speeds and not o.noisy and not o.skip:
+                o.skip = "not probed: the time budget ran out (give a larger --budget)"
+        say(f"  budget: {max(left, 0):.0f} s left, a probe takes about {guess:.0f} s;"
+            " probing stops")
+        return None
+    quiet = len(c.speeds)
+    probe(c, usecase, settings, runs_dir)
+    if c.skip:
+        got = c.skip
+    elif len(c.speeds) > quiet:
+        got = f"{c.speeds[-1]:.1f} images/s"
+    else:
+        n = c.noisy[-1]
+        got = (f"{n['images_per_s']:.1f} images/s, noisy: other processes used "
+               f"{n['others_cores']:.2f} cores (not counted; --wait-quiet waits)")
+    say(f"  [probe {count}, round {r + 1}] {c.label}: {got} ({c.seconds[-1]:.1f} s; "
+        f"{max(deadline - time.monotonic(), 0):.0f} s of the budget left)")
+    return True
+
+
+def fastest(speeds: list[float]) -> float:
+    """A configuration's images/s from several runs of it: the fastest. On a shared host
+    another tenant only ever slows a run, and not evenly: here a 2-thread cpu-intraop run
+    of tiny measured about 800 or about 1,170 images/s, process by process, on a quiet
+    host, while the sequential one stayed within 825-910. The median of 3 probes then
+    ranked by which mode came up twice; the fastest run is the configuration's own speed."""
+    return max(speeds)

@@ -1,0 +1,187 @@
+"""Predicting every node count x node strategy x reducer or compressor x scaling from the
+probes and the exchange, and ranking them by images/s or by predicted time to accuracy."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from pathlib import Path
+from typing import Any
+
+from ddlstudy.config import load_usecase
+from ddlstudy.plan import run_flags
+from ddlstudy.report import load_runs
+from ddlstudy.tools.advise.exchange import COMPRESSORS
+from ddlstudy.tools.advise.nodes import Setting
+from ddlstudy.tools.advise.probes import Candidate, fastest
+
+
+def convergence(runs_dir: Path | None, usecase: str) -> dict[str, Any]:
+    """Epochs to the use case's target accuracy of the baseline, and each
+    convergence-changing configuration's factor against it (median over its runs; a run
+    that ended below the target counts as never: an infinite factor), from the completed
+    runs in ``runs_dir``."""
+    if runs_dir is None:
+        return {}
+    uc = load_usecase(usecase)
+    runs = [m for m in load_runs(runs_dir) if m.get("status") == "completed"
+            and m.get("usecase") == uc.name
+            and (m.get("time_to_target") or {}).get("target") == uc.train.target_accuracy
+            and (m.get("time_to_target") or {}).get("reached") is not None]
+    epochs: dict[str, list[float]] = {}
+    for m in runs:
+        key = convergence_key(m["config"], m["effective"]["global_batch"],
+                              uc.train.batch_size)
+        tta = m["time_to_target"]
+        epochs.setdefault(key, []).append(tta["epoch"] if tta["reached"] else math.inf)
+    base = statistics.median(epochs.get("baseline") or [math.inf])
+    if math.isinf(base):
+        return {"note": f"no run in {runs_dir} of {uc.name} that converges like the "
+                        f"baseline reached its target accuracy {uc.train.target_accuracy}: "
+                        "ranked by images/s"}
+    return {"baseline_epochs": base, "target": uc.train.target_accuracy,
+            "factor": {k: statistics.median(v) / base for k, v in epochs.items()},
+            "runs": len(runs)}
+
+
+def convergence_key(config: dict[str, Any], global_batch: int, batch: int) -> str:
+    """What, of a configuration, changes how many epochs it needs ('baseline' if nothing):
+    a global batch other than the use case's (weak scaling), top-k, step-wise."""
+    parts = []
+    if global_batch != batch:
+        parts.append(f"batch {global_batch}")
+    if config.get("backend", "local") != "local":
+        if config.get("compress", "none").startswith("topk"):
+            parts.append(config["compress"])
+        elif config.get("reduce") == "step-wise":
+            parts.append("step-wise")
+    return " + ".join(parts) or "baseline"
+
+
+def predictions(cands: list[Candidate], nodes: list[int], where: Setting, batch: int,
+                gradient_bytes: int, train_images: int) -> tuple[list[dict], list[str]]:
+    """Every row to rank, and why node counts were left out. On n nodes a step costs the
+    node's compute plus the exchange: the compute is measured by an MPI probe of n nodes
+    where there is one (its step time less its exchange), else it is a node's share of the
+    batch at its one-node probe's speed (nodes on other machines like this one)."""
+    probed = [c for c in cands if c.speeds]
+    base = next(c for c in probed if c.label == "sequential").speed
+    rows, notes = [], []
+    for n in nodes:
+        if n == 1:
+            rows += [_row(c.node or c, 1, None, c.speeds, base, train_images,
+                          (batch, batch), "probed", busy=c.busy)
+                     for c in probed if c.nodes == 1]
+            continue
+        runs = [c for c in probed if c.nodes == n]
+        # compute seconds a step of batch/n a node, per probe
+        if runs:
+            nodes_ = [(c.node, [batch / s - e for s, e in zip(c.speeds, c.exchanges,
+                                                               strict=True)], c)
+                      for c in runs]
+        else:
+            fit_ = [c for c in probed if c.nodes == 1 and c.cores <= where.per_node(n)]
+            if not fit_:
+                notes.append(f"{n} nodes: they would share this machine's {where.cores} "
+                             "cores, less than one each")
+                continue
+            nodes_ = [(c, [math.ceil(batch / n) / s for s in c.speeds], None) for c in fit_]
+        for node, computes, run in nodes_:
+            probed_method = run and (run.flags.get("compress") or run.flags.get("reduce"))
+            for method in where.methods():
+                exchange = where.exchange.seconds(method, n, gradient_bytes)
+                for weak in (False, True):
+                    images = batch * n if weak else batch
+                    if run and method == probed_method and not weak:
+                        speeds, basis = run.speeds, "probed"
+                    else:
+                        speeds = [images / (c * (n if weak else 1) + exchange)
+                                  for c in computes]
+                        # probe + model: the n-node probe's compute, the exchange's
+                        # alpha-beta; model: one node's probe and the alpha-beta
+                        basis = "probe + model" if run else "model"
+                    rows.append(_row(node, n, method, speeds, base, train_images,
+                                     (images, batch), basis, where, exchange,
+                                     busy=node.busy or bool(run and run.busy)))
+    return rows, notes
+
+
+def _row(c: Candidate, n: int, method: str | None, speeds: list[float], base: float,
+         train_images: int, batches: tuple[int, int], basis: str,
+         where: Setting | None = None, exchange: float = 0.0,
+         busy: bool = False) -> dict[str, Any]:
+    """A ranked row of local candidate ``c`` on ``n`` nodes: ``batches`` is (global batch,
+    the use case's batch); ``busy``: its figures come from noisy probes only."""
+    flags = dict(c.flags)
+    label = c.label
+    weak = batches[0] != batches[1]
+    if n > 1:
+        flags |= {"backend": "mpi", "nodes": n}
+        flags |= {"compress": method} if method in COMPRESSORS else {"reduce": method}
+        if weak:
+            flags["scaling"] = "weak"
+        label += f" x {n} MPI nodes, {method}" + (f" weak (batch {batches[0]})" if weak
+                                                   else "")
+        if where.hosts:
+            flags["hosts"] = where.hosts
+    speed = fastest(speeds)
+    return {"label": label, "nodes": n, "flags": flags, "images_per_s": speed,
+            "low": min(speeds), "high": max(speeds), "speedup": speed / base,
+            "exchange_s": exchange, "epoch_s": train_images / speed, "basis": basis,
+            "convergence_key": convergence_key(flags, *batches),
+            "runnable": n == 1 or where.link is None, "noisy": busy}
+
+
+def rank(rows: list[dict], conv: dict[str, Any]) -> None:
+    """Sort ``rows`` best first: by predicted time to target when earlier runs give the
+    baseline's epochs to target, else by images/s."""
+    factors = conv.get("factor") or {}
+    for r in rows:
+        key = r["convergence_key"]
+        if key == "baseline":
+            r["convergence"] = "like the baseline"
+        elif key in factors and math.isinf(factors[key]):
+            r["convergence"] = f"changes convergence ({key}): did not reach the target there"
+        elif key in factors:
+            r["convergence"] = f"measured: x{factors[key]:.2f} the baseline's epochs"
+        else:
+            r["convergence"] = (f"changes convergence ({key}); not measured"
+                                + (" in --runs" if conv else ": give --runs"))
+        if factors:
+            epochs = conv["baseline_epochs"] * factors.get(key, 1.0)
+            r["time_to_target_s"] = epochs * r["epoch_s"]
+    if factors:
+        rows.sort(key=lambda r: (r["time_to_target_s"], -r["images_per_s"]))
+        for r in rows:  # JSON has no infinity: never is null
+            r["time_to_target_s"] = finite(r["time_to_target_s"])
+    else:
+        rows.sort(key=lambda r: -r["images_per_s"])
+    best_one = max((r["images_per_s"] for r in rows if r["nodes"] == 1), default=1.0)
+    for i, r in enumerate(rows, 1):
+        r["rank"] = i
+        r["efficiency"] = r["images_per_s"] / (r["nodes"] * best_one)
+
+
+def command(usecase: str, flags: dict[str, Any]) -> str:
+    words = ["ddlstudy", "run", *run_flags(usecase, flags, Path("."))]
+    i = words.index("--runs-dir")
+    return " ".join(words[:i] + words[i + 2:])
+
+
+def sureness(rows: list[dict]) -> str:
+    """How sure the first place is, from the probes' spread."""
+    if len(rows) < 2:
+        return "one configuration: nothing to compare"
+    a, b = rows[0], rows[1]
+    if a["low"] == a["high"]:
+        return "one probe each: no spread to judge by (give a larger --budget for more rounds)"
+    if a["low"] > b["high"]:
+        return (f"sure: the first's slowest probe ({a['low']:.1f} images/s) beats the "
+                f"second's fastest ({b['high']:.1f})")
+    return (f"a toss-up: the first two's probe ranges overlap ({a['low']:.1f}-{a['high']:.1f} "
+            f"and {b['low']:.1f}-{b['high']:.1f} images/s); either will do")
+
+
+def finite(value: float | None) -> float | None:
+    """``value``, or None for an infinite one (a target never reached)."""
+    return None if value is None or math.isinf(value) else value
