@@ -88,6 +88,7 @@ def load_plan(path: Path, repeat: int | None = None, runs_dir: Path | None = Non
             not all(isinstance(u, str) and u for u in usecases):
         raise ConfigError("study.usecases", "list at least one use case by name or path, "
                           "e.g. [\"tiny\"]")
+    usecases = [_beside(u, path.parent) for u in usecases]
     name = study.get("name") or path.stem
     if not isinstance(name, str) or not PLAIN_NAME.match(name):
         raise ConfigError("study.name", f"{name!r}: a study's name is the folder its runs go "
@@ -103,15 +104,26 @@ def load_plan(path: Path, repeat: int | None = None, runs_dir: Path | None = Non
                 settings=settings)
 
 
+def _beside(usecase: str, folder: Path) -> str:
+    """A plan's use case given as a path: found beside the plan (else, as any path, from
+    the working directory); a name stays a name."""
+    if ("/" in usecase or usecase.endswith(".toml")) and not Path(usecase).is_absolute() \
+            and (folder / usecase).is_file():
+        return str((folder / usecase).resolve())
+    return usecase
+
+
 def _checked_repeat(repeat: Any) -> int:
     if isinstance(repeat, bool) or not isinstance(repeat, int) or not 0 < repeat <= 1000:
         raise ConfigError("--repeat", f"must be an integer from 1 to 1000, got {repeat!r}")
     return repeat
 
 
-def run_flags(usecase: str, flags: dict[str, Any], runs_dir: Path) -> list[str]:
-    """The ``ddlstudy run`` flags of a cell of ``usecase``."""
-    return ["--usecase", usecase, "--runs-dir", str(runs_dir), *cell_flags(flags)]
+def run_flags(usecase: str | None, flags: dict[str, Any], runs_dir: Path) -> list[str]:
+    """The ``ddlstudy run`` flags of a cell of ``usecase`` (None: the use case of the
+    cell's --data-dir alone)."""
+    named = ["--usecase", usecase] if usecase is not None else []
+    return [*named, "--runs-dir", str(runs_dir), *cell_flags(flags)]
 
 
 def cell_flags(flags: dict[str, Any]) -> list[str]:
@@ -128,7 +140,7 @@ def cell_flags(flags: dict[str, Any]) -> list[str]:
     return out
 
 
-def cell_config(usecase: str, flags: dict[str, Any], runs_dir: Path) -> RunConfig:
+def cell_config(usecase: str | None, flags: dict[str, Any], runs_dir: Path) -> RunConfig:
     """The config ``ddlstudy run`` would make of a cell's flags (UsageError if bad)."""
     return config_from_args(run_parser().parse_args(run_flags(usecase, flags, runs_dir)))
 

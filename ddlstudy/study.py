@@ -215,7 +215,7 @@ class Study:
 
     def _run_cell(self, cell: Cell) -> int:
         runs_dir = self.plan.runs_dir
-        cell.run = new_run_id(cell.usecase, cell.flags.get("strategy", "sequential"))
+        cell.run = new_run_id(cell.cfg.usecase.name, cell.flags.get("strategy", "sequential"))
         logs = runs_dir / "logs"
         logs.mkdir(exist_ok=True)
         env = run_env(cell.run, DDLSTUDY_STUDY=json.dumps({

@@ -10,6 +10,7 @@ import pytest
 
 from ddlstudy import hosts
 from ddlstudy.cli import main
+from ddlstudy.config import load_usecase
 from ddlstudy.tools import advise
 from ddlstudy.tools.predict import Cost, measure_sizes
 
@@ -58,10 +59,11 @@ def test_memory_and_preflight_refusals_become_reasons(tmp_path):
 
 
 def test_probe_settings_time_enough_steady_steps():
-    tiny = advise.probe_settings("tiny", 24)  # 240 training images, batch 16: 15 steps
+    # 240 training images, batch 16: 15 steps
+    tiny = advise.probe_settings(load_usecase("tiny"), 24)
     assert tiny == {"epochs": 2, "max_steps": 15, "max_val_steps": 1, "no_snapshot": True,
                     "sample_hz": 0}
-    big = advise.probe_settings("simple-big", 24)  # 151 steps an epoch
+    big = advise.probe_settings(load_usecase("simple-big"), 24)  # 151 steps an epoch
     assert big["epochs"] == 1 and big["max_steps"] == 26
 
 
@@ -352,7 +354,7 @@ def test_earlier_runs_give_the_epochs_each_convergence_took(cli, tmp_path):
         tta[m["strategy"]["name"]] = m["time_to_target"]
     assert tta["sequential"]["reached"], tta  # tiny's calibration: 0.60 by epoch 6
     assert tta["cpu-processes"]["reached"] is False
-    conv = advise.convergence(runs, "tiny")
+    conv = advise.convergence(runs, load_usecase("tiny"))
     assert conv["baseline_epochs"] == tta["sequential"]["epoch"] and conv["target"] == 0.6
     assert conv["factor"] == {"baseline": 1.0, "batch 32": float("inf")}
     rows = [{"label": "weak", "nodes": 2, "images_per_s": 900.0, "epoch_s": 0.3,
@@ -364,6 +366,6 @@ def test_earlier_runs_give_the_epochs_each_convergence_took(cli, tmp_path):
     assert rows[1]["time_to_target_s"] is None
     assert "did not reach the target there" in rows[1]["convergence"]
     assert rows[0]["time_to_target_s"] == pytest.approx(conv["baseline_epochs"] * 0.6)
-    assert advise.convergence(tmp_path / "runs", "simple-big") == {
+    assert advise.convergence(tmp_path / "runs", load_usecase("simple-big")) == {
         "note": f"no run in {tmp_path / 'runs'} of simple-big that converges like the "
                 "baseline reached its target accuracy 0.9: ranked by images/s"}

@@ -14,7 +14,8 @@ from ddlstudy.report import config_label, speedup_table
     (["run", "--usecase", "missing/file.toml"], "use-case file missing/file.toml does not"),
     (["run", "--epochs", "0"], "--epochs: must be a positive int"),
     (["run", "--batch-size", "-4"], "--batch-size: must be a positive int"),
-    (["run", "--image-size", "32"], "--image-size: 32 px is too small for alexnet"),
+    (["run", "--image-size", "32"], "train.image_size: 32 px is too small for alexnet; use "
+                                    "at least 63"),
     (["run", "--lr", "0"], "--lr: must be a positive float"),
     (["run", "--workers", "0"], "--workers: must be a positive"),
     (["run", "--on-bad-image", "ignore"], "unknown policy 'ignore'; choose one of: fail, skip"),
@@ -74,14 +75,14 @@ def test_malformed_toml(cli, tmp_path):
 
 def test_bad_data_dir_is_refused_before_the_run_folder(cli, imagefolder):
     (imagefolder / "fire").rename(imagefolder / "Fire")
-    code, err, runs = cli("run", "--data-dir", str(imagefolder))
+    code, err, runs = cli("run", "--usecase", "tiny", "--data-dir", str(imagefolder))
     assert code == 2 and "found 'Fire' instead" in err and not runs.exists()
 
 
 def test_data_dir_trains_on_a_real_tree_and_skips_bad_images(cli, imagefolder):
     (imagefolder / "nofire" / "broken.jpg").write_bytes(b"")
-    code, err, runs = cli("run", "--data-dir", str(imagefolder), "--epochs", "1",
-                          "--on-bad-image", "skip", "--sample-hz", "0")
+    code, err, runs = cli("run", "--usecase", "tiny", "--data-dir", str(imagefolder),
+                          "--epochs", "1", "--on-bad-image", "skip", "--sample-hz", "0")
     assert code == 0, err
     import json
     manifest = json.loads(next(runs.glob("*/manifest.json")).read_text())

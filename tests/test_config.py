@@ -41,28 +41,36 @@ RAW = {"name": "t", "model": {"arch": "alexnet"},
 
 
 @pytest.mark.parametrize("path, value, field", [
-    (("model", "arch"), "resnet", "model.arch"),
+    (("model", "arch"), "res net", "model.arch"),
+    (("model", "width"), 0.5, "model.arch"),  # width scales alexnet and vgg16, not resnet18
+
     (("model", "width"), 0, "model.width"),
     (("data", "images"), -5, "data.images"),
     (("data", "difficulty"), 2, "data.difficulty"),
     (("train", "batch_size"), 0, "train.batch_size"),
     (("train", "lr"), -0.1, "train.lr"),
     (("train", "val_fraction"), 1.0, "train.val_fraction"),
-    (("train", "image_size"), 32, "train.image_size"),  # too small for AlexNet
     (("train", "colour"), "red", "colour"),  # unknown key
 ])
 def test_bad_values_name_the_field(path, value, field):
     raw = {k: dict(v) if isinstance(v, dict) else v for k, v in RAW.items()}
     raw[path[0]][path[1]] = value
+    if (path, value) == (("model", "width"), 0.5):
+        raw["model"]["arch"] = "resnet18"
     with pytest.raises(ConfigError) as err:
         usecase_from_dict(raw)
     assert err.value.field == field
 
 
-def test_unknown_architecture_lists_the_choices():
-    raw = dict(RAW, model={"arch": "resnet"})
-    with pytest.raises(ConfigError, match="alexnet, vgg16"):
-        usecase_from_dict(raw)
+def test_an_unknown_model_is_refused_with_the_nearest_names():
+    from ddlstudy.config import ModelSpec
+    from ddlstudy.models import check
+
+    with pytest.raises(ConfigError, match="unknown model 'resnt18'; the nearest torchvision "
+                                          "names: resnet18"):
+        check(ModelSpec(arch="resnt18"), 3, 64)
+    with pytest.raises(ConfigError, match="32 px is too small for alexnet; use at least 63"):
+        check(ModelSpec(arch="alexnet", width=0.25), 3, 32)
 
 
 def test_unknown_usecase_lists_the_names():

@@ -16,9 +16,9 @@ from ddlstudy.runner import preflight, resolve
 RUN_FLAGS = [
     "--accumulate", "--backend", "--balance", "--batch-size", "--bucket-mb", "--compress",
     "--data-dir", "--datasets-dir", "--devices", "--epochs", "--hostfile", "--hosts",
-    "--image-size",
+    "--image-size", "--init-weights",
     "--loader-workers", "--lr", "--lr-scaling", "--max-steps", "--max-val-steps",
-    "--micro-batches", "--no-data-cache",
+    "--micro-batches", "--model", "--no-data-cache",
     "--no-snapshot", "--nodes", "--on-bad-image", "--precision", "--reduce", "--replicas",
     "--runs-dir", "--sample-hz", "--scaling", "--seed", "--snapshot-every", "--spark-master",
     "--spark-secret-file", "--spark-sync", "--spark-ui", "--stage-starts", "--stages",

@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -26,3 +28,91 @@ def test_scaled_alexnet_at_width_one_matches_torchvision_shapes():
     full = build_model(ModelSpec(arch="alexnet"), 3)
     mine = ScaledAlexNet(3, 1.0)
     assert [p.shape for p in mine.parameters()] == [p.shape for p in full.parameters()]
+
+
+OWN = Path(__file__).parent / "models" / "own_net.py"
+
+
+@pytest.mark.parametrize("name, total, loss, grad", [
+    ("tiny", 28.948380770616076, 1.2371416091918945, 69383.31973539796),
+    ("simple-big", 26.81833651444532, 1.1020534038543701, 1346.107568775603),
+    ("complex-small", -208.5610188648576, 1.1004664897918701, 15986.913893781453),
+])
+def test_the_shipped_use_cases_build_the_same_networks_as_before(name, total, loss, grad):
+    """Pinned from the commit before models became specs (4eb2918): the same initial
+    weights, loss and gradient on a seeded batch, for the three shipped use cases."""
+    from torch import nn
+
+    from ddlstudy.config import RunConfig, load_usecase
+    from ddlstudy.runner import resolve
+    from ddlstudy.training.worker import new_model
+
+    uc = load_usecase(name)
+    model = new_model(resolve(RunConfig(usecase=uc, sample_hz=0))).eval()
+    x = torch.randn(2, 3, uc.train.image_size, uc.train.image_size,
+                    generator=torch.Generator().manual_seed(1))
+    out = nn.CrossEntropyLoss()(model(x), torch.tensor([0, 2]))
+    out.backward()
+    with torch.no_grad():
+        assert float(sum(p.double().sum() for p in model.parameters())) == \
+            pytest.approx(total, rel=1e-9)
+        assert out.item() == pytest.approx(loss, rel=1e-6)
+        assert float(sum(p.grad.double().abs().sum() for p in model.parameters())) == \
+            pytest.approx(grad, rel=1e-5)
+
+
+def test_a_tiny_run_loses_what_it_lost_before(quick_config):
+    """Two epochs of five steps, as the commit before models became specs trained them."""
+    from ddlstudy.runner import run
+
+    m = run(quick_config(epochs=2, max_steps=5, snapshot=False), show_progress=False).manifest
+    assert [e["train_loss"] for e in m["epochs"]] == pytest.approx(
+        [4.166108274459839, 1.8952593803405762], rel=1e-5)
+
+
+@pytest.mark.parametrize("arch, parameters, buffers", [
+    ("resnet18", 11_178_051, 9_600), ("mobilenet_v3_small", 1_520_931, 12_112),
+    (f"{OWN}:small_resnet", 26_099, 192)])
+def test_a_model_spec_answers_from_the_model_itself(arch, parameters, buffers):
+    from ddlstudy.models import describe, facts
+
+    found = facts(ModelSpec(arch=arch), 3)
+    assert (found.parameters, found.buffers, found.gradient_bytes) == (
+        parameters, buffers, 4 * parameters)
+    described = describe(ModelSpec(arch=arch), 3)
+    assert described["parameters"] == parameters
+    if arch.startswith("/"):
+        assert described["kind"] == "file" and len(described["sha256"]) == 64
+    else:
+        assert described["kind"] == "torchvision" and described["torchvision"]
+
+
+def test_the_smallest_image_is_found_by_a_forward_pass():
+    from ddlstudy.models import facts
+
+    assert facts(ModelSpec(arch="alexnet", width=0.25), 3).min_image_size == 63
+    assert facts(ModelSpec(arch="vgg16", width=0.25), 3).min_image_size == 32
+    assert facts(ModelSpec(arch=f"{OWN}:needs_big_images"), 3).min_image_size == 80
+
+
+@pytest.mark.parametrize("model, message", [
+    ("resnt18", "--model: unknown model 'resnt18'; the nearest torchvision names: resnet18"),
+    ("nowhere/net.py:make", "nowhere/net.py does not exist; give path/to/file.py:FUNCTION"),
+    (f"{OWN}:absent", f"--model: {OWN} has no function absent (it has: Block, "),
+    (f"{OWN}:raises", "raised ValueError: this factory is broken"),
+    (f"{OWN}:not_a_module", "returned list, not a torch.nn.Module"),
+    (f"{OWN}:wrong_outputs", "gives (2, 10) for 2 images, not (2, 3)"),
+    (f"{OWN}:needs_big_images", "train.image_size: 64 px is too small for"),
+    ("no_such_package.nets:make", "--model: could not import no_such_package.nets: "
+                                  "ModuleNotFoundError"),
+])
+def test_a_model_that_cannot_train_is_refused_before_any_run_folder(model, message, tmp_path,
+                                                                    capsys, datasets_dir):
+    from ddlstudy.cli import main
+
+    runs = tmp_path / "runs"
+    code = main(["run", "--usecase", "tiny", "--model", model, "--datasets-dir",
+                 str(datasets_dir), "--runs-dir", str(runs)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and message in err, err
+    assert "Traceback" not in err and not runs.exists()

@@ -240,14 +240,13 @@ def _pipeline_rank(rank, world, port, replicas, micro, out):
     """One rank of ``replicas`` pipelines (1: a plain pipeline), as the strategy builds it."""
     from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
+    from ddlstudy.models.cuts import Layers
     from ddlstudy.training.stages import (
         _groups,
         balanced_cuts,
-        flat_layers,
         gather_weights,
         pipeline_step,
         replica_exchange,
-        stage_module,
     )
 
     torch.set_num_threads(1)
@@ -257,13 +256,15 @@ def _pipeline_rank(rank, world, port, replicas, micro, out):
     replica, index = divmod(rank, stages)
     pipes, data_groups = _groups(replicas, stages)
     model, images, labels = _setup()
-    layers = flat_layers(model)
-    starts = balanced_cuts([1.0] * len(layers), stages)
-    module = stage_module(layers, starts, index)
+    layers = Layers(model)
+    starts = balanced_cuts([1.0] * len(layers), stages, layers.starts)
+    module = layers.stage(starts, index)
     mine = next(iter(ShardedBatches([list(range(BATCH))], replica, replicas)))
     x, y = images[mine], labels[mine]
+    example = x[: len(mine) // micro]
     with torch.no_grad():
-        example = nn.Sequential(*layers[:starts[index]])(x[: len(mine) // micro])
+        for earlier in range(index):
+            example = layers.stage(starts, earlier)(example)
     stage = PipelineStage(module, index, stages, torch.device("cpu"), input_args=(example,),
                           group=pipes[replica])
     schedule = ScheduleGPipe(stage, micro, loss_fn=nn.CrossEntropyLoss())

@@ -25,13 +25,24 @@ import os
 import sys
 
 from ddlstudy import __version__, environment
-from ddlstudy.cli import advise, bench, dataset, hosts, listing, predict, report, run, study
+from ddlstudy.cli import (
+    advise,
+    bench,
+    dataset,
+    hosts,
+    listing,
+    predict,
+    report,
+    run,
+    study,
+    usecase,
+)
 from ddlstudy.config.options import Parser
 from ddlstudy.errors import UsageError
 from ddlstudy.logs import setup_logging
 from ddlstudy.runfolder import CHILD_ENV
 
-COMMANDS = (run, dataset, listing, report, study, advise, hosts, predict, bench)
+COMMANDS = (run, dataset, usecase, listing, report, study, advise, hosts, predict, bench)
 """The modules of the subcommands, each registering its own parsers (``register``) and
 the function each runs (``func``), in the order `ddlstudy --help` lists them."""
 

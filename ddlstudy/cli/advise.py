@@ -13,7 +13,12 @@ from ddlstudy.sampler import NOISY_CORES, WAIT_MOST_S
 def register(sub) -> None:
     p = sub.add_parser("advise", help="how to train a use case here: probes every local "
                        "strategy, measures the exchange, predicts and ranks")
-    p.add_argument("--usecase", default="tiny", help="a use case name or TOML file")
+    p.add_argument("--usecase", help="a use case name or TOML file (default: tiny, or with "
+                   "--data-dir alone, that folder's: its classes are its class folders)")
+    p.add_argument("--data-dir", type=Path, help="a folder of your own images (root/<class>/"
+                   "<image>) instead of the use case's (default: none)")
+    p.add_argument("--model", help="the network instead of the use case's (`ddlstudy "
+                   "models` lists them; default: the use case's)")
     p.add_argument("--nodes", help="node counts to rank (default: 1,2,4; with --hosts, 1 "
                    "up to the hosts given)")
     p.add_argument("--hosts", help="where the nodes will run (emulated[:PREFIX] or "
@@ -41,10 +46,15 @@ def register(sub) -> None:
 
 
 def cmd_advise(args: argparse.Namespace) -> int:
-    from ddlstudy.config import DEFAULT_RUNS_DIR, load_usecase
+    from ddlstudy.config import DEFAULT_RUNS_DIR
+    from ddlstudy.plan import cell_config
     from ddlstudy.tools.predict import parse_list
 
-    uc = load_usecase(args.usecase)  # an unknown use case is refused before anything runs
+    data = {k: str(v) for k, v in (("data_dir", args.data_dir), ("model", args.model))
+            if v is not None}
+    usecase = args.usecase or (None if args.data_dir else "tiny")
+    # A use case, folder or model that cannot be trained is refused before anything runs.
+    uc = cell_config(usecase, data, DEFAULT_RUNS_DIR).usecase
     budget = seconds("--budget", args.budget)
     check_positive(args, "rounds", "steps")
     if args.link is not None:
@@ -69,10 +79,10 @@ def cmd_advise(args: argparse.Namespace) -> int:
     from ddlstudy.tools import advise
 
     out = args.out or DEFAULT_RUNS_DIR / "advise" / uc.name
-    result = advise.advise(args.usecase, nodes, args.hosts, args.link, budget, out,
+    result = advise.advise(usecase, nodes, args.hosts, args.link, budget, out,
                            runs=args.runs, rounds=args.rounds, steps=args.steps,
                            datasets_dir=args.datasets_dir, host_count=count,
-                           wait=args.wait_quiet)
+                           wait=args.wait_quiet, data=data)
     print(advise.markdown(result))
     for path in advise.write(result, out):
         print(f"wrote {path}")

@@ -21,7 +21,8 @@ def register(sub) -> None:
     b.add_argument("--hz", type=float, default=10.0, help="sampling rate when on")
     b.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     b = bsub.add_parser("reduce", help="every gradient-averaging algorithm under mpiexec")
-    b.add_argument("--size", default="alexnet", help="alexnet, vgg16 or a number of floats")
+    b.add_argument("--size", default="alexnet", help="a model's gradient (any name `ddlstudy "
+                   "models` lists, 3 classes) or a number of floats")
     b.add_argument("--nodes", type=int, default=2, help="MPI ranks (default 2)")
     b.add_argument("--hosts", help="place them on emulated[:PREFIX] or host1,host2 "
                    "(default: this host)")

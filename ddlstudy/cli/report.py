@@ -25,6 +25,11 @@ def register(sub) -> None:
     e.add_argument("runs", type=Path, help="a run folder or a folder of runs")
     e.add_argument("--out", type=Path, required=True, help="the log folder to give "
                    "`tensorboard --logdir`")
+    e = esub.add_parser("model", help="a run's trained weights (a state dict) and its use "
+                        "case beside them; ddlstudy.models.trained.load reads them back")
+    e.add_argument("run", type=Path, help="a run folder")
+    e.add_argument("--out", type=Path, required=True, help="the weights' file, e.g. "
+                   "model.pt (the use case goes beside it: model.usecase.json)")
     p.set_defaults(func=cmd_export)
     p = sub.add_parser("compare", help="what differs between two runs, and by how much")
     p.add_argument("a", type=Path, help="a run folder or its manifest.json")
@@ -48,6 +53,14 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    if args.export_command == "model":
+        from ddlstudy.files import check_folder
+        from ddlstudy.models.trained import export as export_model
+
+        check_folder("--out", args.out.parent if str(args.out.parent) else Path("."))
+        for path in export_model(args.run, args.out):
+            print(f"wrote {path}")
+        return 0
     from ddlstudy.tensorboard import export
 
     written = export(args.runs, args.out)

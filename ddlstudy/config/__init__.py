@@ -15,7 +15,6 @@ from ddlstudy.config.paths import (
 from ddlstudy.config.run import PRECISIONS, Effective, RunConfig
 from ddlstudy.config.spark import SPARK_SYNCS, spark_slots
 from ddlstudy.config.usecase import (
-    MIN_IMAGE_SIZE,
     Arch,
     BadImagePolicy,
     DataSpec,
@@ -29,7 +28,7 @@ from ddlstudy.config.usecase import (
     with_overrides,
 )
 
-__all__ = ["DEFAULT_DATASETS_DIR", "DEFAULT_RUNS_DIR", "HOME", "MIN_IMAGE_SIZE", "PRECISIONS",
+__all__ = ["DEFAULT_DATASETS_DIR", "DEFAULT_RUNS_DIR", "HOME", "PRECISIONS",
            "REPO_ROOT", "SPARK_SYNCS", "USECASES_DIR", "Arch", "BadImagePolicy", "DataSpec",
            "Effective", "ModelSpec", "RunConfig", "TrainSpec", "UseCase",
            "available_usecases", "load_usecase", "resolve_usecase_path", "spark_slots",

@@ -14,11 +14,15 @@ from pathlib import Path
 from typing import Any
 
 from ddlstudy.config.fields import DATA, NODES, OUTPUT, SPARK, TASK, WHAT
+from ddlstudy.config.folders import usecase_of_folder
 from ddlstudy.config.run import RunConfig, options
 from ddlstudy.config.usecase import TrainSpec, load_usecase, with_overrides
 from ddlstudy.errors import ConfigError, UsageError
 
 USECASE_DEFAULT = "tiny"
+FOLDER_MODEL = "resnet18"
+"""The model of a use case made of a folder alone (``--data-dir`` without ``--usecase``),
+unless ``--model`` names another."""
 
 
 def _layers(text: str) -> tuple[int, ...]:
@@ -82,9 +86,10 @@ GROUPS = (WHAT, NODES, TASK, SPARK, DATA, OUTPUT)
 def add_run_options(parser: argparse.ArgumentParser) -> None:
     """Every run option as a flag, in its group."""
     groups = {name: parser.add_argument_group(name) for name in GROUPS}
-    groups[WHAT].add_argument("--usecase", default=USECASE_DEFAULT, help="a name from "
-                              f"usecases/ or a path to a TOML file (default: "
-                              f"{USECASE_DEFAULT})")
+    groups[WHAT].add_argument("--usecase", help="a name from usecases/ or a path to a TOML "
+                              f"file (default: {USECASE_DEFAULT}; with --data-dir alone, "
+                              "that folder's: its classes are its class folders, the model "
+                              f"--model or {FOLDER_MODEL}, the task the flags')")
     for t in train_options():  # the use case's flags first in their group
         _add(groups[TASK], t, " (default: the use case's)")
     for f in options():
@@ -128,7 +133,10 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     """The RunConfig of parsed ``ddlstudy run`` arguments (flags left out keep the use
     case's or the field's default). The strategy and backend are names here: their
     registries refuse an unknown one (``ddlstudy.runner.preflight``)."""
-    usecase = load_usecase(args.usecase)
+    if args.usecase is None and args.data_dir is not None:
+        usecase = usecase_of_folder(Path(args.data_dir), FOLDER_MODEL)
+    else:
+        usecase = load_usecase(args.usecase or USECASE_DEFAULT)
     overrides = {f.name: getattr(args, f.name) for f in train_options()}
     try:
         usecase = with_overrides(usecase, **overrides)

@@ -33,10 +33,11 @@ from ddlstudy.config.fields import (
     declared,
     option,
 )
+from ddlstudy.config.folders import with_classes
 from ddlstudy.config.mpi import MpiOptions
 from ddlstudy.config.paths import DEFAULT_DATASETS_DIR, DEFAULT_RUNS_DIR
 from ddlstudy.config.spark import SparkOptions
-from ddlstudy.config.usecase import BadImagePolicy, UseCase
+from ddlstudy.config.usecase import BadImagePolicy, ModelSpec, UseCase
 from ddlstudy.errors import ConfigError
 from ddlstudy.files import check_folder
 
@@ -76,6 +77,16 @@ class RunConfig(MpiOptions, SparkOptions):
     """Everything one `ddlstudy run` needs, resolved from the use case and the flags."""
 
     usecase: UseCase
+    model: str | None = option(None, "the network, instead of the use case's: resnet18 or "
+                               "any torchvision classification model, alexnet or vgg16, "
+                               "path/to/file.py:FUNCTION or package.module:FUNCTION of your "
+                               "own (FUNCTION(num_classes=N) returns an nn.Module), "
+                               "timm:NAME; `ddlstudy models` lists them", group=WHAT,
+                               metavar="NAME")
+    init_weights: Path | None = option(None, "start from these weights (a state dict saved "
+                                       "with torch.save, or a run's snapshot.pt) instead "
+                                       "of fresh ones: fine-tuning; never a download",
+                                       group=WHAT, type=Path, metavar="FILE")
     strategy: str = option("sequential", "local parallelism strategy; `ddlstudy strategies` "
                            "says what each does", group=WHAT, metavar="NAME")
     workers: int | None = option(None, "replicas, processes or threads of the strategy "
@@ -164,6 +175,11 @@ class RunConfig(MpiOptions, SparkOptions):
     def __post_init__(self) -> None:
         check_declared(self)
         object.__setattr__(self, "on_bad_image", BadImagePolicy(self.on_bad_image))
+        if self.model is not None:
+            self._use_model()
+        folder = self.data_dir or self.usecase.data.dir
+        if folder is not None:  # a folder's classes are its class folders
+            object.__setattr__(self, "usecase", with_classes(self.usecase, Path(folder)))
         self._check_layout()
         self.check_mpi()
         self.check_spark()
@@ -174,6 +190,15 @@ class RunConfig(MpiOptions, SparkOptions):
                               "it needs --strategy cpu-processes (one node) or --backend "
                               "spark with --spark-sync gloo")
         self._check_output()
+
+    def _use_model(self) -> None:
+        """--model in place of the use case's model (the same name keeps its width); a
+        file of one's own is taken from the working directory, and recorded absolute."""
+        spec = ModelSpec(arch=self.model).anchored(Path.cwd())
+        if spec.arch == self.usecase.model.arch:
+            spec = self.usecase.model
+        object.__setattr__(self, "model", str(spec.arch))
+        object.__setattr__(self, "usecase", dataclasses.replace(self.usecase, model=spec))
 
     def _check_layout(self) -> None:
         if self.stage_starts is not None:
@@ -197,7 +222,7 @@ class RunConfig(MpiOptions, SparkOptions):
             raise ConfigError("--sample-hz", f"must be between 0 (off) and 100, "
                               f"got {self.sample_hz}")
         check_folder("--runs-dir", self.runs_dir)
-        if self.data_dir is None:
+        if self.data_dir is None and self.usecase.data.synthetic:
             check_folder("--datasets-dir", self.datasets_dir)
         if self.data_dir is not None and not Path(self.data_dir).is_dir():
             raise ConfigError("--data-dir", f"{self.data_dir} is not a folder; give the root "

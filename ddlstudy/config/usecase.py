@@ -22,13 +22,16 @@ from ddlstudy.errors import ConfigError, UsageError
 PLAIN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 """A name that is one path component and no more (use cases, run ids)."""
 
-# The smallest input each architecture still reduces to a 1x1 map before its classifier.
-MIN_IMAGE_SIZE = {"alexnet": 63, "vgg16": 32}
-
-
 class Arch(enum.StrEnum):
+    """The paper's networks, which ``width`` can scale down."""
+
     ALEXNET = "alexnet"
     VGG16 = "vgg16"
+
+
+FACTORY = re.compile(r"^(?P<where>[^:\s]+):(?P<function>[A-Za-z_][A-Za-z0-9_]*)$")
+"""A factory of one's own: ``path/to/file.py:FUNCTION`` or ``package.module:FUNCTION``."""
+TIMM = "timm:"
 
 
 class BadImagePolicy(enum.StrEnum):
@@ -76,33 +79,75 @@ def _seed(name: str, value: Any) -> None:
 
 @dataclass(frozen=True, kw_only=True)
 class ModelSpec:
-    """Which network to train."""
+    """Which network to train, by name (``ddlstudy.models`` builds it and answers what it
+    is: its weights, buffers, smallest image, where a pipeline may cut it)."""
 
-    arch: Arch
-    """alexnet or vgg16, as in torchvision."""
+    arch: str
+    """``alexnet`` or ``vgg16`` (the paper's, at ``width``); any classification model of
+    torchvision by its name (``resnet18``, ``mobilenet_v3_small``, ...); a factory of one's
+    own, ``path/to/file.py:FUNCTION`` (relative to the use case's file, or to the working
+    directory for ``--model``) or ``package.module:FUNCTION``, called as
+    ``FUNCTION(num_classes=N)``; or ``timm:NAME`` where timm is installed."""
     width: float = 1.0
-    """Channel and hidden-unit multiplier; 1.0 is torchvision's own model."""
+    """alexnet's and vgg16's channel and hidden-unit multiplier; 1.0 is torchvision's own
+    model."""
 
     def __post_init__(self) -> None:
-        try:
+        if not isinstance(self.arch, str) or not self.arch.strip() or \
+                any(c.isspace() for c in self.arch):
+            raise ConfigError("model.arch", f"must be a model's name (e.g. resnet18, or "
+                              f"path/to/file.py:FUNCTION), got {self.arch!r}")
+        if self.arch in tuple(Arch):
             object.__setattr__(self, "arch", Arch(self.arch))
-        except (ValueError, TypeError):
-            raise ConfigError("model.arch", f"unknown architecture {self.arch!r}; "
-                              f"choose one of: {_choices(Arch)}") from None
         if isinstance(self.width, bool) or not isinstance(self.width, int | float) or \
                 not 0 < self.width <= 1:
             raise ConfigError("model.width", f"must be in (0, 1], got {self.width!r}")
+        if self.width != 1 and not isinstance(self.arch, Arch):
+            raise ConfigError("model.arch", f"{self.arch} is built as its maker builds it, "
+                              f"so model.width ({self.width}) cannot scale it: leave width "
+                              f"out, or use {_choices(Arch)}")
+
+    @property
+    def kind(self) -> str:
+        """paper, torchvision, timm, file or module."""
+        if isinstance(self.arch, Arch):
+            return "paper"
+        if self.arch.startswith(TIMM):
+            return "timm"
+        found = FACTORY.match(self.arch)
+        if found is None:
+            return "torchvision"
+        return "file" if found["where"].endswith(".py") else "module"
+
+    def anchored(self, folder: Path) -> ModelSpec:
+        """This spec with a relative factory file taken from ``folder``."""
+        found = FACTORY.match(self.arch) if self.kind == "file" else None
+        if found is None or Path(found["where"]).is_absolute():
+            return self
+        where = (folder / found["where"]).resolve()
+        return dataclasses.replace(self, arch=f"{where}:{found['function']}")
+
+
+SYNTHETIC_CLASSES = ("fire", "smoke", "nofire")
+"""The classes the synthetic generator draws."""
+SYNTHETIC_KEYS = ("images", "source_size", "difficulty", "label_noise")
+"""The [data] keys that describe a synthetic set (a folder of one's own needs none)."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class DataSpec:
-    """The synthetic data set a use case trains on when no --data-dir is given."""
+    """The data a use case trains on: a folder of images of one's own (``dir``, an
+    ImageFolder tree root/<class>/<image>), or a synthetic set generated into
+    datasets/<name> (``images``, ``source_size``, ...)."""
 
-    name: str
-    """Folder under datasets/ that holds the generated ImageFolder tree."""
-    images: int
+    dir: Path | None = None
+    """A folder of one's own images (relative to the use case's file); then the keys below
+    but ``name`` are not given: nothing is generated."""
+    name: str | None = None
+    """Folder under datasets/ that holds the generated set (default: ``dir``'s name)."""
+    images: int | None = None
     """Total number of images, split as evenly as possible between the classes."""
-    source_size: int
+    source_size: int | None = None
     """Side in pixels of the generated images."""
     seed: int = 0
     difficulty: float = 0.5
@@ -111,9 +156,27 @@ class DataSpec:
     """Fraction of images drawn as another class than the folder they are filed under."""
 
     def __post_init__(self) -> None:
+        if self.dir is not None:
+            if not isinstance(self.dir, str | Path) or not str(self.dir):
+                raise ConfigError("data.dir", f"must be a folder's path, got {self.dir!r}")
+            object.__setattr__(self, "dir", Path(self.dir))
+            given = [k for k in ("images", "source_size") if getattr(self, k) is not None]
+            if given:
+                raise ConfigError("data.dir", f"names a folder of your own, and data."
+                                  f"{given[0]} describes a synthetic set to generate: give "
+                                  f"one or the other")
+            object.__setattr__(self, "name", self.name or _plain(Path(self.dir).name))
+        elif self.images is None or self.source_size is None:
+            missing = "images" if self.images is None else "source_size"
+            raise ConfigError(f"data.{missing}", "is required for a synthetic set; or give "
+                              "data.dir, a folder of your own images (root/<class>/<image>)")
         if not isinstance(self.name, str) or not PLAIN_NAME.match(self.name):
             raise ConfigError("data.name", f"must be a plain folder name (letters, digits, "
                               f"'.', '_', '-'), got {self.name!r}")
+        if self.dir is None:
+            self._check_synthetic()
+
+    def _check_synthetic(self) -> None:
         _positive("data.images", self.images, most=MAX_IMAGES,
                   why=" (a synthetic set that large takes hours and tens of GB; train on a "
                   "real set with --data-dir)")
@@ -124,6 +187,22 @@ class DataSpec:
         _seed("data.seed", self.seed)
         _number("data.difficulty", self.difficulty, 0, 1)
         _number("data.label_noise", self.label_noise, 0, 1, high_open=True)
+
+    @property
+    def synthetic(self) -> bool:
+        return self.dir is None
+
+    def anchored(self, folder: Path) -> DataSpec:
+        """This spec with a relative ``dir`` taken from ``folder``."""
+        if self.dir is None or self.dir.is_absolute():
+            return self
+        return dataclasses.replace(self, dir=(folder / self.dir).resolve())
+
+
+def _plain(name: str) -> str:
+    """``name`` as a plain folder name (what a run id may hold)."""
+    plain = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-._")[:64]
+    return plain or "data"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -171,7 +250,9 @@ class UseCase:
 
     name: str
     description: str = ""
-    classes: tuple[str, ...] = ("fire", "smoke", "nofire")
+    classes: tuple[str, ...] | None = None
+    """The class names, in label order (default: the synthetic set's, or a folder's class
+    folders, sorted as ImageFolder sorts them: ``with_classes``)."""
     model: ModelSpec
     data: DataSpec
     train: TrainSpec = field(default_factory=TrainSpec)
@@ -185,6 +266,12 @@ class UseCase:
                               "starting with a letter or digit)")
         if not isinstance(self.description, str):
             raise ConfigError("description", f"must be text, got {self.description!r}")
+        if self.classes is None and self.data.synthetic:
+            object.__setattr__(self, "classes", SYNTHETIC_CLASSES)
+        if self.classes is not None:
+            self._check_classes()
+
+    def _check_classes(self) -> None:
         if not isinstance(self.classes, list | tuple) or not all(
                 isinstance(c, str) and PLAIN_NAME.match(c) for c in self.classes):
             raise ConfigError("classes", f"give a list of class names (plain folder names), "
@@ -193,13 +280,9 @@ class UseCase:
         object.__setattr__(self, "classes", classes)
         if len(classes) < 2 or len(set(classes)) != len(classes):
             raise ConfigError("classes", f"need at least two distinct names, got {list(classes)}")
-        if self.data.images < len(classes) * 2:
+        if self.data.synthetic and self.data.images < len(classes) * 2:
             raise ConfigError("data.images", f"need at least 2 images per class "
                               f"({2 * len(classes)}), got {self.data.images}")
-        min_size = MIN_IMAGE_SIZE[self.model.arch]
-        if self.train.image_size < min_size:
-            raise ConfigError("train.image_size", f"{self.train.image_size} px is too small for "
-                              f"{self.model.arch}; use at least {min_size}")
 
 
 # --- reading use cases -------------------------------------------------------------------
@@ -265,6 +348,9 @@ def usecase_from_dict(raw: dict[str, Any], source: str = "") -> UseCase:
         if missing:
             raise ConfigError(f"{section}.{missing[0]}", "is required")
         kwargs[section] = cls(**values)
+    if source:  # a factory file or a data folder named in a use case is found beside it
+        kwargs["model"] = kwargs["model"].anchored(Path(source).parent)
+        kwargs["data"] = kwargs["data"].anchored(Path(source).parent)
     return UseCase(**kwargs, source=source)
 
 

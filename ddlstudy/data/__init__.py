@@ -67,14 +67,17 @@ def _pairs(rows: list) -> list[tuple]:
 
 
 def dataset_root(cfg: RunConfig) -> Path:
-    return Path(cfg.data_dir) if cfg.data_dir else Path(cfg.datasets_dir) / cfg.usecase.data.name
+    """The folder a run reads: --data-dir, the use case's own folder, or its synthetic set
+    under --datasets-dir."""
+    folder = cfg.data_dir or cfg.usecase.data.dir
+    return Path(folder) if folder else Path(cfg.datasets_dir) / cfg.usecase.data.name
 
 
 def prepare_data(cfg: RunConfig) -> DataPlan:
     """Generate the synthetic set if it is missing, then scan, check and split the tree."""
     uc = cfg.usecase
     root = dataset_root(cfg)
-    source = "imagefolder" if cfg.data_dir else "synthetic"
+    source = "imagefolder" if cfg.data_dir or cfg.usecase.data.dir else "synthetic"
     if source == "synthetic" and not is_complete(root, uc.data):
         refuse_another_spec(root, uc.data, None)
         log.info("synthetic data set %s is missing: generating %d images in %s",

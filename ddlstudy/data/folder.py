@@ -62,7 +62,10 @@ def _class_folders(root: Path, classes: tuple[str, ...]) -> None:
             continue
         near = [f for f in found if f.lower() == name.lower()]
         hint = (f"found {near[0]!r} instead: class names are case-sensitive, rename it to "
-                f"{name!r}" if near else f"expected folders: {', '.join(classes)}")
+                f"{name!r}" if near else f"its class folders are {', '.join(sorted(found))}: "
+                f"give a use case that lists those classes, or none (its classes are then "
+                f"its folders: `ddlstudy usecase new --data-dir {root}`, or `ddlstudy run "
+                f"--data-dir {root} --model NAME` without --usecase)")
         raise DataError(f"class folder {name!r} is missing in {root}; {hint}")
     extra = sorted(found - set(classes))
     if extra:

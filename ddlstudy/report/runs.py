@@ -191,6 +191,15 @@ def _time_to_target(m: dict) -> tuple[float | None, bool | None, float | None]:
     return tta.get("target"), reached, tta.get("seconds") if reached else None
 
 
+def usecase_label(name: str, model: str | None) -> str:
+    """A use case's name in the tables: with the model when a run trained another than
+    the use case's own (--model), so two models on one data set are two rows."""
+    if not model:
+        return name
+    where, _, function = model.rpartition(":")
+    return f"{name} ({Path(where).name}:{function})" if where else f"{name} ({model})"
+
+
 def _run_row(m: dict) -> dict:
     """A run's row of ``runs_frame`` (raises on a malformed manifest)."""
     epochs = m.get("epochs") or []
@@ -199,7 +208,8 @@ def _run_row(m: dict) -> dict:
     strategy = m.get("strategy", {}).get("name", "?")
     backend_name = backend.get("name", LOCAL)
     return {
-        "usecase": m.get("usecase", "?"), "setting": setting(m), "config": config_label(m),
+        "usecase": usecase_label(m.get("usecase", "?"), (m.get("config") or {}).get("model")),
+        "setting": setting(m), "config": config_label(m),
         "strategy": strategy,
         "backend": backend_name, "nodes": int(backend.get("nodes", 1)),
         "reduce": backend.get("reduce") or backend.get("sync") or "",
@@ -234,7 +244,8 @@ def runs_frame(manifests: list[dict], planned: list[dict] = (),
     for c in planned:
         backend = c.get("backend", LOCAL)
         rows.append({
-            "usecase": c["usecase"], "setting": None, "config": c["label"],
+            "usecase": usecase_label(c["usecase"], c.get("flags", {}).get("model")),
+            "setting": None, "config": c["label"],
             "strategy": c["strategy"],
             "backend": backend, "nodes": c.get("nodes", 1), "reduce": "",
             "precision": c.get("flags", {}).get("precision", "fp32"),

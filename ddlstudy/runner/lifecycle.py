@@ -20,13 +20,15 @@ from pathlib import Path
 
 import psutil
 
-from ddlstudy import environment, signals, wire
+from ddlstudy import environment, models, signals, wire
 from ddlstudy.backends import REGISTRY as BACKENDS
 from ddlstudy.backends import Backend, Environment, get_backend
 from ddlstudy.config import Effective, RunConfig
 from ddlstudy.data import DataPlan, prepare_data
 from ddlstudy.errors import ConfigError, Unavailable, UsageError
 from ddlstudy.files import sweep_temporaries
+from ddlstudy.models.sources import sha256_of
+from ddlstudy.models.trained import check_weights
 from ddlstudy.runfolder import (
     MANIFEST,
     RUN_ID_ENV,
@@ -108,6 +110,10 @@ def preflight(cfg: RunConfig, resuming: bool = False) -> RunConfig:
     Unavailable for one this machine or this version cannot run (no GPU, no mpiexec).
     Returns ``cfg`` resolved (its effective parallelism computed, once)."""
     strategy, backend = get_strategy(cfg.strategy), get_backend(cfg.backend)
+    uc = cfg.usecase
+    models.check(uc.model, len(uc.classes), uc.train.image_size)
+    if cfg.init_weights is not None:
+        check_weights(uc.model, len(uc.classes), cfg.init_weights)
     if (cfg.nodes or 1) > 1 and not backend.multi_node:
         several = [name for name, cls in BACKENDS.loaded().items() if cls.multi_node]
         raise ConfigError("--nodes", f"more than one node needs --backend "
@@ -226,6 +232,10 @@ def _create(cfg: RunConfig, strategy: Strategy, backend: Backend, described: dic
     folder = RunFolder.create(cfg.runs_dir, run_id, {
         "command": environment.command_line(),
         "usecase": uc.name,
+        "model": models.describe(uc.model, len(uc.classes)) | (
+            {"init_weights": {"file": str(cfg.init_weights),
+                              "sha256": sha256_of(cfg.init_weights)}}
+            if cfg.init_weights else {}),
         "strategy": {"name": strategy.name, **strategy.layout(cfg).as_dict()},
         "backend": described,
         "config": cfg.to_dict(),

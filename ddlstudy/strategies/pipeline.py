@@ -46,20 +46,24 @@ class Pipeline(Strategy):
         return cfg.stages or max(2, usable_cores() // self.replicas(cfg))
 
     def check(self, cfg: RunConfig) -> None:
-        from ddlstudy.training.stages import layer_count  # torch: the model's layers
+        from ddlstudy.training.stages import layers_of  # torch: the model's layers
 
         r, s, m = self.replicas(cfg), self.stages(cfg), cfg.micro_batches
         batch, pipelines = cfg.global_batch, cfg.data_parallel()  # x nodes under MPI
-        n_layers = layer_count(cfg.usecase)
+        layers, arch = layers_of(cfg.usecase), cfg.usecase.model.arch
         if s < 2:
             raise ConfigError("--stages", f"a pipeline needs at least 2 stages, got {s}")
-        if s > n_layers:
-            raise ConfigError("--stages", f"{s} stages but {cfg.usecase.model.arch} has only "
-                              f"{n_layers} layers to share among them")
-        if cfg.stage_starts is not None and cfg.stage_starts[-1] >= n_layers:
-            raise ConfigError("--stage-starts", f"the last stage starts at layer "
-                              f"{cfg.stage_starts[-1]} but {cfg.usecase.model.arch} has "
-                              f"layers 0 to {n_layers - 1}")
+        if s > len(layers.starts):
+            raise ConfigError("--stages", f"{s} stages but {arch} has only "
+                              f"{len(layers.starts)} layers a stage can start at (of "
+                              f"{len(layers)}); use at most {len(layers.starts)}, or a "
+                              f"data-parallel strategy")
+        if cfg.stage_starts is not None:
+            if cfg.stage_starts[-1] >= len(layers):
+                raise ConfigError("--stage-starts", f"the last stage starts at layer "
+                                  f"{cfg.stage_starts[-1]} but {arch} has layers 0 to "
+                                  f"{len(layers) - 1}")
+            layers.check(list(cfg.stage_starts))
         if batch % (pipelines * m):
             nodes = f"{pipelines // r} nodes x " if pipelines != r else ""
             raise ConfigError("--micro-batches", f"the batch of {batch} does not split into "

@@ -14,9 +14,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ddlstudy.config import RunConfig, load_usecase
+from ddlstudy.config import ModelSpec, RunConfig, load_usecase
 from ddlstudy.data import prepare_data
-from ddlstudy.models import build_model
+from ddlstudy.errors import ConfigError
+from ddlstudy.models import build_model, parameter_count
 from ddlstudy.runner import resolve
 from ddlstudy.sampler import ResourceSampler
 from ddlstudy.training import WARMUP_STEPS, Trainer, make_loaders, plain_step, seed_everything
@@ -175,19 +176,24 @@ def bench_sampler(usecase: str, steps: int = 30, repeats: int = 5, hz: float = 1
     ])
 
 
-GRADIENT_FLOATS = {"alexnet": 57_016_131, "vgg16": 134_272_835}
-"""Parameters of the 3-class torchvision models: the gradient each step averages."""
+def gradient_floats(size: str, classes: int = 3) -> int:
+    """The floats of ``size``: a number, or the gradient of a model by name (``ddlstudy
+    models``) with ``classes`` outputs, counted from its shapes."""
+    if size.isdigit() and int(size) > 0:
+        return int(size)
+    try:
+        return parameter_count(ModelSpec(arch=size), classes)
+    except ConfigError as exc:
+        raise ConfigError("--size", f"give a number of floats or a model's name; "
+                          f"{str(exc).split(': ', 1)[-1]}") from None
 
 
 def bench_reduce(size: str, nodes: int, repeats: int = 5, hosts: str | None = None) -> str:
     """Every reducer on a gradient-sized buffer between ``nodes`` MPI ranks (on this host,
     or placed on ``hosts``)."""
-    from ddlstudy.errors import ConfigError
     from ddlstudy.tools.predict import measure_reducers
 
-    floats = GRADIENT_FLOATS.get(size) or (int(size) if size.isdigit() else 0)
-    if floats <= 0:
-        raise ConfigError("--size", f"give alexnet, vgg16 or a number of floats, got {size!r}")
+    floats = gradient_floats(size)
     result = {"ms": measure_reducers(floats, nodes, repeats, hosts)}
     mib = 4 * floats / 2**20
     reference = statistics.median(result["ms"]["allreduce"])

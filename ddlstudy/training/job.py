@@ -61,7 +61,9 @@ class Link:
       (``exchange_step``'s ``balancer``), or None;
     - ``settle(model, steps)``: where weights are averaged rather than gradients (local
       SGD: Spark's allgather mode), called after every optimizer step with the steps done
-      and before every validation with None.
+      and before every validation with None;
+    - ``broadcast(tensor)``: worker 0's ``tensor`` on every worker, in place (a model's
+      buffers, BatchNorm's running statistics: worker 0's are the model's, as in DDP).
     """
 
     rank: int
@@ -74,6 +76,7 @@ class Link:
     group: bool = False
     attach: Callable[[nn.Module, torch.Tensor, Any], Any] = _untimed
     settle: Callable[[nn.Module, int | None], None] | None = None
+    broadcast: Callable[[torch.Tensor], None] = lambda tensor: None
 
     @classmethod
     def alone(cls) -> Link:

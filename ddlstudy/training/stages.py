@@ -1,7 +1,8 @@
 """The worker of pipeline and hybrid: a stage of a GPipe pipeline, one process each.
 
-The network is flattened into its layers (features, avgpool, flatten, classifier) and cut
-into stages whose measured forward time is as even as possible (``cuts``, on node 0).
+The network is traced into its layers (``models.cuts``: any model torch.fx can trace) and
+cut, where one activation flows on, into stages whose measured forward time is as even as
+possible (``cuts``, on node 0).
 torch.distributed.pipelining's ScheduleGPipe runs every micro-batch forward through the
 stages, then every one backward (fill-drain), over gloo on CPU processes (NCCL on GPUs).
 The loss is the mean over a micro-batch and the schedule divides the gradients by the
@@ -19,7 +20,6 @@ through its leader (``node_exchange``).
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING
@@ -31,6 +31,7 @@ from torch.utils.data import Dataset
 
 from ddlstudy.config import RunConfig, UseCase
 from ddlstudy.models import build_model
+from ddlstudy.models.cuts import Layers
 from ddlstudy.training.flat import average, check_views, flat_gradients, param_ranges
 from ddlstudy.training.job import Job, Link
 from ddlstudy.training.loaders import image_dataset, train_loader, val_loader
@@ -43,32 +44,20 @@ if TYPE_CHECKING:  # 3 s of imports (torch._dynamo, DTensor): only in a pipeline
 log = logging.getLogger("ddlstudy")
 
 
-def flat_layers(model: nn.Module) -> list[nn.Module]:
-    """The network as one list of layers, in the order its forward runs them."""
-    return [*model.features, model.avgpool, nn.Flatten(1), *model.classifier]
-
-
-def layer_costs(uc: UseCase, micro_batch: int, repeats: int = 3) -> list[float]:
-    """Seconds each layer takes forward on one micro-batch (best of ``repeats``)."""
+def layer_costs(uc: UseCase, micro_batch: int) -> list[float]:
+    """Seconds each layer of ``uc``'s model takes forward on one micro-batch."""
     torch.manual_seed(0)
-    layers = flat_layers(build_model(uc.model, len(uc.classes)))
+    model = build_model(uc.model, len(uc.classes)).eval()
     x = torch.randn(micro_batch, 3, uc.train.image_size, uc.train.image_size)
-    costs = []
-    with torch.no_grad():
-        for layer in layers:
-            best = float("inf")
-            for _ in range(repeats):
-                start = time.perf_counter()
-                y = layer(x)
-                best = min(best, time.perf_counter() - start)
-            costs.append(best)
-            x = y
-    return costs
+    return Layers(model, str(uc.model.arch)).costs(x)
 
 
-def balanced_cuts(costs: list[float], stages: int) -> list[int]:
-    """Start index of each stage, minimising the slowest stage's cost (dynamic programme)."""
+def balanced_cuts(costs: list[float], stages: int,
+                  allowed: list[int] | None = None) -> list[int]:
+    """Start index of each stage, minimising the slowest stage's cost (dynamic programme),
+    each at a layer of ``allowed`` (default: any)."""
     n = len(costs)
+    ok = set(range(n) if allowed is None else allowed)
     prefix = [0.0]
     for c in costs:
         prefix.append(prefix[-1] + c)
@@ -80,22 +69,18 @@ def balanced_cuts(costs: list[float], stages: int) -> list[int]:
     for s in range(1, stages + 1):
         for i in range(s, n + 1):
             for j in range(s - 1, i):
+                if j not in ok:
+                    continue
                 value = max(best[s - 1][j], prefix[i] - prefix[j])
                 if value < best[s][i]:
                     best[s][i], cut[s][i] = value, j
+    if best[stages][n] == inf:
+        raise ValueError(f"{stages} stages do not fit between the layers {sorted(ok)}")
     starts, i = [], n
     for s in range(stages, 0, -1):
         i = cut[s][i]
         starts.append(i)
     return starts[::-1]
-
-
-def stage_module(layers: list[nn.Module], starts: list[int], index: int) -> nn.Sequential:
-    end = starts[index + 1] if index + 1 < len(starts) else len(layers)
-    first = layers[starts[index]]
-    if index and getattr(first, "inplace", False):
-        first.inplace = False  # a stage's input is a leaf that autograd must not see changed
-    return nn.Sequential(*layers[starts[index]:end])
 
 
 class _Labels(Dataset):
@@ -148,7 +133,7 @@ zero)``: what a stage does with its gradients between the backward passes and th
 (``average``), and how it clears them before a step (``zero``; None: the optimizer's)."""
 
 
-def replica_exchange(full: nn.Module, module: nn.Module, layers: list[nn.Module],
+def replica_exchange(full: nn.Module, module: nn.Module, layers: Layers,
                      starts: list[int], rank: int, replicas: int,
                      data_group) -> tuple[Callable[[], None], Callable[[], None] | None]:
     """A stage alone on its node: its replicas average its gradients, one collective on
@@ -159,19 +144,24 @@ def replica_exchange(full: nn.Module, module: nn.Module, layers: list[nn.Module]
     return (lambda: average(flat, data_group, replicas)), flat.zero_
 
 
-def gather_weights(full: nn.Module | None, layers: list[nn.Module], starts: list[int],
+def gather_weights(full: nn.Module | None, layers: Layers, starts: list[int],
                    rank: int, world: int) -> None:
-    """Send every stage's parameters to rank 0, which loads them into its whole model."""
+    """Send every stage's parameters and floating-point buffers (BatchNorm's running
+    statistics: each stage owns its own) to rank 0, which loads them into its whole
+    model."""
     for stage in range(1, world):
-        params = list(stage_module(layers, starts, stage).parameters())
-        if not params or rank not in (0, stage):
+        module = layers.stage(starts, stage)
+        state = [*module.parameters(), *(b for b in module.buffers() if b.is_floating_point())]
+        if not state or rank not in (0, stage):
             continue
-        flat = torch.cat([p.detach().flatten() for p in params])
+        flat = torch.cat([t.detach().flatten() for t in state])
         if rank == stage:
             dist.send(flat, dst=0)
         else:
             dist.recv(flat, src=stage)
-            torch.nn.utils.vector_to_parameters(flat, params)
+            with torch.no_grad():
+                torch._foreach_copy_(state, [part.view_as(t) for part, t in zip(
+                    flat.split([t.numel() for t in state]), state, strict=True)])
 
 
 def _groups(replicas: int, stages: int):
@@ -185,10 +175,14 @@ def _groups(replicas: int, stages: int):
     return pipes, data
 
 
-def layer_count(uc: UseCase) -> int:
-    """The layers a pipeline of ``uc``'s model can be cut between (shapes only)."""
-    with torch.device("meta"):
-        return len(flat_layers(build_model(uc.model, len(uc.classes))))
+def layers_of(uc: UseCase) -> Layers:
+    """``uc``'s model traced into its layers (shapes only where its maker allows)."""
+    try:
+        with torch.device("meta"):
+            model = build_model(uc.model, len(uc.classes))
+    except Exception:  # noqa: BLE001 - a maker that needs real tensors
+        model = build_model(uc.model, len(uc.classes))
+    return Layers(model, str(uc.model.arch))
 
 
 def cuts(job: Job, stages: int, micro_batch: int) -> list[int]:
@@ -200,7 +194,7 @@ def cuts(job: Job, stages: int, micro_batch: int) -> list[int]:
     else:
         log.info("measuring each layer's forward time to balance %d stages ...", stages)
         costs = layer_costs(cfg.usecase, micro_batch)
-        starts = balanced_cuts(costs, stages)
+        starts = balanced_cuts(costs, stages, layers_of(cfg.usecase).starts)
     if job.folder is not None:
         job.folder.manifest["strategy"].update(stage_starts=starts, layer_costs_s=costs)
         job.folder.write_manifest()
@@ -226,13 +220,17 @@ def train_stage(job: Job, link: Link, device: torch.device, starts: list[int], m
     exchange = replica_exchange if nodes == 1 else partial(node_exchange, link)
     pipelines = nodes * replicas  # each takes its slice of every global batch
     full = new_model(cfg)  # the same weights on every rank
-    layers = flat_layers(full)
-    module = stage_module(layers, starts, index)
+    layers = Layers(full, str(cfg.usecase.model.arch))
+    module = layers.stage(starts, index)
     first, last = index == 0, index == stages - 1
-    example = torch.empty(cfg.global_batch // pipelines // micro, 3,
+    example = torch.zeros(cfg.global_batch // pipelines // micro, 3,
                           cfg.usecase.train.image_size, cfg.usecase.train.image_size)
-    with torch.no_grad():
-        example = nn.Sequential(*layers[:starts[index]])(example).to(device)
+    with torch.no_grad():  # in eval mode: no running statistics moved by this
+        full.eval()
+        for earlier in range(index):
+            example = layers.stage(starts, earlier)(example)
+        full.train()
+    example = example.to(device)
     # Rank 0 also validates the whole model; in an MPI node every rank's stage is a part of
     # the buffer of the whole model's gradients.
     (full if rank == 0 or nodes > 1 else module).to(device)
@@ -252,7 +250,7 @@ def train_stage(job: Job, link: Link, device: torch.device, starts: list[int], m
 
     train_worker(job, link, full if rank == 0 else module, optimizer,
                  pipeline_step(schedule, optimizer, first, last, average, device, zero),
-                 train, val, device=device, before_eval=collect)
+                 train, val, device=device, before_eval=collect, whole=False)
 
 
 def _train_loader(cfg: RunConfig, job: Job, first: bool, shard: tuple[int, int]):
@@ -264,7 +262,7 @@ def _train_loader(cfg: RunConfig, job: Job, first: bool, shard: tuple[int, int])
                         loader_workers=None if first else 0)
 
 
-def node_exchange(node: Link, full: nn.Module, module: nn.Module, layers: list[nn.Module],
+def node_exchange(node: Link, full: nn.Module, module: nn.Module, layers: Layers,
                   starts: list[int], rank: int, replicas: int,
                   data_group) -> tuple[Callable[[], None], Callable[[], None]]:
     """An MPI node's exchange after every step's backward passes, and the zeroing of this
@@ -281,7 +279,7 @@ def node_exchange(node: Link, full: nn.Module, module: nn.Module, layers: list[n
     offsets = param_ranges(full)
     ranges = []
     for s in range(stages):
-        spans = sorted(offsets[id(p)] for p in stage_module(layers, starts, s).parameters())
+        spans = sorted(offsets[id(p)] for p in layers.stage(starts, s).parameters())
         lo, hi = (spans[0][0], spans[-1][1]) if spans else (0, 0)
         if sum(b - a for a, b in spans) != hi - lo:
             raise RuntimeError(f"stage {s}'s parameters are not one range of the buffer")

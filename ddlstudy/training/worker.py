@@ -12,6 +12,7 @@ from torch import nn
 
 from ddlstudy.config import RunConfig
 from ddlstudy.models import build_model
+from ddlstudy.models.trained import load_initial
 from ddlstudy.training.job import Job, Link, train_epochs
 from ddlstudy.training.loop import Trainer
 from ddlstudy.training.steps import Batch, StepFn, seed_everything
@@ -25,6 +26,8 @@ def new_model(cfg: RunConfig, rank: int | None = None,
     uc = cfg.usecase
     seed_everything(uc.train.seed)
     model = build_model(uc.model, len(uc.classes))
+    if cfg.init_weights is not None:  # fine-tuning: weights of one's own (checked before)
+        load_initial(model, cfg.init_weights)
     if device is not None:
         model.to(device)
     if rank is not None:
@@ -40,18 +43,23 @@ def new_optimizer(params: Iterable[nn.Parameter], cfg: RunConfig) -> torch.optim
 def train_worker(job: Job, link: Link, model: nn.Module, optimizer: torch.optim.Optimizer,
                  step: StepFn, train: Iterable[Batch], val: Iterable[Batch], *,
                  device: torch.device | None = None,
-                 before_eval: Callable[[], None] = lambda: None) -> None:
+                 before_eval: Callable[[], None] = lambda: None, whole: bool = True) -> None:
     """The epochs of one worker (``model``: what it validates); worker 0 shows progress
-    and writes the run folder. Where the backend averages weights (``link.settle``) they
-    are averaged before every validation; a step that times its exchange has its figures
-    recorded once training ends (``record_exchange``)."""
+    and writes the run folder. Before every validation, where the backend averages
+    weights (``link.settle``) they are averaged, and where every worker holds the whole
+    model (``whole``: not a pipeline's stages) worker 0's buffers become everyone's
+    (``same_buffers``); a step that times its exchange has its figures recorded once
+    training ends (``record_exchange``)."""
     cuda = device is not None and device.type == "cuda"
-    if link.settle is not None:
-        own, settle = before_eval, link.settle
+    own, settle = before_eval, link.settle
+    buffers = [b for b in model.buffers() if b.is_floating_point()]
 
-        def before_eval() -> None:
+    def before_eval() -> None:
+        if settle is not None:
             settle(model, None)
-            own()
+        if whole and link.world > 1 and buffers:
+            same_buffers(buffers, link)
+        own()
 
     trainer = Trainer(model, step, train, val, max_steps=job.cfg.max_steps,
                       show_progress=job.show_progress and link.rank == 0, reduce=link.sum,
@@ -61,6 +69,17 @@ def train_worker(job: Job, link: Link, model: nn.Module, optimizer: torch.optim.
                  gather=link.gather, barrier=link.barrier)
     if link.world > 1 and hasattr(step, "times"):
         record_exchange(job, link, step)
+
+
+def same_buffers(buffers: list[torch.Tensor], link: Link) -> None:
+    """Worker 0's buffers on every worker (DDP's rule: they are the model's). BatchNorm's
+    running statistics are used only to validate, so that is where they must agree; each
+    worker's are updated by its own batches in between."""
+    flat = torch.cat([b.detach().reshape(-1) for b in buffers])
+    link.broadcast(flat)
+    with torch.no_grad():
+        torch._foreach_copy_(buffers, [part.view_as(b) for part, b in zip(
+            flat.split([b.numel() for b in buffers]), buffers, strict=True)])
 
 
 def record_exchange(job: Job, link: Link, step: StepFn) -> None:

@@ -116,6 +116,9 @@ class Mpi(Backend):
             raise ConfigError("--bucket-mb", f"a bucket is sent when backward fills it, but "
                               f"{strategy.name} sums its replicas' gradients after backward; "
                               "use sequential or cpu-intraop nodes")
+        if cfg.bucket_mb and strategy.layout(cfg).device_type == "cuda":
+            raise Unavailable("--bucket-mb", "buckets are written for nodes on the CPU (MPI "
+                              "reduces them in place in host memory); leave it out on GPUs")
         if strategy.layout(cfg).processes > 1:
             what = f"{cfg.strategy} nodes (their workers sum on the leader first)"
             if cfg.balance != "equal":

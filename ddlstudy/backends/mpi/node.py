@@ -153,17 +153,27 @@ def reducer_name(cfg: RunConfig, ranks: int) -> str:
     return choose(4 * parameter_count(cfg.usecase.model, len(cfg.usecase.classes)), ranks)
 
 
+def on_host(tensor: torch.Tensor, act) -> None:
+    """``act`` on ``tensor``'s numpy view: its own memory on the CPU (hence every .grad
+    that is a view of it), a copy brought back on a GPU."""
+    host = tensor.cpu()
+    act(host.numpy())
+    if host.data_ptr() != tensor.data_ptr():
+        tensor.copy_(host)
+
+
 def node_link(comm, reducer) -> Link:
     """One process per node: the reducer averages between the MPI ranks."""
 
     def exchange(flat: torch.Tensor, step: int) -> None:
-        reducer(comm, flat.numpy(), step=step)  # shares memory with flat, hence every .grad
+        on_host(flat, lambda array: reducer(comm, array, step=step))
 
     def sum_over_nodes(*values: float) -> list[float]:
         return messages.sum_floats(comm, values)
 
     return Link(comm.Get_rank(), comm.Get_size(), exchange, sum_over_nodes,
-                functools.partial(gather_tensors, comm), comm.Barrier)
+                functools.partial(gather_tensors, comm), comm.Barrier,
+                broadcast=lambda tensor: on_host(tensor, lambda a: comm.Bcast(a, root=0)))
 
 
 def gather_tensors(comm, obj: object) -> list | None:

@@ -38,7 +38,7 @@ import torch
 import torch.distributed as dist
 
 from ddlstudy.backends.mpi import messages
-from ddlstudy.backends.mpi.node import gather_tensors, record_compression, reducer_name
+from ddlstudy.backends.mpi.node import gather_tensors, on_host, record_compression, reducer_name
 from ddlstudy.reducers import get_reducer
 from ddlstudy.reducers.compress import parse as parse_compress
 from ddlstudy.sampler import ResourceSampler, read_rows
@@ -68,10 +68,12 @@ def node_link(comm, reducer, node: int, nodes: int, local: int, k: int,
     leader = local == 0
 
     def between(flat: torch.Tensor, step: int) -> None:
-        host = flat.cpu()  # the same memory on a CPU node
-        reducer(comm, host.numpy(), step=step)
-        if host.data_ptr() != flat.data_ptr():
-            flat.copy_(host)
+        on_host(flat, lambda array: reducer(comm, array, step=step))
+
+    def broadcast(tensor: torch.Tensor) -> None:  # node 0's leader is the run's worker 0
+        if leader:
+            on_host(tensor, lambda array: comm.Bcast(array, root=0))
+        dist.broadcast(tensor, src=0)
 
     def exchange(flat: torch.Tensor, step: int) -> None:
         dist.reduce(flat, dst=0)  # the node's gradient, summed on its leader
@@ -102,7 +104,7 @@ def node_link(comm, reducer, node: int, nodes: int, local: int, k: int,
         dist.barrier()
 
     return Link(node * k + local, nodes * k, exchange, total, gather, barrier,
-                between if leader else None)
+                between if leader else None, broadcast=broadcast)
 
 
 def _spawned(index: int, k: int, port: int, job: Job, work: Work, threads: int, level: int,

@@ -87,9 +87,13 @@ def allgather_rank(ctx, rank: int, world: int, job: Job, work: Work, threads: in
         if steps is None or steps % cfg.sync_every == 0:
             average_weights(ctx, model, world)
 
+    def broadcast(tensor: torch.Tensor) -> None:  # task 0's, through allGather
+        first = _gather(ctx, tensor.detach().cpu().numpy().tobytes())[0]
+        tensor.copy_(torch.from_numpy(np.frombuffer(first, dtype=np.float32).copy()))
+
     try:
         work(job, Link(rank, world, lambda flat, step: None, sum_over_tasks, gather,
-                       ctx.barrier, settle=settle), torch.device("cpu"))
+                       ctx.barrier, settle=settle, broadcast=broadcast), torch.device("cpu"))
     finally:
         rows = sampler.stop()
         if job.folder is not None and sampler.enabled:

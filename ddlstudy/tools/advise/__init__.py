@@ -43,13 +43,14 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 
 from ddlstudy import environment
-from ddlstudy.config import load_usecase
 from ddlstudy.hosts import emulated_prefix
 from ddlstudy.models import parameter_count
+from ddlstudy.plan import cell_config
 from ddlstudy.tools.advise.checking import NOT_THE_CONFIGURATION, check, check_text
 from ddlstudy.tools.advise.exchange import COMPRESSORS, Exchange, measure_exchange, on_link
 from ddlstudy.tools.advise.nodes import Setting, mpi_candidates
@@ -66,6 +67,7 @@ from ddlstudy.tools.advise.probes import (
     probe,
     probe_all,
     probe_settings,
+    refuse_if_all_failed,
     say,
     settle_noisy,
     train_images,
@@ -84,20 +86,22 @@ from ddlstudy.tools.advise.ranking import (
 def advise(usecase: str, nodes: list[int], hosts: str | None, link: str | None,
            budget: float, out: Path, runs: Path | None = None, rounds: int = 3,
            steps: int = PROBE_STEADY_STEPS, datasets_dir: Path | None = None,
-           host_count: int | None = None, wait: bool = False) -> dict:
+           host_count: int | None = None, wait: bool = False,
+           data: dict[str, Any] | None = None) -> dict:
     """Probe, measure, predict and rank (see the module's docstring): advise.json's
     content. ``host_count``: how many ``hosts`` there are (MPI probes up to that many);
-    ``wait``: each probe waits for a quiet host first."""
+    ``wait``: each probe waits for a quiet host first; ``data``: run flags of every probe
+    that say what it trains (``data_dir``, ``model``)."""
     started = time.monotonic()
     deadline = started + budget
-    uc = load_usecase(usecase)
     probes_dir = out / "probes"
-    settings = probe_settings(usecase, steps) | (
-        {"datasets_dir": str(datasets_dir)} if datasets_dir else {})
+    given = (data or {}) | ({"datasets_dir": str(datasets_dir)} if datasets_dir else {})
+    uc = cell_config(usecase, given, probes_dir).usecase  # its folder's classes, its model
+    settings = probe_settings(uc, steps) | given
     cores, gpus = environment.usable_cores(), len(environment.gpus())
     params = parameter_count(uc.model, len(uc.classes))
     cands = candidates(cores, gpus)
-    check_fit(cands, usecase, params, psutil.virtual_memory().available, probes_dir)
+    check_fit(cands, usecase, params, psutil.virtual_memory().available, probes_dir, given)
     say(f"advise {usecase}: {sum(not c.skip for c in cands)} local configurations to probe "
         f"on {cores} cores, {gpus} GPU(s); budget {budget:.0f} s")
     for c in cands:
@@ -116,9 +120,11 @@ def advise(usecase: str, nodes: list[int], hosts: str | None, link: str | None,
     done, waited = probe_all(cands, usecase, settings, probes_dir, deadline, rounds,
                              lambda done: mpi_candidates(done, nodes, where, 4 * params),
                              wait)
+    refuse_if_all_failed(cands)
     batch = uc.train.batch_size
-    rows, notes = predictions(cands, nodes, where, batch, 4 * params, train_images(uc))
-    conv = convergence(runs, uc.name)
+    rows, notes = predictions(cands, nodes, where, batch, 4 * params,
+                              train_images(uc, given.get("data_dir")))
+    conv = convergence(runs, uc)
     rank(rows, conv)
     for r in rows:
         r["command"] = command(usecase, r["flags"])

@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ddlstudy.config import UseCase, load_usecase
-from ddlstudy.errors import ConfigError, Unavailable
+from ddlstudy.config import UseCase
+from ddlstudy.data.folder import IMAGE_EXTENSIONS
+from ddlstudy.errors import ConfigError, Unavailable, UsageError
 from ddlstudy.plan import cell_config, run_flags
 from ddlstudy.runfolder import MANIFEST, new_run_id, run_env
 from ddlstudy.runner import preflight
@@ -93,7 +94,7 @@ def candidates(cores: int, gpus: int) -> list[Candidate]:
 
 
 def check_fit(cands: list[Candidate], usecase: str, params: int, available: int,
-              runs_dir: Path) -> None:
+              runs_dir: Path, given: dict[str, Any] | None = None) -> None:
     """Mark what this machine cannot run: preflight's refusals (no GPU, a layout the model
     does not allow) and replicas whose weights would not fit in memory."""
     for c in cands:
@@ -105,20 +106,31 @@ def check_fit(cands: list[Candidate], usecase: str, params: int, available: int,
                       f"gradients and momentum; {available / 2**30:.1f} GiB is available")
             continue
         try:
-            preflight(cell_config(usecase, c.flags, runs_dir))
+            preflight(cell_config(usecase, (given or {}) | c.flags, runs_dir))
         except (Unavailable, ConfigError) as exc:
             c.skip = str(exc)
 
 
-def train_images(uc: UseCase) -> int:
-    """About how many images an epoch trains on (the split rounds each class)."""
-    return uc.data.images - round(uc.data.images * uc.train.val_fraction)
+def train_images(uc: UseCase, folder: Path | None = None) -> int:
+    """About how many images an epoch trains on (the split rounds each class): of the
+    synthetic set, or of the images in ``folder`` (or the use case's own)."""
+    folder = folder or uc.data.dir
+    images = uc.data.images if folder is None else sum(
+        1 for p in Path(folder).rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS)
+    return images - round(images * uc.train.val_fraction)
 
 
-def probe_settings(usecase: str, steps: int) -> dict[str, Any]:
+def refuse_if_all_failed(cands: list[Candidate]) -> None:
+    """Nothing to rank when the baseline's probe failed: say why, with its error."""
+    base = next((c for c in cands if c.label == "sequential"), None)
+    if base is not None and not base.speeds and not base.noisy:
+        raise UsageError(f"the baseline's probe did not run ({base.skip or 'no time left'}); "
+                         f"nothing can be ranked without it")
+
+
+def probe_settings(uc: UseCase, steps: int) -> dict[str, Any]:
     """The run flags of a probe: enough epochs of at most ``steps_per_epoch`` steps to time
     ``steps`` steady steps, one validation batch an epoch, no snapshot, no sampler."""
-    uc = load_usecase(usecase)
     per_epoch = max(1, math.ceil(train_images(uc) / uc.train.batch_size))
     steady_per_epoch = max(1, min(per_epoch, WARMUP_STEPS + steps) - WARMUP_STEPS)
     return {"epochs": max(1, math.ceil(steps / steady_per_epoch)),
@@ -129,7 +141,7 @@ def probe_settings(usecase: str, steps: int) -> dict[str, Any]:
 def probe(c: Candidate, usecase: str, settings: dict[str, Any], runs_dir: Path) -> None:
     """One real ``ddlstudy run`` of ``c``: its steady images/s (median of its epochs), and
     the cores other processes used meanwhile (above NOISY_CORES: a noisy probe)."""
-    run_id = new_run_id(usecase, c.flags.get("strategy", "sequential"))
+    run_id = new_run_id("probe", c.flags.get("strategy", "sequential"))
     env = run_env(run_id)
     argv = ["run", "--quiet", *run_flags(usecase, settings | c.flags, runs_dir)]
     start, others = time.monotonic(), OthersLoad()

@@ -8,7 +8,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from ddlstudy.config import load_usecase
+from ddlstudy.config import UseCase
 from ddlstudy.plan import run_flags
 from ddlstudy.report import load_runs
 from ddlstudy.tools.advise.exchange import COMPRESSORS
@@ -16,14 +16,13 @@ from ddlstudy.tools.advise.nodes import Setting
 from ddlstudy.tools.advise.probes import Candidate, fastest
 
 
-def convergence(runs_dir: Path | None, usecase: str) -> dict[str, Any]:
+def convergence(runs_dir: Path | None, uc: UseCase) -> dict[str, Any]:
     """Epochs to the use case's target accuracy of the baseline, and each
     convergence-changing configuration's factor against it (median over its runs; a run
     that ended below the target counts as never: an infinite factor), from the completed
     runs in ``runs_dir``."""
     if runs_dir is None:
         return {}
-    uc = load_usecase(usecase)
     runs = [m for m in load_runs(runs_dir) if m.get("status") == "completed"
             and m.get("usecase") == uc.name
             and (m.get("time_to_target") or {}).get("target") == uc.train.target_accuracy

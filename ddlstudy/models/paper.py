@@ -8,7 +8,6 @@ tiny use case exercises the code paths of the real ones (including the ``feature
 
 from __future__ import annotations
 
-import torch
 from torch import nn
 
 from ddlstudy.config import Arch, ModelSpec
@@ -90,8 +89,8 @@ class ScaledVGG16(nn.Module):
         return self.classifier(self.avgpool(self.features(x)).flatten(1))
 
 
-def build_model(spec: ModelSpec, num_classes: int) -> nn.Module:
-    """A freshly initialised network (seed torch first for identical weights)."""
+def build_paper(spec: ModelSpec, num_classes: int) -> nn.Module:
+    """alexnet or vgg16: torchvision's own at width 1.0, the scaled twin below it."""
     if spec.width == 1.0:
         from torchvision import models  # 2 s of imports (torch._dynamo): only when needed
 
@@ -99,14 +98,3 @@ def build_model(spec: ModelSpec, num_classes: int) -> nn.Module:
         return make(weights=None, num_classes=num_classes)
     cls = ScaledAlexNet if spec.arch is Arch.ALEXNET else ScaledVGG16
     return cls(num_classes, spec.width)
-
-
-def count_parameters(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
-
-
-def parameter_count(spec: ModelSpec, num_classes: int) -> int:
-    """The weights of the model ``spec`` names, from its shapes only: built on the meta
-    device, nothing allocated, nothing initialised."""
-    with torch.device("meta"):
-        return count_parameters(build_model(spec, num_classes))

@@ -1,0 +1,91 @@
+"""Use cases of a folder of one's own images: its classes (its class folders), a use case
+of the folder alone, and a starter TOML naming it (``ddlstudy usecase new``). Torch-free:
+the command line reads a folder's classes before torch is imported."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from pathlib import Path
+
+from ddlstudy.config.usecase import DataSpec, ModelSpec, UseCase, usecase_from_dict
+from ddlstudy.errors import ConfigError
+
+
+def class_folders(folder: Path) -> tuple[str, ...]:
+    """An ImageFolder tree's classes: its visible sub-folders, sorted as ImageFolder sorts
+    them (the label of each is its index)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ConfigError("--data-dir", f"{folder} is not a folder; give the root of an "
+                          f"ImageFolder tree (root/<class>/<image>)")
+    found = tuple(sorted(p.name for p in folder.iterdir() if p.is_dir() and
+                         not p.name.startswith(".")))
+    if len(found) < 2:
+        raise ConfigError("--data-dir", f"{folder} has {len(found)} class folder(s); an "
+                          f"ImageFolder tree has one folder per class, at least two "
+                          f"(root/<class>/<image>)")
+    return found
+
+
+def with_classes(usecase: UseCase, folder: Path) -> UseCase:
+    """``usecase`` with its classes, where it names none, read from ``folder``'s class
+    folders."""
+    if usecase.classes is not None:
+        return usecase
+    return dataclasses.replace(usecase, classes=class_folders(folder))
+
+
+def usecase_of_folder(folder: Path, model: str) -> UseCase:
+    """A use case of a folder of images alone: named after it, its classes its class
+    folders, ``model``, and the default training task (which flags override)."""
+    folder = Path(folder).resolve()
+    data = DataSpec(dir=folder)
+    return UseCase(name=data.name, description=f"the images of {folder}",
+                   classes=class_folders(folder), model=ModelSpec(arch=model), data=data)
+
+
+STARTER = """# A use case of your own: a model and a folder of images. Train it with
+#   ddlstudy run --usecase {path}
+# Every key is shown; those commented out keep the default written beside them.
+name = "{name}"
+description = "{description}"
+# classes = [{classes}]  # default: the folder's class folders, sorted (label order)
+
+[model]
+arch = "{model}"  # any torchvision classification model (`ddlstudy models`), alexnet or
+# vgg16, path/to/file.py:FUNCTION or package.module:FUNCTION (FUNCTION(num_classes=N)
+# returns an nn.Module), timm:NAME
+# width = 1.0  # alexnet and vgg16 only: their channels and hidden units scaled down
+
+[data]
+dir = "{dir}"  # an ImageFolder tree (root/<class>/<image>), relative to this file
+# name = "{data_name}"  # how run folders and the decoded cache name it
+
+[train]
+image_size = {image_size}  # side in pixels the images are scaled to
+# batch_size = 32  # the global batch (see --scaling)
+# epochs = 10
+# lr = 0.001  # SGD's learning rate (see --lr-scaling)
+# momentum = 0.9
+# seed = 0  # of the weights, the shuffling and the augmentation
+# val_fraction = 0.2  # of each class's images, kept for validation
+# target_accuracy = 0.9  # the first epoch at or above it is the run's time to accuracy
+"""
+
+
+def starter(folder: Path, model: str, image_size: int, path: Path,
+            name: str | None = None) -> str:
+    """A use case TOML for ``folder``'s images, every key written out (``ddlstudy usecase
+    new``), checked by reading it back."""
+    folder, path = Path(folder).resolve(), Path(path).resolve()
+    classes = class_folders(folder)
+    where = os.path.relpath(folder, path.parent)  # the use case moves with its images
+    data = DataSpec(dir=folder)
+    text = STARTER.format(path=path.name, name=name or data.name, model=model,
+                          description=f"the images of {folder.name}",
+                          classes=", ".join(f'"{c}"' for c in classes), dir=where,
+                          data_name=data.name, image_size=image_size)
+    usecase_from_dict(tomllib.loads(text), source=str(path))  # refused here if bad
+    return text

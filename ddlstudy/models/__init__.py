@@ -1,0 +1,141 @@
+"""The networks a use case trains, named by a ``ModelSpec``: the paper's AlexNet and VGG16
+(``paper``), any torchvision classification model, timm's, or a factory of one's own
+(``sources``). Nothing else in ddlstudy names an architecture: it asks the spec, here, for
+the model (``build_model``) and what it is (``facts``): its weights and gradient bytes, its
+buffers (BatchNorm's running statistics), its smallest usable image (found by a forward
+pass), and where it came from (``describe``, for the manifest).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import torch
+from torch import nn
+
+from ddlstudy.config import ModelSpec
+from ddlstudy.errors import ConfigError
+from ddlstudy.models.paper import ScaledAlexNet, ScaledVGG16
+from ddlstudy.models.sources import FLAG, made, maker, origin, torchvision_names
+
+__all__ = ["Facts", "ScaledAlexNet", "ScaledVGG16", "build_model", "check", "count_parameters",
+           "describe", "facts", "parameter_count", "torchvision_names"]
+
+
+def build_model(spec: ModelSpec, num_classes: int) -> nn.Module:
+    """A freshly initialised network (seed torch first for identical weights)."""
+    return made(spec, num_classes)
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def _shapes_only(spec: ModelSpec, num_classes: int) -> tuple[nn.Module, bool]:
+    """The model built on the meta device (shapes, nothing allocated), or, where its
+    maker cannot build there (torchvision's regnets compute with tensors), on the CPU.
+    Returns (model, on meta)."""
+    make = maker(spec)  # an unknown name, file or function is refused here
+    try:
+        with torch.device("meta"):
+            model = make(num_classes=num_classes)
+        if isinstance(model, nn.Module):
+            return model, True
+    except Exception:  # noqa: BLE001 - a maker that needs real tensors, or fails anyway
+        pass
+    return made(spec, num_classes), False  # refused with its reason where it fails
+
+
+def _forward(model: nn.Module, size: int, meta: bool, train: bool = False):
+    """One forward pass of 2 images of ``size`` px (the output, or the error it raised)."""
+    x = torch.empty(2, 3, size, size, device="meta" if meta else "cpu")
+    model.train(train)
+    try:
+        with torch.no_grad():
+            return model(x)
+    except Exception as exc:  # noqa: BLE001 - too small an image, or an op meta lacks
+        return exc
+
+
+def _smallest(model: nn.Module, meta: bool, most: int = 2048) -> int | None:
+    """The smallest image side the model takes, by bisection over forward passes (a model
+    takes every size from its smallest up); None where it takes none up to ``most``."""
+    if isinstance(_forward(model, most, meta), Exception):
+        return None
+    low, high = 1, most  # high works
+    while low < high:
+        mid = (low + high) // 2
+        if isinstance(_forward(model, mid, meta), Exception):
+            low = mid + 1
+        else:
+            high = mid
+    return high
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What a model is, from the model itself."""
+
+    name: str
+    parameters: int
+    buffers: int
+    """Elements of its floating-point buffers (BatchNorm's running statistics)."""
+    min_image_size: int | None
+    """The smallest image side a forward pass takes (None: not measurable on the meta
+    device)."""
+
+    @property
+    def gradient_bytes(self) -> int:
+        return 4 * self.parameters
+
+    @property
+    def has_buffers(self) -> bool:
+        return self.buffers > 0
+
+
+@lru_cache(maxsize=64)
+def facts(spec: ModelSpec, num_classes: int) -> Facts:
+    """What ``spec``'s model is, with ``num_classes`` outputs (cached per process)."""
+    model, meta = _shapes_only(spec, num_classes)
+    buffers = sum(b.numel() for b in model.buffers() if b.is_floating_point())
+    return Facts(str(spec.arch), count_parameters(model), buffers,
+                 _smallest(model, meta) if meta else None)
+
+
+def parameter_count(spec: ModelSpec, num_classes: int) -> int:
+    """The weights of the model ``spec`` names, from its shapes where it can (nothing
+    allocated, nothing initialised)."""
+    return facts(spec, num_classes).parameters
+
+
+@lru_cache(maxsize=64)
+def check(spec: ModelSpec, num_classes: int, image_size: int) -> None:
+    """Refuse (ConfigError) a model that cannot train on this use case: one that cannot
+    be built, does not give ``num_classes`` outputs an image, or does not take images of
+    ``image_size`` px (saying the smallest it takes)."""
+    found = facts(spec, num_classes)
+    model, meta = _shapes_only(spec, num_classes)
+    out = _forward(model, image_size, meta, train=True)
+    if isinstance(out, Exception):
+        smallest = found.min_image_size
+        if smallest is not None and image_size < smallest:
+            raise ConfigError("train.image_size", f"{image_size} px is too small for "
+                              f"{spec.arch}; use at least {smallest}")
+        raise ConfigError(FLAG, f"{spec.arch} fails on images of {image_size} px: "
+                          f"{type(out).__name__}: {str(out).splitlines()[0][:300]}")
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != (2, num_classes):
+        what = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ConfigError(FLAG, f"{spec.arch} gives {what} for 2 images, not (2, "
+                          f"{num_classes}): its output must be one score per class of the "
+                          f"use case; build its last layer with num_classes")
+
+
+def describe(spec: ModelSpec, num_classes: int) -> dict[str, Any]:
+    """The manifest's ``model`` block: its name, where it came from (the library's
+    version, or the factory file's sha256), its weights, buffers and smallest image."""
+    found = facts(spec, num_classes)
+    return {"name": str(spec.arch), **({"width": spec.width} if spec.width != 1 else {}),
+            **origin(spec), "parameters": found.parameters, "buffers": found.buffers,
+            "min_image_size": found.min_image_size}

@@ -1,0 +1,160 @@
+"""Where a model comes from, by the kind of its name (``ModelSpec.kind``): the paper's
+networks, torchvision's classification models, timm's, or a factory of one's own (a
+file's or a module's function). Each is built with fresh weights and ``num_classes``
+outputs, never downloaded; a name that cannot be built is refused with what to give
+instead (``ConfigError`` on ``--model``)."""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import importlib
+import importlib.util
+import sys
+from collections.abc import Callable
+from functools import lru_cache
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from torch import nn
+
+from ddlstudy.config import ModelSpec
+from ddlstudy.config.usecase import FACTORY, TIMM
+from ddlstudy.errors import ConfigError
+from ddlstudy.models.paper import build_paper
+
+FLAG = "--model"
+"""How a refusal names the model (the use case's [model] arch, or the flag)."""
+TORCHVISION_EXTRA = {"googlenet": {"aux_logits": False, "init_weights": True},
+                     "inception_v3": {"aux_logits": False, "init_weights": True}}
+"""torchvision's two models with auxiliary heads: built without them, so that training
+gets one output (and with torchvision's initialisation, without its warning)."""
+
+
+@lru_cache(maxsize=1)
+def torchvision_names() -> tuple[str, ...]:
+    """torchvision's classification models (``list_models`` of its ``models`` module)."""
+    from torchvision import models  # 2 s of imports: only when a name is looked up
+
+    return tuple(models.list_models(module=models))
+
+
+def _torchvision(name: str) -> Callable[..., nn.Module]:
+    known = torchvision_names()
+    if name not in known:
+        near = difflib.get_close_matches(name, known, n=4, cutoff=0.6)
+        hint = f"the nearest torchvision names: {', '.join(near)}; " if near else ""
+        raise ConfigError(FLAG, f"unknown model {name!r}; {hint}`ddlstudy models` lists "
+                          f"the names, or give path/to/file.py:FUNCTION of your own")
+    from torchvision import models
+
+    extra = TORCHVISION_EXTRA.get(name, {})
+    return lambda num_classes: models.get_model(name, weights=None, num_classes=num_classes,
+                                                **extra)
+
+
+def _timm(name: str) -> Callable[..., nn.Module]:
+    try:
+        import timm
+    except ImportError:
+        raise ConfigError(FLAG, f"{TIMM}{name} needs timm, which is not installed: pip "
+                          f"install timm, or name a torchvision model") from None
+    if name not in timm.list_models():
+        near = difflib.get_close_matches(name, timm.list_models(), n=4, cutoff=0.6)
+        raise ConfigError(FLAG, f"timm has no model {name!r}"
+                          + (f"; the nearest: {', '.join(near)}" if near else ""))
+    return lambda num_classes: timm.create_model(name, pretrained=False,
+                                                 num_classes=num_classes)
+
+
+def sha256_of(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+@lru_cache(maxsize=16)
+def _load_file(path: str, digest: str) -> ModuleType:
+    """The module of a factory file, once per process and content (its name carries the
+    digest, so an edited file is a new module)."""
+    name = f"ddlstudy_model_{digest[:16]}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # its classes pickle by reference (spawned workers)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _factory(where: str, function: str, kind: str) -> Callable[..., nn.Module]:
+    try:
+        if kind == "file":
+            if not Path(where).is_file():
+                raise ConfigError(FLAG, f"{where} does not exist; give path/to/file.py:"
+                                  f"FUNCTION (relative to the use case's file, or to the "
+                                  f"working directory for --model)")
+            module = _load_file(where, sha256_of(Path(where)))
+        else:
+            module = importlib.import_module(where)
+    except ConfigError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - someone else's code, any error
+        raise ConfigError(FLAG, f"could not import {where}: {type(exc).__name__}: "
+                          f"{exc}") from None
+    make = getattr(module, function, None)
+    if not callable(make):
+        have = sorted(n for n, v in vars(module).items() if callable(v) and n[0] != "_"
+                      and getattr(v, "__module__", None) == module.__name__)
+        raise ConfigError(FLAG, f"{where} has no function {function}"
+                          + (f" (it has: {', '.join(have)})" if have else ""))
+    return make
+
+
+def maker(spec: ModelSpec) -> Callable[[int], nn.Module]:
+    """``make(num_classes)`` for ``spec``, or a ConfigError saying why there is none."""
+    kind = spec.kind
+    if kind == "paper":
+        return lambda num_classes: build_paper(spec, num_classes)
+    if kind == "torchvision":
+        return _torchvision(str(spec.arch))
+    if kind == "timm":
+        return _timm(spec.arch.removeprefix(TIMM))
+    found = FACTORY.match(spec.arch)
+    return _factory(found["where"], found["function"], kind)
+
+
+def made(spec: ModelSpec, num_classes: int) -> nn.Module:
+    """The model, checked to be an ``nn.Module`` (a factory of one's own may return
+    anything, or raise)."""
+    make = maker(spec)
+    try:
+        model = make(num_classes=num_classes)
+    except ConfigError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - someone else's code, any error
+        raise ConfigError(FLAG, f"{spec.arch}(num_classes={num_classes}) raised "
+                          f"{type(exc).__name__}: {exc}") from None
+    if not isinstance(model, nn.Module):
+        raise ConfigError(FLAG, f"{spec.arch}(num_classes={num_classes}) returned "
+                          f"{type(model).__name__}, not a torch.nn.Module")
+    return model
+
+
+def origin(spec: ModelSpec) -> dict[str, Any]:
+    """Where the model comes from, for the manifest: the library and its version, or the
+    factory file's sha256."""
+    kind = spec.kind
+    if kind in ("paper", "torchvision"):
+        import torchvision
+
+        return {"kind": kind, "torchvision": torchvision.__version__}
+    if kind == "timm":
+        import timm
+
+        return {"kind": kind, "timm": timm.__version__}
+    where = FACTORY.match(spec.arch)["where"]
+    if kind == "file":
+        return {"kind": kind, "file": where, "sha256": sha256_of(Path(where))}
+    module = importlib.import_module(where)
+    file = getattr(module, "__file__", None)
+    return {"kind": kind, "module": where,
+            **({"file": file, "sha256": sha256_of(Path(file))} if file else {})}
+

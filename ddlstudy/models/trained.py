@@ -1,0 +1,122 @@
+"""A trained model out of a run, and weights of one's own into one.
+
+``ddlstudy export model RUN --out model.pt`` writes the run's final weights as a plain state
+dict (loadable with ``torch.load(weights_only=True)``: no pickle) and, beside it,
+``model.usecase.json``: the use case it was trained on (the model's name, the classes in
+label order, the image size). Loading it back takes three lines::
+
+    from ddlstudy.models.trained import load
+    model = load("model.pt")  # the network with the run's weights
+    model.eval()
+
+``--init-weights FILE`` starts a run from a state dict of one's own (fine-tuning; never a
+download): it must fit the model, parameter for parameter (``check_weights``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ddlstudy.config import ModelSpec, UseCase, usecase_from_dict
+from ddlstudy.errors import ConfigError, UsageError
+from ddlstudy.files import atomic_write, atomic_write_text
+from ddlstudy.models.sources import made, sha256_of
+
+SIDECAR = ".usecase.json"
+
+
+def sidecar(weights: Path) -> Path:
+    """The use case's file beside exported weights: model.pt -> model.usecase.json."""
+    return Path(weights).with_suffix(SIDECAR)
+
+
+def read_weights(path: Path, flag: str) -> dict[str, torch.Tensor]:
+    """A state dict from ``path`` (tensors only: nothing in it runs), or a ConfigError."""
+    try:
+        state = torch.load(path, weights_only=True, map_location="cpu")
+    except FileNotFoundError:
+        raise ConfigError(flag, f"{path} does not exist") from None
+    except Exception as exc:  # noqa: BLE001 - a damaged or foreign file
+        raise ConfigError(flag, f"{path} is not a file of weights torch.load can read "
+                          f"safely ({type(exc).__name__}); give a state dict saved with "
+                          f"torch.save(model.state_dict(), FILE)") from None
+    if isinstance(state, dict) and isinstance(state.get("model"), dict):
+        state = state["model"]  # a ddlstudy snapshot
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor)
+                                              for v in state.values()):
+        raise ConfigError(flag, f"{path} holds no state dict (names to tensors)")
+    return state
+
+
+def check_weights(spec: ModelSpec, num_classes: int, path: Path) -> str:
+    """Refuse weights that do not fit ``spec``'s model name for name and shape (before
+    anything starts); returns their sha256."""
+    state = read_weights(path, "--init-weights")
+    with torch.device("meta"):
+        wanted = {k: tuple(v.shape) for k, v in made(spec, num_classes).state_dict().items()}
+    missing = sorted(set(wanted) - set(state))
+    extra = sorted(set(state) - set(wanted))
+    wrong = [k for k in wanted if k in state and tuple(state[k].shape) != wanted[k]]
+    if missing or extra or wrong:
+        what = (f"{wrong[0]} is {tuple(state[wrong[0]].shape)} there, {wanted[wrong[0]]} in "
+                f"the model" if wrong else f"{(missing or extra)[0]} is "
+                f"{'missing there' if missing else 'not in the model'}")
+        raise ConfigError("--init-weights", f"{path} does not fit {spec.arch} with "
+                          f"{num_classes} classes: {what}")
+    return sha256_of(Path(path))
+
+
+def load_initial(model: nn.Module, path: Path) -> None:
+    """``model`` starts from the weights in ``path`` (checked at preflight)."""
+    model.load_state_dict(read_weights(path, "--init-weights"))
+
+
+def export(run: Path, out: Path) -> list[Path]:
+    """The final weights of ``run`` (its snapshot's model) into ``out``, its use case
+    beside them."""
+    run, out = Path(run), Path(out)
+    if out.is_dir() or (out.parent / "manifest.json").is_file():
+        raise ConfigError("--out", f"{out} is a folder or inside a run folder; give a new "
+                          f"file's path outside run folders, e.g. model.pt")
+    manifest_file = run / "manifest.json"
+    if not manifest_file.is_file():
+        raise UsageError(f"{run} is not a run folder (it has no manifest.json)")
+    manifest = json.loads(manifest_file.read_text())
+    snapshot = run / "snapshot.pt"
+    if not snapshot.is_file():
+        raise UsageError(f"run {run.name} kept no weights (it ran with --no-snapshot, or "
+                         f"ended before its first epoch); run it again without --no-snapshot")
+    state = read_weights(snapshot, "RUN")
+    usecase = usecase_from_dict(_usecase_dict(manifest))
+    atomic_write(Path(out), lambda f: torch.save(state, f))
+    atomic_write_text(sidecar(out), json.dumps(
+        {"usecase": _usecase_dict(manifest), "run": manifest.get("id"),
+         "epochs": len(manifest.get("epochs", [])), "model": manifest.get("model"),
+         "classes": list(usecase.classes or ())}, indent=2))
+    return [Path(out), sidecar(out)]
+
+
+def _usecase_dict(manifest: dict[str, Any]) -> dict[str, Any]:
+    try:
+        raw = dict(manifest["config"]["usecase"])
+    except (KeyError, TypeError):
+        raise UsageError("the run's manifest records no use case") from None
+    raw.pop("source", None)
+    return raw
+
+
+def load(weights: Path) -> nn.Module:
+    """The model ``ddlstudy export model`` wrote, with its weights."""
+    side = sidecar(weights)
+    if not side.is_file():
+        raise UsageError(f"{side} is missing: export the weights with `ddlstudy export model "
+                         f"RUN --out {weights}`")
+    usecase: UseCase = usecase_from_dict(json.loads(side.read_text())["usecase"])
+    model = made(usecase.model, len(usecase.classes))
+    model.load_state_dict(read_weights(Path(weights), "weights"))
+    return model

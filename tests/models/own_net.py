@@ -1,0 +1,40 @@
+"""A network of one's own, as a researcher brings it: ``--model tests/models/own_net.py:
+small_resnet``. A small residual network with BatchNorm (running statistics: buffers); and
+factories that go wrong, each refused by name."""
+
+import torch
+from torch import nn
+
+
+class Block(nn.Module):
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(channels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x + self.bn(self.conv(x)))  # the skip: no cut inside a block
+
+
+def small_resnet(num_classes: int) -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(3, 16, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
+        Block(16), nn.Conv2d(16, 32, 3, stride=2, padding=1), Block(32), Block(32),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, num_classes))
+
+
+def raises(num_classes: int) -> nn.Module:
+    raise ValueError("this factory is broken")
+
+
+def not_a_module(num_classes: int):
+    return [num_classes]
+
+
+def wrong_outputs(num_classes: int) -> nn.Module:
+    return nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(3, num_classes + 7))
+
+
+def needs_big_images(num_classes: int) -> nn.Module:
+    return nn.Sequential(nn.Conv2d(3, 4, 9), nn.MaxPool2d(8), nn.Conv2d(4, 4, 9),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, num_classes))
