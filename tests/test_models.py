@@ -116,3 +116,42 @@ def test_a_model_that_cannot_train_is_refused_before_any_run_folder(model, messa
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and message in err, err
     assert "Traceback" not in err and not runs.exists()
+
+
+def test_models_lists_what_model_takes_and_bench_sizes_any_of_them(capsys):
+    from ddlstudy.cli import main
+    from ddlstudy.errors import ConfigError
+    from ddlstudy.tools.bench import gradient_floats
+
+    assert main(["models"]) == 0
+    out = capsys.readouterr().out
+    assert "alexnet, vgg16" in out and "resnet18" in out and "mobilenet_v3_small" in out
+    assert "path/to/file.py:FUNCTION" in out and "timm:NAME" in out
+    assert (gradient_floats("alexnet"), gradient_floats("resnet18"), gradient_floats("77")) \
+        == (57_016_131, 11_178_051, 77)
+    with pytest.raises(ConfigError, match="--size: give a number of floats or a model's "
+                                          "name; unknown model 'resnt18'"):
+        gradient_floats("resnt18")
+
+
+def test_init_weights_must_fit_the_model(tmp_path, quick_config):
+    from ddlstudy.errors import ConfigError
+    from ddlstudy.models.trained import check_weights
+    from ddlstudy.runner import run
+
+    small = ModelSpec(arch="alexnet", width=0.25)
+    torch.manual_seed(3)
+    mine = build_model(small, 3)
+    torch.save(mine.state_dict(), tmp_path / "mine.pt")
+    torch.save(build_model(ModelSpec(arch="resnet18"), 3).state_dict(), tmp_path / "other.pt")
+    (tmp_path / "junk.pt").write_bytes(b"not weights")
+    assert len(check_weights(small, 3, tmp_path / "mine.pt")) == 64
+    with pytest.raises(ConfigError, match="does not fit alexnet with 3 classes"):
+        check_weights(small, 3, tmp_path / "other.pt")
+    with pytest.raises(ConfigError, match="is not a file of weights torch.load can read"):
+        check_weights(small, 3, tmp_path / "junk.pt")
+    m = run(quick_config(init_weights=tmp_path / "mine.pt", max_steps=1, snapshot=False),
+            show_progress=False).manifest
+    assert m["model"]["init_weights"]["sha256"] == check_weights(small, 3, tmp_path / "mine.pt")
+    fresh = run(quick_config(max_steps=1, snapshot=False), show_progress=False).manifest
+    assert m["epochs"][0]["train_loss"] != fresh["epochs"][0]["train_loss"]

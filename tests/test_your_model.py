@@ -191,3 +191,19 @@ workers = 2
     snapshot = torch.load(run / "snapshot.pt", weights_only=True)["model"]
     assert all(torch.equal(v, snapshot[k]) for k, v in model.state_dict().items())
     assert model.eval()(torch.zeros(2, 3, 64, 64)).shape == (2, 3)
+
+
+def test_a_run_of_ones_own_model_replays_to_the_same_losses(tmp_path, datasets_dir):
+    from ddlstudy.cli import main
+
+    runs = tmp_path / "runs"
+    assert main(["run", "--usecase", "tiny", "--model", OWN_NET, "--epochs", "2",
+                 "--max-steps", "3", "--no-snapshot", "--sample-hz", "0", "--quiet",
+                 "--datasets-dir", str(datasets_dir), "--runs-dir", str(runs)]) == 0
+    first = manifest_in(runs)
+    assert main(["replay", str(runs / first["id"]), "--runs-dir", str(tmp_path / "again"),
+                 "--quiet"]) == 0
+    again = manifest_in(tmp_path / "again")
+    assert again["model"]["sha256"] == first["model"]["sha256"]
+    assert [e["train_loss"] for e in again["epochs"]] == \
+        [e["train_loss"] for e in first["epochs"]]

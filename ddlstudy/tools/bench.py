@@ -14,10 +14,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ddlstudy.config import ModelSpec, RunConfig, load_usecase
+from ddlstudy.config import DEFAULT_RUNS_DIR, ModelSpec, RunConfig
 from ddlstudy.data import prepare_data
 from ddlstudy.errors import ConfigError
 from ddlstudy.models import build_model, parameter_count
+from ddlstudy.plan import cell_config, cell_flags
 from ddlstudy.runner import resolve
 from ddlstudy.sampler import ResourceSampler
 from ddlstudy.training import WARMUP_STEPS, Trainer, make_loaders, plain_step, seed_everything
@@ -98,18 +99,37 @@ def _framework_loop(model, loader, steps: int) -> float:
     return trainer.train_epoch(1).steady_images_per_s
 
 
-def run_config(uc, datasets_dir: Path | None = None) -> RunConfig:
-    """The sequential baseline's config, to read the use case's data with (the default
-    datasets folder if None)."""
-    return resolve(RunConfig(usecase=uc, sample_hz=0,
-                             **({"datasets_dir": datasets_dir} if datasets_dir else {})))
+@dataclass(frozen=True)
+class What:
+    """What a bench trains: a use case (a name or a file; None: the folder's alone), a
+    folder of one's own images instead of its data, another model, where synthetic sets
+    are."""
+
+    usecase: str | None = "tiny"
+    data_dir: Path | None = None
+    model: str | None = None
+    datasets_dir: Path | None = None
+
+    def given(self) -> dict[str, str]:
+        """Its run options other than the use case, as a study cell's keys."""
+        return {k: str(v) for k, v in (("data_dir", self.data_dir), ("model", self.model),
+                                       ("datasets_dir", self.datasets_dir)) if v}
+
+    def flags(self) -> list[str]:
+        """The ``ddlstudy run`` flags that say it."""
+        named = ["--usecase", self.usecase] if self.usecase else []
+        return [*named, *cell_flags(self.given())]
+
+    def config(self) -> RunConfig:
+        """The sequential baseline's config of it (refused here if it cannot train)."""
+        return resolve(cell_config(self.usecase, self.given() | {"sample_hz": 0},
+                                   DEFAULT_RUNS_DIR))
 
 
-def overhead(usecase: str, steps: int, repeats: int,
-             datasets_dir: Path | None = None) -> Ratio:
+def overhead(what: What, steps: int, repeats: int) -> Ratio:
     """ddlstudy's training loop against a raw torch loop on the same data and model."""
-    uc = load_usecase(usecase)
-    cfg = run_config(uc, datasets_dir)
+    cfg = what.config()
+    uc = cfg.usecase
     loader, _ = make_loaders(cfg, prepare_data(cfg), loader_workers=0)
     ratio = Ratio("overhead", "ddlstudy loop / raw torch loop", "images/s")
     for _ in range(repeats):  # alternate, so drift hits both
@@ -127,10 +147,10 @@ def model_step(uc):
     return model, plain_step(model, opt, nn.CrossEntropyLoss())
 
 
-def sampler(usecase: str, steps: int, repeats: int, hz: float = 10.0) -> Ratio:
+def sampler(what: What, steps: int, repeats: int, hz: float = 10.0) -> Ratio:
     """Step time of the use case's model with the sampler at ``hz`` against without it
     (``extra['samples']``: the rows the sampler took)."""
-    uc = load_usecase(usecase)
+    uc = what.config().usecase
     _, step = model_step(uc)
     size, bs = uc.train.image_size, uc.train.batch_size
     batch = (torch.randn(bs, 3, size, size), torch.randint(0, len(uc.classes), (bs,)))
@@ -144,10 +164,10 @@ def sampler(usecase: str, steps: int, repeats: int, hz: float = 10.0) -> Ratio:
     return ratio
 
 
-def bench_overhead(usecase: str, steps: int = 20, repeats: int = 3, threads: int = 1) -> str:
+def bench_overhead(what: What, steps: int = 20, repeats: int = 3, threads: int = 1) -> str:
     torch.set_num_threads(threads)
-    r = overhead(usecase, steps, repeats)
-    uc = load_usecase(usecase)
+    r = overhead(what, steps, repeats)
+    uc = what.config().usecase
     return "\n".join([
         f"framework overhead on {uc.name} ({uc.model.arch}, batch {uc.train.batch_size}, "
         f"{threads} thread(s), data decoded in the loop, {repeats} repeats x {steps} steps)",
@@ -158,11 +178,11 @@ def bench_overhead(usecase: str, steps: int = 20, repeats: int = 3, threads: int
     ])
 
 
-def bench_sampler(usecase: str, steps: int = 30, repeats: int = 5, hz: float = 10.0,
+def bench_sampler(what: What, steps: int = 30, repeats: int = 5, hz: float = 10.0,
                   threads: int = 1) -> str:
     torch.set_num_threads(threads)
-    r = sampler(usecase, steps, repeats, hz)
-    uc = load_usecase(usecase)
+    r = sampler(what, steps, repeats, hz)
+    uc = what.config().usecase
     overhead_ = [x - 1 for x in r.ratios]
     return "\n".join([
         f"sampler overhead on {uc.name} ({uc.model.arch}, batch {uc.train.batch_size}, "

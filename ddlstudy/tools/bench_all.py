@@ -45,11 +45,11 @@ from ddlstudy.report import BASELINE
 from ddlstudy.strategies import REGISTRY as STRATEGIES
 from ddlstudy.tools.bench import (
     Ratio,
+    What,
     images_per_s,
     model_step,
     overhead,
     raw_loop,
-    run_config,
     sampler,
 )
 
@@ -72,13 +72,11 @@ def _steady(manifest: dict) -> float:
     return statistics.median(e["steady_images_per_s"] for e in manifest["epochs"])
 
 
-def _run(runs: Path, datasets_dir: Path | None, usecase: str, steps: int,
-         *flags: str) -> dict:
+def _run(runs: Path, what: What, steps: int, *flags: str) -> dict:
     """One real ``ddlstudy run`` of a few steps (validating on one batch); its manifest."""
     before = set(runs.glob("*/manifest.json"))
-    where = ["--datasets-dir", str(datasets_dir)] if datasets_dir else []
-    out = subprocess.run([sys.executable, "-m", "ddlstudy", "run", "--usecase", usecase,
-                          *where, "--runs-dir", str(runs), "--epochs", "1", "--max-steps",
+    out = subprocess.run([sys.executable, "-m", "ddlstudy", "run", *what.flags(),
+                          "--runs-dir", str(runs), "--epochs", "1", "--max-steps",
                           str(steps), "--max-val-steps", "1", "--no-snapshot", "--sample-hz",
                           "0", "--quiet", *flags],
                          capture_output=True, text=True)
@@ -111,19 +109,17 @@ def _held(loader, steps: int) -> list:
     return held
 
 
-def loader(usecase: str, steps: int, repeats: int, datasets_dir: Path | None) -> list[Ratio]:
+def loader(what: What, steps: int, repeats: int) -> list[Ratio]:
     """The same batches read by the DataLoader from the decoded cache, and decoded image by
     image in the loop, each against held in memory as tensors: what reading the data costs
     the training."""
     import dataclasses
 
-    from ddlstudy.config import load_usecase
     from ddlstudy.data import prepare_data
     from ddlstudy.training import make_loaders
 
-    uc = load_usecase(usecase)
-    _, step = model_step(uc)
-    cfg = run_config(uc, datasets_dir)
+    cfg = what.config()
+    _, step = model_step(cfg.usecase)
     data = prepare_data(cfg)
     cached, _ = make_loaders(cfg, data, loader_workers=0)
     decoding, _ = make_loaders(dataclasses.replace(cfg, data_cache=False), data,
@@ -140,16 +136,14 @@ def loader(usecase: str, steps: int, repeats: int, datasets_dir: Path | None) ->
     return list(ratios.values())
 
 
-def ceiling(usecase: str, steps: int, repeats: int, runs: Path,
-            datasets_dir: Path | None) -> list[Ratio]:
-    from ddlstudy.config import load_usecase
+def ceiling(what: What, steps: int, repeats: int, runs: Path) -> list[Ratio]:
     from ddlstudy.data import prepare_data
     from ddlstudy.environment import usable_cores
     from ddlstudy.models import build_model
     from ddlstudy.training import WARMUP_STEPS, make_loaders, seed_everything
 
-    uc = load_usecase(usecase)
-    cfg = run_config(uc, datasets_dir)
+    cfg = what.config()
+    uc = cfg.usecase
     train, _ = make_loaders(cfg, prepare_data(cfg), loader_workers=0)
     held = _held(train, steps)
     cores = usable_cores()
@@ -159,8 +153,7 @@ def ceiling(usecase: str, steps: int, repeats: int, runs: Path,
               for name, (threads, _) in settings.items()}
     for _ in range(repeats):
         for name, (threads, flags) in settings.items():
-            ratios[name].a.append(_steady(_run(runs, datasets_dir, usecase,
-                                               WARMUP_STEPS + steps, *flags)))
+            ratios[name].a.append(_steady(_run(runs, what, WARMUP_STEPS + steps, *flags)))
             torch.set_num_threads(threads)
             seed_everything(0)
             ratios[name].b.append(raw_loop(build_model(uc.model, len(uc.classes)), held,
@@ -169,8 +162,7 @@ def ceiling(usecase: str, steps: int, repeats: int, runs: Path,
     return list(ratios.values())
 
 
-def strategies(usecase: str, steps: int, repeats: int, runs: Path,
-               datasets_dir: Path | None) -> list[Ratio]:
+def strategies(what: What, steps: int, repeats: int, runs: Path) -> list[Ratio]:
     layouts = strategy_flags(usable_cores())
     speed = {s: Ratio("strategies", f"{s} / sequential", "images/s") for s in layouts}
     start = {s: Ratio("start", f"{s} / sequential: seconds from the command to the first "
@@ -178,17 +170,15 @@ def strategies(usecase: str, steps: int, repeats: int, runs: Path,
     for _ in range(repeats):
         for name, flags in layouts.items():
             _side_by_side(speed[name], start[name],
-                          _run(runs, datasets_dir, usecase, steps, *flags),
-                          _run(runs, datasets_dir, usecase, steps))
+                          _run(runs, what, steps, *flags), _run(runs, what, steps))
     return [*speed.values(), *start.values()]
 
 
-def reducers(usecase: str, repeats: int, hosts: str | None) -> list[Ratio]:
-    from ddlstudy.config import load_usecase
+def reducers(what: What, repeats: int, hosts: str | None) -> list[Ratio]:
     from ddlstudy.models import parameter_count
     from ddlstudy.tools.predict import measure_reducers
 
-    uc = load_usecase(usecase)
+    uc = what.config().usecase
     floats = parameter_count(uc.model, len(uc.classes))
     ms = measure_reducers(floats, 2, repeats, hosts)
     return [Ratio("reducers", f"{name} / MPI Allreduce (2 ranks, {4 * floats / 1e6:.1f} MB)",
@@ -197,14 +187,13 @@ def reducers(usecase: str, repeats: int, hosts: str | None) -> list[Ratio]:
 
 
 def _pair(group: str, a: str, b: str, a_flags: list[str], b_flags: list[str],
-          usecase: str, steps: int, repeats: int, runs: Path,
-          datasets_dir: Path | None) -> list[Ratio]:
+          what: What, steps: int, repeats: int, runs: Path) -> list[Ratio]:
     """Run ``a`` then ``b`` (their flags) side by side ``repeats`` times: their images/s
     in ``group``, and their seconds to the first step in ``start``."""
     speed = Ratio(group, f"{a} / {b}", "images/s")
     start = Ratio("start", f"{a} / {b}: seconds from the command to the first step", "s")
     for _ in range(repeats):
-        _side_by_side(speed, start, *(_run(runs, datasets_dir, usecase, steps, *flags)
+        _side_by_side(speed, start, *(_run(runs, what, steps, *flags)
                                       for flags in (a_flags, b_flags)))
     return [speed, start]
 
@@ -215,34 +204,29 @@ PROCESSES_2_GLOO = [*PROCESSES_2, "--transport", "gloo"]
 SHARED, GLOO = "cpu-processes, 2, shared memory", "cpu-processes, 2 (DDP over gloo)"
 
 
-def transport(usecase: str, steps: int, repeats: int, runs: Path,
-              datasets_dir: Path | None) -> list[Ratio]:
-    return _pair("transport", SHARED, GLOO, PROCESSES_2, PROCESSES_2_GLOO, usecase, steps,
-                 repeats, runs, datasets_dir)
+def transport(what: What, steps: int, repeats: int, runs: Path) -> list[Ratio]:
+    return _pair("transport", SHARED, GLOO, PROCESSES_2, PROCESSES_2_GLOO, what, steps,
+                 repeats, runs)
 
 
-def mpi(usecase: str, steps: int, repeats: int, runs: Path,
-        datasets_dir: Path | None) -> list[Ratio]:
-    return [*_pair("mpi", "MPI, 2 nodes", GLOO, MPI_2, PROCESSES_2_GLOO, usecase, steps,
-                   repeats, runs, datasets_dir),
-            *_pair("mpi", "MPI, 2 nodes", SHARED, MPI_2, PROCESSES_2, usecase, steps,
-                   repeats, runs, datasets_dir)]
+def mpi(what: What, steps: int, repeats: int, runs: Path) -> list[Ratio]:
+    return [*_pair("mpi", "MPI, 2 nodes", GLOO, MPI_2, PROCESSES_2_GLOO, what, steps,
+                   repeats, runs),
+            *_pair("mpi", "MPI, 2 nodes", SHARED, MPI_2, PROCESSES_2, what, steps,
+                   repeats, runs)]
 
 
-def spark(usecase: str, steps: int, repeats: int, runs: Path,
-          datasets_dir: Path | None) -> list[Ratio]:
+def spark(what: What, steps: int, repeats: int, runs: Path) -> list[Ratio]:
     return _pair("spark", "Spark, 2 tasks", "MPI, 2 nodes",
-                 ["--backend", "spark", "--nodes", "2"], MPI_2, usecase, steps, repeats, runs,
-                 datasets_dir)
+                 ["--backend", "spark", "--nodes", "2"], MPI_2, what, steps, repeats, runs)
 
 
-def bench_all(usecase: str, steps: int, repeats: int, groups: list[str],
-              hosts: str | None = None, datasets_dir: Path | None = None) -> dict:
+def bench_all(what: What, steps: int, repeats: int, groups: list[str],
+              hosts: str | None = None) -> dict:
     from ddlstudy import environment
-    from ddlstudy.config import load_usecase
 
     bench_groups(",".join(groups))
-    load_usecase(usecase)  # an unknown use case is refused before anything runs
+    uc = what.config().usecase  # refused before anything runs if it cannot train
     torch.set_num_threads(1)
     results: list[Ratio] = []
     skipped: dict[str, str] = {}
@@ -252,27 +236,28 @@ def bench_all(usecase: str, steps: int, repeats: int, groups: list[str],
         for group in groups:
             t0 = time.time()
             if group == "overhead":
-                results.append(overhead(usecase, steps, repeats, datasets_dir))
+                results.append(overhead(what, steps, repeats))
             elif group == "ceiling":
-                results += ceiling(usecase, steps, repeats, runs, datasets_dir)
+                results += ceiling(what, steps, repeats, runs)
             elif group == "sampler":
-                results.append(sampler(usecase, steps, repeats))
+                results.append(sampler(what, steps, repeats))
             elif group == "loader":
-                results += loader(usecase, steps, repeats, datasets_dir)
+                results += loader(what, steps, repeats)
             elif group == "strategies":
-                results += strategies(usecase, steps, repeats, runs, datasets_dir)
+                results += strategies(what, steps, repeats, runs)
             elif group == "reducers":
-                results += reducers(usecase, repeats, hosts)
+                results += reducers(what, repeats, hosts)
             elif group == "transport":
-                results += transport(usecase, steps, repeats, runs, datasets_dir)
+                results += transport(what, steps, repeats, runs)
             elif group == "mpi":
-                results += mpi(usecase, steps, repeats, runs, datasets_dir)
+                results += mpi(what, steps, repeats, runs)
             elif shutil.which("java") is None:
                 skipped["spark"] = "no Java on this machine (Spark's JVM needs it)"
             else:
-                results += spark(usecase, steps, repeats, runs, datasets_dir)
+                results += spark(what, steps, repeats, runs)
             print(f"  {group}: {time.time() - t0:.0f} s", file=sys.stderr)
-    return {"usecase": usecase, "steps": steps, "repeats": repeats,
+    return {"usecase": uc.name, "model": str(uc.model.arch), "steps": steps,
+            "repeats": repeats,
             "seconds": round(time.time() - started, 1), "host": environment.host(),
             "versions": environment.versions(), "skipped": skipped,
             "figures": [r.as_dict() for r in results]}
