@@ -1,3 +1,4 @@
+from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
@@ -105,6 +106,9 @@ def test_the_smallest_image_is_found_by_a_forward_pass():
     (f"{OWN}:needs_big_images", "train.image_size: 64 px is too small for"),
     ("no_such_package.nets:make", "--model: could not import no_such_package.nets: "
                                   "ModuleNotFoundError"),
+    pytest.param("timm:resnet18", "--model: timm:resnet18 needs timm, which is not installed",
+                 marks=pytest.mark.skipif(find_spec("timm") is not None,
+                                          reason="timm is installed here")),
 ])
 def test_a_model_that_cannot_train_is_refused_before_any_run_folder(model, message, tmp_path,
                                                                     capsys, datasets_dir):

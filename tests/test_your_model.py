@@ -25,6 +25,8 @@ SETUPS = {
     "hybrid": ["--strategy", "hybrid", "--replicas", "2", "--stages", "2"],
     "mpi": ["--backend", "mpi", "--nodes", "2"],
     "spark": ["--backend", "spark", "--nodes", "2"],
+    "spark-allgather": ["--backend", "spark", "--nodes", "2", "--spark-sync", "allgather",
+                        "--sync-every", "2"],
 }
 # One network of one's own under every setup; each torchvision network under three.
 CASES = [*((OWN_NET, s) for s in SETUPS),
@@ -47,7 +49,7 @@ def manifest_in(runs: Path) -> dict:
 @pytest.mark.parametrize("model, setup", CASES, ids=[f"{Path(m).name}-{s}" for m, s in CASES])
 def test_any_model_trains_under_every_strategy_and_backend(model, setup, tmp_path,
                                                            datasets_dir):
-    if setup == "spark" and shutil.which("java") is None:
+    if setup.startswith("spark") and shutil.which("java") is None:
         pytest.skip("Spark needs Java")
     runs = tmp_path / "runs"
     out = ddlstudy("run", "--usecase", "tiny", "--model", model, "--epochs", "1",
