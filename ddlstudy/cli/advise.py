@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ddlstudy.cli.common import check_positive, host_count, seconds
+from ddlstudy.cli.common import add_what, check_positive, host_count, seconds, usecase_of
 from ddlstudy.errors import ConfigError
 from ddlstudy.sampler import NOISY_CORES, WAIT_MOST_S
 
@@ -13,12 +13,7 @@ from ddlstudy.sampler import NOISY_CORES, WAIT_MOST_S
 def register(sub) -> None:
     p = sub.add_parser("advise", help="how to train a use case here: probes every local "
                        "strategy, measures the exchange, predicts and ranks")
-    p.add_argument("--usecase", help="a use case name or TOML file (default: tiny, or with "
-                   "--data-dir alone, that folder's: its classes are its class folders)")
-    p.add_argument("--data-dir", type=Path, help="a folder of your own images (root/<class>/"
-                   "<image>) instead of the use case's (default: none)")
-    p.add_argument("--model", help="the network instead of the use case's (`ddlstudy "
-                   "models` lists them; default: the use case's)")
+    add_what(p)
     p.add_argument("--nodes", help="node counts to rank (default: 1,2,4; with --hosts, 1 "
                    "up to the hosts given)")
     p.add_argument("--hosts", help="where the nodes will run (emulated[:PREFIX] or "
@@ -37,8 +32,6 @@ def register(sub) -> None:
                    f"other processes use at most {NOISY_CORES} cores of this host (at most "
                    f"{WAIT_MOST_S:.0f} s; not charged to the budget). Without it, probes "
                    "on a busy host are still marked and not counted where a quiet one came")
-    p.add_argument("--datasets-dir", type=Path, help="where the synthetic sets are "
-                   "(default: datasets/)")
     p.add_argument("--out", type=Path, help="where advise.json, advise.md and the probes' "
                    "runs go (default: runs/advise/<usecase>)")
     p.add_argument("--quiet", action="store_true", help="warnings and errors only")
@@ -52,7 +45,7 @@ def cmd_advise(args: argparse.Namespace) -> int:
 
     data = {k: str(v) for k, v in (("data_dir", args.data_dir), ("model", args.model))
             if v is not None}
-    usecase = args.usecase or (None if args.data_dir else "tiny")
+    usecase = usecase_of(args)
     # A use case, folder or model that cannot be trained is refused before anything runs.
     uc = cell_config(usecase, data, DEFAULT_RUNS_DIR).usecase
     budget = seconds("--budget", args.budget)

@@ -6,7 +6,7 @@ import argparse
 import time
 from pathlib import Path
 
-from ddlstudy.cli.common import check_positive
+from ddlstudy.cli.common import add_what, check_positive, usecase_of
 from ddlstudy.config.catalog import BENCH_GROUPS
 from ddlstudy.errors import ConfigError
 
@@ -15,7 +15,7 @@ def register(sub) -> None:
     p = sub.add_parser("bench", help="performance figures, measured side by side")
     bsub = p.add_subparsers(dest="bench_command", required=True, metavar="WHAT")
     b = bsub.add_parser("sampler", help="step time with the sampler on against off")
-    _what(b)
+    add_what(b)
     b.add_argument("--steps", type=int, default=30, help="timed steps per repeat")
     b.add_argument("--repeats", type=int, default=5, help="on/off alternations")
     b.add_argument("--hz", type=float, default=10.0, help="sampling rate when on")
@@ -28,7 +28,7 @@ def register(sub) -> None:
                    "(default: this host)")
     b.add_argument("--repeats", type=int, default=5, help="timings per reducer")
     b = bsub.add_parser("all", help="every figure in one go, as ratios: JSON and Markdown")
-    _what(b)
+    add_what(b)
     b.add_argument("--steps", type=int, default=10, help="timed steps per measurement")
     b.add_argument("--repeats", type=int, default=3, help="alternations of each pair")
     b.add_argument("--only", help=f"comma-separated groups: {', '.join(BENCH_GROUPS)} "
@@ -38,23 +38,11 @@ def register(sub) -> None:
     b.add_argument("--out", type=Path, help="where bench.json and bench.md go "
                    "(default runs/bench/<time>)")
     b = bsub.add_parser("overhead", help="ddlstudy's loop against a raw torch loop")
-    _what(b)
+    add_what(b)
     b.add_argument("--steps", type=int, default=20, help="timed steps per repeat")
     b.add_argument("--repeats", type=int, default=3, help="alternations of the two loops")
     b.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     p.set_defaults(func=cmd_bench)
-
-
-def _what(b: argparse.ArgumentParser) -> None:
-    """What a bench trains: the flags ``tools.bench.What`` holds."""
-    b.add_argument("--usecase", help="a use case name or TOML file (default: tiny, or with "
-                   "--data-dir alone, that folder's)")
-    b.add_argument("--data-dir", type=Path, help="a folder of your own images (root/<class>/"
-                   "<image>) instead of the use case's (default: none)")
-    b.add_argument("--model", help="the network instead of the use case's (`ddlstudy "
-                   "models`; default: the use case's)")
-    b.add_argument("--datasets-dir", type=Path, help="where the synthetic sets are "
-                   "(default: datasets/ under $DDLSTUDY_HOME or the working directory)")
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -71,10 +59,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     check_load()  # figures measured on a busy host say little: say so first
     from ddlstudy.tools.bench import What, bench_overhead, bench_reduce, bench_sampler
 
-    what = What(getattr(args, "usecase", None) or (None if getattr(args, "data_dir", None)
-                                                   else "tiny"),
-                getattr(args, "data_dir", None), getattr(args, "model", None),
-                getattr(args, "datasets_dir", None))
+    what = What(usecase_of(args), getattr(args, "data_dir", None),
+                getattr(args, "model", None), getattr(args, "datasets_dir", None))
     if args.bench_command == "all":
         from ddlstudy.tools import bench_all
 

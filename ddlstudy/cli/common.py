@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from pathlib import Path
 
 from ddlstudy.errors import ConfigError
 
@@ -36,3 +37,24 @@ def host_count(spec: str) -> int:
 
     prefix = hosts.emulated_prefix(spec)
     return hosts.load(prefix).count if prefix else len([h for h in spec.split(",") if h])
+
+
+def add_what(parser: argparse.ArgumentParser) -> None:
+    """The flags that say what a command trains: a use case, or a folder of one's own
+    images, and a model."""
+    parser.add_argument("--usecase", help="a use case name or TOML file (default: tiny, or "
+                        "with --data-dir alone, that folder's: its classes are its class "
+                        "folders)")
+    parser.add_argument("--data-dir", type=Path, help="a folder of your own images "
+                        "(root/<class>/<image>) instead of the use case's (default: none)")
+    parser.add_argument("--model", help="the network instead of the use case's (`ddlstudy "
+                        "models` lists them; default: the use case's)")
+    parser.add_argument("--datasets-dir", type=Path, help="where the synthetic sets are "
+                        "(default: datasets/ under $DDLSTUDY_HOME or the working directory)")
+
+
+def usecase_of(args: argparse.Namespace) -> str | None:
+    """The use case ``add_what``'s flags name: theirs, none with --data-dir alone (the
+    folder's), else tiny."""
+    given = getattr(args, "usecase", None)
+    return given or (None if getattr(args, "data_dir", None) else "tiny")
