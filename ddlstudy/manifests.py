@@ -10,6 +10,7 @@ the manifest's: the images changed, and the replay would silently measure someth
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 from pathlib import Path
@@ -103,7 +104,22 @@ def differences(manifest: dict[str, Any]) -> list[str]:
     git_then, git_now = manifest.get("git") or {}, environment.git_state() or {}
     if git_then.get("commit") != git_now.get("commit"):
         out.append(f"code: commit {git_then.get('commit')} then, {git_now.get('commit')} now")
+    model = manifest.get("model") or {}
+    for what, recorded in (("the model's file", model),
+                           ("the initial weights", model.get("init_weights") or {})):
+        if recorded.get("sha256") and recorded.get("file"):
+            now = _sha256(Path(recorded["file"]))
+            if now != recorded["sha256"]:
+                out.append(f"{what} {recorded['file']}: sha256 {recorded['sha256'][:12]} "
+                           f"then, {now[:12] if now else 'missing'} now")
     return out
+
+
+def _sha256(path: Path) -> str | None:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None
 
 
 # --- compare -----------------------------------------------------------------------------

@@ -63,9 +63,18 @@ class Registry(dict[str, T], Generic[T]):
         try:
             item = point.load()
         except Exception as exc:  # noqa: BLE001 - any error of someone else's package
-            log.warning("plugin %s = %s (entry point group %s) could not be loaded and is "
-                        "left out: %s: %s", point.name, point.value, self.group,
-                        type(exc).__name__, exc)
+            self._left_out(point, f"{type(exc).__name__}: {exc}")
             return
-        if isinstance(getattr(item, "name", None), str):  # a class, or a module whose
-            self.register(item)  # import registered what it holds
+        name = getattr(item, "name", None)
+        if not isinstance(name, str):  # a module whose import registered what it holds
+            if point.name not in self:
+                self._left_out(point, f"it names no {self.noun} (no name attribute)")
+            return
+        if self.get(name, item) is not item:
+            self._left_out(point, f"{name!r} is another {self.noun}'s name already")
+            return
+        self.register(item)
+
+    def _left_out(self, point, why: str) -> None:
+        log.warning("plugin %s = %s (entry point group %s) could not be loaded and is left "
+                    "out: %s", point.name, point.value, self.group, why)

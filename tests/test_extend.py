@@ -195,3 +195,25 @@ def test_a_plugin_installed_by_pip_into_a_venv_of_its_own(tmp_path, datasets_dir
     m = manifest_in(runs)
     assert (m["strategy"]["name"], m["backend"]["name"], m["status"]) == (
         "cpu-loaders", "local-nodes", "completed")
+
+
+def test_a_plugin_cannot_take_a_name_already_taken(caplog):
+    """A plugin's strategy named like one of ddlstudy's is left out, named in a warning;
+    ddlstudy's keeps its name."""
+    from ddlstudy.registry import Registry
+    from ddlstudy.strategies import REGISTRY
+
+    class Shadow:
+        name = "sequential"
+
+    class Point:
+        name, value = "sequential", "someones:Shadow"
+
+        def load(self):
+            return Shadow
+
+    mine = Registry("--strategy", "strategy")
+    mine.update(REGISTRY)
+    mine._load(Point())
+    assert mine["sequential"] is REGISTRY["sequential"]
+    assert "'sequential' is another strategy's name already" in caplog.text

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import tomllib
 from pathlib import Path
 
 from ddlstudy.errors import ConfigError
@@ -39,6 +40,13 @@ def cmd_usecase(args: argparse.Namespace) -> int:
                           f"replace it")
     check_folder("--out", out.parent if str(out.parent) else Path("."))
     text = starter(args.data_dir, args.model, args.image_size, out, args.name)
+    from ddlstudy.config import usecase_from_dict
+    from ddlstudy.config.folders import with_classes
+    from ddlstudy.models import check  # imports torch: the model is built to be checked
+
+    made = usecase_from_dict(tomllib.loads(text), source=str(out.resolve()))
+    made = with_classes(made, made.data.dir)
+    check(made.model, len(made.classes), made.train.image_size)  # refused before writing
     atomic_write_text(out, text)
     print(f"wrote {out}; train it with `ddlstudy run --usecase {out}`")
     return 0

@@ -21,7 +21,7 @@ from ddlstudy.models.paper import ScaledAlexNet, ScaledVGG16
 from ddlstudy.models.sources import FLAG, made, maker, origin, torchvision_names
 
 __all__ = ["Facts", "ScaledAlexNet", "ScaledVGG16", "build_model", "check", "count_parameters",
-           "describe", "facts", "parameter_count", "torchvision_names"]
+           "describe", "facts", "parameter_count", "shapes_only", "torchvision_names"]
 
 
 def build_model(spec: ModelSpec, num_classes: int) -> nn.Module:
@@ -33,7 +33,7 @@ def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def _shapes_only(spec: ModelSpec, num_classes: int) -> tuple[nn.Module, bool]:
+def shapes_only(spec: ModelSpec, num_classes: int) -> tuple[nn.Module, bool]:
     """The model built on the meta device (shapes, nothing allocated), or, where its
     maker cannot build there (torchvision's regnets compute with tensors), on the CPU.
     Returns (model, on meta)."""
@@ -98,7 +98,7 @@ class Facts:
 @lru_cache(maxsize=64)
 def facts(spec: ModelSpec, num_classes: int) -> Facts:
     """What ``spec``'s model is, with ``num_classes`` outputs (cached per process)."""
-    model, meta = _shapes_only(spec, num_classes)
+    model, meta = shapes_only(spec, num_classes)
     buffers = sum(b.numel() for b in model.buffers() if b.is_floating_point())
     return Facts(str(spec.arch), count_parameters(model), buffers,
                  _smallest(model, meta) if meta else None)
@@ -116,8 +116,16 @@ def check(spec: ModelSpec, num_classes: int, image_size: int) -> None:
     be built, does not give ``num_classes`` outputs an image, or does not take images of
     ``image_size`` px (saying the smallest it takes)."""
     found = facts(spec, num_classes)
-    model, meta = _shapes_only(spec, num_classes)
+    model, meta = shapes_only(spec, num_classes)
     out = _forward(model, image_size, meta, train=True)
+    if isinstance(out, Exception) and meta:  # a forward that needs real values (.item())
+        model, meta = made(spec, num_classes), False
+        out = _forward(model, image_size, meta, train=True)
+    odd = sorted({str(p.dtype) for p in model.parameters() if p.dtype != torch.float32})
+    if odd:
+        raise ConfigError(FLAG, f"{spec.arch}'s weights are {', '.join(odd)}; ddlstudy "
+                          f"trains float32 weights (--precision bf16 or fp16 computes in "
+                          f"half precision under autocast): build it in float32")
     if isinstance(out, Exception):
         smallest = found.min_image_size
         if smallest is not None and image_size < smallest:

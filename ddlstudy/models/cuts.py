@@ -77,9 +77,15 @@ class Layers:
         needed = {a for n in after for a in n.all_input_nodes} | {self.output}
         return {n for n in needed if n in before}
 
+    def _owned(self, nodes: list[fx.Node]) -> set[str]:
+        """The modules and attributes (parameters used directly) ``nodes`` use."""
+        return {n.target for n in nodes if n.op == "call_module"} | {
+            a.target for n in nodes for a in n.all_input_nodes if a.op == "get_attr"}
+
     def _flows(self, i: int) -> bool:
-        modules = {n.target for n in self.nodes[:i] if n.op == "call_module"}
-        shared = any(n.op == "call_module" and n.target in modules for n in self.nodes[i:])
+        """One value flows past layer i, and no module or parameter is used on both sides
+        (each stage owns its own)."""
+        shared = self._owned(self.nodes[:i]) & self._owned(self.nodes[i:])
         return len(self._crossing(i)) == 1 and not shared
 
     def check(self, starts: list[int]) -> None:
@@ -99,8 +105,14 @@ class Layers:
         leaving = self.output if end == len(self.nodes) else next(iter(self._crossing(end)))
         graph, env = fx.Graph(), {}
         env[entering] = graph.placeholder("x")
+
+        def value(n: fx.Node) -> fx.Node:  # a parameter used directly: fetched in the stage
+            if n not in env and n.op == "get_attr":
+                env[n] = graph.get_attr(n.target)
+            return env[n]
+
         for node in self.nodes[start:end]:
-            env[node] = graph.node_copy(node, lambda n: env[n])
+            env[node] = graph.node_copy(node, value)
         graph.output(env[leaving])
         first = self.nodes[start]
         if index and first.op == "call_module":  # its input is a leaf autograd must not

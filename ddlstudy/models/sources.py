@@ -79,7 +79,7 @@ def _load_file(path: str, digest: str) -> ModuleType:
     name = f"ddlstudy_model_{digest[:16]}"
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # its classes pickle by reference (spawned workers)
+    sys.modules[name] = module  # as an imported module is: copy.deepcopy and pickle find it
     spec.loader.exec_module(module)
     return module
 

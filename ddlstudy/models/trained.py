@@ -25,6 +25,7 @@ from torch import nn
 from ddlstudy.config import ModelSpec, UseCase, usecase_from_dict
 from ddlstudy.errors import ConfigError, UsageError
 from ddlstudy.files import atomic_write, atomic_write_text
+from ddlstudy.models import shapes_only
 from ddlstudy.models.sources import made, sha256_of
 
 SIDECAR = ".usecase.json"
@@ -57,8 +58,8 @@ def check_weights(spec: ModelSpec, num_classes: int, path: Path) -> str:
     """Refuse weights that do not fit ``spec``'s model name for name and shape (before
     anything starts); returns their sha256."""
     state = read_weights(path, "--init-weights")
-    with torch.device("meta"):
-        wanted = {k: tuple(v.shape) for k, v in made(spec, num_classes).state_dict().items()}
+    model, _ = shapes_only(spec, num_classes)
+    wanted = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     missing = sorted(set(wanted) - set(state))
     extra = sorted(set(state) - set(wanted))
     wrong = [k for k in wanted if k in state and tuple(state[k].shape) != wanted[k]]

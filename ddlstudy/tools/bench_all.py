@@ -138,7 +138,6 @@ def loader(what: What, steps: int, repeats: int) -> list[Ratio]:
 
 def ceiling(what: What, steps: int, repeats: int, runs: Path) -> list[Ratio]:
     from ddlstudy.data import prepare_data
-    from ddlstudy.environment import usable_cores
     from ddlstudy.models import build_model
     from ddlstudy.training import WARMUP_STEPS, make_loaders, seed_everything
 

@@ -139,11 +139,17 @@ class Node:
 
 
 def _gradient_bytes(manifest: dict) -> int:
-    from ddlstudy.config import load_usecase
-    from ddlstudy.models import parameter_count
+    """The float32 gradient the run's nodes averaged: its recorded model's weights (a run
+    from before models were recorded: its use case's, rebuilt from its config)."""
+    from ddlstudy.config import usecase_from_dict
+    from ddlstudy.models import facts
 
-    uc = load_usecase(manifest["usecase"])
-    return 4 * parameter_count(uc.model, len(uc.classes))
+    recorded = (manifest.get("model") or {}).get("parameters")
+    if recorded:
+        return 4 * int(recorded)
+    raw = {k: v for k, v in manifest["config"]["usecase"].items() if k != "source"}
+    uc = usecase_from_dict(raw)
+    return facts(uc.model, len(uc.classes)).gradient_bytes
 
 
 def one_node(manifests: list[dict]) -> Node:

@@ -63,7 +63,8 @@ class Link:
       SGD: Spark's allgather mode), called after every optimizer step with the steps done
       and before every validation with None;
     - ``broadcast(tensor)``: worker 0's ``tensor`` on every worker, in place (a model's
-      buffers, BatchNorm's running statistics: worker 0's are the model's, as in DDP).
+      buffers, BatchNorm's running statistics: worker 0's are the model's, as in DDP);
+      needed by a link of several workers whose model has buffers.
     """
 
     rank: int
@@ -76,7 +77,7 @@ class Link:
     group: bool = False
     attach: Callable[[nn.Module, torch.Tensor, Any], Any] = _untimed
     settle: Callable[[nn.Module, int | None], None] | None = None
-    broadcast: Callable[[torch.Tensor], None] = lambda tensor: None
+    broadcast: Callable[[torch.Tensor], None] | None = None
 
     @classmethod
     def alone(cls) -> Link:

@@ -30,7 +30,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from ddlstudy.config import RunConfig, UseCase
-from ddlstudy.models import build_model
+from ddlstudy.models import build_model, shapes_only
 from ddlstudy.models.cuts import Layers
 from ddlstudy.training.flat import average, check_views, flat_gradients, param_ranges
 from ddlstudy.training.job import Job, Link
@@ -42,14 +42,6 @@ if TYPE_CHECKING:  # 3 s of imports (torch._dynamo, DTensor): only in a pipeline
     from torch.distributed.pipelining import ScheduleGPipe
 
 log = logging.getLogger("ddlstudy")
-
-
-def layer_costs(uc: UseCase, micro_batch: int) -> list[float]:
-    """Seconds each layer of ``uc``'s model takes forward on one micro-batch."""
-    torch.manual_seed(0)
-    model = build_model(uc.model, len(uc.classes)).eval()
-    x = torch.randn(micro_batch, 3, uc.train.image_size, uc.train.image_size)
-    return Layers(model, str(uc.model.arch)).costs(x)
 
 
 def balanced_cuts(costs: list[float], stages: int,
@@ -127,12 +119,6 @@ def pipeline_step(schedule: ScheduleGPipe, optimizer: torch.optim.Optimizer, fir
     return step
 
 
-StageExchange = Callable[..., tuple[Callable[[], None], Callable[[], None] | None]]
-"""``exchange(full, module, layers, starts, rank, replicas, data_group) -> (average,
-zero)``: what a stage does with its gradients between the backward passes and the step
-(``average``), and how it clears them before a step (``zero``; None: the optimizer's)."""
-
-
 def replica_exchange(full: nn.Module, module: nn.Module, layers: Layers,
                      starts: list[int], rank: int, replicas: int,
                      data_group) -> tuple[Callable[[], None], Callable[[], None] | None]:
@@ -177,12 +163,7 @@ def _groups(replicas: int, stages: int):
 
 def layers_of(uc: UseCase) -> Layers:
     """``uc``'s model traced into its layers (shapes only where its maker allows)."""
-    try:
-        with torch.device("meta"):
-            model = build_model(uc.model, len(uc.classes))
-    except Exception:  # noqa: BLE001 - a maker that needs real tensors
-        model = build_model(uc.model, len(uc.classes))
-    return Layers(model, str(uc.model.arch))
+    return Layers(shapes_only(uc.model, len(uc.classes))[0], str(uc.model.arch))
 
 
 def cuts(job: Job, stages: int, micro_batch: int) -> list[int]:
@@ -193,8 +174,12 @@ def cuts(job: Job, stages: int, micro_batch: int) -> list[int]:
         starts, costs = list(cfg.stage_starts), None
     else:
         log.info("measuring each layer's forward time to balance %d stages ...", stages)
-        costs = layer_costs(cfg.usecase, micro_batch)
-        starts = balanced_cuts(costs, stages, layers_of(cfg.usecase).starts)
+        uc = cfg.usecase
+        torch.manual_seed(0)
+        layers = Layers(build_model(uc.model, len(uc.classes)).eval(), str(uc.model.arch))
+        costs = layers.costs(torch.randn(micro_batch, 3, uc.train.image_size,
+                                         uc.train.image_size))
+        starts = balanced_cuts(costs, stages, layers.starts)
     if job.folder is not None:
         job.folder.manifest["strategy"].update(stage_starts=starts, layer_costs_s=costs)
         job.folder.write_manifest()

@@ -75,6 +75,9 @@ def same_buffers(buffers: list[torch.Tensor], link: Link) -> None:
     """Worker 0's buffers on every worker (DDP's rule: they are the model's). BatchNorm's
     running statistics are used only to validate, so that is where they must agree; each
     worker's are updated by its own batches in between."""
+    if link.broadcast is None:
+        raise RuntimeError("the backend's Link has no broadcast, and the model has buffers "
+                           "(BatchNorm's running statistics) that every worker must share")
     flat = torch.cat([b.detach().reshape(-1) for b in buffers])
     link.broadcast(flat)
     with torch.no_grad():

@@ -14,6 +14,7 @@ from ddlstudy.strategies import Layout, Probe, Strategy, get_strategy
 from ddlstudy.training.distributed import run_group
 from ddlstudy.training.flat import exchange_step, flat_gradients
 from ddlstudy.training.loaders import make_loaders
+from ddlstudy.training.steps import make_scaler
 from ddlstudy.training.worker import new_model, new_optimizer, train_worker
 
 
@@ -42,7 +43,8 @@ class CpuLoaders(Strategy):
         train, val = make_loaders(cfg, job.data, shard=link.shard,
                                   loader_workers=self.layout(cfg).loader_workers)
         step = exchange_step(model, optimizer, flat, link, cfg.global_batch, cfg.accumulate,
-                             link.attach(model, flat, train))
+                             link.attach(model, flat, train),
+                             scaler=make_scaler(cfg.precision, device.type))
         train_worker(job, link, model, optimizer, step, train, val, device=device)
 
 

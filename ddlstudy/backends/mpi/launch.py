@@ -55,6 +55,16 @@ def launcher_world() -> int:
                (env.get("SLURM_NTASKS") if under_mpiexec() else None) or 1)
 
 
+def local_rank() -> int:
+    """This rank among the ranks on its host (MPICH's hydra, Open MPI and Slurm say it):
+    which of the host's GPUs a one-process node takes."""
+    env = os.environ
+    for name in ("MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"):
+        if env.get(name, "").isdigit():
+            return int(env[name])
+    return 0
+
+
 def require_mpiexec() -> str:
     mpiexec = find_mpiexec()
     if mpiexec is None:

@@ -22,9 +22,9 @@ import torch
 from torch import nn
 
 from ddlstudy import wire
-from ddlstudy.backends.mpi import messages
+from ddlstudy.backends.mpi import launch, messages
 from ddlstudy.config import RunConfig
-from ddlstudy.models import parameter_count
+from ddlstudy.models import facts
 from ddlstudy.reducers import AUTO, choose, get_reducer
 from ddlstudy.reducers.compress import parse as parse_compress
 from ddlstudy.strategies import Layout, Strategy
@@ -150,7 +150,7 @@ def reducer_name(cfg: RunConfig, ranks: int) -> str:
         return "allreduce"
     if cfg.reduce != AUTO:
         return cfg.reduce
-    return choose(4 * parameter_count(cfg.usecase.model, len(cfg.usecase.classes)), ranks)
+    return choose(facts(cfg.usecase.model, len(cfg.usecase.classes)).gradient_bytes, ranks)
 
 
 def on_host(tensor: torch.Tensor, act) -> None:
@@ -162,17 +162,22 @@ def on_host(tensor: torch.Tensor, act) -> None:
         tensor.copy_(host)
 
 
-def node_link(comm, reducer) -> Link:
-    """One process per node: the reducer averages between the MPI ranks."""
+def node_link(comm, reducer, hooks: NodeHooks | None = None) -> Link:
+    """One process per node: the reducer averages between the MPI ranks (or the buckets
+    ``hooks`` started during backward, where there are)."""
 
     def exchange(flat: torch.Tensor, step: int) -> None:
-        on_host(flat, lambda array: reducer(comm, array, step=step))
+        if hooks is not None and hooks.buckets is not None:
+            hooks.buckets.finish()
+        else:
+            on_host(flat, lambda array: reducer(comm, array, step=step))
 
     def sum_over_nodes(*values: float) -> list[float]:
         return messages.sum_floats(comm, values)
 
     return Link(comm.Get_rank(), comm.Get_size(), exchange, sum_over_nodes,
                 functools.partial(gather_tensors, comm), comm.Barrier,
+                attach=hooks.attach if hooks is not None else Link.attach,
                 broadcast=lambda tensor: on_host(tensor, lambda a: comm.Bcast(a, root=0)))
 
 
@@ -185,18 +190,16 @@ class NodeHooks:
     """What MPI adds to a node's worker (``Link.attach``): ``--bucket-mb``'s buckets, sent
     as backward fills them, and ``--balance throughput``; recorded when training ends."""
 
-    def __init__(self, cfg: RunConfig, comm, link: Link) -> None:
-        self.cfg, self.comm, self.link = cfg, comm, link
+    def __init__(self, cfg: RunConfig, comm) -> None:
+        self.cfg, self.comm = cfg, comm
         self.buckets: Buckets | None = None
         self.balancer: Balancer | None = None
-        link.attach = self.attach
 
     def attach(self, model: nn.Module, flat: torch.Tensor, train) -> Balancer | None:
         cfg = self.cfg
-        if cfg.bucket_mb:  # the buckets' exchange, begun during backward
+        if cfg.bucket_mb:  # the exchange is then theirs, begun during backward
             self.buckets = Buckets(model, flat, self.comm, int(cfg.bucket_mb * 2**20),
                                    cfg.accumulate)
-            self.link.exchange = lambda flat, step: self.buckets.finish()
         if cfg.balance == "throughput" and self.comm.Get_size() > 1:
             self.balancer = Balancer(self.comm, train.batch_sampler.batches)
         return self.balancer
@@ -218,9 +221,11 @@ def fit(job: Job, comm, strategy: Strategy, layout: Layout) -> list[dict]:
     cfg = job.cfg
     torch.set_num_threads(layout.torch_threads)
     compressor = parse_compress(cfg.compress)
-    link = node_link(comm, compressor or get_reducer(reducer_name(cfg, comm.Get_size())))
-    hooks = NodeHooks(cfg, comm, link)
-    strategy.worker(job, link, device_of(layout.device_type, 0))
+    hooks = NodeHooks(cfg, comm)
+    link = node_link(comm, compressor or get_reducer(reducer_name(cfg, comm.Get_size())),
+                     hooks)
+    gpus = torch.cuda.device_count() if layout.device_type == "cuda" else 1
+    strategy.worker(job, link, device_of(layout.device_type, launch.local_rank() % gpus))
     hooks.record(job)
     record_compression(job, compressor)
     return []

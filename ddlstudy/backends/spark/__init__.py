@@ -49,7 +49,12 @@ class Spark(Backend):
 
     def check(self, cfg: RunConfig, strategy: Strategy, resuming: bool) -> None:
         driver.check(cfg)
-        processes = strategy.layout(cfg).processes
+        layout = strategy.layout(cfg)
+        if layout.device_type == "cuda":
+            raise Unavailable("--strategy", f"Spark's tasks train on the CPU here, and "
+                              f"{strategy.name} lays its node out on GPUs; use --backend mpi "
+                              f"for GPU nodes")
+        processes = layout.processes
         if processes > 1:
             raise Unavailable("--strategy", f"a Spark barrier task is one process, and a "
                               f"{strategy.name} node runs {processes}; give each task a "

@@ -67,6 +67,20 @@ def average_weights(ctx, model: nn.Module, world: int) -> None:
             offset += p.numel()
 
 
+def broadcast_first(ctx, rank: int, tensor: torch.Tensor, world: int) -> None:
+    """Task 0's ``tensor`` on every task, through allGather in chunks that keep each reply
+    under spark.rpc.message.maxSize (the other tasks send nothing)."""
+    flat = tensor.detach().cpu().reshape(-1).clone()
+    step = chunk_floats(world)
+    for start in range(0, flat.numel(), step):
+        part = flat[start:start + step]
+        mine = part.numpy().tobytes() if rank == 0 else b""
+        first = base64.b64decode(ctx.allGather(base64.b64encode(mine).decode())[0])
+        part.copy_(torch.frombuffer(bytearray(first), dtype=flat.dtype))
+    with torch.no_grad():
+        tensor.copy_(flat.view_as(tensor))
+
+
 def allgather_rank(ctx, rank: int, world: int, job: Job, work: Work, threads: int,
                    level: int) -> None:
     """Task ``rank`` of ``world``: its strategy's worker with local SGD, the weights
@@ -87,9 +101,8 @@ def allgather_rank(ctx, rank: int, world: int, job: Job, work: Work, threads: in
         if steps is None or steps % cfg.sync_every == 0:
             average_weights(ctx, model, world)
 
-    def broadcast(tensor: torch.Tensor) -> None:  # task 0's, through allGather
-        first = _gather(ctx, tensor.detach().cpu().numpy().tobytes())[0]
-        tensor.copy_(torch.from_numpy(np.frombuffer(first, dtype=np.float32).copy()))
+    def broadcast(tensor: torch.Tensor) -> None:
+        broadcast_first(ctx, rank, tensor, world)
 
     try:
         work(job, Link(rank, world, lambda flat, step: None, sum_over_tasks, gather,

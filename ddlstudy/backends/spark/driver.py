@@ -192,8 +192,3 @@ def _task(job: Job, work: Work, layout: Layout, level: int, _partition):
         allgather_rank(ctx, rank, world, job, work, threads, level)
     yield {"rank": rank, "attempt": ctx.attemptNumber(), "host": socket.gethostname(),
            "pid": os.getpid(), "threads": threads}
-
-
-# --- --spark-sync allgather (SparkNet) ----------------------------------------------------
-
-

@@ -49,7 +49,7 @@ import psutil
 
 from ddlstudy import environment
 from ddlstudy.hosts import emulated_prefix
-from ddlstudy.models import parameter_count
+from ddlstudy.models import facts
 from ddlstudy.plan import cell_config
 from ddlstudy.tools.advise.checking import NOT_THE_CONFIGURATION, check, check_text
 from ddlstudy.tools.advise.exchange import COMPRESSORS, Exchange, measure_exchange, on_link
@@ -99,7 +99,8 @@ def advise(usecase: str, nodes: list[int], hosts: str | None, link: str | None,
     uc = cell_config(usecase, given, probes_dir).usecase  # its folder's classes, its model
     settings = probe_settings(uc, steps) | given
     cores, gpus = environment.usable_cores(), len(environment.gpus())
-    params = parameter_count(uc.model, len(uc.classes))
+    found = facts(uc.model, len(uc.classes))
+    params, gradient = found.parameters, found.gradient_bytes
     cands = candidates(cores, gpus)
     check_fit(cands, usecase, params, psutil.virtual_memory().available, probes_dir, given)
     say(f"advise {usecase}: {sum(not c.skip for c in cands)} local configurations to probe "
@@ -113,16 +114,16 @@ def advise(usecase: str, nodes: list[int], hosts: str | None, link: str | None,
                     placeable=0 if link else host_count or cores)
     if any(n > 1 for n in nodes):
         t0 = time.monotonic()
-        measured = measure_exchange(4 * params, hosts)
+        measured = measure_exchange(gradient, hosts)
         where.exchange = on_link(measured, link) if link else measured
         say(f"  exchange measured between 2 ranks on {measured.link} in "
             f"{time.monotonic() - t0:.0f} s")
     done, waited = probe_all(cands, usecase, settings, probes_dir, deadline, rounds,
-                             lambda done: mpi_candidates(done, nodes, where, 4 * params),
+                             lambda done: mpi_candidates(done, nodes, where, gradient),
                              wait)
     refuse_if_all_failed(cands)
     batch = uc.train.batch_size
-    rows, notes = predictions(cands, nodes, where, batch, 4 * params,
+    rows, notes = predictions(cands, nodes, where, batch, gradient,
                               train_images(uc, given.get("data_dir")))
     conv = convergence(runs, uc)
     rank(rows, conv)
@@ -132,7 +133,7 @@ def advise(usecase: str, nodes: list[int], hosts: str | None, link: str | None,
               "budget_s": budget, "seconds": round(time.monotonic() - started, 1),
               "waited_s": round(waited, 1),
               "rounds": done, "cores": cores, "gpus": gpus, "batch": batch,
-              "gradient_bytes": 4 * params, "probe_settings": settings,
+              "gradient_bytes": gradient, "probe_settings": settings,
               "probes": [c.record() for c in cands],
               "exchange": where.exchange.record() if where.exchange else None,
               "convergence": conv | ({"factor": {k: finite(v) for k, v in
