@@ -78,3 +78,37 @@ def check_folder(flag: str, path: Path) -> None:
     if not os.access(existing, os.W_OK | os.X_OK):
         raise ConfigError(flag, f"{path} cannot be written: {existing} is not writable by "
                           "this user; give another folder")
+
+
+def check_output(flag: str, path: Path, force: bool = False) -> Path:
+    """Refuse (ConfigError naming ``flag``) a file a command would write where it must not:
+    a folder, a file inside a run folder (its results are never overwritten), an existing
+    file unless ``force``, or a place that cannot be written. Returns the path."""
+    path = Path(path)
+    if path.is_dir():
+        raise ConfigError(flag, f"{path} is a folder; give a new file's path")
+    for folder in [path.parent, *path.parent.parents]:
+        if (folder / "manifest.json").is_file():
+            raise ConfigError(flag, f"{path} is inside run folder {folder}, whose files are "
+                              f"never overwritten; give a path outside run folders")
+    if path.exists() and not force:
+        raise ConfigError(flag, f"{path} exists; give another path, or --force to replace it")
+    check_folder(flag, path.parent if str(path.parent) else Path("."))
+    return path
+
+
+def write_outputs(flag: str, texts: dict[Path, Callable[[io.BufferedWriter], None]]) -> None:
+    """Write each file (parents made as needed) through ``atomic_write``; an error of this
+    machine (no permission, a read-only file system) is a refusal naming ``flag``, and
+    removes what this call wrote, so that no half of a pair is left."""
+    written = []
+    try:
+        for path, write in texts.items():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(path, write)
+            written.append(path)
+    except OSError as exc:
+        for path in written:
+            path.unlink(missing_ok=True)
+        raise ConfigError(flag, f"cannot write {exc.filename or path}: {exc.strerror or exc}; "
+                          f"give another path") from None

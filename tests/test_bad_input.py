@@ -136,7 +136,8 @@ CASES = [
     (R + ["--usecase", "{tmp}/uc/inf-lr.toml"], "train.lr: must be a positive float, got inf"),
     (R + ["--usecase", "{tmp}/uc/classes-int.toml"], "classes: give a list of class names"),
     (R + ["--usecase", "{tmp}/uc/classes-str.toml"], "classes: give a list of class names"),
-    (R + ["--usecase", "{tmp}/uc/classes-path.toml"], "classes: give a list of class names"),
+    (R + ["--usecase", "{tmp}/uc/classes-path.toml"], "classes: '../smoke' is not a class "
+                                                      "folder's name: one path component"),
     (R + ["--usecase", "{tmp}/uc/empty-name.toml"], "name: '': a use case's name"),
     (R + ["--usecase", "{tmp}/uc/escape.toml"], "name: '../../escape': a use case's name"),
     (R + ["--usecase", "{tmp}/uc/images.toml"], "data.images: 100000000000 is above"),

@@ -106,6 +106,13 @@ def test_the_smallest_image_is_found_by_a_forward_pass():
     (f"{OWN}:needs_big_images", "train.image_size: 64 px is too small for"),
     ("no_such_package.nets:make", "--model: could not import no_such_package.nets: "
                                   "ModuleNotFoundError"),
+    (f"{OWN}:lazy", "has lazy layers (nn.LazyLinear, ...)"),
+    (f"{OWN}:frozen", "has no weight to train"),
+    (f"{OWN}:int_out", "gives torch.int64 outputs"),
+    (f"{OWN}:exits", "raised SystemExit: 0"),
+    (str(OWN), "names no model: a function of yours is path/to/file.py:FUNCTION"),
+    ("nets.py:1bad", "names no model: a function of yours is path/to/file.py:FUNCTION"),
+    ("../etc/passwd:x", "is neither a .py file nor a module's dotted name"),
     pytest.param("timm:resnet18", "--model: timm:resnet18 needs timm, which is not installed",
                  marks=pytest.mark.skipif(find_spec("timm") is not None,
                                           reason="timm is installed here")),

@@ -55,7 +55,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     groups = bench_groups(args.only) if args.bench_command == "all" else []
     from ddlstudy.sampler import check_load
+    from ddlstudy.tools.bench import gradient_floats
 
+    if args.bench_command == "reduce":
+        gradient_floats(args.size)  # refused before the host's load is measured
     check_load()  # figures measured on a busy host say little: say so first
     from ddlstudy.tools.bench import What, bench_overhead, bench_reduce, bench_sampler
 

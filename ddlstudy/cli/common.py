@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 import math
-from pathlib import Path
 
+from ddlstudy.config.options import path_arg
 from ddlstudy.errors import ConfigError
 
 
@@ -45,11 +45,11 @@ def add_what(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--usecase", help="a use case name or TOML file (default: tiny, or "
                         "with --data-dir alone, that folder's: its classes are its class "
                         "folders)")
-    parser.add_argument("--data-dir", type=Path, help="a folder of your own images "
+    parser.add_argument("--data-dir", type=path_arg, help="a folder of your own images "
                         "(root/<class>/<image>) instead of the use case's (default: none)")
     parser.add_argument("--model", help="the network instead of the use case's (`ddlstudy "
                         "models` lists them; default: the use case's)")
-    parser.add_argument("--datasets-dir", type=Path, help="where the synthetic sets are "
+    parser.add_argument("--datasets-dir", type=path_arg, help="where the synthetic sets are "
                         "(default: datasets/ under $DDLSTUDY_HOME or the working directory)")
 
 

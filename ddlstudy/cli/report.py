@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
+
+from ddlstudy.config.options import path_arg
 
 
 def register(sub) -> None:
     p = sub.add_parser("report", help="speedup tables (and figures) of a folder of runs")
-    p.add_argument("runs", type=Path, nargs="?", default=None, help="default: runs/")
+    p.add_argument("runs", type=path_arg, nargs="?", default=None, help="default: runs/")
     p.add_argument("--format", default="markdown", choices=["markdown", "csv", "latex"],
                    help="how the tables are printed")
-    p.add_argument("--out", type=Path, help="also write the tables, runs.csv and the figures "
+    p.add_argument("--out", type=path_arg, help="also write the tables, runs.csv and the figures "
                    "into this folder (default: print only)")
     p.add_argument("--no-figures", action="store_true", help="with --out: tables only")
     p.add_argument("--include-noisy", action="store_true", help="count runs marked noisy "
@@ -22,18 +23,19 @@ def register(sub) -> None:
     esub = p.add_subparsers(dest="export_command", required=True, metavar="FORMAT")
     e = esub.add_parser("tensorboard", help="per-epoch metrics and resource samples as "
                         "TensorBoard scalars, one TensorBoard run per ddlstudy run")
-    e.add_argument("runs", type=Path, help="a run folder or a folder of runs")
-    e.add_argument("--out", type=Path, required=True, help="the log folder to give "
+    e.add_argument("runs", type=path_arg, help="a run folder or a folder of runs")
+    e.add_argument("--out", type=path_arg, required=True, help="the log folder to give "
                    "`tensorboard --logdir`")
     e = esub.add_parser("model", help="a run's trained weights (a state dict) and its use "
                         "case beside them; ddlstudy.models.trained.load reads them back")
-    e.add_argument("run", type=Path, help="a run folder")
-    e.add_argument("--out", type=Path, required=True, help="the weights' file, e.g. "
+    e.add_argument("run", type=path_arg, help="a run folder")
+    e.add_argument("--out", type=path_arg, required=True, help="the weights' file, e.g. "
                    "model.pt (the use case goes beside it: model.usecase.json)")
+    e.add_argument("--force", action="store_true", help="replace those files if they exist")
     p.set_defaults(func=cmd_export)
     p = sub.add_parser("compare", help="what differs between two runs, and by how much")
-    p.add_argument("a", type=Path, help="a run folder or its manifest.json")
-    p.add_argument("b", type=Path, help="the other run folder or manifest.json")
+    p.add_argument("a", type=path_arg, help="a run folder or its manifest.json")
+    p.add_argument("b", type=path_arg, help="the other run folder or manifest.json")
     p.set_defaults(func=cmd_compare)
 
 
@@ -54,11 +56,9 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     if args.export_command == "model":
-        from ddlstudy.files import check_folder
         from ddlstudy.models.trained import export as export_model
 
-        check_folder("--out", args.out.parent if str(args.out.parent) else Path("."))
-        for path in export_model(args.run, args.out):
+        for path in export_model(args.run, args.out, args.force):
             print(f"wrote {path}")
         return 0
     from ddlstudy.tensorboard import export

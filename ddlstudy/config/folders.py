@@ -5,6 +5,7 @@ the command line reads a folder's classes before torch is imported."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import tomllib
 from pathlib import Path
@@ -49,19 +50,19 @@ def usecase_of_folder(folder: Path, model: str) -> UseCase:
 STARTER = """# A use case of your own: a model and a folder of images. Train it with
 #   ddlstudy run --usecase {path}
 # Every key is shown; those commented out keep the default written beside them.
-name = "{name}"
-description = "{description}"
+name = {name}
+description = {description}
 # classes = [{classes}]  # default: the folder's class folders, sorted (label order)
 
 [model]
-arch = "{model}"  # any torchvision classification model (`ddlstudy models`), alexnet or
+arch = {model}  # any torchvision classification model (`ddlstudy models`), alexnet or
 # vgg16, path/to/file.py:FUNCTION or package.module:FUNCTION (FUNCTION(num_classes=N)
 # returns an nn.Module), timm:NAME
 # width = 1.0  # alexnet and vgg16 only: their channels and hidden units scaled down
 
 [data]
-dir = "{dir}"  # an ImageFolder tree (root/<class>/<image>), relative to this file
-# name = "{data_name}"  # how run folders and the decoded cache name it
+dir = {dir}  # an ImageFolder tree (root/<class>/<image>), relative to this file
+# name = {data_name}  # how run folders and the decoded cache name it
 
 [train]
 image_size = {image_size}  # side in pixels the images are scaled to
@@ -75,6 +76,11 @@ image_size = {image_size}  # side in pixels the images are scaled to
 """
 
 
+def _toml(text: str) -> str:
+    """``text`` as a TOML basic string (JSON's escapes are TOML's; TOML also escapes DEL)."""
+    return json.dumps(str(text), ensure_ascii=False).replace("\x7f", "\\u007f")
+
+
 def starter(folder: Path, model: str, image_size: int, path: Path,
             name: str | None = None) -> str:
     """A use case TOML for ``folder``'s images, every key written out (``ddlstudy usecase
@@ -83,9 +89,13 @@ def starter(folder: Path, model: str, image_size: int, path: Path,
     classes = class_folders(folder)
     where = os.path.relpath(folder, path.parent)  # the use case moves with its images
     data = DataSpec(dir=folder)
-    text = STARTER.format(path=path.name, name=name or data.name, model=model,
-                          description=f"the images of {folder.name}",
-                          classes=", ".join(f'"{c}"' for c in classes), dir=where,
-                          data_name=data.name, image_size=image_size)
+    spec = ModelSpec(arch=model).anchored(Path.cwd())  # a file of yours: from here
+    if spec.kind == "file":  # written relative to the use case, which moves with it
+        where_, _, function = str(spec.arch).rpartition(":")
+        model = f"{os.path.relpath(where_, path.parent)}:{function}"
+    text = STARTER.format(path=path.name, name=_toml(name or data.name), model=_toml(model),
+                          description=_toml(f"the images of {folder.name}"),
+                          classes=", ".join(_toml(c) for c in classes), dir=_toml(where),
+                          data_name=_toml(data.name), image_size=image_size)
     usecase_from_dict(tomllib.loads(text), source=str(path))  # refused here if bad
     return text

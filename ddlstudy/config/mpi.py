@@ -85,6 +85,8 @@ class MpiOptions:
 
     def check_mpi(self) -> None:
         """What the MPI flags need of each other (each alone is checked as declared)."""
+        if self.reduce != AUTO:
+            get_reducer(self.reduce)  # an unknown name is refused with the known ones
         if self.hosts is not None:
             names = self.hosts.split(",")
             emulated = len(names) == 1 and names[0].partition(":")[0] == "emulated"
@@ -111,5 +113,3 @@ class MpiOptions:
         if self.reduce not in ALLREDUCE_OR_AUTO and self.backend != "mpi":
             raise ConfigError("--reduce", f"{self.reduce} averages gradients between MPI "
                               "nodes: it needs --backend mpi")
-        if self.reduce != AUTO:
-            get_reducer(self.reduce)  # an unknown name is refused with the known ones

@@ -33,6 +33,14 @@ def _layers(text: str) -> tuple[int, ...]:
                           "commas, e.g. 0,9") from None
 
 
+def path_arg(text: str) -> Path:
+    """A path flag's value: an empty one is refused (Path("") would be the working
+    directory)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("give a path, not an empty string")
+    return Path(text)
+
+
 PARSERS = {"layers": _layers}
 """Converters for flags whose text argparse cannot type by itself (errors name the flag)."""
 
@@ -71,7 +79,7 @@ def _add(group: argparse._ArgumentGroup, f: dataclasses.Field, default: str = ""
         kwargs["default"] = False
     else:
         if meta.get("type") not in (None, str):
-            kwargs["type"] = meta["type"]
+            kwargs["type"] = path_arg if meta["type"] is Path else meta["type"]
         if meta.get("choices"):
             kwargs["metavar"] = "{" + ",".join(meta["choices"]) + "}"
         if meta.get("metavar"):

@@ -160,7 +160,9 @@ class DataSpec:
             if not isinstance(self.dir, str | Path) or not str(self.dir):
                 raise ConfigError("data.dir", f"must be a folder's path, got {self.dir!r}")
             object.__setattr__(self, "dir", Path(self.dir))
-            given = [k for k in ("images", "source_size") if getattr(self, k) is not None]
+            given = [k for k in ("images", "source_size") if getattr(self, k) is not None] + [
+                k for k, default in (("seed", 0), ("difficulty", 0.5), ("label_noise", 0.0))
+                if getattr(self, k) != default]
             if given:
                 raise ConfigError("data.dir", f"names a folder of your own, and data."
                                   f"{given[0]} describes a synthetic set to generate: give "
@@ -272,10 +274,14 @@ class UseCase:
             self._check_classes()
 
     def _check_classes(self) -> None:
-        if not isinstance(self.classes, list | tuple) or not all(
-                isinstance(c, str) and PLAIN_NAME.match(c) for c in self.classes):
-            raise ConfigError("classes", f"give a list of class names (plain folder names), "
-                              f"got {self.classes!r}")
+        if not isinstance(self.classes, list | tuple):
+            raise ConfigError("classes", f"give a list of class names (their folders' "
+                              f"names), got {self.classes!r}")
+        bad = next((c for c in self.classes if not _class_name(c)), None)
+        if bad is not None or not all(isinstance(c, str) for c in self.classes):
+            raise ConfigError("classes", f"{str(bad)[:80]!r} is not a class folder's name: "
+                              f"one path component, not hidden, at most 255 characters, no "
+                              f"control characters")
         classes = tuple(self.classes)
         object.__setattr__(self, "classes", classes)
         if len(classes) < 2 or len(set(classes)) != len(classes):
@@ -283,6 +289,12 @@ class UseCase:
         if self.data.synthetic and self.data.images < len(classes) * 2:
             raise ConfigError("data.images", f"need at least 2 images per class "
                               f"({2 * len(classes)}), got {self.data.images}")
+
+
+def _class_name(name: Any) -> bool:
+    """A class is named by its folder: one visible path component, no control characters."""
+    return (isinstance(name, str) and 0 < len(name) <= 255 and "/" not in name and
+            not name.startswith(".") and name.isprintable())
 
 
 # --- reading use cases -------------------------------------------------------------------

@@ -97,6 +97,11 @@ def prepare_data(cfg: RunConfig) -> DataPlan:
     if images.skipped:
         log.warning("skipping %d unreadable images (listed in the manifest), first: %s",
                     len(images.skipped), images.skipped[0][0])
+    few = {c: n for c, n in images.per_class.items() if n < 2}
+    if few:
+        raise DataError(f"{root} holds too few images of {', '.join(sorted(few))} "
+                        f"({', '.join(map(str, few.values()))}); a run needs at least 2 a "
+                        f"class, one to train on and one to validate")
     train, val = stratified_split(images.items, uc.train.val_fraction, uc.train.seed,
                                   len(uc.classes))
     return DataPlan(images=images, train=train, val=val, source=source,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -94,7 +95,8 @@ def _check_image(path: Path, decode: bool = True) -> tuple[str | None, str]:
                 img.load()
         return sha256_bytes(data), ""
     except (OSError, ValueError, Image.DecompressionBombError) as exc:
-        return None, f"{type(exc).__name__}: {exc}"
+        said = re.sub(r"<_io\.BytesIO object at 0x[0-9a-f]+>", "the file", str(exc))
+        return None, f"{type(exc).__name__}: {said}"
 
 
 def _checked_file(rels: list[str], digests: list[tuple[str | None, str]]) -> Path | None:

@@ -33,19 +33,19 @@ def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+@lru_cache(maxsize=16)
 def shapes_only(spec: ModelSpec, num_classes: int) -> tuple[nn.Module, bool]:
     """The model built on the meta device (shapes, nothing allocated), or, where its
     maker cannot build there (torchvision's regnets compute with tensors), on the CPU.
     Returns (model, on meta)."""
-    make = maker(spec)  # an unknown name, file or function is refused here
+    maker(spec)  # an unknown name, file or function is refused here
     try:
         with torch.device("meta"):
-            model = make(num_classes=num_classes)
-        if isinstance(model, nn.Module):
-            return model, True
-    except Exception:  # noqa: BLE001 - a maker that needs real tensors, or fails anyway
-        pass
-    return made(spec, num_classes), False  # refused with its reason where it fails
+            return made(spec, num_classes), True  # refused here if it is no module
+    except ConfigError as exc:
+        if "raised" not in str(exc):
+            raise
+    return made(spec, num_classes), False  # a maker that needs real tensors (or fails)
 
 
 def _forward(model: nn.Module, size: int, meta: bool, train: bool = False):
@@ -131,8 +131,13 @@ def check(spec: ModelSpec, num_classes: int, image_size: int) -> None:
         if smallest is not None and image_size < smallest:
             raise ConfigError("train.image_size", f"{image_size} px is too small for "
                               f"{spec.arch}; use at least {smallest}")
-        raise ConfigError(FLAG, f"{spec.arch} fails on images of {image_size} px: "
-                          f"{type(out).__name__}: {str(out).splitlines()[0][:300]}")
+        raise ConfigError(FLAG, f"{spec.arch} fails on images of {image_size} px "
+                          f"({type(out).__name__}: {str(out).splitlines()[0][:300]}); a "
+                          f"model made for one size takes only that one (torchvision's: "
+                          f"--image-size 224)")
+    if isinstance(out, torch.Tensor) and not out.is_floating_point():
+        raise ConfigError(FLAG, f"{spec.arch} gives {out.dtype} outputs; the loss needs "
+                          f"one floating-point score per class")
     if not isinstance(out, torch.Tensor) or tuple(out.shape) != (2, num_classes):
         what = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
         raise ConfigError(FLAG, f"{spec.arch} gives {what} for 2 images, not (2, "

@@ -88,15 +88,20 @@ def _factory(where: str, function: str, kind: str) -> Callable[..., nn.Module]:
     try:
         if kind == "file":
             if not Path(where).is_file():
-                raise ConfigError(FLAG, f"{where} does not exist; give path/to/file.py:"
-                                  f"FUNCTION (relative to the use case's file, or to the "
-                                  f"working directory for --model)")
+                what = "is not a file" if Path(where).exists() else "does not exist"
+                raise ConfigError(FLAG, f"{where} {what}; give path/to/file.py:FUNCTION "
+                                  f"(relative to the use case's file, or to the working "
+                                  f"directory for --model)")
             module = _load_file(where, sha256_of(Path(where)))
+        elif "/" in where or "\\" in where:
+            raise ConfigError(FLAG, f"{where} is neither a .py file nor a module's dotted "
+                              f"name; give path/to/file.py:FUNCTION or package.module:"
+                              f"FUNCTION")
         else:
             module = importlib.import_module(where)
     except ConfigError:
         raise
-    except Exception as exc:  # noqa: BLE001 - someone else's code, any error
+    except (Exception, SystemExit) as exc:  # someone else's code, any error (exit too)
         raise ConfigError(FLAG, f"could not import {where}: {type(exc).__name__}: "
                           f"{exc}") from None
     make = getattr(module, function, None)
@@ -111,6 +116,10 @@ def _factory(where: str, function: str, kind: str) -> Callable[..., nn.Module]:
 def maker(spec: ModelSpec) -> Callable[[int], nn.Module]:
     """``make(num_classes)`` for ``spec``, or a ConfigError saying why there is none."""
     kind = spec.kind
+    if kind == "torchvision" and (":" in spec.arch or spec.arch.endswith(".py")):
+        raise ConfigError(FLAG, f"{spec.arch!r} names no model: a function of yours is "
+                          f"path/to/file.py:FUNCTION or package.module:FUNCTION, FUNCTION a "
+                          f"Python name (the function that builds the network)")
     if kind == "paper":
         return lambda num_classes: build_paper(spec, num_classes)
     if kind == "torchvision":
@@ -129,12 +138,20 @@ def made(spec: ModelSpec, num_classes: int) -> nn.Module:
         model = make(num_classes=num_classes)
     except ConfigError:
         raise
-    except Exception as exc:  # noqa: BLE001 - someone else's code, any error
+    except (Exception, SystemExit) as exc:  # someone else's code, any error (exit too)
         raise ConfigError(FLAG, f"{spec.arch}(num_classes={num_classes}) raised "
                           f"{type(exc).__name__}: {exc}") from None
     if not isinstance(model, nn.Module):
         raise ConfigError(FLAG, f"{spec.arch}(num_classes={num_classes}) returned "
                           f"{type(model).__name__}, not a torch.nn.Module")
+    if any(isinstance(p, nn.parameter.UninitializedParameter) for p in model.parameters()):
+        raise ConfigError(FLAG, f"{spec.arch} has lazy layers (nn.LazyLinear, ...), whose "
+                          f"weights have no shape before a first forward pass; ddlstudy "
+                          f"counts, shares and cuts weights before training: give their "
+                          f"sizes (nn.Linear)")
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ConfigError(FLAG, f"{spec.arch} has no weight to train (none, or all with "
+                          f"requires_grad False)")
     return model
 
 

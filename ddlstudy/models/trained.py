@@ -16,6 +16,7 @@ download): it must fit the model, parameter for parameter (``check_weights``).
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from torch import nn
 
 from ddlstudy.config import ModelSpec, UseCase, usecase_from_dict
 from ddlstudy.errors import ConfigError, UsageError
-from ddlstudy.files import atomic_write, atomic_write_text
+from ddlstudy.files import check_output, write_outputs
 from ddlstudy.models import shapes_only
 from ddlstudy.models.sources import made, sha256_of
 
@@ -39,7 +40,9 @@ def sidecar(weights: Path) -> Path:
 def read_weights(path: Path, flag: str) -> dict[str, torch.Tensor]:
     """A state dict from ``path`` (tensors only: nothing in it runs), or a ConfigError."""
     try:
-        state = torch.load(path, weights_only=True, map_location="cpu")
+        with warnings.catch_warnings():  # torch's notes on a foreign pickle: we refuse it
+            warnings.simplefilter("ignore")
+            state = torch.load(path, weights_only=True, map_location="cpu")
     except FileNotFoundError:
         raise ConfigError(flag, f"{path} does not exist") from None
     except Exception as exc:  # noqa: BLE001 - a damaged or foreign file
@@ -77,29 +80,36 @@ def load_initial(model: nn.Module, path: Path) -> None:
     model.load_state_dict(read_weights(path, "--init-weights"))
 
 
-def export(run: Path, out: Path) -> list[Path]:
+def export(run: Path, out: Path, force: bool = False) -> list[Path]:
     """The final weights of ``run`` (its snapshot's model) into ``out``, its use case
-    beside them."""
+    beside them (``force``: replacing what is there)."""
     run, out = Path(run), Path(out)
-    if out.is_dir() or (out.parent / "manifest.json").is_file():
-        raise ConfigError("--out", f"{out} is a folder or inside a run folder; give a new "
-                          f"file's path outside run folders, e.g. model.pt")
+    for path in (out, sidecar(out)):
+        check_output("--out", path, force)
     manifest_file = run / "manifest.json"
     if not manifest_file.is_file():
         raise UsageError(f"{run} is not a run folder (it has no manifest.json)")
-    manifest = json.loads(manifest_file.read_text())
+    try:
+        manifest = json.loads(manifest_file.read_text())
+    except (OSError, ValueError):
+        raise UsageError(f"{manifest_file} is damaged (not JSON); it is left as it "
+                         f"is") from None
     snapshot = run / "snapshot.pt"
     if not snapshot.is_file():
         raise UsageError(f"run {run.name} kept no weights (it ran with --no-snapshot, or "
                          f"ended before its first epoch); run it again without --no-snapshot")
-    state = read_weights(snapshot, "RUN")
+    try:
+        state = read_weights(snapshot, "RUN")
+    except ConfigError:
+        raise UsageError(f"{snapshot} is damaged or not ddlstudy's; it is left as it "
+                         f"is") from None
     usecase = usecase_from_dict(_usecase_dict(manifest))
-    atomic_write(Path(out), lambda f: torch.save(state, f))
-    atomic_write_text(sidecar(out), json.dumps(
-        {"usecase": _usecase_dict(manifest), "run": manifest.get("id"),
-         "epochs": len(manifest.get("epochs", [])), "model": manifest.get("model"),
-         "classes": list(usecase.classes or ())}, indent=2))
-    return [Path(out), sidecar(out)]
+    text = json.dumps({"usecase": _usecase_dict(manifest), "run": manifest.get("id"),
+                       "epochs": len(manifest.get("epochs", [])), "model": manifest.get("model"),
+                       "classes": list(usecase.classes or ())}, indent=2)
+    write_outputs("--out", {out: lambda f: torch.save(state, f),
+                            sidecar(out): lambda f: f.write(text.encode())})
+    return [out, sidecar(out)]
 
 
 def _usecase_dict(manifest: dict[str, Any]) -> dict[str, Any]:

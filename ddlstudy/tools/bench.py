@@ -11,6 +11,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import psutil
 import torch
 from torch import nn
 
@@ -199,8 +200,14 @@ def bench_sampler(what: What, steps: int = 30, repeats: int = 5, hz: float = 10.
 def gradient_floats(size: str, classes: int = 3) -> int:
     """The floats of ``size``: a number, or the gradient of a model by name (``ddlstudy
     models``) with ``classes`` outputs, counted from its shapes."""
-    if size.isdigit() and int(size) > 0:
-        return int(size)
+    if size.lstrip("+-").isascii() and size.lstrip("+-").isdigit():
+        floats = int(size)
+        most = psutil.virtual_memory().available // 4 // 8  # 2 ranks x 2 buffers, room
+        if not 0 < floats <= most:
+            raise ConfigError("--size", f"{size} floats: give a positive number of floats "
+                              f"that 2 ranks' buffers can hold here (at most {most:,}), or a "
+                              f"model's name")
+        return floats
     try:
         return parameter_count(ModelSpec(arch=size), classes)
     except ConfigError as exc:
