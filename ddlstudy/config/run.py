@@ -194,7 +194,10 @@ class RunConfig(MpiOptions, SparkOptions):
     def _use_model(self) -> None:
         """--model in place of the use case's model (the same name keeps its width); a
         file of one's own is taken from the working directory, and recorded absolute."""
-        spec = ModelSpec(arch=self.model).anchored(Path.cwd())
+        try:
+            spec = ModelSpec(arch=self.model).anchored(Path.cwd())
+        except ConfigError as exc:  # the flag the user typed, not the use case's key
+            raise ConfigError("--model", str(exc).split(": ", 1)[1]) from None
         if spec.arch == self.usecase.model.arch:
             spec = self.usecase.model
         object.__setattr__(self, "model", str(spec.arch))
