@@ -1,7 +1,9 @@
-"""Training, the same for every strategy and backend: the loop (``loop``), the batches
-(``loaders``), one step (``steps``), the epochs and snapshots (``job``), one worker's
-set-up (``worker``), flat gradient buffers (``flat``) and processes that train together
-(``distributed``)."""
+"""Training, the same for every strategy and backend: what the strategies' workers run
+(``one_model``: one model a process; ``replicas``: thread replicas; ``stages``: a
+pipeline's stages), the loop (``loop``), the batches (``loaders``), one step (``steps``),
+the epochs and snapshots (``job``, with the ``Link`` a backend hands a worker), one
+worker's set-up (``worker``), flat gradient buffers (``flat``), this host's shared memory
+(``hostmem``) and processes that train together (``distributed``)."""
 
 from ddlstudy.training.job import Job, Link, train_epochs
 from ddlstudy.training.loaders import (
