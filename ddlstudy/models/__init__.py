@@ -90,10 +90,6 @@ class Facts:
     def gradient_bytes(self) -> int:
         return 4 * self.parameters
 
-    @property
-    def has_buffers(self) -> bool:
-        return self.buffers > 0
-
 
 @lru_cache(maxsize=64)
 def facts(spec: ModelSpec, num_classes: int) -> Facts:
