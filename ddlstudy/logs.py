@@ -1,4 +1,4 @@
-"""Logging through `logging`, every line prefixed with the rank of the worker."""
+"""Logging through `logging`; a line of one of several workers says the worker's rank."""
 
 from __future__ import annotations
 
@@ -10,15 +10,14 @@ log = logging.getLogger("ddlstudy")
 
 
 class _RankFilter(logging.Filter):
-    """Prefix every line with the rank so the logs of many workers can be told apart."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.rank = next((os.environ[v] for v in ("RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK")
-                          if v in os.environ), "0")
+    """``[rank N] `` before a worker's lines, so the logs of many workers can be told
+    apart; nothing in a process that is no worker of several (a single-process run, the
+    parent of its workers), where the rank would say nothing."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        record.rank = self.rank
+        rank = next((os.environ[v] for v in ("RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK")
+                     if v in os.environ), None)
+        record.rank = "" if rank is None else f"[rank {rank}] "
         return True
 
 
@@ -39,7 +38,7 @@ class _Stderr(logging.StreamHandler):
 def setup_logging(level: int = logging.INFO) -> None:
     handler = _Stderr()
     handler.addFilter(_RankFilter())
-    handler.setFormatter(logging.Formatter("%(asctime)s [rank %(rank)s] %(message)s", "%H:%M:%S"))
+    handler.setFormatter(logging.Formatter("%(asctime)s %(rank)s%(message)s", "%H:%M:%S"))
     log.handlers[:] = [handler]
     log.setLevel(level)
     log.propagate = False

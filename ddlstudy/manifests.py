@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ from typing import Any
 from ddlstudy import environment
 from ddlstudy.config import RunConfig, usecase_from_dict
 from ddlstudy.errors import UsageError
-from ddlstudy.runfolder import MANIFEST
+from ddlstudy.runfolder import MANIFEST, load_manifest
 
 log = logging.getLogger("ddlstudy")
 
@@ -31,14 +30,9 @@ def read_manifest(path: Path) -> dict[str, Any]:
     """A run folder or its manifest.json."""
     path = Path(path)
     file = path / MANIFEST if path.is_dir() else path
-    if not file.is_file():
+    if not file.exists():
         raise UsageError(f"{path} is neither a run folder nor a manifest.json")
-    try:
-        manifest = json.loads(file.read_text())
-    except ValueError as exc:
-        raise UsageError(f"{file} is not valid JSON ({exc}); is it a ddlstudy manifest?") from None
-    if not isinstance(manifest, dict) or "config" not in manifest:
-        raise UsageError(f"{file} is not a ddlstudy run manifest (no 'config')")
+    manifest = load_manifest(file)
     manifest["path"] = str(file.parent)
     return manifest
 

@@ -4,8 +4,6 @@ and checked without torch (so a bad plan is refused at once); ``ddlstudy.study``
 
 from __future__ import annotations
 
-import json
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,6 +12,8 @@ from ddlstudy.config import DEFAULT_RUNS_DIR, HOME, USECASES_DIR, RunConfig
 from ddlstudy.config.options import cell_keys, config_from_args, run_parser, switches
 from ddlstudy.config.usecase import PLAIN_NAME
 from ddlstudy.errors import ConfigError, UsageError
+from ddlstudy.formats import Advice, load
+from ddlstudy.reading import read_toml
 
 CELL_KEYS = cell_keys()
 SWITCHES = switches()
@@ -57,10 +57,7 @@ def _plan_path(path: Path) -> Path:
 
 def load_plan(path: Path, repeat: int | None = None, runs_dir: Path | None = None) -> Plan:
     path = _plan_path(Path(path))
-    try:
-        raw = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise UsageError(f"{path} is not valid TOML: {exc}") from None
+    raw = read_toml(path, "study plan")
     if "model" in raw:
         raise UsageError(f"{path} is a use case, not a study plan; train it with "
                          f"`ddlstudy run --usecase {path}`")
@@ -90,7 +87,7 @@ def load_plan(path: Path, repeat: int | None = None, runs_dir: Path | None = Non
                           "e.g. [\"tiny\"]")
     usecases = [_beside(u, path.parent) for u in usecases]
     name = study.get("name") or path.stem
-    if not isinstance(name, str) or not PLAIN_NAME.match(name):
+    if not isinstance(name, str) or not PLAIN_NAME.fullmatch(name):
         raise ConfigError("study.name", f"{name!r}: a study's name is the folder its runs go "
                           "into; use letters, digits, '.', '_' or '-'")
     repeat = _checked_repeat(repeat if repeat is not None else
@@ -168,18 +165,10 @@ def configs(plan: Plan, overrides: dict[str, Any]) -> list[tuple[str, dict, RunC
 
 def load_advice(path: Path) -> dict[str, Any]:
     """An advise.json, checked enough to build a study from (UsageError if not one)."""
-    try:
-        advice = json.loads(Path(path).read_text())
-        if not isinstance(advice["usecase"], str) or not all(
-                isinstance(r["flags"], dict) for r in advice["ranking"]):
-            raise TypeError
-    except FileNotFoundError:
+    if not Path(path).exists():
         raise UsageError(f"{path} does not exist; write one with `ddlstudy advise --usecase "
-                         "U --out DIR`") from None
-    except (OSError, ValueError, KeyError, TypeError):
-        raise UsageError(f"{path} is not an advise.json written by `ddlstudy advise`") \
-            from None
-    return advice
+                         "U --out DIR`")
+    return load(path, Advice, "advise.json")
 
 
 def advice_plan(path: Path, top: int, repeat: int | None = None,

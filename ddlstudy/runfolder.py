@@ -19,6 +19,7 @@ from typing import Any
 
 from ddlstudy.errors import UsageError
 from ddlstudy.files import atomic_write, atomic_write_text
+from ddlstudy.reading import read_json
 from ddlstudy.sampler import samples_frame, write_rows
 
 MANIFEST = "manifest.json"
@@ -45,6 +46,14 @@ def run_env(run_id: str, **extra: str) -> dict[str, str]:
     return env
 
 
+def load_manifest(file: Path) -> dict[str, Any]:
+    """A run's manifest.json through the gate and its schema (``ddlstudy.formats``):
+    valid, or a BadFile naming the file and the field."""
+    from ddlstudy.formats import Manifest, load  # pydantic: only for readers
+
+    return load(file, Manifest, "run manifest")
+
+
 def now_iso() -> str:
     return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")
 
@@ -63,7 +72,7 @@ class RunFolder:
 
     @classmethod
     def create(cls, runs_dir: Path, run_id: str, manifest: dict[str, Any]) -> RunFolder:
-        if not _RUN_ID.match(run_id):  # e.g. a DDLSTUDY_RUN_ID with a path in it
+        if not _RUN_ID.fullmatch(run_id):  # e.g. a DDLSTUDY_RUN_ID with a path in it
             raise UsageError(f"run id {run_id!r} is not a plain folder name; the run folder "
                              "must stay inside the runs folder")
         path = Path(runs_dir) / run_id
@@ -76,7 +85,7 @@ class RunFolder:
 
     @classmethod
     def open(cls, path: Path) -> RunFolder:
-        return cls(Path(path), json.loads((Path(path) / MANIFEST).read_text()))
+        return cls(Path(path), load_manifest(Path(path) / MANIFEST))
 
     def write_manifest(self) -> None:
         text = json.dumps(self.manifest, indent=2, allow_nan=True, default=str) + "\n"
@@ -146,9 +155,9 @@ class RunFolder:
         it measured of the exchange) a worker process (rank 0 of a multi-process strategy)
         wrote."""
         try:
-            written = json.loads((self.path / MANIFEST).read_text())
+            written = read_json(self.path / MANIFEST, "run manifest")
             self.manifest["epochs"] = written["epochs"]
-        except (OSError, ValueError, KeyError):
+        except (UsageError, KeyError, TypeError):
             return
         for key in ("first_step_s", "transport"):
             if key in written:

@@ -186,9 +186,9 @@ def write_rows(path, rows: list[dict[str, Any]]) -> None:
 
 
 def read_rows(path) -> list[dict[str, Any]]:
-    import pandas as pd
+    from ddlstudy.reading import read_parquet
 
-    return pd.read_parquet(path).to_dict("records")
+    return read_parquet(path, "samples").to_dict("records")
 
 
 def others_cores(frame, cores: int, one_machine: bool = False) -> dict[str, float] | None:

@@ -32,7 +32,7 @@ RPC_MAX_MB = 512
 BARRIER_TIMEOUT_S = 600
 """A task that stops answering fails the stage after this long instead of hanging it."""
 
-_OWN_LINE = re.compile(r"^\d\d:\d\d:\d\d \[")
+_OWN_LINE = re.compile(r"^\d\d:\d\d:\d\d \[rank ")
 """A ddlstudy log line (``12:00:01 [rank 1] ...``) that a task wrote through the JVM."""
 
 def check(cfg: RunConfig) -> None:

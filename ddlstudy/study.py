@@ -44,9 +44,11 @@ from ddlstudy.config.run import jsonable
 from ddlstudy.environment import usable_cores
 from ddlstudy.errors import Unavailable, UsageError
 from ddlstudy.files import atomic_write_text
+from ddlstudy.formats import Study as StudyRecord
+from ddlstudy.formats import load
 from ddlstudy.plan import Plan, configs, load_plan, run_flags
 from ddlstudy.report import STUDY_FILE, Report, config_label, cores_used
-from ddlstudy.runfolder import MANIFEST, new_run_id, now_iso, run_env
+from ddlstudy.runfolder import MANIFEST, load_manifest, new_run_id, now_iso, run_env
 from ddlstudy.runner import preflight, resolve
 from ddlstudy.sampler import check_load
 from ddlstudy.strategies import get_strategy
@@ -141,12 +143,22 @@ def _study_runs(runs_dir: Path, study: str) -> list[dict[str, Any]]:
     runs = []
     for path in sorted(Path(runs_dir).glob(f"*/{MANIFEST}")):
         try:
-            m = json.loads(path.read_text())
-        except (OSError, ValueError):
+            m = load_manifest(path)
+        except UsageError as exc:
+            log.warning("left out %s", exc)
             continue
         if (m.get("study") or {}).get("name") == study:
             runs.append(m)
     return runs
+
+
+def _status(manifest: Path) -> str | None:
+    """The status a cell's run recorded (None: no manifest, or one that cannot be read)."""
+    try:
+        return load_manifest(manifest)["status"] if manifest.is_file() else None
+    except UsageError as exc:
+        log.warning("%s", exc)
+        return None
 
 
 def _finished(runs: list[dict[str, Any]]) -> dict[tuple[str, int], str]:
@@ -230,7 +242,7 @@ class Study:
                 code = 130
         cell.seconds = time.monotonic() - start
         manifest = runs_dir / cell.run / MANIFEST
-        status = json.loads(manifest.read_text())["status"] if manifest.is_file() else None
+        status = _status(manifest)
         if code == 0 and status == "completed":
             cell.status = "completed"
             return 0
@@ -238,7 +250,7 @@ class Study:
             cell.status, cell.reason = "interrupted", f"exit code {code}"
             return code
         log_file = logs / f"{cell.run}.log"
-        tail = log_file.read_text().strip().splitlines()[-1:] or [""]
+        tail = log_file.read_text(errors="replace").strip().splitlines()[-1:] or [""]
         cell.status, cell.reason = "failed", f"exit code {code}: {tail[0]}"
         if not manifest.is_file():
             cell.run = ""  # no folder: the report shows the cell from study.json
@@ -270,7 +282,7 @@ def _check_advice(plan: Plan) -> None:
     from ddlstudy.plan import load_advice
     from ddlstudy.tools.advise import check, check_text
 
-    record = json.loads((plan.runs_dir / STUDY_FILE).read_text())
+    record = load(plan.runs_dir / STUDY_FILE, StudyRecord, "study record")
     result = check(load_advice(plan.path), plan.runs_dir, record)
     text = check_text(result)
     out = plan.runs_dir / "report"

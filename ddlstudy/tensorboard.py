@@ -11,12 +11,13 @@ epoch) from metrics.csv, and ``resources/<scope>-rank<r>/<column>`` from samples
 from __future__ import annotations
 
 import csv
-import json
+import io
 import math
 from pathlib import Path
 
 from ddlstudy.errors import UsageError
-from ddlstudy.runfolder import MANIFEST, METRICS, SAMPLES
+from ddlstudy.reading import CAPS, BadFile, read_parquet, read_text
+from ddlstudy.runfolder import MANIFEST, METRICS, SAMPLES, load_manifest
 
 SAMPLED = ("proc_cpu_percent", "proc_rss_bytes", "proc_threads", "sys_cpu_percent",
            "sys_iowait_percent", "sys_ram_percent", "net_sent_bytes", "net_recv_bytes",
@@ -53,10 +54,7 @@ def write_run(run: Path, logdir: Path) -> Path:
     """One run's metrics and samples as event files in ``logdir`` (replacing earlier ones)."""
     from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
-    try:
-        manifest = json.loads((run / MANIFEST).read_text())
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"{run / MANIFEST} cannot be read: {exc}") from None
+    manifest = load_manifest(run / MANIFEST)
     try:
         logdir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -92,25 +90,26 @@ def _epochs(run: Path, manifest: dict, writer) -> float:
     if not (run / METRICS).is_file():
         return start
     elapsed = 0.0
-    with open(run / METRICS, newline="") as f:
-        for row in csv.DictReader(f):
+    text = read_text(run / METRICS, "metrics table", CAPS["record"])
+    for line, row in enumerate(csv.DictReader(io.StringIO(text, newline="")), start=2):
+        try:
             epoch = int(row["epoch"])
             elapsed += float(row.get("epoch_time_s") or 0.0)
-            for name, text in row.items():
-                if name == "epoch" or text in (None, ""):
-                    continue
-                value = float(text)
-                if math.isfinite(value):
-                    _scalar(writer, f"epoch/{name}", value, epoch, start + elapsed)
+            values = {name: float(text) for name, text in row.items()
+                      if name not in ("epoch", None) and text not in (None, "")}
+        except (KeyError, TypeError, ValueError):
+            raise BadFile("metrics table", run / METRICS, f"line {line} is not a row of "
+                          "numbers with an epoch; was it edited?") from None
+        for name, value in values.items():
+            if math.isfinite(value):
+                _scalar(writer, f"epoch/{name}", value, epoch, start + elapsed)
     return start
 
 
 def _samples(run: Path, writer, start: float) -> None:
     if not (run / SAMPLES).is_file():
         return
-    import pandas as pd
-
-    frame = pd.read_parquet(run / SAMPLES)
+    frame = read_parquet(run / SAMPLES, "samples")
     for (scope, rank), rows in frame.groupby(["scope", "rank"], sort=True):
         for column in SAMPLED:
             if column not in rows:

@@ -161,10 +161,10 @@ def test_the_check_leaves_out_study_runs_on_a_busy_host(tmp_path):
         (folder / "manifest.json").write_text(json.dumps({
             "id": run, "status": "completed", "started_at": run, "usecase": "u",
             "strategy": {"name": strategy, "processes": 1, "threads_per_process": 1},
-            "host": {"hostname": "h", "usable_cores": 2}, "backend": {},
-            "host_load": {"noisy": noisy}, "epochs": [{"steady_images_per_s": speed,
-                                                        "val_accuracy": 0.5,
-                                                        "epoch_time_s": 1.0}]}))
+            "host": {"hostname": "h", "usable_cores": 2}, "backend": {"name": "local"},
+            "config": {"usecase": {"name": "u"}}, "host_load": {"noisy": noisy},
+            "epochs": [{"epoch": 1, "train_loss": 1.0, "steady_images_per_s": speed,
+                        "val_accuracy": 0.5, "epoch_time_s": 1.0}]}))
         cells.append({"run": run, "flags": {"strategy": strategy, "epochs": 2}})
     check = advise.check(advice, tmp_path, {"cells": cells})
     assert check["noisy_left_out"] == 1

@@ -112,7 +112,7 @@ CASES = [
     (R + ["--backend", "spark", "--spark-secret-file", "{tmp}/afile"],
      "--spark-secret-file: authenticates to a Spark standalone cluster: it needs --spark-master"),
     (R + ["--backend", "spark", "--spark-master", "spark://h:7077", "--spark-secret-file",
-          "{tmp}/none"], "--spark-secret-file: cannot read {tmp}/none: No such file"),
+          "{tmp}/none"], "--spark-secret-file: secret file {tmp}/none: does not exist"),
     (R + ["--backend", "spark", "--spark-master", "spark://h:7077", "--spark-secret-file",
           "{tmp}/secret-empty"], "--spark-secret-file: {tmp}/secret-empty must hold one secret"),
     (R + ["--backend", "spark", "--spark-master", "spark://h:7077", "--spark-secret-file",
@@ -152,13 +152,13 @@ CASES = [
     (R + ["--usecase", "{tmp}/uc/target.toml"], "train.target_accuracy: must be a number"),
     (R + ["--usecase", "{tmp}/uc/difficulty.toml"], "data.difficulty: must be a number"),
     (R + ["--usecase", "{tmp}/uc/not-toml.toml"], "is not valid TOML"),
-    (R + ["--usecase", "{tmp}/afile"], "{tmp}/afile is not valid TOML"),
+    (R + ["--usecase", "{tmp}/afile"], "{tmp}/afile: is not valid TOML"),
     (R + ["--usecase", "{tmp}/nothing.toml"], "use-case file {tmp}/nothing.toml does not"),
     # run: hosts
     (R + ["--backend", "mpi", "--nodes", "2", "--hosts", "a;b"], "--hosts: 'a;b'"),
     (R + ["--backend", "mpi", "--nodes", "2", "--hosts", "a b"], "--hosts: 'a b'"),
-    (R + ["--backend", "mpi", "--hostfile", "{tmp}/hostfile-bad"], "line 1: 'node-a:x'"),
-    (R + ["--backend", "mpi", "--hostfile", "{tmp}/nothing"], "--hostfile: cannot read"),
+    (R + ["--backend", "mpi", "--hostfile", "{tmp}/hostfile-bad"], "hostfile-bad line 1 is not host"),
+    (R + ["--backend", "mpi", "--hostfile", "{tmp}/nothing"], "--hostfile: host file {tmp}/nothing: does not exist"),
     # dataset make
     (["dataset", "make", "--out", "{tmp}/afile"], "--out: {tmp}/afile is a file"),
     (["dataset", "make", "--out", "{tmp}/out", "--workers", "100000"],
@@ -168,12 +168,12 @@ CASES = [
     (["dataset", "make", "--out", "{tmp}/out", "--shard", "3/2"], "argument --shard"),
     # manifests: replay, compare, resume
     (["replay", "{tmp}/bad-json"], "is not valid JSON"),
-    (["replay", "{tmp}/list"], "is not a ddlstudy run manifest"),
-    (["replay", "{tmp}/empty"], "is not a ddlstudy run manifest"),
+    (["replay", "{tmp}/list"], "manifest.json: is not a manifest (a JSON object"),
+    (["replay", "{tmp}/empty"], "manifest.json: id: field required"),
     (["replay", "{tmp}/nothing"], "is neither a run folder nor a manifest.json"),
     (["compare", "{tmp}/bad-json", "{tmp}/empty"], "is not valid JSON"),
-    (["compare", "{tmp}/list", "{tmp}/list"], "is not a ddlstudy run manifest"),
-    (["run", "--resume", "{tmp}/empty"], "is not a ddlstudy run manifest"),
+    (["compare", "{tmp}/list", "{tmp}/list"], "manifest.json: is not a manifest"),
+    (["run", "--resume", "{tmp}/empty"], "manifest.json: id: field required"),
     (["run", "--resume", "{tmp}/list", "--epochs", "2"], "--resume: continues a run with"),
     # report, export
     (["report", "{tmp}/nothing"], "runs folder {tmp}/nothing does not exist"),
@@ -218,8 +218,8 @@ CASES = [
     (["study"], "give a study plan"),
     (["study", "demo", "--from-advice", "{tmp}/afile"], "give a study plan"),
     (["study", "--from-advice", "{tmp}/nothing.json"], "does not exist; write one with"),
-    (["study", "--from-advice", "{tmp}/afile"], "is not an advise.json"),
-    (["study", "--from-advice", "{tmp}/bad-json/manifest.json"], "is not an advise.json"),
+    (["study", "--from-advice", "{tmp}/afile"], "advise.json {tmp}/afile: is not valid JSON"),
+    (["study", "--from-advice", "{tmp}/bad-json/manifest.json"], "manifest.json: is not valid JSON"),
     (["study", "--from-advice", "{tmp}/afile", "--top", "0"], "--top: must be a positive"),
     (["bench", "overhead", "--repeats", "0"], "--repeats: must be a positive integer"),
     (["bench", "sampler", "--hz", "nan"], "--hz: must be a rate above 0 and at most 100"),
@@ -290,11 +290,14 @@ def test_report_skips_and_names_malformed_manifests(quick_config, tmp_path, caps
 
     folder = run(quick_config(max_steps=2), show_progress=False)
     runs = folder.path.parent
+    head = ('"status": "completed", "started_at": "t", "config": {"usecase": {}}, '
+            '"strategy": {"name": "sequential"}')
     bad = {"unreadable": "{not json", "foreign": "[1, 2]",
-           "no-times": '{"id": "x", "strategy": {"name": "sequential"}, "epochs": [{"x": 1}]}',
-           "text-times": '{"id": "y", "strategy": {"name": "sequential"}, "epochs": '
-                         '[{"epoch_time_s": "x", "steady_images_per_s": "y", '
-                         '"val_accuracy": 0.3}]}'}
+           "no-times": '{"id": "x", %s, "epochs": [{"x": 1}]}' % head,
+           "text-times": '{"id": "y", %s, "epochs": [{"epoch": 1, "train_loss": 1.0, '
+                         '"epoch_time_s": "x", "steady_images_per_s": "y", '
+                         '"val_accuracy": 0.3}]}' % head,
+           "null-start": '{"id": "z", %s, "epochs": []}' % head.replace('"t"', "null")}
     for name, text in bad.items():
         (runs / name).mkdir()
         (runs / name / "manifest.json").write_text(text)
@@ -305,9 +308,10 @@ def test_report_skips_and_names_malformed_manifests(quick_config, tmp_path, caps
                for line in err.splitlines() if "report: skipped" in line}
     assert set(skipped) == set(bad)
     assert "unreadable" in skipped["unreadable"]
-    assert "not a ddlstudy run manifest" in skipped["foreign"]
-    assert "KeyError: 'epoch_time_s'" in skipped["no-times"]
-    assert "epoch_s is 'x', not a number" in skipped["text-times"]
+    assert "is not a manifest (a JSON object was expected" in skipped["foreign"]
+    assert "epochs.0.epoch: field required" in skipped["no-times"]
+    assert "steady_images_per_s: input should be a valid number" in skipped["text-times"]
+    assert "started_at: input should be a valid string (got None)" in skipped["null-start"]
 
 
 @pytest.mark.parametrize("field, value", [("name", "../../../escaped"),
@@ -324,7 +328,9 @@ def test_a_replayed_manifest_cannot_write_outside_its_folders(quick_config, tmp_
     config["usecase"][field] = value if field == "name" else config["usecase"][field] | value
     run = tmp_path / "deep" / "er" / "run"
     run.mkdir(parents=True)
-    (run / "manifest.json").write_text(json.dumps({"id": "r", "config": config}))
+    (run / "manifest.json").write_text(json.dumps({
+        "id": "r", "status": "completed", "started_at": "t", "config": config, "epochs": [],
+        "strategy": {"name": "sequential"}}))
     monkeypatch.chdir(run)
     before = _tree(tmp_path)
     assert main(["replay", str(run), "--runs-dir", str(tmp_path / "deep" / "runs")]) == 2

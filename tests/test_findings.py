@@ -51,14 +51,15 @@ def test_a_real_run_records_its_time_to_target(cli):
 
 def _manifest(strategy, rates, *, usecase="u", threads=1, processes=1, tta=None,
               target=0.6, backend=None, exchange=None, hosts=None):
-    epochs = [{"steady_images_per_s": r, "epoch_time_s": 1.0, "val_accuracy": 0.5}
-              for r in rates]
-    backend = dict(backend or {})
+    epochs = [{"epoch": i + 1, "train_loss": 1.0, "steady_images_per_s": r,
+               "epoch_time_s": 1.0, "val_accuracy": 0.5} for i, r in enumerate(rates)]
+    backend = {"name": "local"} | dict(backend or {})
     if exchange:
         backend["exchange"] = {"per_rank": exchange}
     if hosts:
         backend["hosts"] = hosts
     return {"usecase": usecase, "status": "completed", "started_at": "t", "backend": backend,
+            "config": {"usecase": {"name": usecase}},
             "id": f"{usecase}-{strategy}-{backend.get('name', 'local')}-{rates[0]}",
             "host": {"hostname": "h", "usable_cores": 2},
             "strategy": {"name": strategy, "processes": processes,

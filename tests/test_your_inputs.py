@@ -40,8 +40,9 @@ def _run_folder(tmp_path):
                "model": {"arch": "alexnet", "width": 0.25},
                "data": {"name": "synthetic-tiny", "images": 300, "source_size": 64},
                "train": {"image_size": 64}}
-    (run / "manifest.json").write_text(json.dumps({"id": "r1", "config": {"usecase": usecase},
-                                                   "epochs": []}))
+    (run / "manifest.json").write_text(json.dumps({
+        "id": "r1", "status": "completed", "started_at": "t", "config": {"usecase": usecase},
+        "strategy": {"name": "sequential"}, "epochs": []}))
     state = build_model(ModelSpec(arch="alexnet", width=0.25), 3).state_dict()
     torch.save({"model": state}, run / "snapshot.pt")
     return run
@@ -73,7 +74,7 @@ def test_a_damaged_run_is_refused_and_left_as_it_is(tmp_path, capsys):
     assert "snapshot.pt is damaged or not ddlstudy's; it is left as it is" in err
     (run / "manifest.json").write_text("{not json")
     err = _refused(capsys, "export", "model", str(run), "--out", str(tmp_path / "m.pt"))
-    assert "manifest.json is damaged" in err and (run / "manifest.json").read_text() == \
+    assert "manifest.json: is not valid JSON" in err and (run / "manifest.json").read_text() == \
         "{not json"
 
 

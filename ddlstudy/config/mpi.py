@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ddlstudy.config.fields import NODES, option
 from ddlstudy.errors import ConfigError
+from ddlstudy.reading import BadFile, MiB, read_text
 from ddlstudy.reducers import AUTO, get_reducer
 from ddlstudy.reducers import REGISTRY as REDUCERS
 from ddlstudy.reducers.compress import parse as parse_compress
@@ -25,20 +26,20 @@ def read_hostfile(path: Path) -> list[tuple[str, int]]:
     """The hosts of an mpiexec host file and their slots: ``host``, ``host:N`` (hydra) or
     ``host slots=N`` (Open MPI) per line, ``#`` comments."""
     try:
-        lines = Path(path).read_text().splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError("--hostfile", f"cannot read {path}: {getattr(exc, 'strerror', exc)}; "
-                          "give a file with one host[:slots] per line") from None
+        lines = read_text(path, "host file", cap=MiB).splitlines()
+    except BadFile as exc:
+        raise ConfigError("--hostfile", f"{exc}; give a file with one host[:slots] per "
+                          "line") from None
     hosts = []
     for number, line in enumerate(lines, 1):
         text = line.split("#", 1)[0].strip()
         if not text:
             continue
-        found = re.match(r"^([^\s:]+)(?::(\d+)|\s+slots=(\d+))?$", text)
+        found = re.fullmatch(r"^([^\s:]+)(?::(\d+)|\s+slots=(\d+))?$", text)
         slots = int(found.group(2) or found.group(3) or 1) if found else 0
-        if not found or not HOST_NAME.match(found.group(1)) or slots < 1:
-            raise ConfigError("--hostfile", f"{path} line {number}: {text!r} is not host, "
-                              "host:slots or host slots=N")
+        if not found or not HOST_NAME.fullmatch(found.group(1)) or slots < 1:
+            raise ConfigError("--hostfile", f"{path} line {number} is not host, host:slots or "
+                              "host slots=N (a host name: letters, digits, dots and dashes)")
         hosts.append((found.group(1), slots))
     if not hosts:
         raise ConfigError("--hostfile", f"{path} lists no host")
@@ -90,7 +91,7 @@ class MpiOptions:
         if self.hosts is not None:
             names = self.hosts.split(",")
             emulated = len(names) == 1 and names[0].partition(":")[0] == "emulated"
-            if not emulated and not all(HOST_NAME.match(n) for n in names):
+            if not emulated and not all(HOST_NAME.fullmatch(n) for n in names):
                 raise ConfigError("--hosts", f"{self.hosts!r}; give host names (letters, "
                                   "digits, dots, dashes) separated by commas, or "
                                   "emulated[:PREFIX]")

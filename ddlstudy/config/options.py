@@ -99,7 +99,8 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
                               "that folder's: its classes are its class folders, the model "
                               f"--model or {FOLDER_MODEL}, the task the flags')")
     for t in train_options():  # the use case's flags first in their group
-        _add(groups[TASK], t, " (default: the use case's)")
+        _add(groups[TASK], t, "" if "default" in t.metadata["help"] else
+             " (default: the use case's)")
     for f in options():
         _add(groups[f.metadata["group"]], f)
 

@@ -12,6 +12,7 @@ import psutil
 
 from ddlstudy.config.fields import MAX_PROCESSES, SPARK, option
 from ddlstudy.errors import ConfigError
+from ddlstudy.reading import BadFile, read_text
 
 SPARK_SYNCS = ("gloo", "allgather")
 SYNC_EVERY = 10
@@ -22,7 +23,7 @@ SPARK_ONLY = ("spark",)
 
 
 def _spark_master(master: str) -> re.Match:
-    found = _SPARK_MASTER.match(master)
+    found = _SPARK_MASTER.fullmatch(master)
     if not found:
         raise ConfigError("--spark-master", f"{master!r} is not a Spark master; use local[N], "
                           f"local-cluster[N,cores,MiB] or spark://host:port")
@@ -57,10 +58,9 @@ def read_secret(path: Path) -> str:
     """The shared secret a Spark standalone cluster authenticates with: the file's first
     line (ddlstudy hosts spark writes 64 hex digits)."""
     try:
-        secret = Path(path).read_text().strip()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError("--spark-secret-file", f"cannot read {path}: "
-                          f"{getattr(exc, 'strerror', exc)}") from None
+        secret = read_text(path, "secret file", cap=64 * 1024).strip()
+    except BadFile as exc:
+        raise ConfigError("--spark-secret-file", str(exc)) from None
     if not secret or len(secret.split()) != 1 or len(secret) > 4096:
         raise ConfigError("--spark-secret-file", f"{path} must hold one secret on one line "
                           "(the cluster's spark.authenticate.secret)")

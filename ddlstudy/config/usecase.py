@@ -11,13 +11,21 @@ import dataclasses
 import enum
 import math
 import re
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ddlstudy.config.paths import USECASES_DIR
 from ddlstudy.errors import ConfigError, UsageError
+from ddlstudy.reading import read_toml
+
+NONE = "none"
+
+
+def accuracy(text: str) -> float | str:
+    """--target-accuracy's value: a number, or ``none`` (no time to accuracy measured)."""
+    return NONE if text.strip().lower() == NONE else float(text)
+
 
 PLAIN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 """A name that is one path component and no more (use cases, run ids)."""
@@ -114,14 +122,14 @@ class ModelSpec:
             return "paper"
         if self.arch.startswith(TIMM):
             return "timm"
-        found = FACTORY.match(self.arch)
+        found = FACTORY.fullmatch(self.arch)
         if found is None:
             return "torchvision"
         return "file" if found["where"].endswith(".py") else "module"
 
     def anchored(self, folder: Path) -> ModelSpec:
         """This spec with a relative factory file taken from ``folder``."""
-        found = FACTORY.match(self.arch) if self.kind == "file" else None
+        found = FACTORY.fullmatch(self.arch) if self.kind == "file" else None
         if found is None or Path(found["where"]).is_absolute():
             return self
         where = (folder / found["where"]).resolve()
@@ -172,7 +180,7 @@ class DataSpec:
             missing = "images" if self.images is None else "source_size"
             raise ConfigError(f"data.{missing}", "is required for a synthetic set; or give "
                               "data.dir, a folder of your own images (root/<class>/<image>)")
-        if not isinstance(self.name, str) or not PLAIN_NAME.match(self.name):
+        if not isinstance(self.name, str) or not PLAIN_NAME.fullmatch(self.name):
             raise ConfigError("data.name", f"must be a plain folder name (letters, digits, "
                               f"'.', '_', '-'), got {self.name!r}")
         if self.dir is None:
@@ -224,7 +232,8 @@ class TrainSpec:
     val_fraction: float = 0.2
     target_accuracy: float | None = field(default=None, metadata={
         "help": "validation accuracy whose first epoch at or above it gives the run's time "
-                "to accuracy (default: the use case's; none: not measured)", "type": float})
+                "to accuracy (default: the use case's; none: not measured)",
+        "type": accuracy})
 
     def __post_init__(self) -> None:
         _positive("train.image_size", self.image_size, most=MAX_PIXELS,
@@ -262,7 +271,7 @@ class UseCase:
     """Where the use case was read from."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not PLAIN_NAME.match(self.name):
+        if not isinstance(self.name, str) or not PLAIN_NAME.fullmatch(self.name):
             raise ConfigError("name", f"{self.name!r}: a use case's name goes into run folder "
                               "names; use letters, digits, '.', '_' or '-' (at most 64, "
                               "starting with a letter or digit)")
@@ -308,16 +317,19 @@ def available_usecases() -> list[str]:
 
 def _is_usecase_file(path: Path) -> bool:
     try:
-        return "model" in tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError):
+        return "model" in read_toml(path, "use case")
+    except UsageError:
         return False
 
 
 def resolve_usecase_path(name_or_path: str) -> Path:
     """A name from usecases/ or a path to a TOML file."""
     path = Path(name_or_path)
+    if path.is_dir():
+        raise UsageError(f"use case {name_or_path} is a folder; give a use case's TOML file, "
+                         "or --data-dir FOLDER to train on a folder of images")
     if path.suffix == ".toml" or "/" in name_or_path:
-        if not path.is_file():
+        if not path.exists():
             raise UsageError(f"use-case file {name_or_path} does not exist")
         return path
     candidate = USECASES_DIR / f"{name_or_path}.toml"
@@ -332,11 +344,7 @@ def resolve_usecase_path(name_or_path: str) -> Path:
 
 def load_usecase(name_or_path: str) -> UseCase:
     path = resolve_usecase_path(name_or_path)
-    try:
-        raw = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise UsageError(f"{path} is not valid TOML: {exc}") from None
-    return usecase_from_dict(raw, source=str(path))
+    return usecase_from_dict(read_toml(path, "use case"), source=str(path))
 
 
 def usecase_from_dict(raw: dict[str, Any], source: str = "") -> UseCase:
@@ -374,8 +382,10 @@ def _no_unknown_keys(values: dict[str, Any], allowed: set[str], where: str) -> N
 
 
 def with_overrides(usecase: UseCase, **train_overrides: Any) -> UseCase:
-    """Apply CLI flags such as --epochs to the use case's [train] table (None: keep)."""
-    changes = {k: v for k, v in train_overrides.items() if v is not None}
+    """Apply CLI flags such as --epochs to the use case's [train] table (None: keep;
+    ``none``: set to None, e.g. no target accuracy)."""
+    changes = {k: None if v == NONE else v for k, v in train_overrides.items()
+               if v is not None}
     if not changes:
         return usecase
     return dataclasses.replace(usecase, train=dataclasses.replace(usecase.train, **changes))

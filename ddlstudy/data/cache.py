@@ -29,7 +29,9 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from ddlstudy.errors import UsageError
 from ddlstudy.files import atomic_write_text
+from ddlstudy.reading import read_json
 
 log = logging.getLogger("ddlstudy")
 
@@ -75,9 +77,9 @@ def _resized(path: Path, size: int) -> np.ndarray:
 
 def _complete(index: Path, file: Path, rels: list[str], size: int) -> Decoded | None:
     try:
-        meta = json.loads(index.read_text())
+        meta = read_json(index, "cache index")
         decoded = Decoded(file, {rel: i for i, rel in enumerate(meta["rows"])}, meta["size"])
-    except (OSError, ValueError, KeyError, TypeError):
+    except (UsageError, KeyError, TypeError, AttributeError):
         return None
     if meta.get("version") != VERSION or meta["rows"] != rels or decoded.size != size:
         return None

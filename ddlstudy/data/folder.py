@@ -25,8 +25,11 @@ from PIL import Image, ImageFile
 from ddlstudy.config import BadImagePolicy
 from ddlstudy.data.cache import cache_dir
 from ddlstudy.data.fingerprint import fingerprint, sha256_bytes
-from ddlstudy.errors import DataError
+from ddlstudy.errors import DataError, UsageError
 from ddlstudy.files import atomic_write_text
+from ddlstudy.reading import MiB, read_bytes, read_json
+
+IMAGE_CAP = 512 * MiB
 
 IMAGE_EXTENSIONS = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm"}
 ImageFile.LOAD_TRUNCATED_IMAGES = False  # a truncated file is a bad image, not a grey one
@@ -74,10 +77,22 @@ def _class_folders(root: Path, classes: tuple[str, ...]) -> None:
                         f"({', '.join(classes)}); move it out or add it to the use case's classes")
 
 
+def _utf8(name: str) -> bool:
+    try:
+        name.encode()
+        return True
+    except UnicodeEncodeError:  # a byte that is not UTF-8, kept by Python as a surrogate
+        return False
+
+
 def _image_files(folder: Path) -> list[Path]:
     files = []
     for dirpath, dirnames, filenames in os.walk(folder):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        for name in [*dirnames, *filenames]:
+            if not _utf8(name):
+                raise DataError(f"{ascii(os.path.join(dirpath, name))}: its name is not UTF-8 "
+                                "text, which ddlstudy cannot record; rename it")
         files += [Path(dirpath, f) for f in filenames
                   if not f.startswith(".") and Path(f).suffix.lower() in IMAGE_EXTENSIONS]
     return sorted(files)
@@ -87,13 +102,15 @@ def _check_image(path: Path, decode: bool = True) -> tuple[str | None, str]:
     """(sha256, '') for a readable image, (None, reason) otherwise; without ``decode``,
     for a file that can be read, whether or not it decodes."""
     try:
-        data = path.read_bytes()
+        data = read_bytes(path, "image", cap=IMAGE_CAP)
         if not data:
             return None, "empty file"
         if decode:
             with Image.open(io.BytesIO(data)) as img:
                 img.load()
         return sha256_bytes(data), ""
+    except UsageError as exc:  # not a regular file, too large
+        return None, str(exc).split(": ", 1)[-1]
     except (OSError, ValueError, Image.DecompressionBombError) as exc:
         said = re.sub(r"<_io\.BytesIO object at 0x[0-9a-f]+>", "the file", str(exc))
         return None, f"{type(exc).__name__}: {said}"
@@ -118,8 +135,8 @@ def _checks(files: list[tuple[Path, int]], root: Path,
         digests = list(pool.map(lambda f: _check_image(f[0], decode=False), files))
         memo = _checked_file(rels, digests)
         try:
-            bad = json.loads(memo.read_text()) if memo is not None else None
-        except (OSError, ValueError):
+            bad = read_json(memo, "checked-images memo") if memo is not None else None
+        except UsageError:
             bad = None
         if isinstance(bad, dict):
             return [(None, bad[rel]) if rel in bad else found

@@ -19,6 +19,7 @@ from ddlstudy.data.fingerprint import SUMS_FILE, sha256_file, write_sums
 from ddlstudy.data.synthetic import CLASSES, render_image
 from ddlstudy.errors import UsageError
 from ddlstudy.progress import progress
+from ddlstudy.reading import read_json
 
 SPEC_FILE = "dataset.json"
 GENERATOR_VERSION = 1
@@ -45,8 +46,8 @@ def _spec_record(spec: DataSpec, shard: tuple[int, int] | None) -> dict:
 def is_complete(root: Path, spec: DataSpec, shard: tuple[int, int] | None = None) -> bool:
     """True when ``root`` holds exactly this spec's data set (its record and sha256 list)."""
     try:
-        record = json.loads((root / SPEC_FILE).read_text())
-    except (OSError, ValueError):
+        record = read_json(root / SPEC_FILE, "data set record")
+    except UsageError:
         return False
     return record == _spec_record(spec, shard) and (root / SUMS_FILE).is_file()
 
@@ -55,8 +56,8 @@ def refuse_another_spec(root: Path, spec: DataSpec, shard: tuple[int, int] | Non
     """A data set of the same name made with other settings belongs to another use case
     (or an earlier version of this one): never replace it silently."""
     try:
-        record = json.loads((root / SPEC_FILE).read_text())
-    except (OSError, ValueError):
+        record = read_json(root / SPEC_FILE, "data set record")
+    except UsageError:
         return
     wanted = _spec_record(spec, shard)
     if not isinstance(record, dict) or record == wanted:

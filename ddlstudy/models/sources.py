@@ -126,7 +126,7 @@ def maker(spec: ModelSpec) -> Callable[[int], nn.Module]:
         return _torchvision(str(spec.arch))
     if kind == "timm":
         return _timm(spec.arch.removeprefix(TIMM))
-    found = FACTORY.match(spec.arch)
+    found = FACTORY.fullmatch(spec.arch)
     return _factory(found["where"], found["function"], kind)
 
 
@@ -167,7 +167,7 @@ def origin(spec: ModelSpec) -> dict[str, Any]:
         import timm
 
         return {"kind": kind, "timm": timm.__version__}
-    where = FACTORY.match(spec.arch)["where"]
+    where = FACTORY.fullmatch(spec.arch)["where"]
     if kind == "file":
         return {"kind": kind, "file": where, "sha256": sha256_of(Path(where))}
     module = importlib.import_module(where)

@@ -28,6 +28,8 @@ from ddlstudy.errors import ConfigError, UsageError
 from ddlstudy.files import check_output, write_outputs
 from ddlstudy.models import shapes_only
 from ddlstudy.models.sources import made, sha256_of
+from ddlstudy.reading import BadFile, read_json
+from ddlstudy.runfolder import load_manifest
 
 SIDECAR = ".usecase.json"
 
@@ -89,11 +91,7 @@ def export(run: Path, out: Path, force: bool = False) -> list[Path]:
     manifest_file = run / "manifest.json"
     if not manifest_file.is_file():
         raise UsageError(f"{run} is not a run folder (it has no manifest.json)")
-    try:
-        manifest = json.loads(manifest_file.read_text())
-    except (OSError, ValueError):
-        raise UsageError(f"{manifest_file} is damaged (not JSON); it is left as it "
-                         f"is") from None
+    manifest = load_manifest(manifest_file)
     snapshot = run / "snapshot.pt"
     if not snapshot.is_file():
         raise UsageError(f"run {run.name} kept no weights (it ran with --no-snapshot, or "
@@ -127,7 +125,11 @@ def load(weights: Path) -> nn.Module:
     if not side.is_file():
         raise UsageError(f"{side} is missing: export the weights with `ddlstudy export model "
                          f"RUN --out {weights}`")
-    usecase: UseCase = usecase_from_dict(json.loads(side.read_text())["usecase"])
+    described = read_json(side, "model description")
+    if not isinstance(described, dict) or not isinstance(described.get("usecase"), dict):
+        raise BadFile("model description", side, "records no use case; export the weights "
+                      "again with `ddlstudy export model RUN --out FILE`")
+    usecase: UseCase = usecase_from_dict(described["usecase"])
     model = made(usecase.model, len(usecase.classes))
     model.load_state_dict(read_weights(Path(weights), "weights"))
     return model

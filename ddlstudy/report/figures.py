@@ -16,15 +16,20 @@ here, shown inline in the notebook.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pandas as pd
 import seaborn as sns
 from matplotlib.figure import Figure
 
+from ddlstudy.errors import UsageError
+from ddlstudy.reading import read_parquet
 from ddlstudy.report.runs import LOCAL
 from ddlstudy.report.tables import Report, only_main
 from ddlstudy.runfolder import SAMPLES
+
+log = logging.getLogger("ddlstudy")
 
 
 def _save(fig: Figure, out: Path, name: str) -> list[Path]:
@@ -49,7 +54,11 @@ def samples_of(report: Report, runs: pd.DataFrame, scope: str = "node") -> pd.Da
         path = Path(r.path) / SAMPLES
         if not path.is_file():
             continue
-        s = pd.read_parquet(path)
+        try:
+            s = read_parquet(path, "samples")
+        except UsageError as exc:
+            log.warning("figures: left out %s", exc)
+            continue
         s = s[s.scope == scope]
         if s.empty:
             continue

@@ -21,14 +21,19 @@ where the side faster per image reaches the target later, or not at all.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
+from ddlstudy.errors import UsageError
+from ddlstudy.reading import read_parquet
 from ddlstudy.report.runs import KEY, LOCAL, is_baseline
 from ddlstudy.report.tables import Report, interval, only_main, spread_of
 from ddlstudy.runfolder import SAMPLES
+
+log = logging.getLogger("ddlstudy")
 
 PAPER = ("Lerat, Mahmoudi & Mahmoudi, \"Distributed Deep Learning: From Single-Node to "
          "Multi-Node Architecture\", Electronics 11(10):1525, 2022")
@@ -230,7 +235,11 @@ def _cpu_busy(report: Report, side: Side) -> float | None:
     path = Path(side.runs.path.iloc[0]) / SAMPLES if len(side.runs) else None
     if m is None or path is None or not path.is_file():
         return None
-    s = pd.read_parquet(path, columns=["scope", "rank", "proc_cpu_percent"])
+    try:
+        s = read_parquet(path, "samples", columns=["scope", "rank", "proc_cpu_percent"])
+    except UsageError as exc:
+        log.warning("findings: left out %s", exc)
+        return None
     s = s[s.scope == "node"]
     if s.empty:
         return None

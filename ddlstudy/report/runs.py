@@ -8,7 +8,6 @@ study's ``study.json`` and are shown with the reason, never dropped.
 
 from __future__ import annotations
 
-import json
 import logging
 import statistics
 from pathlib import Path
@@ -16,7 +15,8 @@ from pathlib import Path
 import pandas as pd
 
 from ddlstudy.errors import UsageError
-from ddlstudy.runfolder import MANIFEST
+from ddlstudy.formats import Study, load
+from ddlstudy.runfolder import MANIFEST, load_manifest
 from ddlstudy.strategies import REGISTRY as STRATEGIES
 from ddlstudy.strategies import Strategy
 
@@ -47,9 +47,9 @@ def load_runs(runs_dir: Path) -> list[dict]:
     manifests = []
     for path in sorted(runs_dir.rglob(MANIFEST)):
         try:
-            manifest = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            log.warning("report: skipped %s: unreadable (%s)", path, exc)
+            manifest = load_manifest(path)
+        except UsageError as exc:  # one bad run never hides the others
+            log.warning("report: skipped %s", exc)
             continue
         reason = _unusable(manifest)
         if reason:  # a foreign or damaged file is not a run: the others are still reported
@@ -86,10 +86,11 @@ def load_planned(runs_dir: Path) -> list[dict]:
     planned = []
     for path in sorted(Path(runs_dir).rglob(STUDY_FILE)):
         try:
-            study = json.loads(path.read_text())
-        except (OSError, ValueError):
+            study = load(path, Study, "study record")
+        except UsageError as exc:
+            log.warning("report: left out the cells of %s", exc)
             continue
-        planned += [c for c in study.get("cells", []) if not c.get("run")]
+        planned += [c for c in study["cells"] if not c.get("run")]
     return planned
 
 

@@ -42,6 +42,7 @@ from ddlstudy.environment import usable_cores
 from ddlstudy.errors import ConfigError, UsageError
 from ddlstudy.plan import cell_flags
 from ddlstudy.report import BASELINE
+from ddlstudy.runfolder import load_manifest
 from ddlstudy.strategies import REGISTRY as STRATEGIES
 from ddlstudy.tools.bench import (
     Ratio,
@@ -84,7 +85,7 @@ def _run(runs: Path, what: What, steps: int, *flags: str) -> dict:
         raise UsageError(f"ddlstudy run {' '.join(flags)} failed ({out.returncode}): "
                          f"{out.stderr.strip()[-400:]}")
     (path,) = set(runs.glob("*/manifest.json")) - before
-    return json.loads(path.read_text())
+    return load_manifest(path)
 
 
 def _side_by_side(speed: Ratio, start: Ratio, a: dict, b: dict) -> None:

@@ -3,7 +3,6 @@ fastest, timed with real ``ddlstudy run`` processes in rounds while the budget l
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import statistics
@@ -19,7 +18,7 @@ from ddlstudy.config import UseCase
 from ddlstudy.data.folder import IMAGE_EXTENSIONS
 from ddlstudy.errors import ConfigError, Unavailable, UsageError
 from ddlstudy.plan import cell_config, run_flags
-from ddlstudy.runfolder import MANIFEST, new_run_id, run_env
+from ddlstudy.runfolder import MANIFEST, load_manifest, new_run_id, run_env
 from ddlstudy.runner import preflight
 from ddlstudy.sampler import NOISY_CORES, OthersLoad, wait_quiet_at_most
 from ddlstudy.strategies import REGISTRY as STRATEGIES
@@ -154,7 +153,7 @@ def probe(c: Candidate, usecase: str, settings: dict[str, Any], runs_dir: Path) 
         tail = (out.stderr.strip().splitlines() or [f"exit code {out.returncode}"])[-1]
         c.skip = f"the probe failed: {tail}"
         return
-    m = json.loads(manifest.read_text())
+    m = load_manifest(manifest)
     speed = statistics.median(e["steady_images_per_s"] for e in m["epochs"])
     exchange = None
     if c.nodes > 1:

@@ -1,0 +1,265 @@
+"""One schema per file format ddlstudy writes and reads back: a run's manifest.json, a
+study's study.json, advise.json, a data set's cache index and spec.
+
+Each is a pydantic model: the types, the ranges and the required fields of the format.
+Unknown fields pass (a newer ddlstudy may add some); a known field of the wrong type, out
+of its range or missing is refused by ``load`` in one line naming the file, the field
+and what it must be. Readers go through ``load`` (or ``check`` for a document already
+parsed) and get the document back as a plain dict, valid. ``reference()`` writes the
+formats' reference from these same models, so the docs cannot drift from the checks.
+
+The use case and the study plan, which a person writes, are checked by the declarations
+of ``ddlstudy.config`` (``config.fields.option``); these are the files ddlstudy writes.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator as After
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ddlstudy.reading import CAPS, BadFile, read_json
+
+NAME = r"[A-Za-z0-9][A-Za-z0-9._+-]*"
+"""A run id, study name or cell id: the name of a folder, never a path."""
+
+
+def _finite(x: float) -> float:
+    if not math.isfinite(x):
+        raise ValueError("must be a finite number")
+    return x
+
+
+Count = Annotated[int, Field(ge=0, le=10**12)]
+Positive = Annotated[int, Field(ge=1, le=10**9)]
+Seconds = Annotated[float, Field(ge=0), After(_finite)]
+Rate = Annotated[float, Field(gt=0), After(_finite)]
+Fraction = Annotated[float, Field(ge=0, le=1)]
+Loss = float  # a diverged run records nan: still a run
+Name = Annotated[str, Field(pattern=rf"^{NAME}$", max_length=255)]  # Rust regex: $ is the end
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(strict=True, extra="allow")
+
+
+class Epoch(_Record):
+    """One finished epoch."""
+    epoch: Positive
+    train_loss: Loss
+    val_loss: Loss | None = None
+    val_accuracy: Fraction | None = None
+    train_accuracy: Fraction | None = None
+    train_images: Count | None = None
+    steps: Count | None = None
+    images_per_s: Seconds | None = None
+    steady_images_per_s: Seconds | None = None
+    train_time_s: Seconds | None = None
+    epoch_time_s: Seconds | None = None
+    elapsed_s: Seconds | None = None
+
+
+class Summary(_Record):
+    """What the tables compare; absent figures are null (a run with no finished epoch)."""
+    epochs_done: Count = 0
+    final_val_accuracy: Fraction | None = None
+    best_val_accuracy: Fraction | None = None
+    median_images_per_s: Rate | None = None
+    median_epoch_time_s: Rate | None = None
+    train_time_s: Seconds | None = None
+
+
+class StrategyBlock(_Record):
+    """The strategy as it ran: its name and layout."""
+    name: str
+    processes: Positive = 1
+    threads_per_process: Positive = 1
+    devices: Count = 0
+    device: str | None = None
+    stage_starts: list[Count] | None = None
+
+
+class BackendBlock(_Record):
+    """The backend and its nodes."""
+    name: str
+    nodes: Positive = 1
+    hosts: list[str] | None = None
+    exchange: dict[str, Any] | None = None
+
+
+class Data(_Record):
+    """The data set it trained on."""
+    fingerprint: str | None = None
+    images: Count | None = None
+    train_images: Count | None = None
+    val_images: Count | None = None
+    root: str | None = None
+
+
+class Host(_Record):
+    """The machine of rank 0."""
+    hostname: str | None = None
+    usable_cores: Positive | None = None
+    logical_cores: Positive | None = None
+    ram_bytes: Count | None = None
+    gpus: list[Any] = []
+
+
+class Launch(_Record):
+    """How it was started."""
+    launcher: str | None = None
+    world: Positive = 1
+
+
+class HostLoad(_Record):
+    """What other processes used of the host while it ran."""
+    noisy: bool | None = None  # None: not sampled
+    others_cores: dict[str, Annotated[float, After(_finite)]] = {}
+    threshold_cores: Annotated[float, After(_finite)] | None = None
+
+
+class TimeToTarget(_Record):
+    target: Fraction | None = None
+    reached: bool | None = None  # None: no target was set
+    epoch: Positive | None = None
+    seconds: Seconds | None = None
+
+
+class StudyRef(_Record):
+    name: str
+    cell: str | None = None
+    repeat: Count = 0
+
+
+class Config(_Record):
+    """The run's options; each is checked by its declaration when the run is replayed or
+    resumed (``config.fields.check_declared``), the use case by the use-case checks."""
+    usecase: dict[str, Any]
+
+
+class Manifest(_Record):
+    """A run's manifest.json: what ran, where, and what it measured."""
+    schema_: Positive = Field(1, alias="schema")
+    id: Name
+    status: Literal["running", "completed", "failed", "interrupted"]
+    started_at: str
+    ended_at: str | None = None
+    exit_code: int | None = None
+    error: str | None = None
+    usecase: str | None = None
+    config: Config
+    strategy: StrategyBlock
+    backend: BackendBlock = BackendBlock(name="local")
+    data: Data = Data()
+    host: Host = Host()
+    launch: Launch = Launch()
+    host_load: HostLoad | None = None
+    versions: dict[str, str | None] = {}
+    git: dict[str, Any] | None = None
+    model: dict[str, Any] | None = None
+    study: StudyRef | None = None
+    epochs: list[Epoch]
+    summary: Summary | None = None
+    time_to_target: TimeToTarget | None = None
+
+
+class Cell(_Record):
+    """One cell of a study: a use case and flags, one repeat."""
+    id: str
+    usecase: str
+    strategy: str
+    backend: str = "local"
+    flags: dict[str, Any] = {}
+    repeat: Count = 0
+    status: str
+    reason: str = ""
+    run: Name | Literal[""] | None = None  # "": not run yet
+    seconds: Seconds | None = None
+
+
+class Study(_Record):
+    """A study's study.json: its cells and where each stands."""
+    name: Name
+    plan: str | None = None
+    repeat: Positive = 1
+    started_at: str | None = None
+    cells: list[Cell]
+
+
+class Recommendation(_Record):
+    flags: dict[str, Any]
+    runnable: bool = True
+
+
+class Advice(_Record):
+    """advise.json: the ranked configurations of ``ddlstudy advise``."""
+    usecase: str
+    ranking: list[Recommendation]
+    probe_settings: dict[str, Any] | None = None
+
+
+FORMATS: dict[str, type[_Record]] = {"manifest.json": Manifest, "study.json": Study,
+                                     "advise.json": Advice}
+
+
+def _where(error: dict) -> str:
+    return ".".join(str(p) for p in error["loc"]) or "the document"
+
+
+def problem(error: ValidationError) -> str:
+    """The first error of a validation, as 'field: what is wrong'."""
+    first = error.errors(include_url=False)[0]
+    got = first.get("input")
+    shown = "" if first["type"] == "missing" or isinstance(got, dict | list) else \
+        f" (got {got!r:.60})"
+    return f"{_where(first)}: {first['msg'].lower()}{shown}"
+
+
+def check(doc: Any, model: type[_Record], path: Path | str, what: str) -> dict[str, Any]:
+    """``doc`` if it is a valid ``model``, else BadFile naming the field."""
+    if not isinstance(doc, dict):
+        raise BadFile(what, path, f"is not a {model.__name__.lower()} (a JSON object was "
+                      f"expected, not {type(doc).__name__})")
+    try:
+        model.model_validate(doc)
+    except ValidationError as exc:
+        raise BadFile(what, path, f"{problem(exc)}; is it a {what} ddlstudy wrote, and "
+                      "complete?") from None
+    return doc
+
+
+def load(path: Path | str, model: type[_Record], what: str,
+         cap: int = CAPS["record"]) -> dict[str, Any]:
+    """A JSON file through the gate (``ddlstudy.reading``), checked against ``model``."""
+    return check(read_json(path, what, cap), model, path, what)
+
+
+def reference() -> str:
+    """The formats' reference (markdown), generated from the models above."""
+    lines = ["# File formats", "",
+             "Generated from `ddlstudy/formats.py`; each reader checks these. Fields not "
+             "listed are kept as they are.", ""]
+    for name, model in FORMATS.items():
+        lines += [f"## {name}", "", (model.__doc__ or "").strip(), "",
+                  "| field | type | required |", "|---|---|---|"]
+        lines += _fields(model, "")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _fields(model: type[BaseModel], prefix: str) -> list[str]:
+    rows = []
+    for name, info in model.model_fields.items():
+        key = prefix + (info.alias or name)
+        shown = str(info.annotation).replace("typing.", "").replace("ddlstudy.formats.", "")
+        rows.append(f"| `{key}` | `{shown}` | {'yes' if info.is_required() else 'no'} |")
+        inner = info.annotation
+        for candidate in getattr(inner, "__args__", (inner,)):
+            candidate = getattr(candidate, "__args__", (candidate,))[0] \
+                if getattr(candidate, "__origin__", None) is list else candidate
+            if isinstance(candidate, type) and issubclass(candidate, _Record):
+                rows += _fields(candidate, key + ".")
+    return rows
