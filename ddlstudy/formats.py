@@ -14,13 +14,15 @@ of ``ddlstudy.config`` (``config.fields.option``); these are the files ddlstudy 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator as After
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
+from ddlstudy.config.run import options
 from ddlstudy.reading import CAPS, BadFile, read_json
 
 NAME = r"[A-Za-z0-9][A-Za-z0-9._+-]*"
@@ -51,14 +53,14 @@ class Epoch(_Record):
     epoch: Positive
     train_loss: Loss
     val_loss: Loss | None = None
-    val_accuracy: Fraction | None = None
+    val_accuracy: Fraction | None
     train_accuracy: Fraction | None = None
     train_images: Count | None = None
     steps: Count | None = None
     images_per_s: Seconds | None = None
-    steady_images_per_s: Seconds | None = None
+    steady_images_per_s: Seconds  # a rate, >= 0
     train_time_s: Seconds | None = None
-    epoch_time_s: Seconds | None = None
+    epoch_time_s: Seconds
     elapsed_s: Seconds | None = None
 
 
@@ -86,6 +88,8 @@ class BackendBlock(_Record):
     """The backend and its nodes."""
     name: str
     nodes: Positive = 1
+    reduce: str | None = None
+    sync: str | None = None
     hosts: list[str] | None = None
     exchange: dict[str, Any] | None = None
 
@@ -134,10 +138,41 @@ class StudyRef(_Record):
     repeat: Count = 0
 
 
-class Config(_Record):
-    """The run's options; each is checked by its declaration when the run is replayed or
-    resumed (``config.fields.check_declared``), the use case by the use-case checks."""
-    usecase: dict[str, Any]
+class TrainRecord(_Record):
+    """The use case's [train] table as the run used it."""
+    epochs: Positive | None = None
+    batch_size: Positive | None = None
+    image_size: Positive | None = None
+    lr: Rate | None = None
+    target_accuracy: Fraction | None = None
+
+
+class UseCaseRecord(_Record):
+    """The use case as the run read it (checked in full by the use-case checks when the
+    run is replayed)."""
+    name: str | None = None
+    train: TrainRecord | None = None
+
+
+def _option_type(f: dataclasses.Field) -> Any:
+    kind = f.metadata["type"]
+    if f.metadata["parse"] == "layers":
+        return list[int]
+    return {Path: str, bool: bool, int: int,
+            float: Annotated[float, After(_finite)]}.get(kind, str)
+
+
+Config = create_model(
+    "Config", __base__=_Record, __doc__="The run's options, each of the type its declaration "
+    "gives (``config.fields.option``; its names and bounds are checked again when the run "
+    "is replayed or resumed).", usecase=(UseCaseRecord, ...),
+    **{f.name: (_option_type(f) | None, None) for f in options()})
+
+
+class Effective(_Record):
+    """What the options came to: the global batch, the learning rate."""
+    global_batch: Positive | None = None
+    lr: Rate | None = None
 
 
 class Manifest(_Record):
@@ -150,7 +185,8 @@ class Manifest(_Record):
     exit_code: int | None = None
     error: str | None = None
     usecase: str | None = None
-    config: Config
+    config: Config  # type: ignore[valid-type]
+    effective: Effective | None = None
     strategy: StrategyBlock
     backend: BackendBlock = BackendBlock(name="local")
     data: Data = Data()

@@ -42,6 +42,7 @@ def config_from_manifest(manifest: dict[str, Any], runs_dir: Path | None = None)
     config = dict(manifest["config"])
     usecase = dict(config.pop("usecase"))
     source = usecase.pop("source", "")
+    source = source if isinstance(source, str) else ""
     fields = {f.name for f in dataclasses.fields(RunConfig)} - {"usecase"}
     dropped = sorted(set(config) - fields)
     if dropped:
@@ -51,8 +52,8 @@ def config_from_manifest(manifest: dict[str, Any], runs_dir: Path | None = None)
         # A pipeline cut where its measured times said: cut the replay there too (the
         # cut decides which process draws each dropout mask).
         kwargs["stage_starts"] = (manifest.get("strategy") or {}).get("stage_starts")
-    for key in _PATHS:
-        if kwargs.get(key) is not None:
+    for key in _PATHS:  # a path of another type is refused by its declaration
+        if isinstance(kwargs.get(key), str) and kwargs[key]:
             kwargs[key] = Path(kwargs[key])
     if runs_dir is not None:
         kwargs["runs_dir"] = runs_dir

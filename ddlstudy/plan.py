@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ddlstudy.config import DEFAULT_RUNS_DIR, HOME, USECASES_DIR, RunConfig
+from ddlstudy.config.limits import most
 from ddlstudy.config.options import cell_keys, config_from_args, run_parser, switches
 from ddlstudy.config.usecase import PLAIN_NAME
 from ddlstudy.errors import ConfigError, UsageError
@@ -46,8 +47,9 @@ def _keys(where: str, values: Any, allowed: set[str]) -> dict[str, Any]:
 
 
 def _plan_path(path: Path) -> Path:
-    """A plan file, or the name of one shipped with ddlstudy (``demo``, ``paper``)."""
-    if path.is_file():
+    """A plan file, or the name of one shipped with ddlstudy (``demo``, ``paper``);
+    anything else that exists is left to the reading gate to refuse (a folder, a FIFO)."""
+    if path.exists() and not path.is_dir():
         return path
     shipped = USECASES_DIR / f"{path}.toml"
     if path.suffix != ".toml" and len(path.parts) == 1 and shipped.is_file():
@@ -68,18 +70,7 @@ def load_plan(path: Path, repeat: int | None = None, runs_dir: Path | None = Non
     if not isinstance(cells, list) or not cells:
         raise ConfigError("[[cells]]", "the plan needs at least one [[cells]] table with a "
                           "strategy")
-    for i, cell in enumerate(cells, 1):
-        _keys(f"[[cells]] #{i}", cell, CELL_KEYS)
-    for i, cell in enumerate([settings, *cells]):
-        where = "[settings]" if i == 0 else f"[[cells]] #{i}"
-        for key, value in cell.items():
-            if (key in SWITCHES) != isinstance(value, bool):
-                raise ConfigError(f"{where}.{key}", f"{value!r}: give " + (
-                    "true or false" if key in SWITCHES else "a value, not true or false"))
-            if not isinstance(value, str | int | float | bool | list) or (
-                    isinstance(value, list) and not all(isinstance(v, int) for v in value)):
-                raise ConfigError(f"{where}.{key}", f"{value!r} is not a flag's value; give "
-                                  "a string, a number, true/false or a list of integers")
+    _check_cells(settings, cells, "[[cells]]")
     usecases = study.get("usecases", [])
     if not isinstance(usecases, list) or not usecases or \
             not all(isinstance(u, str) and u for u in usecases):
@@ -92,6 +83,10 @@ def load_plan(path: Path, repeat: int | None = None, runs_dir: Path | None = Non
                           "into; use letters, digits, '.', '_' or '-'")
     repeat = _checked_repeat(repeat if repeat is not None else
                              study.get("repeat", DEFAULT_REPEAT))
+    if "runs_dir" in study and (not isinstance(study["runs_dir"], str) or
+                                not study["runs_dir"].strip()):
+        raise ConfigError("study.runs_dir", f"{study['runs_dir']!r}: give a folder's path as "
+                          "a string, e.g. \"runs/my-study\"")
     if runs_dir is None:
         runs_dir = Path(study["runs_dir"]) if "runs_dir" in study else DEFAULT_RUNS_DIR / name
         if not runs_dir.is_absolute():
@@ -99,6 +94,23 @@ def load_plan(path: Path, repeat: int | None = None, runs_dir: Path | None = Non
     return Plan(name=name, path=path, usecases=usecases, cells=cells, repeat=repeat,
                 runs_dir=runs_dir, description=study.get("description", ""),
                 settings=settings)
+
+
+def _check_cells(settings: dict[str, Any], cells: list, where_cells: str) -> None:
+    """Every cell a table of known flags (never --runs-dir, which the study owns) with
+    values of their kind: refused naming the cell and the key."""
+    for i, cell in enumerate(cells, 1):
+        _keys(f"{where_cells} #{i}", cell, CELL_KEYS)
+    for i, cell in enumerate([settings, *cells]):
+        where = "[settings]" if i == 0 else f"{where_cells} #{i}"
+        for key, value in cell.items():
+            if (key in SWITCHES) != isinstance(value, bool):
+                raise ConfigError(f"{where}.{key}", f"{value!r}: give " + (
+                    "true or false" if key in SWITCHES else "a value, not true or false"))
+            if not isinstance(value, str | int | float | bool | list) or (
+                    isinstance(value, list) and not all(isinstance(v, int) for v in value)):
+                raise ConfigError(f"{where}.{key}", f"{value!r} is not a flag's value; give "
+                                  "a string, a number, true/false or a list of integers")
 
 
 def _beside(usecase: str, folder: Path) -> str:
@@ -111,8 +123,10 @@ def _beside(usecase: str, folder: Path) -> str:
 
 
 def _checked_repeat(repeat: Any) -> int:
-    if isinstance(repeat, bool) or not isinstance(repeat, int) or not 0 < repeat <= 1000:
-        raise ConfigError("--repeat", f"must be an integer from 1 to 1000, got {repeat!r}")
+    if isinstance(repeat, bool) or not isinstance(repeat, int) or \
+            not 0 < repeat <= most("repeats"):
+        raise ConfigError("--repeat", f"must be an integer from 1 to {most('repeats'):g}, got "
+                          f"{repeat!r}")
     return repeat
 
 
@@ -182,6 +196,10 @@ def advice_plan(path: Path, top: int, repeat: int | None = None,
                          f"a {advice.get('link')} link between other machines)")
     settings = {k: v for k, v in (advice.get("probe_settings") or {}).items()
                 if k == "datasets_dir"}
+    try:  # checked as a plan's cells are: an advise.json is a file anyone can edit
+        _check_cells(settings, [r["flags"] for r in rows], "ranking")
+    except ConfigError as exc:
+        raise UsageError(f"{path}: {exc}") from None
     repeat = _checked_repeat(repeat if repeat is not None else DEFAULT_REPEAT)
     return Plan(name=f"advice-{advice['usecase']}", path=Path(path),
                 usecases=[advice["usecase"]], cells=[r["flags"] for r in rows],

@@ -76,11 +76,45 @@ FILES = {
     "plan/unknown-key.toml": PLAN + '[[cells]]\nstrategy = "sequential"\nspeed = 9\n',
     "plan/strategy.toml": PLAN + '[[cells]]\nstrategy = "magic"\n',
     "hostfile-bad": "node-a:x\n",
+    # issue 37: the classes behind the probe's 117 defects
+    "plan-runs5.toml": PLAN + 'runs_dir = 5\n[[cells]]\nstrategy = "sequential"\n',
+    "plan-newline.toml": '[study]\nname = "x\\n"\nusecases = ["tiny"]\n[[cells]]\n'
+                         'strategy = "sequential"\n',
+    "deep.toml": "a = " + "[" * 3000 + "]" * 3000 + "\n",
+    "deep/manifest.json": "[" * 3000 + "]" * 3000,
+    "uc/four.toml": _usecase(prefix='classes = ["a", "b", "c", "d"]\n'),
+    "advise-moves.json": '{"usecase": "tiny", "ranking": [{"flags": {"strategy": '
+                         '"sequential", "runs_dir": "/tmp/elsewhere"}}]}',
+    "null-start/manifest.json": '{"id": "n", "status": "completed", "started_at": null, '
+                                '"config": {"usecase": {}}, "strategy": {"name": "x"}, '
+                                '"epochs": []}',
 }
 
 R = ["run", "--runs-dir", "{tmp}/runs", "--datasets-dir", "{tmp}/datasets"]
 
 CASES = [
+    # issue 37: one gate for every file read, every output path, every bound
+    (["study", "{tmp}/plan-runs5.toml"], "study.runs_dir: 5: give a folder's path"),
+    (["study", "{tmp}/plan-newline.toml"], "study.name: 'x\\n': a study's name is the folder"),
+    (["study", "{tmp}/deep.toml"], "nests more than 48 levels deep"),
+    (["replay", "{tmp}/deep"], "nests more than 48 levels deep"),
+    (["compare", "{tmp}/null-start", "{tmp}/null-start"],
+     "started_at: input should be a valid string (got None)"),
+    (["run", "--resume", "{tmp}/null-start"], "started_at: input should be a valid string"),
+    (["dataset", "make", "--usecase", "{tmp}/uc/four.toml"], "the synthetic set draws only"),
+    (R + ["--usecase", "{tmp}/uc/four.toml"], "the synthetic set draws only fire, smoke"),
+    (R + ["--usecase", "{tmp}/uc"], "is a folder; give a use case's TOML file"),
+    (R + ["--lr", "1e308"], "--lr: 1e+308 is above the limit of 10000"),
+    (R + ["--hostfile", "/dev/zero", "--backend", "mpi"], "/dev/zero: is a device"),
+    (R + ["--hostfile", "/etc/passwd", "--backend", "mpi"], "/etc/passwd line 1 is not host"),
+    (["bench", "reduce", "--nodes", "513"], "--nodes: 513 is above the limit of 512"),
+    (["bench", "all", "--repeats", "100000"], "--repeats: 100000 is above the limit"),
+    (["bench", "all", "--out", "{tmp}/afile"], "--out: {tmp}/afile is a file"),
+    (["advise", "--out", "{tmp}/afile"], "--out: {tmp}/afile is a file"),
+    (["predict", "{tmp}", "--out", "{tmp}/afile"], "--out: {tmp}/afile is a file"),
+    (["predict", "{tmp}", "--nodes", "1,99999999"], "--nodes: '1,99999999'; every value"),
+    (["study", "--from-advice", "{tmp}/advise-moves.json"],
+     "ranking #1.runs_dir: unknown key"),
     # run: numbers that are not finite, or beyond any machine
     (R + ["--lr", "nan"], "--lr: must be a positive float, got nan"),
     (R + ["--lr", "inf"], "--lr: must be a positive float, got inf"),

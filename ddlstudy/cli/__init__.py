@@ -38,6 +38,7 @@ from ddlstudy.cli import (
     usecase,
 )
 from ddlstudy.config.options import Parser
+from ddlstudy.config.paths import HOME_PROBLEM
 from ddlstudy.errors import UsageError
 from ddlstudy.logs import setup_logging
 from ddlstudy.runfolder import CHILD_ENV
@@ -86,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     args.argv = argv
     setup_logging(logging.WARNING if getattr(args, "quiet", False) else logging.INFO)
     try:
+        if HOME_PROBLEM:
+            raise UsageError(HOME_PROBLEM)
         return args.func(args)
     except UsageError as exc:
         print(f"ddlstudy: error: {exc}", file=sys.stderr)

@@ -6,7 +6,9 @@ import argparse
 from pathlib import Path
 
 from ddlstudy.cli.common import add_what, check_positive, host_count, seconds, usecase_of
+from ddlstudy.config.options import path_arg
 from ddlstudy.errors import ConfigError
+from ddlstudy.files import check_folder
 from ddlstudy.sampler import NOISY_CORES, WAIT_MOST_S
 
 
@@ -32,7 +34,7 @@ def register(sub) -> None:
                    f"other processes use at most {NOISY_CORES} cores of this host (at most "
                    f"{WAIT_MOST_S:.0f} s; not charged to the budget). Without it, probes "
                    "on a busy host are still marked and not counted where a quiet one came")
-    p.add_argument("--out", type=Path, help="where advise.json, advise.md and the probes' "
+    p.add_argument("--out", type=path_arg, help="where advise.json, advise.md and the probes' "
                    "runs go (default: runs/advise/<usecase>)")
     p.add_argument("--quiet", action="store_true", help="warnings and errors only")
     p.set_defaults(func=cmd_advise)
@@ -61,6 +63,8 @@ def cmd_advise(args: argparse.Namespace) -> int:
         from ddlstudy.report.runs import runs_folder
 
         runs_folder(args.runs)
+    out = args.out or DEFAULT_RUNS_DIR / "advise" / uc.name
+    check_folder("--out", out)  # before the probes run, not after
     count = None
     if args.hosts is not None:
         from ddlstudy.backends.mpi.launch import placement
@@ -71,7 +75,6 @@ def cmd_advise(args: argparse.Namespace) -> int:
         list(range(1, count + 1)) if count else [1, 2, 4]
     from ddlstudy.tools import advise
 
-    out = args.out or DEFAULT_RUNS_DIR / "advise" / uc.name
     result = advise.advise(usecase, nodes, args.hosts, args.link, budget, out,
                            runs=args.runs, rounds=args.rounds, steps=args.steps,
                            datasets_dir=args.datasets_dir, host_count=count,

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
 
 from ddlstudy.cli.common import add_what, check_positive, usecase_of
 from ddlstudy.config.catalog import BENCH_GROUPS
+from ddlstudy.config.options import path_arg
 from ddlstudy.errors import ConfigError
+from ddlstudy.files import check_folder
 
 
 def register(sub) -> None:
@@ -35,7 +36,7 @@ def register(sub) -> None:
                    "(default: all)")
     b.add_argument("--hosts", help="time the reducers on emulated[:PREFIX] or host1,host2 "
                    "(default: this host)")
-    b.add_argument("--out", type=Path, help="where bench.json and bench.md go "
+    b.add_argument("--out", type=path_arg, help="where bench.json and bench.md go "
                    "(default runs/bench/<time>)")
     b = bsub.add_parser("overhead", help="ddlstudy's loop against a raw torch loop")
     add_what(b)
@@ -57,6 +58,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from ddlstudy.sampler import check_load
     from ddlstudy.tools.bench import gradient_floats
 
+    out = getattr(args, "out", None) or DEFAULT_RUNS_DIR / "bench" / time.strftime(
+        "%Y%m%d-%H%M%S")
+    if args.bench_command == "all":
+        check_folder("--out", out)  # before minutes of measuring, not after
     if args.bench_command == "reduce":
         gradient_floats(args.size)  # refused before the host's load is measured
     check_load()  # figures measured on a busy host say little: say so first
@@ -69,7 +74,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
         result = bench_all.bench_all(what, args.steps, args.repeats, groups, args.hosts)
         print(bench_all.markdown(result))
-        out = args.out or DEFAULT_RUNS_DIR / "bench" / time.strftime("%Y%m%d-%H%M%S")
         for path in bench_all.write(result, out):
             print(f"wrote {path}")
     elif args.bench_command == "reduce":

@@ -5,18 +5,27 @@ from __future__ import annotations
 import argparse
 import math
 
+from ddlstudy.config.limits import most, why
 from ddlstudy.config.options import path_arg
 from ddlstudy.errors import ConfigError
 
+BOUND = {"max_steps": "steps", "steps": "steps", "epochs": "epochs", "repeats": "repeats",
+         "threads": "threads", "nodes": "nodes", "rounds": "rounds", "top": "top",
+         "cores": "cores"}
+"""Which bound of ``config.limits`` each integer flag has."""
+
 
 def check_positive(args: argparse.Namespace, *names: str) -> None:
-    """Refuse a value below 1 of these integer options (one not given, or that this
-    subcommand lacks, passes)."""
+    """Refuse a value below 1 of these integer options, or above its bound
+    (``config.limits``); one not given, or that this subcommand lacks, passes."""
     for name in names:
         value = getattr(args, name, None)
+        flag = f"--{name.replace('_', '-')}"
         if value is not None and value <= 0:
-            raise ConfigError(f"--{name.replace('_', '-')}",
-                              f"must be a positive integer, got {value}")
+            raise ConfigError(flag, f"must be a positive integer, got {value}")
+        if value is not None and value > most(BOUND[name]):
+            raise ConfigError(flag, f"{value} is above the limit of {most(BOUND[name]):g}"
+                              f"{why(BOUND[name])}")
 
 
 def seconds(flag: str, text: str) -> float:

@@ -6,6 +6,8 @@ import argparse
 from pathlib import Path
 
 from ddlstudy.cli.common import check_positive
+from ddlstudy.config.options import path_arg
+from ddlstudy.files import check_folder
 
 
 def register(sub) -> None:
@@ -20,7 +22,7 @@ def register(sub) -> None:
                    help="link rates to predict besides the measured one")
     p.add_argument("--batches", help="global batches (default: the runs' batch)")
     p.add_argument("--repeats", type=int, default=5, help="timings per reducer and size")
-    p.add_argument("--out", type=Path, help="where predict.{json,md,png,svg} go "
+    p.add_argument("--out", type=path_arg, help="where predict.{json,md,png,svg} go "
                    "(default RUNS/predict)")
     p.set_defaults(func=cmd_predict)
 
@@ -29,6 +31,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
     from ddlstudy.report.runs import runs_folder
 
     runs_folder(args.runs)  # refused before torch is imported
+    out = args.out or args.runs / "predict"
+    check_folder("--out", out)  # before minutes of measuring, not after
     from ddlstudy.tools import predict
 
     check_positive(args, "repeats")
@@ -41,6 +45,6 @@ def cmd_predict(args: argparse.Namespace) -> int:
         placement(args.hosts, 2)  # hosts that are not up: refused before measuring
     result = predict.predict(args.runs, args.hosts, nodes, links, batches, args.repeats)
     print(predict.markdown(result))
-    for path in predict.write(result, args.out or args.runs / "predict"):
+    for path in predict.write(result, out):
         print(f"wrote {path}")
     return 0

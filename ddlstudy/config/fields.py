@@ -10,6 +10,7 @@ from dataclasses import field
 from pathlib import Path
 from typing import Any
 
+from ddlstudy.config.limits import most, why
 from ddlstudy.config.usecase import _positive
 from ddlstudy.errors import ConfigError
 
@@ -17,8 +18,8 @@ WHAT, NODES, SPARK, TASK, DATA, OUTPUT = ("what to train", "several nodes",
                                           "the Spark backend",
                                           "training task (override the use case's [train] table)",
                                           "data", "output")
-MAX_PROCESSES = 512
-FORKS = " (every one is a process or a model copy: more would exhaust the machine)"
+MAX_PROCESSES = int(most("processes"))
+FORKS = why("processes")
 
 
 def option(default: Any, help: str, *, group: str, type: Any = str, metavar: str | None = None,

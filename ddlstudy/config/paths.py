@@ -26,11 +26,19 @@ def _usecases_dir() -> Path:
     return Path(str(resources.files("ddlstudy") / "usecases"))
 
 
-def _home() -> Path:
-    return Path(os.environ.get("DDLSTUDY_HOME") or os.getcwd()).expanduser().absolute()
+def _home() -> tuple[Path, str]:
+    """$DDLSTUDY_HOME (or the working directory), and what is wrong with it ('' if
+    nothing): a ``~user`` of no user cannot be expanded, which the commands that write
+    refuse (``home_problem``) while --help still works."""
+    given = os.environ.get("DDLSTUDY_HOME") or os.getcwd()
+    try:
+        return Path(given).expanduser().absolute(), ""
+    except RuntimeError:
+        return Path(given).absolute(), (f"DDLSTUDY_HOME={given!r} names no user's home; set "
+                                        "it to a folder, or unset it")
 
 
 USECASES_DIR = _usecases_dir()
-HOME = _home()
+HOME, HOME_PROBLEM = _home()
 DEFAULT_DATASETS_DIR = HOME / "datasets"
 DEFAULT_RUNS_DIR = HOME / "runs"

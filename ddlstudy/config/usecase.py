@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ddlstudy.config.limits import most, why
 from ddlstudy.config.paths import USECASES_DIR
 from ddlstudy.errors import ConfigError, UsageError
 from ddlstudy.reading import read_toml
@@ -74,9 +75,9 @@ def _number(name: str, value: Any, low: float, high: float, high_open: bool = Fa
 
 SEED_MAX = 2**63 - 1
 """Seeds go to torch.manual_seed and numpy, which take a signed 64-bit integer."""
-MAX_IMAGES = 1_000_000
+MAX_IMAGES = most("images")
 """A synthetic set larger than this would take hours and tens of GB: use --data-dir."""
-MAX_PIXELS = 2048
+MAX_PIXELS = most("pixels")
 """Images larger than this per side exhaust memory before training starts."""
 
 
@@ -236,12 +237,10 @@ class TrainSpec:
         "type": accuracy})
 
     def __post_init__(self) -> None:
-        _positive("train.image_size", self.image_size, most=MAX_PIXELS,
-                  why=" px (larger images exhaust memory)")
-        _positive("train.batch_size", self.batch_size, most=65536,
-                  why=" images (a batch that large does not fit in memory)")
-        _positive("train.epochs", self.epochs, most=100_000)
-        _positive("train.lr", self.lr, float)
+        _positive("train.image_size", self.image_size, most=MAX_PIXELS, why=why("pixels"))
+        _positive("train.batch_size", self.batch_size, most=most("batch"), why=why("batch"))
+        _positive("train.epochs", self.epochs, most=most("epochs"))
+        _positive("train.lr", self.lr, float, most=most("lr"), why=why("lr"))
         _number("train.momentum", self.momentum, 0, 1, high_open=True)
         _number("train.val_fraction", self.val_fraction, 0, 1, high_open=True)
         if self.val_fraction == 0:
@@ -295,6 +294,11 @@ class UseCase:
         object.__setattr__(self, "classes", classes)
         if len(classes) < 2 or len(set(classes)) != len(classes):
             raise ConfigError("classes", f"need at least two distinct names, got {list(classes)}")
+        if self.data.synthetic and set(classes) != set(SYNTHETIC_CLASSES):
+            raise ConfigError("classes", f"{list(classes)}: the synthetic set draws only "
+                              f"{', '.join(SYNTHETIC_CLASSES)}; leave classes out, or train "
+                              "on your own images with [data] dir = \"FOLDER\" (one folder "
+                              "per class)")
         if self.data.synthetic and self.data.images < len(classes) * 2:
             raise ConfigError("data.images", f"need at least 2 images per class "
                               f"({2 * len(classes)}), got {self.data.images}")

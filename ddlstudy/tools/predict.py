@@ -46,6 +46,7 @@ from pathlib import Path
 
 from ddlstudy import reducers
 from ddlstudy.backends.mpi.launch import placement, require_mpiexec
+from ddlstudy.config.limits import most
 from ddlstudy.errors import ConfigError, UsageError
 from ddlstudy.reducers import terms
 
@@ -166,12 +167,18 @@ def one_node(manifests: list[dict]) -> Node:
                          "ddlstudy run --backend mpi --nodes 1 ...) to measure a node's speed")
     m = ones[0]
     epochs = m["epochs"]
-    return Node(usecase=m["usecase"],
-                images_per_s=statistics.median(e["steady_images_per_s"] for e in epochs),
-                train_images=epochs[-1]["train_images"],
-                batch=m["effective"]["global_batch"],
-                val_s=statistics.median(e["val_time_s"] for e in epochs),
-                gradient_bytes=_gradient_bytes(m), run=m["id"])
+    rate = statistics.median(e["steady_images_per_s"] for e in epochs)
+    try:
+        images, batch = epochs[-1]["train_images"], (m.get("effective") or {})["global_batch"]
+        val_s = statistics.median(float(e["val_time_s"]) for e in epochs)
+    except (KeyError, TypeError, ValueError):
+        images = batch = val_s = None
+    if not rate > 0 or not images or not batch or val_s is None:
+        raise UsageError(f"run {m['id']} ({m['path']}) records no images/s, images or batch "
+                         "to measure a node's speed by; give a folder with a run that "
+                         "trained, from this version of ddlstudy")
+    return Node(usecase=m["usecase"], images_per_s=rate, train_images=images, batch=batch,
+                val_s=val_s, gradient_bytes=_gradient_bytes(m), run=m["id"])
 
 
 def validate(node: Node, costs: dict[str, Cost], manifests: list[dict]) -> list[dict]:
@@ -183,8 +190,12 @@ def validate(node: Node, costs: dict[str, Cost], manifests: list[dict]) -> list[
                 != node.usecase or b.get("nodes", 1) < 2 or m["config"].get("compress",
                                                                          "none") != "none"):
             continue
-        n, reducer, batch = b["nodes"], b["reduce"], m["effective"]["global_batch"]
-        measured = statistics.median(e["steady_images_per_s"] for e in m["epochs"])
+        n, reducer = b["nodes"], b.get("reduce")
+        batch = (m.get("effective") or {}).get("global_batch")
+        measured = statistics.median(e["steady_images_per_s"] for e in m["epochs"] or [{
+            "steady_images_per_s": 0}])
+        if reducer not in costs or not batch or not measured > 0:
+            continue  # nothing to compare a prediction with
         overlap = bool(m["config"].get("bucket_mb"))
         predicted = batch / node.step_s(costs[reducer], reducer, n, batch, overlap)
         rows.append({"run": m["id"], "nodes": n, "reduce": reducer, "batch": batch,
@@ -200,8 +211,9 @@ def parse_list(flag: str, text: str, kind=int) -> list:
         values = [kind(v) for v in text.split(",")]
     except ValueError:
         raise ConfigError(flag, f"{text!r}; give comma-separated values") from None
-    if kind is int and not all(v > 0 for v in values):
-        raise ConfigError(flag, f"{text!r}; every value must be positive")
+    if kind is int and not all(0 < v <= most("predicted_nodes") for v in values):
+        raise ConfigError(flag, f"{text!r}; every value must be positive and at most "
+                          f"{most('predicted_nodes'):g}")
     return values
 
 

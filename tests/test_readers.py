@@ -1,0 +1,296 @@
+"""Every file ddlstudy reads, under arbitrary content (hypothesis, in process): the gate
+(``ddlstudy.reading``) and each format's schema (``ddlstudy.formats``) let through a valid
+document or refuse it with a one-line UsageError naming the file; nothing else escapes,
+and the readers built on them (report, replay, compare, resume, export, --from-advice, a
+hostfile, a secret file, a cache index) never raise anything else either."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ddlstudy import formats, reading
+from ddlstudy.config.mpi import read_hostfile
+from ddlstudy.config.spark import read_secret
+from ddlstudy.errors import UsageError
+from ddlstudy.manifests import compare, config_from_manifest, read_manifest
+from ddlstudy.plan import advice_plan
+from ddlstudy.reading import MAX_DEPTH, BadFile
+from ddlstudy.report import Report
+from ddlstudy.runfolder import MANIFEST, load_manifest
+
+FUZZ = settings(max_examples=int(os.environ.get("DDLSTUDY_EXAMPLES", 200)), deadline=None,
+                suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                       HealthCheck.too_slow])
+JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+                    lambda inner: st.lists(inner, max_size=3)
+                    | st.dictionaries(st.text(max_size=6), inner, max_size=3), max_leaves=12)
+ODD = st.sampled_from([None, True, -1, 0, 2**70, 1e308, float("nan"), float("inf"), "", "x",
+                       "../..", [], {}, [1, "a"], {"a": None}])
+
+
+def _one_line(exc: BaseException) -> None:
+    assert isinstance(exc, UsageError), repr(exc)
+    assert "\n" not in str(exc).strip() and str(exc), repr(exc)
+
+
+# --- the gate ----------------------------------------------------------------------------
+
+def test_the_gate_refuses_what_is_no_regular_file(tmp_path):
+    """A FIFO (which would block), a device (which never ends), a folder, a symlink loop,
+    a file over its cap, text that is not UTF-8, a document nested too deep: each one line
+    naming the file, at once."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    big = tmp_path / "big.toml"
+    big.write_bytes(b"#" * (reading.CAPS["text"] + 1))
+    latin = tmp_path / "latin.toml"
+    latin.write_bytes(b"name = 'caf\xe9'\n")
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 3000 + "]" * 3000)
+    deep_toml = tmp_path / "deep.toml"
+    deep_toml.write_text("a = " + "[" * 3000 + "]" * 3000)
+    cases = {fifo: "is a FIFO, not a regular file", Path("/dev/zero"): "is a device",
+             tmp_path: "is a folder", loop: "is a loop of symbolic links",
+             big: "more than the 4 MiB such a file can be", latin: "is not UTF-8 text (byte 11 is 0xe9)",
+             deep: f"nests more than {MAX_DEPTH} levels", tmp_path / "none": "does not exist",
+             deep_toml: f"nests more than {MAX_DEPTH} levels"}
+    for path, said in cases.items():
+        reader = reading.read_toml if path.suffix == ".toml" else reading.read_json
+        with pytest.raises(BadFile) as caught:
+            reader(path, "thing")
+        assert said in str(caught.value) and str(path) in str(caught.value), caught.value
+        _one_line(caught.value)
+
+
+@FUZZ
+@given(data=st.binary(max_size=200) | st.text(max_size=200).map(str.encode))
+def test_any_bytes_through_the_json_and_toml_readers(tmp_path_factory, data):
+    path = tmp_path_factory.getbasetemp() / "fuzz.bin"
+    path.write_bytes(data)
+    for reader in (reading.read_json, reading.read_toml):
+        try:
+            reader(path, "thing")
+        except UsageError as exc:
+            _one_line(exc)
+
+
+# --- manifests: every reader of one ------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory, datasets_dir, tiny):
+    """One real run's manifest (2 steps), as the template the fuzz damages."""
+    from ddlstudy.config import RunConfig, with_overrides
+    from ddlstudy.runner import run
+
+    runs = tmp_path_factory.mktemp("finished")
+    cfg = RunConfig(usecase=with_overrides(tiny, epochs=1), datasets_dir=datasets_dir,
+                    runs_dir=runs, sample_hz=0, max_steps=2, max_val_steps=1)
+    folder = run(cfg, show_progress=False)
+    return json.loads((folder.path / MANIFEST).read_text())
+
+
+def _paths(value, prefix=()):
+    """Every key path of a JSON document (lists by index)."""
+    yield prefix
+    items = value.items() if isinstance(value, dict) else enumerate(value) \
+        if isinstance(value, list) else ()
+    for k, v in items:
+        yield from _paths(v, (*prefix, k))
+
+
+def _damaged(manifest, where, value, delete):
+    doc = copy.deepcopy(manifest)
+    if not where:
+        return value
+    parent = doc
+    for k in where[:-1]:
+        parent = parent[k]
+    if delete and isinstance(parent, dict):
+        del parent[where[-1]]
+    else:
+        parent[where[-1]] = value
+    return doc
+
+
+@FUZZ
+@given(data=st.data(), value=ODD | JSON, delete=st.booleans())
+def test_a_damaged_manifest_is_read_or_refused_by_every_reader(finished, tmp_path_factory,
+                                                                 data, value, delete):
+    """One field of a real manifest replaced by anything (or deleted): load, replay's
+    config, compare, resume's reading and the report either work or refuse in one line;
+    the report of a folder with that run and a good one still shows the good one."""
+    where = data.draw(st.sampled_from(list(_paths(finished))))
+    doc = _damaged(finished, where, value, delete)
+    root = tmp_path_factory.mktemp("damaged")
+    for name, m in (("good", finished), ("bad", doc)):
+        (root / name).mkdir()
+        (root / name / MANIFEST).write_text(json.dumps(m))
+    try:
+        m = read_manifest(root / "bad")
+        config_from_manifest(m)
+        compare(m, finished)
+    except UsageError as exc:
+        _one_line(exc)
+    report = Report(root)  # never dies of one run
+    assert finished["id"] in set(report.runs.run)
+
+
+@FUZZ
+@given(data=st.data(), value=ODD | JSON, delete=st.booleans())
+def test_a_damaged_study_record_or_advice_is_refused_in_one_line(tmp_path_factory, data,
+                                                                   value, delete):
+    study = {"name": "s", "plan": "p.toml", "repeat": 1, "started_at": "t", "cells": [
+        {"id": "c", "usecase": "tiny", "label": "sequential", "strategy": "sequential",
+         "backend": "local", "flags": {"epochs": 1}, "repeat": 1, "status": "completed",
+         "reason": "", "run": "r1", "seconds": 1.0}]}
+    advice = {"usecase": "tiny", "link": "loopback", "ranking": [
+        {"flags": {"strategy": "cpu-intraop", "threads": 2}, "runnable": True}]}
+    root = tmp_path_factory.mktemp("records")
+    for name, doc, model in (("study.json", study, formats.Study),
+                             ("advise.json", advice, formats.Advice)):
+        where = data.draw(st.sampled_from(list(_paths(doc))))
+        (root / name).write_text(json.dumps(_damaged(doc, where, value, delete)))
+        try:
+            formats.load(root / name, model, name)
+            if name == "advise.json":
+                advice_plan(root / name, top=1)
+        except UsageError as exc:
+            _one_line(exc)
+
+
+# --- small files --------------------------------------------------------------------------
+
+@FUZZ
+@given(text=st.text(max_size=120))
+def test_any_hostfile_or_secret_file(tmp_path_factory, text):
+    path = tmp_path_factory.getbasetemp() / "small"
+    path.write_text(text)
+    for reader in (read_hostfile, read_secret):
+        try:
+            reader(path)
+        except UsageError as exc:
+            _one_line(exc)
+            assert "/etc" not in str(exc) or str(path) in str(exc)
+
+
+def test_a_hostfile_never_echoes_a_foreign_file(tmp_path):
+    """A hostfile of /etc/passwd is refused without printing a line of it."""
+    with pytest.raises(UsageError) as caught:
+        read_hostfile(Path("/etc/passwd"))
+    first = Path("/etc/passwd").read_text().splitlines()[0]
+    assert first not in str(caught.value) and "line 1" in str(caught.value)
+
+
+@FUZZ
+@given(doc=JSON)
+def test_any_cache_index_is_used_or_ignored(tmp_path_factory, doc):
+    """A damaged cache index means decoding again, never a crash."""
+    from ddlstudy.data.cache import _complete
+
+    index = tmp_path_factory.getbasetemp() / "index.json"
+    index.write_text(json.dumps(doc))
+    assert _complete(index, index.with_suffix(".npy"), ["a/b.png"], 64) is None
+
+
+@FUZZ
+@given(data=st.binary(max_size=300))
+def test_any_samples_file_is_read_or_refused(tmp_path_factory, data):
+    path = tmp_path_factory.getbasetemp() / "samples.parquet"
+    path.write_bytes(data)
+    try:
+        reading.read_parquet(path, "samples")
+    except UsageError as exc:
+        _one_line(exc)
+
+
+def test_a_manifest_without_epochs_is_refused_by_resume(finished, tmp_path, capsys):
+    from ddlstudy.cli import main
+
+    doc = {k: v for k, v in finished.items() if k != "epochs"} | {"status": "interrupted"}
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / MANIFEST).write_text(json.dumps(doc))
+    assert main(["run", "--resume", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert "epochs: field required" in err and "Traceback" not in err
+    assert load_manifest.__name__ and json.loads((tmp_path / "r" / MANIFEST).read_text()) == doc
+
+
+# --- through the command line -------------------------------------------------------------
+
+def test_a_fifo_or_latin_1_file_is_refused_at_once_by_every_command(tmp_path, capsys):
+    """A FIFO would block a reader for ever; a file saved as Latin-1 would raise
+    UnicodeDecodeError. Each is one line, exit 2, for each kind of file a user gives."""
+    from ddlstudy.cli import main
+
+    fifo = tmp_path / "fifo.toml"
+    os.mkfifo(fifo)
+    latin = tmp_path / "latin.toml"
+    latin.write_bytes(b"[study]\nname = 'caf\xe9'\n")
+    runs = ["--runs-dir", str(tmp_path / "runs")]
+    for path, said in ((fifo, "is a FIFO"), (latin, "is not UTF-8 text")):
+        for argv in (["run", "--usecase", str(path), *runs], ["study", str(path)],
+                     ["run", "--backend", "mpi", "--hostfile", str(path), *runs],
+                     ["run", "--backend", "spark", "--spark-master", "spark://h:7077",
+                      "--spark-secret-file", str(path), *runs]):
+            assert main(argv) == 2, argv
+            err = capsys.readouterr().err
+            assert said in err and err.count("\n") == 1 and str(path) in err, err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_an_image_name_that_is_not_utf8_is_refused_naming_it(imagefolder, tmp_path, capsys):
+    from ddlstudy.cli import main
+
+    first = next((imagefolder / "fire").iterdir())
+    os.rename(bytes(first), bytes(first.parent) + b"/caf\xe9.png")
+    code = main(["run", "--data-dir", str(imagefolder), "--runs-dir", str(tmp_path / "r"),
+                 "--max-steps", "1"])
+    err = capsys.readouterr().err
+    assert code == 2 and "caf\\udce9.png" in err and "is not UTF-8 text" in err, err
+
+
+def test_a_home_of_no_user_is_refused_but_help_still_works(tmp_path):
+    import subprocess
+    import sys
+
+    env = os.environ | {"DDLSTUDY_HOME": "~nosuchuser-ddlstudy/x"}
+    ddlstudy = [sys.executable, "-m", "ddlstudy"]
+    assert subprocess.run([*ddlstudy, "--help"], env=env, capture_output=True).returncode == 0
+    out = subprocess.run([*ddlstudy, "report", str(tmp_path)], env=env, capture_output=True,
+                         text=True)
+    assert out.returncode == 2 and "names no user's home" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_a_single_process_run_logs_no_rank(tmp_path, capsys, monkeypatch):
+    import logging
+
+    from ddlstudy.logs import setup_logging
+
+    for var in ("RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    setup_logging()
+    logging.getLogger("ddlstudy").info("hello")
+    monkeypatch.setenv("RANK", "3")
+    logging.getLogger("ddlstudy").info("worker")
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].endswith(" hello") and "[rank" not in err[0]
+    assert err[1].endswith(" [rank 3] worker")
+
+
+def test_target_accuracy_none_measures_no_time_to_accuracy(cli):
+    code, err, runs = cli("run", "--target-accuracy", "none", "--max-steps", "2",
+                          "--no-snapshot", "--quiet")
+    assert code == 0, err
+    manifest = json.loads(next(runs.glob("*/manifest.json")).read_text())
+    assert manifest["config"]["usecase"]["train"]["target_accuracy"] is None
+    assert manifest["time_to_target"]["reached"] is None
