@@ -274,28 +274,55 @@ def load(path: Path | str, model: type[_Record], what: str,
 
 
 def reference() -> str:
-    """The formats' reference (markdown), generated from the models above."""
+    """The formats' reference (markdown), generated from the models' JSON schemas."""
     lines = ["# File formats", "",
-             "Generated from `ddlstudy/formats.py`; each reader checks these. Fields not "
-             "listed are kept as they are.", ""]
+             "Generated from `ddlstudy/formats.py` (`python -m ddlstudy.formats`); every "
+             "reader checks these. Fields not listed are kept as they are; a listed one of "
+             "another type, out of its range or missing where required is refused, naming "
+             "the file and the field.", ""]
     for name, model in FORMATS.items():
+        schema = model.model_json_schema()
         lines += [f"## {name}", "", (model.__doc__ or "").strip(), "",
                   "| field | type | required |", "|---|---|---|"]
-        lines += _fields(model, "")
+        lines += _rows(schema, schema.get("$defs", {}), "")
         lines.append("")
     return "\n".join(lines)
 
 
-def _fields(model: type[BaseModel], prefix: str) -> list[str]:
+def _rows(schema: dict, defs: dict, prefix: str) -> list[str]:
     rows = []
-    for name, info in model.model_fields.items():
-        key = prefix + (info.alias or name)
-        shown = str(info.annotation).replace("typing.", "").replace("ddlstudy.formats.", "")
-        rows.append(f"| `{key}` | `{shown}` | {'yes' if info.is_required() else 'no'} |")
-        inner = info.annotation
-        for candidate in getattr(inner, "__args__", (inner,)):
-            candidate = getattr(candidate, "__args__", (candidate,))[0] \
-                if getattr(candidate, "__origin__", None) is list else candidate
-            if isinstance(candidate, type) and issubclass(candidate, _Record):
-                rows += _fields(candidate, key + ".")
+    required = set(schema.get("required", ()))
+    for name, field in schema.get("properties", {}).items():
+        rows.append(f"| `{prefix}{name}` | {_kind(field, defs)} | "
+                    f"{'yes' if name in required else 'no'} |")
+        for inner in [field, *field.get("anyOf", ()), field.get("items") or {}]:
+            if "$ref" in inner:
+                sub = defs[inner["$ref"].rsplit("/", 1)[1]]
+                each = "[]" if inner is field.get("items") else ""
+                rows += _rows(sub, defs, f"{prefix}{name}{each}.")
     return rows
+
+
+def _kind(field: dict, defs: dict) -> str:
+    """A field's type and bounds in words: 'integer >= 1', 'string or null', ..."""
+    if "anyOf" in field:
+        return " or ".join(_kind(f, defs) for f in field["anyOf"])
+    if "$ref" in field:
+        return "object"
+    if "enum" in field:
+        return "one of " + ", ".join(f"`{v}`" for v in field["enum"])
+    if "const" in field:
+        return f"`{field['const']!r}`"
+    kind = field.get("type", "any")
+    if kind == "array":
+        kind = f"list of {_kind(field.get('items', {}), defs)}"
+    bounds = [f"{op} {field[key]:g}" for key, op in (
+        ("minimum", ">="), ("exclusiveMinimum", ">"), ("maximum", "<="),
+        ("exclusiveMaximum", "<")) if key in field]
+    if "pattern" in field:
+        bounds.append(f"matching `{field['pattern']}`")
+    return " ".join([kind, *bounds])
+
+
+if __name__ == "__main__":
+    print(reference())

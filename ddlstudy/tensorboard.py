@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import csv
 import io
+import logging
 import math
 from pathlib import Path
 
 from ddlstudy.errors import UsageError
 from ddlstudy.reading import CAPS, BadFile, read_parquet, read_text
 from ddlstudy.runfolder import MANIFEST, METRICS, SAMPLES, load_manifest
+
+log = logging.getLogger("ddlstudy")
 
 SAMPLED = ("proc_cpu_percent", "proc_rss_bytes", "proc_threads", "sys_cpu_percent",
            "sys_iowait_percent", "sys_ram_percent", "net_sent_bytes", "net_recv_bytes",
@@ -44,9 +47,16 @@ def export(runs: Path, out: Path) -> list[Path]:
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} is a file; give a folder for the event files")
+    found = find_runs(runs)
+    names = [r.name for r in found]
     written = []
-    for run in find_runs(runs):
-        written.append(write_run(run, out / run.name))
+    for run in found:  # two runs of one name (in two studies) get two folders, not one
+        name = run.name if names.count(run.name) == 1 else "-".join(
+            run.relative_to(Path(runs)).parts)
+        try:
+            written.append(write_run(run, out / name))
+        except BadFile as exc:  # one damaged run never stops the others
+            log.warning("export: skipped %s", exc)
     return written
 
 

@@ -294,3 +294,11 @@ def test_target_accuracy_none_measures_no_time_to_accuracy(cli):
     manifest = json.loads(next(runs.glob("*/manifest.json")).read_text())
     assert manifest["config"]["usecase"]["train"]["target_accuracy"] is None
     assert manifest["time_to_target"]["reached"] is None
+
+
+def test_the_formats_reference_is_generated_from_the_schemas():
+    """docs/formats.md is what `python -m ddlstudy.formats` writes: the reference cannot
+    drift from the checks (regenerate it when a schema changes)."""
+    written = (Path(__file__).parents[1] / "docs" / "formats.md").read_text()
+    assert written == formats.reference() + "\n"
+    assert "| `epochs[].steady_images_per_s` | number >= 0 | yes |" in written
