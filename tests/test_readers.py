@@ -302,3 +302,23 @@ def test_the_formats_reference_is_generated_from_the_schemas():
     written = (Path(__file__).parents[1] / "docs" / "formats.md").read_text()
     assert written == formats.reference() + "\n"
     assert "| `epochs[].steady_images_per_s` | number >= 0 | yes |" in written
+
+
+def test_a_replay_never_writes_at_a_recorded_data_path(finished, datasets_dir, tmp_path,
+                                                       monkeypatch, capsys):
+    """A manifest from another machine records its datasets folder; the replay makes the
+    set where this user keeps data sets (here, the tests' own), never at that path."""
+    import ddlstudy.config
+    from ddlstudy.cli import main
+
+    elsewhere = tmp_path / "alice" / "datasets"
+    doc = copy.deepcopy(finished)
+    doc["config"]["datasets_dir"] = str(elsewhere)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / MANIFEST).write_text(json.dumps(doc))
+    monkeypatch.setattr(ddlstudy.config, "DEFAULT_DATASETS_DIR", datasets_dir)
+    assert main(["replay", str(tmp_path / "run"), "--runs-dir", str(tmp_path / "r")]) == 0
+    assert f"replay: {elsewhere} holds no synthetic-tiny" in capsys.readouterr().err
+    assert not (tmp_path / "alice").exists()
+    replayed = json.loads(next((tmp_path / "r").glob(f"*/{MANIFEST}")).read_text())
+    assert replayed["config"]["datasets_dir"] == str(datasets_dir)

@@ -124,6 +124,17 @@ def cmd_replay(args: argparse.Namespace) -> int:
     manifest = read_manifest(args.manifest)
     runs_dir = args.runs_dir or Path(manifest["path"]).parent
     cfg = config_from_manifest(manifest, runs_dir)
+    data = cfg.usecase.data
+    if data.synthetic and not (Path(cfg.datasets_dir) / data.name).is_dir():
+        # A path recorded on another machine (or since deleted): the set is made again,
+        # from its seed, where this user keeps data sets, never at that path.
+        import dataclasses
+
+        from ddlstudy.config import DEFAULT_DATASETS_DIR
+
+        log.warning("replay: %s holds no %s; it is made under %s", cfg.datasets_dir,
+                    data.name, DEFAULT_DATASETS_DIR)
+        cfg = dataclasses.replace(cfg, datasets_dir=DEFAULT_DATASETS_DIR)
     for line in differences(manifest):
         log.warning("replay of %s differs: %s", manifest.get("id"), line)
     return train(cfg, args.argv)
