@@ -24,6 +24,9 @@ from ddlstudy.sampler import samples_frame, write_rows
 
 MANIFEST = "manifest.json"
 METRICS = "metrics.csv"
+STEPS = "steps.csv"
+STEP_COLUMNS = ("global_step", "epoch", "step", "train_loss", "images", "seconds",
+                "images_per_s")
 SAMPLES = "samples.parquet"
 SNAPSHOT = "snapshot.pt"
 SCHEMA_VERSION = 1
@@ -101,12 +104,47 @@ class RunFolder:
         self._write_metrics()
         self.write_manifest()
 
+    def record_steps(self, steps: list[tuple[int, int, float, int, float]]) -> None:
+        """Append rank 0's steps of an epoch to steps.csv: (epoch, step, mean loss, images,
+        seconds) each, numbered on from the last step recorded (``global_step``)."""
+        if not steps:
+            return
+        kept = self._steps()
+        first = int(kept[-1]["global_step"]) + 1 if kept else 1
+        rows = kept + [dict(zip(STEP_COLUMNS, (first + i, epoch, step, loss, n, seconds,
+                                                n / seconds if seconds > 0 else 0.0),
+                                strict=True))
+                       for i, (epoch, step, loss, n, seconds) in enumerate(steps)]
+        self._write_steps(rows)
+
+    def _steps(self, through_epoch: int | None = None) -> list[dict[str, str]]:
+        """steps.csv's rows (of epochs up to ``through_epoch``); none if it is unreadable."""
+        from ddlstudy.reading import read_text
+
+        try:
+            text = read_text(self.path / STEPS, "steps table", 512 << 20)
+            rows = list(csv.DictReader(io.StringIO(text)))
+            return [r for r in rows if through_epoch is None or
+                    int(r["epoch"]) <= through_epoch]
+        except (UsageError, KeyError, TypeError, ValueError):
+            return []
+
+    def _write_steps(self, rows: list[dict]) -> None:
+        buf = io.StringIO()
+        writer = csv.DictWriter(buf, fieldnames=list(STEP_COLUMNS), extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+        atomic_write_text(self.path / STEPS, buf.getvalue())
+
     def rewrite_epochs(self) -> None:
-        """The manifest and metrics.csv after ``manifest['epochs']`` was cut (resume)."""
+        """The manifest, metrics.csv and steps.csv after ``manifest['epochs']`` was cut
+        (resume)."""
         if self.manifest["epochs"]:
             self._write_metrics()
         else:
             (self.path / METRICS).unlink(missing_ok=True)
+        if (self.path / STEPS).is_file():
+            self._write_steps(self._steps(through_epoch=len(self.manifest["epochs"])))
         self.write_manifest()
 
     def merge_leftover_samples(self) -> None:

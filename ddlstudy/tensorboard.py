@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ddlstudy.errors import UsageError
 from ddlstudy.reading import CAPS, BadFile, read_parquet, read_text
-from ddlstudy.runfolder import MANIFEST, METRICS, SAMPLES, load_manifest
+from ddlstudy.runfolder import MANIFEST, METRICS, SAMPLES, STEPS, load_manifest
 
 log = logging.getLogger("ddlstudy")
 
@@ -74,6 +74,7 @@ def write_run(run: Path, logdir: Path) -> Path:
     writer = EventFileWriter(str(logdir))
     try:
         start = _epochs(run, manifest, writer)
+        _steps(run, writer, start)
         _samples(run, writer, start)
     finally:
         writer.close()
@@ -114,6 +115,25 @@ def _epochs(run: Path, manifest: dict, writer) -> float:
             if math.isfinite(value):
                 _scalar(writer, f"epoch/{name}", value, epoch, start + elapsed)
     return start
+
+
+def _steps(run: Path, writer, start: float) -> None:
+    """Per-step scalars (step = the run's global step): rank 0's training loss and
+    images/s, from steps.csv."""
+    if not (run / STEPS).is_file():
+        return
+    text = read_text(run / STEPS, "steps table", 512 << 20)
+    elapsed = 0.0
+    for line, row in enumerate(csv.DictReader(io.StringIO(text, newline="")), start=2):
+        try:
+            step, loss = int(row["global_step"]), float(row["train_loss"])
+            rate, elapsed = float(row["images_per_s"]), elapsed + float(row["seconds"])
+        except (KeyError, TypeError, ValueError):
+            raise BadFile("steps table", run / STEPS, f"line {line} is not a step's row of "
+                          "numbers; was it edited?") from None
+        for tag, value in (("step/train_loss", loss), ("step/images_per_s_rank0", rate)):
+            if math.isfinite(value):
+                _scalar(writer, tag, value, step, start + elapsed)
 
 
 def _samples(run: Path, writer, start: float) -> None:

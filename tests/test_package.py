@@ -195,6 +195,18 @@ def test_export_tensorboard_is_read_back_by_tensorboard(quick_config, tmp_path, 
         assert len(cpu) >= 2 and all(e.value >= 0 for e in cpu)
         assert [e.step for e in cpu] == sorted(e.step for e in cpu)
         assert "resources/node-rank0/gpu_util_percent" not in tags  # no GPU: no NaN series
+        # Per step too (step = the global step): 3 steps in each of the 2 epochs.
+        steps = events.Scalars("step/train_loss")
+        assert [e.step for e in steps] == [1, 2, 3, 4, 5, 6]
+        rates = events.Scalars("step/images_per_s_rank0")
+        assert len(rates) == 6 and all(e.value > 0 for e in rates)
+    rows = (folder.path / "steps.csv").read_text().splitlines()
+    assert rows[0] == "global_step,epoch,step,train_loss,images,seconds,images_per_s"
+    assert [r.split(",")[1:3] for r in rows[1:]] == [["1", "1"], ["1", "2"], ["1", "3"],
+                                                     ["2", "1"], ["2", "2"], ["2", "3"]]
+    # The epoch's loss is the mean of its steps' (each step's mean over 16 images).
+    first = [float(r.split(",")[3]) for r in rows[1:4]]
+    assert sum(first) / 3 == pytest.approx(losses[0], rel=1e-6)
     assert main(["export", "tensorboard", str(tmp_path / "nothing"), "--out", str(out)]) == 2
     assert "is not a run folder or a folder of runs" in capsys.readouterr().err
 

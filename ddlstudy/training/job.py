@@ -143,17 +143,20 @@ def train_epochs(job: Job, trainer: Trainer, optimizer: torch.optim.Optimizer, *
         # them would leave an epoch on record that --resume cannot continue from.
         with deferred():
             if writer:
-                job_epoch(job, result)
+                job_epoch(job, result, trainer.step_log)
+            trainer.step_log = []
             if cfg.snapshot:
                 snapshot(epoch, {"generator": trainer.generator.get_state(),
                                  "sums": dict(trainer.sums)})
         barrier()
 
 
-def job_epoch(job: Job, result: EpochResult) -> None:
-    """Log the epoch and append it to the run folder."""
+def job_epoch(job: Job, result: EpochResult, steps: list[tuple] = ()) -> None:
+    """Log the epoch and append it (and its steps, as rank 0 saw them) to the run
+    folder."""
     log_epoch(result, job.cfg.usecase.train.epochs)
     if job.folder is not None:
+        job.folder.record_steps(steps)
         if result.first_step_s is not None:  # the first attempt's, not a resume's
             job.folder.manifest.setdefault("first_step_s", round(result.first_step_s, 2))
         job.folder.record_epoch(result.as_dict())

@@ -99,6 +99,9 @@ class Trainer:
         self.epoch_start_generator: torch.Tensor | None = None
         self._clock: tuple[float, float | None, int] = (time.perf_counter(), None, 0)
         self.first_step_s: float | None = None
+        self.step_log: list[tuple[int, int, float, int, float]] = []
+        """This process's steps since the run folder last took them: (epoch, step in the
+        epoch, mean loss, images, seconds since the step before)."""
 
     @property
     def generator(self) -> torch.Generator | None:
@@ -156,11 +159,16 @@ class Trainer:
         if self.max_steps and sums["steps"] >= self.max_steps:
             batches = []
         autocast = self.autocast()
+        last = start
         for batch in batches:
             if self.first_step_s is None:
                 self.first_step_s = seconds_since_command()
             with autocast:
                 batch_loss, batch_correct, n = self.step(batch)
+            now = time.perf_counter()
+            self.step_log.append((epoch, sums["steps"] + 1, batch_loss / max(n, 1), n,
+                                  now - last))
+            last = now
             sums["loss"] += batch_loss
             sums["correct"] += batch_correct
             sums["images"] += n
