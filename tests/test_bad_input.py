@@ -191,8 +191,10 @@ CASES = [
     # run: hosts
     (R + ["--backend", "mpi", "--nodes", "2", "--hosts", "a;b"], "--hosts: 'a;b'"),
     (R + ["--backend", "mpi", "--nodes", "2", "--hosts", "a b"], "--hosts: 'a b'"),
-    (R + ["--backend", "mpi", "--hostfile", "{tmp}/hostfile-bad"], "hostfile-bad line 1 is not host"),
-    (R + ["--backend", "mpi", "--hostfile", "{tmp}/nothing"], "--hostfile: host file {tmp}/nothing: does not exist"),
+    (R + ["--backend", "mpi", "--hostfile", "{tmp}/hostfile-bad"],
+     "hostfile-bad line 1 is not host"),
+    (R + ["--backend", "mpi", "--hostfile", "{tmp}/nothing"],
+     "--hostfile: host file {tmp}/nothing: does not exist"),
     # dataset make
     (["dataset", "make", "--out", "{tmp}/afile"], "--out: {tmp}/afile is a file"),
     (["dataset", "make", "--out", "{tmp}/out", "--workers", "100000"],
@@ -253,7 +255,8 @@ CASES = [
     (["study", "demo", "--from-advice", "{tmp}/afile"], "give a study plan"),
     (["study", "--from-advice", "{tmp}/nothing.json"], "does not exist; write one with"),
     (["study", "--from-advice", "{tmp}/afile"], "advise.json {tmp}/afile: is not valid JSON"),
-    (["study", "--from-advice", "{tmp}/bad-json/manifest.json"], "manifest.json: is not valid JSON"),
+    (["study", "--from-advice", "{tmp}/bad-json/manifest.json"],
+     "manifest.json: is not valid JSON"),
     (["study", "--from-advice", "{tmp}/afile", "--top", "0"], "--top: must be a positive"),
     (["bench", "overhead", "--repeats", "0"], "--repeats: must be a positive integer"),
     (["bench", "sampler", "--hz", "nan"], "--hz: must be a rate above 0 and at most 100"),
@@ -327,11 +330,11 @@ def test_report_skips_and_names_malformed_manifests(quick_config, tmp_path, caps
     head = ('"status": "completed", "started_at": "t", "config": {"usecase": {}}, '
             '"strategy": {"name": "sequential"}')
     bad = {"unreadable": "{not json", "foreign": "[1, 2]",
-           "no-times": '{"id": "x", %s, "epochs": [{"x": 1}]}' % head,
-           "text-times": '{"id": "y", %s, "epochs": [{"epoch": 1, "train_loss": 1.0, '
-                         '"epoch_time_s": "x", "steady_images_per_s": "y", '
-                         '"val_accuracy": 0.3}]}' % head,
-           "null-start": '{"id": "z", %s, "epochs": []}' % head.replace('"t"', "null")}
+           "no-times": '{"id": "x", ' + head + ', "epochs": [{"x": 1}]}',
+           "text-times": '{"id": "y", ' + head + ', "epochs": [{"epoch": 1, "train_loss": '
+                         '1.0, "epoch_time_s": "x", "steady_images_per_s": "y", '
+                         '"val_accuracy": 0.3}]}',
+           "null-start": '{"id": "z", ' + head.replace('"t"', "null") + ', "epochs": []}'}
     for name, text in bad.items():
         (runs / name).mkdir()
         (runs / name / "manifest.json").write_text(text)

@@ -60,7 +60,8 @@ def test_the_gate_refuses_what_is_no_regular_file(tmp_path):
     deep_toml.write_text("a = " + "[" * 3000 + "]" * 3000)
     cases = {fifo: "is a FIFO, not a regular file", Path("/dev/zero"): "is a device",
              tmp_path: "is a folder", loop: "is a loop of symbolic links",
-             big: "more than the 4 MiB such a file can be", latin: "is not UTF-8 text (byte 11 is 0xe9)",
+             big: "more than the 4 MiB such a file can be",
+             latin: "is not UTF-8 text (byte 11 is 0xe9)",
              deep: f"nests more than {MAX_DEPTH} levels", tmp_path / "none": "does not exist",
              deep_toml: f"nests more than {MAX_DEPTH} levels"}
     for path, said in cases.items():
