@@ -1,4 +1,5 @@
-"""SIGINT and SIGTERM as exceptions, held back while a file is being written.
+"""SIGINT and SIGTERM as exceptions, held back while a file is being written; and passed
+on to a launcher's processes (``Forwarded``).
 
 torch.save writes through a C++ zip writer; an exception raised inside it by a signal
 handler comes out as an unrelated RuntimeError and the run would be recorded as failed
@@ -11,7 +12,10 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import threading
 from collections.abc import Iterator
+
+import psutil
 
 
 class Terminated(BaseException):
@@ -69,3 +73,77 @@ def deferred() -> Iterator[None]:
         if not _depth and _pending is not None:
             signum, _pending = _pending, None
             _raise(signum)
+
+
+STOPPED = {signal.SIGINT: (130, "interrupted by SIGINT (Ctrl-C)"),
+           signal.SIGTERM: (143, "terminated by SIGTERM")}
+"""A signal's exit code and the error a run it ended records."""
+
+
+class Forwarded:
+    """SIGINT and SIGTERM that reach this process while a child runs go to the child.
+
+    The child is a launcher (MPI's mpiexec) that passes them on to the processes it
+    started: they record how the run ended, which this process could not if it died at
+    once. This one waits for the child and says which signal came (``signum``); SIGHUP
+    counts as SIGTERM. A child still running ``grace_s`` after the signal (a rank stuck in
+    a collective cannot run its handler), or when a second signal comes, is killed with all
+    its descendants. Start the child in a session of its own: a Ctrl-C at the terminal then
+    reaches this process alone, and each rank gets the signal once."""
+
+    CAUGHT = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+    def __init__(self, grace_s: float) -> None:
+        self.grace_s = grace_s
+        self.signum: int | None = None
+        self._child = None  # a subprocess.Popen
+        self._sent = False
+        self._timer: threading.Timer | None = None
+        self._previous: dict = {}
+
+    def __enter__(self) -> Forwarded:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {s: signal.signal(s, self._handler) for s in self.CAUGHT}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        for s, h in self._previous.items():
+            signal.signal(s, h)
+
+    def attach(self, child) -> None:
+        """The child to pass the signals on to (one that came before it started too)."""
+        self._child = child
+        if self.signum is not None:
+            self._pass_on()
+
+    def _handler(self, signum: int, frame: object) -> None:
+        if self.signum is not None:
+            self.kill()  # asked twice: no more waiting
+            return
+        self.signum = signal.SIGTERM if signum == signal.SIGHUP else signum
+        if self._child is not None:
+            self._pass_on()
+
+    def _pass_on(self) -> None:
+        if self._sent:
+            return
+        self._sent = True
+        self._child.send_signal(self.signum)
+        self._timer = threading.Timer(self.grace_s, self.kill)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def kill(self) -> None:
+        """SIGKILL the child and everything it started (found before any of them dies)."""
+        if self._child is None:
+            return
+        try:
+            root = psutil.Process(self._child.pid)
+            tree = [*root.children(recursive=True), root]
+        except psutil.Error:
+            return
+        for proc in tree:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()

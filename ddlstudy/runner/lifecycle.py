@@ -161,7 +161,7 @@ def _study_tag() -> dict:
         return {}
 
 
-def _load_snapshot(path: Path) -> dict:
+def _load_snapshot(path: Path, mmap: bool = False) -> dict:  # mmap: a check, not read
     import torch
 
     file = path / SNAPSHOT
@@ -170,7 +170,7 @@ def _load_snapshot(path: Path) -> dict:
                          f"first snapshot (--snapshot-every N snapshots inside long epochs); "
                          f"start the run again")
     try:
-        snap = torch.load(file, weights_only=True, map_location="cpu")
+        snap = torch.load(file, weights_only=True, map_location="cpu", mmap=mmap)
     except Exception as exc:  # a damaged or foreign file: say so, change nothing
         # Not torch's own text: it suggests weights_only=False, which would run the file's
         # pickled code.
@@ -184,8 +184,8 @@ def _load_snapshot(path: Path) -> dict:
     return snap
 
 
-def _reopen(path: Path, backend: dict) -> tuple[RunFolder, dict]:
-    """Check that ``path`` can be resumed, load its snapshot, then mark it running again."""
+def _reopen(path: Path, backend: dict | None) -> tuple[RunFolder, dict]:
+    """Check ``path`` can be resumed, load its snapshot; given ``backend``, mark it running."""
     folder = RunFolder.open(path)
     m = folder.manifest
     if m["status"] == "completed":
@@ -193,7 +193,9 @@ def _reopen(path: Path, backend: dict) -> tuple[RunFolder, dict]:
     if m["status"] == "running" and m.get("host", {}).get("hostname") == socket.gethostname() \
             and m.get("pid") and psutil.pid_exists(m["pid"]) and m["pid"] != os.getpid():
         raise UsageError(f"run {path.name} is still running (PID {m['pid']}); stop it first")
-    snap = _load_snapshot(folder.path)
+    snap = _load_snapshot(folder.path, mmap=backend is None)
+    if backend is None:
+        return folder, snap
     sweep_temporaries(folder.path)
     folder.merge_leftover_samples()
     m["epochs"] = m["epochs"][:snap["epoch"]]
@@ -372,6 +374,8 @@ def start(cfg: RunConfig, argv: list[str], resume: Path | None = None) -> RunFol
     itself (``--backend mpi --nodes N`` from a plain shell), launch them and wait."""
     refuse_foreign_launcher(dict(os.environ), get_backend(cfg.backend))
     cfg = preflight(cfg, resuming=resume is not None)
+    if resume is not None:  # refused here, before a launcher starts ranks that would each say
+        _reopen(Path(resume), None)
     run_id = (Path(resume).name if resume else os.environ.get(RUN_ID_ENV)
               or new_run_id(cfg.usecase.name, cfg.strategy))
     ended = get_backend(cfg.backend).launch(cfg, argv, run_id)

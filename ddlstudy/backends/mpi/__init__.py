@@ -17,16 +17,19 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
+from pathlib import Path
 from typing import Any
 
 import psutil
 
-from ddlstudy import environment, wire
+from ddlstudy import environment, signals, wire
 from ddlstudy.backends.base import Backend, Environment, register
 from ddlstudy.backends.mpi import launch, messages, node, nodes
 from ddlstudy.config import RunConfig
 from ddlstudy.errors import ConfigError, Unavailable, UsageError
 from ddlstudy.reducers import AUTO
+from ddlstudy.runfolder import MANIFEST, RunFolder
 from ddlstudy.strategies import Strategy, get_strategy
 from ddlstudy.training import Job
 from ddlstudy.training.distributed import first_found
@@ -92,7 +95,28 @@ class MpiEnvironment(Environment):
         return launch.RANK_FAILED + message
 
     def abort(self, code: int) -> None:
+        """MPICH's MPI_Abort returns once it has told mpiexec, which ends the job a moment
+        later. Rank 0 reports the run meanwhile; another rank, which has no run folder to
+        report, ends now rather than carry on (seen: a traceback from its report)."""
         self.comm.Abort(code)
+        if self.rank != 0:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+
+
+def _record_stop(path: Path, signum: int) -> None:
+    """The ranks were passed a SIGINT or SIGTERM: rank 0 records the run as interrupted,
+    unless it ended first (another rank's MPI_Abort, or killed when the grace ran out);
+    then the manifest says so here. Before rank 0 wrote one, this process ends as that
+    signal ends a run: with its exit code and one line."""
+    code, error = signals.STOPPED[signum]
+    if not (path / MANIFEST).is_file():
+        print(f"ddlstudy: {error} before the run started", file=sys.stderr)
+        raise SystemExit(code)
+    folder = RunFolder.open(path)
+    if folder.manifest["status"] == "running":
+        folder.finish("interrupted", code, error)
 
 
 @register
@@ -162,7 +186,10 @@ class Mpi(Backend):
             return None
         # emulated hosts that are not up are refused here
         where = launch.placement(cfg.hosts, self.nodes(cfg), cfg.hostfile)
-        return launch.launch(argv, self.nodes(cfg), run_id, where)
+        ended = launch.launch(argv, self.nodes(cfg), run_id, where)
+        if ended.signal in signals.STOPPED:
+            _record_stop(Path(cfg.runs_dir) / run_id, ended.signal)
+        return ended
 
     def environment(self, cfg: RunConfig) -> Environment:
         return MpiEnvironment(launch.world())

@@ -17,8 +17,11 @@ from pathlib import Path
 import psutil
 
 from ddlstudy import hosts as emulated
+from ddlstudy import signals
+from ddlstudy.backends.mpi.leftovers import Leftovers
+from ddlstudy.config.fields import MAX_PROCESSES
 from ddlstudy.config.mpi import read_hostfile
-from ddlstudy.errors import Unavailable
+from ddlstudy.errors import ConfigError, Unavailable
 from ddlstudy.runfolder import CHILD_ENV, RUN_ID_ENV
 
 log = logging.getLogger("ddlstudy")
@@ -78,7 +81,9 @@ def placement(hosts: str | None, nodes: int,
     """mpiexec's flags and environment for ``--hosts``: a list of real hosts, or the
     emulated hosts (their launcher, and a netmod that sends over their network); without
     either, this host's loopback (``ONE_HOST``); for ``--hostfile``, its hosts and slots
-    (in hydra's host:slots, whichever format the file had)."""
+    (in hydra's host:slots, whichever format the file had). More ranks than
+    ``MAX_PROCESSES`` are refused here, before anything starts them."""
+    check_ranks(nodes)
     if hostfile is not None:
         return ["-hosts", ",".join(f"{h}:{n}" for h, n in read_hostfile(hostfile))], {}
     if hosts is None:
@@ -149,43 +154,78 @@ class FirstToEnd(threading.Thread):
 
 @dataclass
 class Launched:
-    """How mpiexec ended: its exit code, the PID it reported for a rank that died, and
-    the first error a failing rank logged."""
+    """How mpiexec ended: its exit code, the PID it reported for a rank that died, the
+    first error a failing rank logged, and the signal (SIGINT, SIGTERM) that ended it."""
 
     code: int
     dead_pid: int | None = None
     failure: str | None = None
+    signal: int | None = None
+
+
+STOP_GRACE_S = 30.0
+"""How long the ranks have, after a SIGINT or SIGTERM passed on to them, to record the run
+as interrupted and end; then they are killed (one stuck in a collective cannot)."""
+
+
+def check_ranks(nodes: int, flag: str = "--nodes") -> None:
+    """Refuse more ranks than ``MAX_PROCESSES`` before mpiexec starts any."""
+    if nodes > MAX_PROCESSES:
+        raise ConfigError(flag, f"{nodes} is above the limit of {MAX_PROCESSES} MPI ranks "
+                          f"(every one is a process: more would exhaust the machine)")
 
 
 def launch(argv: list[str], nodes: int, run_id: str,
            where: tuple[list[str], dict[str, str]] = ([], {})) -> Launched:
     """Run this same command as ``mpiexec -n nodes`` and say how it ended (its output is
-    passed on to stderr line by line while it is read for that)."""
+    passed on to stderr line by line while it is read for that).
+
+    A SIGINT or SIGTERM to this process goes to mpiexec, which passes it on to the ranks
+    (``signals.Forwarded``); this one waits for them. However the run ends, the files
+    MPICH and hydra leave on this host are removed once mpiexec has (``leftovers``)."""
+    check_ranks(nodes)
     mpiexec = require_mpiexec()
     flags, netmod = where  # placement(--hosts, nodes)
     env = os.environ | netmod | {CHILD_ENV: "1", RUN_ID_ENV: run_id}
     cmd = [mpiexec, *flags, "-n", str(nodes), sys.executable, "-m", "ddlstudy", *argv]
     log.info("launching %d MPI ranks: %s", nodes, " ".join(cmd))
     ended = Launched(0)
-    with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, bufsize=1) as proc:
-        watch = FirstToEnd(proc.pid, nodes)
-        if hasattr(os, "pidfd_open"):  # Linux 5.3 and later
-            watch.start()
-        for line in proc.stdout:
-            sys.stderr.write(line)
-            found = _BAD_TERMINATION.search(line)
-            if found and ended.dead_pid is None:
-                ended.dead_pid = int(found.group(1))
-            if RANK_FAILED in line and ended.failure is None:
-                ended.failure = line.split(RANK_FAILED, 1)[1].strip()
-    ended.code = proc.returncode
-    watch.stop.set()
-    if watch.is_alive():
-        watch.join()
+    left = None
+    with signals.Forwarded(STOP_GRACE_S) as forwarded:
+        try:  # mpiexec in a session of its own: a Ctrl-C reaches it from this process alone
+            with subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, text=True,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, bufsize=1,
+                                  start_new_session=True) as proc:
+                forwarded.attach(proc)
+                left = Leftovers(proc.pid)
+                left.start()
+                watch = _relay(proc, nodes, ended)
+        finally:  # mpiexec has ended (Popen's exit waits for it)
+            if left is not None:
+                left.remove()
+    ended.code, ended.signal = proc.returncode, forwarded.signum
     if ended.code and watch.dead_pid() is not None:
         ended.dead_pid = watch.dead_pid()  # hydra's names the lowest rank killed
     return ended
+
+
+def _relay(proc: subprocess.Popen, nodes: int, ended: Launched) -> FirstToEnd:
+    """Pass mpiexec's output on, noting in ``ended`` what it says of a rank that died."""
+    watch = FirstToEnd(proc.pid, nodes)
+    if hasattr(os, "pidfd_open"):  # Linux 5.3 and later
+        watch.start()
+    for line in proc.stdout:
+        sys.stderr.write(line)
+        found = _BAD_TERMINATION.search(line)
+        if found and ended.dead_pid is None:
+            ended.dead_pid = int(found.group(1))
+        if RANK_FAILED in line and ended.failure is None:
+            ended.failure = line.split(RANK_FAILED, 1)[1].strip()
+    proc.wait()
+    watch.stop.set()
+    if watch.is_alive():
+        watch.join()
+    return watch
 
 
 def world():
