@@ -4,6 +4,7 @@ and Spark workers on them, every byte between them crossing a (shapeable) link."
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import pytest
 
 from ddlstudy import hosts
 from ddlstudy.cli import main
+from ddlstudy.hosts import namespaces, spec
 from ddlstudy.runfolder import MANIFEST, SAMPLES
 
 WHY_NOT = hosts.can_emulate()
@@ -205,6 +207,11 @@ def test_balance_gives_the_faster_host_the_larger_slice(tmp_path, datasets_dir):
     (["run", "--usecase", "tiny", "--balance", "throughput"], "it needs --backend mpi"),
     (["run", "--usecase", "tiny", "--backend", "mpi", "--balance", "fast"], "equal, throughput"),
     (["run", "--usecase", "tiny", "--backend", "mpi", "--hosts", "a,,b"], "separated by"),
+    (["hosts", "up", "--prefix", "dbad\n"], "--prefix: 'dbad\\n'"),
+    (["hosts", "down", "--prefix", "dbad\n"], "--prefix: 'dbad\\n'"),
+    (["hosts", "status", "--prefix", "dbad\n"], "--prefix: 'dbad\\n'"),
+    (["hosts", "up", "--rate", "1gbit\n", "--prefix", "dbad"], "--rate: '1gbit\\n'"),
+    (["hosts", "up", "--subnet", "10.77.0\n", "--prefix", "dbad"], "private 10.x.y"),
 ])
 def test_bad_hosts_input(tmp_path, capsys, args, message):
     if args[0] == "run":
@@ -214,3 +221,108 @@ def test_bad_hosts_input(tmp_path, capsys, args, message):
     assert not (tmp_path / "runs").exists()
     assert "dbad-h1" not in subprocess.run(["ip", "netns", "list"], capture_output=True,
                                            text=True).stdout
+
+
+@pytest.fixture
+def state_dir(tmp_path, monkeypatch):
+    """A folder of its own for the hosts' state files (not the user's /run/ddlstudy)."""
+    folder = tmp_path / "state"
+    monkeypatch.setattr(spec, "STATE_DIR", folder)
+    return folder
+
+
+def _links() -> str:
+    return subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+
+
+@pytest.fixture
+def hand_made_bridge():
+    """zzbr0, made as a user or another tool (libvirt's virbr0) makes one: not ddlstudy's."""
+    if WHY_NOT is not None:
+        pytest.skip(WHY_NOT)
+    made = subprocess.run(["ip", "link", "add", "zzbr0", "type", "bridge"],
+                          capture_output=True, text=True)
+    if made.returncode:
+        pytest.skip(f"cannot make a bridge here: {made.stderr.strip()}")
+    try:
+        yield "zzbr0"
+    finally:
+        subprocess.run(["ip", "link", "del", "zzbr0"], capture_output=True)
+
+
+def test_down_leaves_what_ddlstudy_did_not_make(state_dir, capsys, hand_made_bridge):
+    assert main(["hosts", "down", "--prefix", "zz"]) == 0
+    assert capsys.readouterr().out == ("no emulated hosts with prefix zz were made by "
+                                       "ddlstudy; nothing deleted\n")
+    assert "zzbr0:" in _links()
+
+
+def test_up_refuses_to_adopt_a_bridge_it_did_not_make(state_dir, capsys, hand_made_bridge):
+    assert main(["hosts", "up", "--count", "1", "--prefix", "zz"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "zzbr0 already exist" in err
+    assert "zzbr0:" in _links() and "zz-v1" not in _links()
+    assert "zz-h1" not in subprocess.run(["ip", "netns", "list"], capture_output=True,
+                                         text=True).stdout
+    assert not (state_dir / "zz.json").exists()
+    assert main(["hosts", "down", "--prefix", "zz"]) == 0  # still not ddlstudy's to delete
+    assert "zzbr0:" in _links()
+
+
+@needs_hosts
+def test_a_half_made_set_is_taken_down_from_its_record(state_dir, capsys, monkeypatch):
+    """up stops after the hosts' links (as if killed): its record lists each thing made,
+    and down removes them all, the record last."""
+    def crash(_hosts):
+        raise RuntimeError("killed")
+
+    monkeypatch.setattr(namespaces, "_shape", crash)
+    with pytest.raises(RuntimeError):
+        hosts.up(2, prefix="dhalf", subnet="10.82.0")
+    record = json.loads((state_dir / "dhalf.json").read_text())
+    assert record["complete"] is False
+    assert record["made"]["namespaces"] == ["dhalf-h1", "dhalf-h2"]
+    assert record["made"]["veths"] == ["dhalf-v1", "dhalf-v2"]
+    assert record["made"]["bridges"] == ["dhalfbr0"]
+    assert main(["hosts", "spark", "--prefix", "dhalf"]) == 2
+    assert "were not fully made" in capsys.readouterr().err
+    assert main(["hosts", "down", "--prefix", "dhalf"]) == 0
+    assert "dhalf" not in _links()
+    assert "dhalf" not in subprocess.run(["ip", "netns", "list"], capture_output=True,
+                                         text=True).stdout
+    assert not list(state_dir.iterdir())
+
+
+def test_status_with_no_hosts_up_is_an_answer(state_dir, capsys):
+    assert main(["hosts", "status"]) == 0
+    assert capsys.readouterr().out == "no emulated hosts are up\n"
+
+
+_HOSTS = {"prefix": "zz", "count": 1, "subnet": "10.77.0", "delay": None, "rate": None,
+          "cpus": None}
+_MADE = {"namespaces": [], "veths": [], "bridges": [], "etc": [], "cgroups": [], "files": []}
+
+
+@pytest.mark.parametrize("content", [
+    "not json {",
+    json.dumps([1, 2]),
+    json.dumps({"hosts": _HOSTS | {"count": "1"}, "complete": True, "made": _MADE}),
+    json.dumps({"hosts": _HOSTS, "complete": True, "made": _MADE | {"bridges": ["virbr0"]}}),
+    json.dumps({"hosts": _HOSTS, "complete": True, "made": _MADE | {"cgroups": ["/"]}}),
+    json.dumps(_HOSTS),  # the record of an older ddlstudy: what it made is unknown
+    None,  # a FIFO: read, it would wait for a writer for ever
+])
+@pytest.mark.parametrize("command", ["down", "status", "up"])
+def test_a_damaged_state_file_is_refused_in_one_line(state_dir, capsys, content, command):
+    if command == "up" and WHY_NOT is not None:
+        pytest.skip(WHY_NOT)  # up stops at that first
+    state_dir.mkdir()
+    path = state_dir / "zz.json"
+    if content is None:
+        os.mkfifo(path)
+    else:
+        path.write_text(content)
+    assert main(["hosts", command, "--prefix", "zz"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(path) in err and "delete" in err, err
+    assert "Traceback" not in err and os.path.lexists(path)

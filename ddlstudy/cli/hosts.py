@@ -19,7 +19,8 @@ def register(sub) -> None:
     h.add_argument("--cpus", help="CPU time per host in cores, e.g. 1,0.5 for unequal nodes "
                    "(default: unlimited)")
     h.add_argument("--subnet", default="10.77.0", help="their /24 (default 10.77.0)")
-    hsub.add_parser("down", help="remove the hosts and what runs on them")
+    hsub.add_parser("down", help="remove the hosts and what runs on them (only what hosts up "
+                    "recorded as made)")
     hsub.add_parser("status", help="the hosts that are up, their links and Spark daemons")
     h = hsub.add_parser("spark", help="a Spark standalone master on host 1 and a worker on "
                         "each")
@@ -46,8 +47,11 @@ def cmd_hosts(args: argparse.Namespace) -> int:
         print(f"  Spark: ddlstudy hosts spark{named}, then --backend spark --spark-master "
               f"{made.spark_master} --spark-secret-file {hosts.spark_secret_file(made.prefix)}")
     elif args.hosts_command == "down":
-        hosts.down(args.prefix)
-        print(f"hosts {args.prefix}-h* removed")
+        if hosts.down(args.prefix):
+            print(f"hosts {args.prefix}-h* removed")
+        else:
+            print(f"no emulated hosts with prefix {args.prefix} were made by ddlstudy; "
+                  "nothing deleted")
     elif args.hosts_command == "spark":
         check_positive(args, "cores")
         up = hosts.load(args.prefix)
@@ -56,6 +60,20 @@ def cmd_hosts(args: argparse.Namespace) -> int:
               f"run with --backend spark --spark-master {master} --spark-secret-file "
               f"{hosts.spark_secret_file(up.prefix)}")
     else:
-        up = hosts.load(args.prefix)
-        print(hosts.status(up))
+        _status(args.prefix)
     return 0
+
+
+def _status(prefix: str) -> None:
+    """The hosts of ``prefix``; none up is an answer, not an error."""
+    from ddlstudy import hosts
+
+    made = hosts.prefixes()
+    if prefix in made:
+        print(hosts.status(hosts.load(prefix)))
+    elif made:
+        print(f"no emulated hosts are up with prefix {hosts.check_prefix(prefix)}; sets that "
+              f"are: {', '.join(made)} (give --prefix)")
+    else:
+        hosts.check_prefix(prefix)
+        print("no emulated hosts are up")

@@ -15,7 +15,9 @@ emulated hosts use the OFI netmod's TCP provider: every byte crosses the veth pa
 ``tc netem`` can delay it and cap its rate, and each rank's network counters see it.
 
 Needs root and iproute2; everything else comes from the venv. The hosts persist until
-``hosts down`` (or a reboot); their state is a JSON file in ``/run/ddlstudy``.
+``hosts down`` (or a reboot); their state is a JSON file in ``/run/ddlstudy`` that lists
+everything ``hosts up`` made, and ``hosts down`` deletes that and nothing else
+(``state.py``): a bridge or namespace that merely shares the prefix is never touched.
 """
 
 from ddlstudy.hosts.namespaces import can_emulate, down, load, up
@@ -33,9 +35,10 @@ from ddlstudy.hosts.spec import (
     rate_bits,
     validate,
 )
+from ddlstudy.hosts.state import prefixes
 from ddlstudy.hosts.status import status
 
 __all__ = ["DEFAULT_PREFIX", "DEFAULT_SUBNET", "MPI_ENV", "SPARK_PORT", "STATE_DIR", "Hosts",
            "can_emulate", "check_prefix", "down", "emulated_prefix", "load", "parse_cpus",
-           "rate_bits", "spark_down", "spark_secret_file", "spark_up", "status", "up",
+           "prefixes", "rate_bits", "spark_down", "spark_secret_file", "spark_up", "status", "up",
            "validate"]

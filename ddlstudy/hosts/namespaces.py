@@ -3,28 +3,27 @@ bridge (shaped by tc), its CPU share (a cgroup), the launcher that enters it."""
 
 from __future__ import annotations
 
-import json
 import os
-import re
 import shutil
 import signal
 import subprocess
-from dataclasses import asdict
+import time
 from pathlib import Path
 
-from ddlstudy.errors import ConfigError, Unavailable
+from ddlstudy.errors import ConfigError, Unavailable, UsageError
+from ddlstudy.hosts import state
 from ddlstudy.hosts.processes import _ip, _kill, _namespaces
 from ddlstudy.hosts.spark import spark_down
 from ddlstudy.hosts.spec import (
     DEFAULT_PREFIX,
     DEFAULT_SUBNET,
-    STATE_DIR,
     Hosts,
     _state_file,
-    check_prefix,
     rate_bits,
     validate,
 )
+
+ETC_NETNS = Path("/etc/netns")
 
 
 def can_emulate() -> str | None:
@@ -49,13 +48,14 @@ def _cgroup(name: str) -> Path | None:
     return None
 
 
-def _limit_cpu(name: str, cores: float) -> Path:
+def _limit_cpu(name: str, cores: float, made: state.State) -> None:
     group = _cgroup(name)
     if group is None:
         raise Unavailable("--cpus", "no CPU cgroup here (/sys/fs/cgroup/cpu or cgroup v2), so "
                           "hosts cannot be given unequal CPU shares")
     try:
-        group.mkdir(exist_ok=True)
+        group.mkdir()  # absent: up refuses a set whose names exist
+        made.record("cgroups", str(group))
         period = 10_000  # 10 ms: throttled in slices finer than a training step
         if (group / "cpu.cfs_quota_us").exists():
             (group / "cpu.cfs_period_us").write_text(str(period))
@@ -65,61 +65,45 @@ def _limit_cpu(name: str, cores: float) -> Path:
     except OSError as exc:
         raise Unavailable("--cpus", f"cannot set a CPU quota in {group}: {exc.strerror}") \
             from None
-    return group
 
 
 def load(prefix: str = DEFAULT_PREFIX) -> Hosts:
     """The emulated hosts ``hosts up`` made, checked to be still there."""
-    check_prefix(prefix)
-    try:
-        hosts = Hosts(**json.loads(_state_file(prefix).read_text()))
-    except (OSError, ValueError, TypeError):
+    made = state.read(prefix)
+    if made is None:
         raise ConfigError("--hosts", f"no emulated hosts named {prefix!r} are up; start them "
-                          f"with: ddlstudy hosts up --count N --prefix {prefix}") from None
+                          f"with: ddlstudy hosts up --count N --prefix {prefix}")
+    hosts = made.hosts
+    again = (f"run: ddlstudy hosts down --prefix {prefix} && "
+             f"ddlstudy hosts up --count {hosts.count} --prefix {prefix}")
+    if not made.complete:
+        raise ConfigError("--hosts", f"emulated hosts {prefix!r} were not fully made (an "
+                          f"interrupted hosts up, or a failed hosts down); {again}")
     missing = [n for n in hosts.names if n not in _namespaces()]
     if missing:
         raise ConfigError("--hosts", f"emulated host(s) {', '.join(missing)} are gone (a "
-                          f"reboot?); run: ddlstudy hosts down --prefix {prefix} && "
-                          f"ddlstudy hosts up --count {hosts.count} --prefix {prefix}")
+                          f"reboot?); {again}")
     return hosts
 
 
 def up(count: int, prefix: str = DEFAULT_PREFIX, subnet: str = DEFAULT_SUBNET,
        delay: str | None = None, rate: str | None = None,
        cpus: list[float] | None = None) -> Hosts:
-    """Create ``count`` hosts (replacing a set of the same prefix)."""
+    """Create ``count`` hosts (replacing a set of the same prefix that ddlstudy made),
+    recording each thing as it is made so that ``down`` can undo even a half-made set."""
     validate(count, prefix, subnet, delay, rate, cpus)
     why = can_emulate()
     if why:
         raise Unavailable("hosts", why)
     hosts = Hosts(prefix, count, subnet, delay, rate, cpus)
     down(prefix)
+    _refuse_foreign(hosts)
+    made = state.State(hosts)
+    state.write(made)
     try:
-        _ip("link", "add", hosts.bridge, "type", "bridge")
-        _ip("addr", "add", f"{hosts.gateway}/24", "dev", hosts.bridge)
-        _ip("link", "set", hosts.bridge, "up")
-        for i, (name, address) in enumerate(hosts.members, start=1):
-            veth = f"{prefix}-v{i}"
-            _ip("netns", "add", name)
-            _ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", name)
-            _ip("link", "set", veth, "master", hosts.bridge, "up")
-            _ip("-n", name, "addr", "add", f"{address}/24", "dev", "eth0")
-            _ip("-n", name, "link", "set", "eth0", "up")
-            _ip("-n", name, "link", "set", "lo", "up")
-            # ip netns exec bind-mounts /etc/netns/<name>/* over /etc: each host resolves
-            # its own name and the others' (gloo and Spark look their host name up).
-            etc = Path("/etc/netns") / name
-            etc.mkdir(parents=True, exist_ok=True)
-            (etc / "hosts").write_text(
-                "127.0.0.1 localhost\n" + "".join(
-                    f"{a} {n}\n" for n, a in hosts.members)
-                + f"{hosts.gateway} {prefix}-gw\n")
-        _shape(hosts)
-        for name, cores in zip(hosts.names, hosts.cpus or [], strict=False):
-            _limit_cpu(name, cores)
-        STATE_DIR.mkdir(parents=True, exist_ok=True)
-        _write_launcher(hosts)
-        _state_file(prefix).write_text(json.dumps(asdict(hosts), indent=2) + "\n")
+        _build(hosts, made)
+        made.complete = True
+        state.write(made)
     except Unavailable:
         down(prefix)
         raise
@@ -127,7 +111,59 @@ def up(count: int, prefix: str = DEFAULT_PREFIX, subnet: str = DEFAULT_SUBNET,
         down(prefix)
         raise Unavailable("hosts", f"{' '.join(exc.cmd)} failed: {exc.stderr.strip()}") \
             from None
+    except OSError as exc:
+        down(prefix)
+        raise Unavailable("hosts", f"{exc.filename or 'hosts up'}: {exc.strerror}") from None
     return hosts
+
+
+def _refuse_foreign(hosts: Hosts) -> None:
+    """Refuse names ``up`` would make that exist already: ``down`` has just removed all
+    that ddlstudy's record lists, so these are someone else's, never to be adopted (and
+    later deleted) as the set's own."""
+    taken = [n for n in hosts.names if n in _namespaces()]
+    taken += [link for link in (hosts.bridge, *hosts.veths) if _link_exists(link)]
+    taken += [str(ETC_NETNS / n) for n in hosts.names if os.path.lexists(ETC_NETNS / n)]
+    groups = [_cgroup(n) for n in hosts.names] if hosts.cpus else []
+    taken += [str(g) for g in groups if g is not None and g.exists()]
+    if taken:
+        raise ConfigError("--prefix", f"{', '.join(taken)} already exist(s) and ddlstudy did "
+                          f"not make them (they are not in {_state_file(hosts.prefix)}); "
+                          "choose another --prefix, or remove them yourself if they are yours")
+
+
+def _link_exists(name: str) -> bool:
+    return _ip("link", "show", "dev", name, check=False).returncode == 0
+
+
+def _build(hosts: Hosts, made: state.State) -> None:
+    """The bridge, then each host on it, its shaping, its CPU share, the launcher."""
+    _ip("link", "add", hosts.bridge, "type", "bridge")
+    made.record("bridges", hosts.bridge)
+    _ip("addr", "add", f"{hosts.gateway}/24", "dev", hosts.bridge)
+    _ip("link", "set", hosts.bridge, "up")
+    for name, address, veth in zip(hosts.names, hosts.addresses, hosts.veths, strict=True):
+        _ip("netns", "add", name)
+        made.record("namespaces", name)
+        _ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", name)
+        made.record("veths", veth)
+        _ip("link", "set", veth, "master", hosts.bridge, "up")
+        _ip("-n", name, "addr", "add", f"{address}/24", "dev", "eth0")
+        _ip("-n", name, "link", "set", "eth0", "up")
+        _ip("-n", name, "link", "set", "lo", "up")
+        # ip netns exec bind-mounts /etc/netns/<name>/* over /etc: each host resolves
+        # its own name and the others' (gloo and Spark look their host name up).
+        etc = ETC_NETNS / name
+        etc.mkdir(parents=True)
+        made.record("etc", name)
+        (etc / "hosts").write_text(
+            "127.0.0.1 localhost\n" + "".join(f"{a} {n}\n" for n, a in hosts.members)
+            + f"{hosts.gateway} {hosts.prefix}-gw\n")
+    _shape(hosts)
+    for name, cores in zip(hosts.names, hosts.cpus or [], strict=False):
+        _limit_cpu(name, cores, made)
+    _write_launcher(hosts)
+    made.record("files", str(hosts.launcher))
 
 
 def _shape(hosts: Hosts) -> None:
@@ -147,7 +183,7 @@ def _shape(hosts: Hosts) -> None:
     # bridge's port caps what it receives, as a real link caps both directions.
     for i, name in enumerate(hosts.names, start=1):
         for where, dev, qdisc in ((["ip", "netns", "exec", name, "tc"], "eth0", sent),
-                                  (["tc"], f"{hosts.prefix}-v{i}", tbf)):
+                                  (["tc"], hosts.veths[i - 1], tbf)):
             if qdisc is None:
                 continue
             done = subprocess.run([*where, "qdisc", "replace", "dev", dev, "root", *qdisc],
@@ -183,22 +219,47 @@ exec ip netns exec "$ns" unshare --uts sh -c "hostname $ns && exec $*"
     tmp.replace(hosts.launcher)
 
 
-def down(prefix: str = DEFAULT_PREFIX) -> None:
-    """Remove the hosts of ``prefix`` and whatever still runs in them."""
-    check_prefix(prefix)
+def down(prefix: str = DEFAULT_PREFIX) -> bool:
+    """Remove what ``hosts up`` recorded as made for ``prefix``, and whatever still runs in
+    it; nothing found by name alone. False if ddlstudy made no such set (no record)."""
+    made = state.read(prefix)
+    if made is None:
+        return False
+    made.complete = False
+    state.write(made)
     spark_down(prefix)
-    _kill(prefix, signal.SIGKILL)
-    for name in sorted(n for n in _namespaces() if n.startswith(f"{prefix}-h")):
+    _kill(made.made["namespaces"], signal.SIGKILL)
+    for kind in state.KINDS:
+        made.made[kind] = [name for name in made.made[kind] if not _remove(kind, name)]
+        state.write(made)
+    left = [name for kind in state.KINDS for name in made.made[kind]]
+    if left:
+        raise UsageError(f"could not remove {', '.join(left)} (still in use?); they stay "
+                         f"listed in {made.path}: stop what uses them, then run: "
+                         f"ddlstudy hosts down --prefix {prefix}")
+    state.forget(prefix)
+    return True
+
+
+def _remove(kind: str, name: str) -> bool:
+    """Delete one thing ``up`` made; whether it is gone."""
+    if kind == "namespaces":
         _ip("netns", "del", name, check=False)
-        shutil.rmtree(Path("/etc/netns") / name, ignore_errors=True)
-    links = _ip("-o", "link", "show", check=False).stdout
-    for veth in re.findall(rf"^\d+: ({re.escape(prefix)}-v\d+)@", links, re.M):
-        _ip("link", "del", veth, check=False)
-    _ip("link", "del", f"{prefix}br0", check=False)
-    for group in Path("/sys/fs/cgroup").glob(f"**/ddlstudy-{prefix}-h*"):
+        return name not in _namespaces()
+    if kind in ("veths", "bridges"):
+        _ip("link", "del", name, check=False)
+        return not _link_exists(name)
+    for _ in range(20):  # a cgroup empties once its killed processes have exited
         try:
-            group.rmdir()  # empty once the processes above are gone
+            if kind == "etc":
+                shutil.rmtree(ETC_NETNS / name)
+            elif kind == "cgroups":
+                Path(name).rmdir()
+            else:
+                Path(name).unlink()
+            return True
+        except FileNotFoundError:
+            return True
         except OSError:
-            pass
-    for path in (_state_file(prefix), STATE_DIR / f"{prefix}-launch"):
-        path.unlink(missing_ok=True)
+            time.sleep(0.1)
+    return False

@@ -21,10 +21,10 @@ def _pids(name: str) -> list[int]:
     return [int(p) for p in _ip("netns", "pids", name, check=False).stdout.split()]
 
 
-def _kill(prefix: str, sig: int, only: str | None = None) -> None:
-    """Send ``sig`` to every process on the hosts of ``prefix`` (whose name holds
-    ``only``, if given)."""
-    for name in (n for n in _namespaces() if n.startswith(f"{prefix}-h")):
+def _kill(names: list[str], sig: int, only: str | None = None) -> None:
+    """Send ``sig`` to every process in the namespaces ``names`` (whose name holds
+    ``only``, if given): those ``hosts up`` made, never others that share a prefix."""
+    for name in set(names) & _namespaces():
         for pid in _pids(name):
             if only is None or only in _comm(pid):
                 try:

@@ -13,6 +13,7 @@ from pathlib import Path
 from ddlstudy.errors import Unavailable
 from ddlstudy.hosts.processes import _kill
 from ddlstudy.hosts.spec import SPARK_PORT, STATE_DIR, Hosts, check_prefix
+from ddlstudy.hosts.state import read
 
 
 def _spark_class() -> str:
@@ -82,5 +83,8 @@ def _registered_workers(logs: Path) -> int:
 
 
 def spark_down(prefix: str) -> None:
-    """Stop the Spark daemons on the hosts (every JVM in their namespaces)."""
-    _kill(prefix, signal.SIGTERM, only="java")
+    """Stop the Spark daemons on the hosts (every JVM in the namespaces ``hosts up``
+    recorded as made; nothing if it made none)."""
+    made = read(prefix)
+    if made is not None:
+        _kill(made.made["namespaces"], signal.SIGTERM, only="java")

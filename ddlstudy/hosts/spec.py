@@ -18,9 +18,12 @@ DEFAULT_SUBNET = "10.77.0"
 SPARK_PORT = 7077
 MPI_ENV = {"MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp"}
 """The netmod that sends between emulated hosts over TCP (UCX would use shared memory)."""
-_PREFIX = re.compile(r"^[a-z][a-z0-9]{0,5}$")
-_RATE = re.compile(r"^\d+(\.\d+)?(bit|kbit|mbit|gbit|tbit)$")
-_DELAY = re.compile(r"^\d+(\.\d+)?(us|ms|s)$")
+# Checked with fullmatch: "$" would pass a name that ends in a newline.
+_PREFIX = re.compile(r"[a-z][a-z0-9]{0,5}")
+_RATE = re.compile(r"[0-9]+(\.[0-9]+)?(bit|kbit|mbit|gbit|tbit)")
+_DELAY = re.compile(r"[0-9]+(\.[0-9]+)?(us|ms|s)")
+_OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+_SUBNET = re.compile(rf"10\.{_OCTET}\.{_OCTET}")
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,11 @@ class Hosts:
     def members(self) -> list[tuple[str, str]]:
         """(name, address) of every host."""
         return list(zip(self.names, self.addresses, strict=True))
+
+    @property
+    def veths(self) -> list[str]:
+        """Each host's link: the root namespace's end of its veth pair, on the bridge."""
+        return [f"{self.prefix}-v{i}" for i in range(1, self.count + 1)]
 
     @property
     def gateway(self) -> str:
@@ -81,7 +89,7 @@ class Hosts:
 def check_prefix(prefix: str) -> str:
     """``prefix`` if it is a set's name (it names namespaces, links, a bridge and state
     files, so nothing else may pass: no path, no other tool's interface)."""
-    if not isinstance(prefix, str) or not _PREFIX.match(prefix):
+    if not isinstance(prefix, str) or not _PREFIX.fullmatch(prefix):
         raise ConfigError("--prefix", f"{prefix!r}; use 1-6 lower-case letters or digits, "
                           "starting with a letter (it names namespaces and a bridge)")
     return prefix
@@ -96,14 +104,12 @@ def validate(count: int, prefix: str, subnet: str, delay: str | None, rate: str 
     if not 1 <= count <= 16:
         raise ConfigError("--count", f"{count} hosts; between 1 and 16 can be emulated")
     check_prefix(prefix)
-    parts = subnet.split(".")
-    if len(parts) != 3 or not all(p.isdigit() and 0 <= int(p) <= 255 for p in parts) \
-            or parts[0] != "10":
+    if not _SUBNET.fullmatch(subnet):
         raise ConfigError("--subnet", f"{subnet!r}; give the first three numbers of a private "
                           "10.x.y address, e.g. 10.77.0")
-    if delay is not None and not _DELAY.match(delay):
+    if delay is not None and not _DELAY.fullmatch(delay):
         raise ConfigError("--delay", f"{delay!r}; a tc time such as 500us, 2ms or 0.1s")
-    if rate is not None and not _RATE.match(rate):
+    if rate is not None and not _RATE.fullmatch(rate):
         raise ConfigError("--rate", f"{rate!r}; a tc rate such as 100mbit or 1gbit")
     if cpus is not None and (len(cpus) != count or not all(0.05 <= c <= 64 for c in cpus)):
         raise ConfigError("--cpus", f"{','.join(map(str, cpus))}; give one CPU share per host "
@@ -133,7 +139,7 @@ def emulated_prefix(spec: str | None) -> str | None:
 
 def rate_bits(rate: str, flag: str = "--rate") -> float:
     """A tc rate ("100mbit") in bits per second (ConfigError naming ``flag`` if not one)."""
-    found = _RATE.match(rate)
+    found = _RATE.fullmatch(rate)
     if not found:
         raise ConfigError(flag, f"{rate!r}; a tc rate such as 100mbit or 1gbit")
     return float(rate[:found.start(2)]) * _UNITS[found.group(2)]
