@@ -29,9 +29,11 @@ notebook: $(STAMP)
 	$(BIN)/jupyter lab analysis/study.ipynb
 
 # The analysis notebook, executed headless on RUNS (default: the demo's runs) into
-# RUNS/report/study.ipynb and study.html.
+# RUNS/report/study.ipynb and study.html. INCLUDE_NOISY=1 counts the runs marked noisy
+# (other processes used their host), as `ddlstudy report --include-noisy` does.
 notebook-run: $(STAMP)
-	DDLSTUDY_RUNS=$(abspath $(RUNS)) $(BIN)/jupyter nbconvert --to notebook --execute \
+	DDLSTUDY_RUNS=$(abspath $(RUNS)) DDLSTUDY_INCLUDE_NOISY=$(INCLUDE_NOISY) \
+	    $(BIN)/jupyter nbconvert --to notebook --execute \
 	    analysis/study.ipynb --output-dir $(RUNS)/report
 	$(BIN)/jupyter nbconvert --to html $(RUNS)/report/study.ipynb
 

@@ -123,7 +123,7 @@ def test_findings_confirm_refute_or_leave_open_each_conclusion(tmp_path):
     assert found["a"].verdict == "refuted"
     assert "cpu-processes (2 processes) 30.0 img/s" in found["a"].lines[0]
     assert "cpu-intraop (2 threads) 40.0 img/s, ratio 0.75" in found["a"].lines[0]
-    assert found["b"].verdict == "not measured" and "simple-big" in found["b"].lines[0]
+    assert "b" not in found  # the paper's two use cases are not in this folder
     assert found["c"].verdict == "confirmed"  # 40 local against 10 Spark
     assert "ratio 4.00" in found["c"].lines[0]
     # (d) MPI's 35 against intra-op's 40, with the measured reasons: the exchange's share
@@ -182,6 +182,28 @@ def test_finding_b_compares_the_two_paper_use_cases(tmp_path):
     assert b.verdict == "confirmed"
     assert "1.80x" in b.lines[0] and "1.29x" in b.lines[0]
     assert "(b) SimpleBig gains more" in render_findings([b])
+
+
+def test_finding_b_is_shown_only_for_the_paper_use_cases(tmp_path):
+    """A user's own study gets (a), (c), (d) judged on its use case, and no '(b) ... not
+    measured'; a folder with one of the paper's use cases gets (b), saying what it lacks."""
+    own = _report(tmp_path / "own", [
+        _manifest("sequential", [20.0, 21.0], usecase="pets"),
+        _manifest("cpu-processes", [40.0, 41.0], usecase="pets", processes=2)])
+    found = findings(own)
+    assert [f.letter for f in found] == ["a", "c", "d"]
+    assert found[0].lines[0].startswith("pets: confirmed: cpu-processes (2 processes)")
+    text = own.findings_text()
+    assert "(b)" not in text.replace("(b) compares the paper's own two", "")
+    assert "Judged on this folder's use case(s): pets." in text
+    paper = _report(tmp_path / "paper", [
+        _manifest("sequential", [20.0, 21.0], usecase="simple-big"),
+        _manifest("cpu-intraop", [36.0, 38.0], usecase="simple-big", threads=2)])
+    found = {f.letter: f for f in findings(paper)}
+    assert list(found) == ["a", "b", "c", "d"]
+    assert found["b"].verdict == "not measured"
+    assert "missing: complex-small (this folder has: simple-big)" in found["b"].lines[0]
+    assert "Judged on this folder's" not in paper.findings_text()
 
 
 def test_findings_of_a_mixed_folder_say_which_use_case_went_which_way(tmp_path):

@@ -181,7 +181,8 @@ workers = 2
     study = ddlstudy("study", str(plan), "--quiet", cwd=tmp_path / "advice")
     assert study.returncode == 0, study.stderr[-3000:]
     report = ddlstudy("report", str(tmp_path / "study"))
-    assert report.returncode == 0 and "| pets | cpu-processes (2 processes) |" in report.stdout
+    assert report.returncode == 0 and "*pets*" in report.stdout
+    assert "\n| cpu-processes (2 processes) |" in report.stdout
 
     (run,) = [p.parent for p in (tmp_path / "study").glob(f"*/{MANIFEST}")
               if json.loads(p.read_text())["strategy"]["name"] == "sequential"]

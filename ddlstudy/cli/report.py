@@ -17,7 +17,9 @@ def register(sub) -> None:
                    "into this folder (default: print only)")
     p.add_argument("--no-figures", action="store_true", help="with --out: tables only")
     p.add_argument("--include-noisy", action="store_true", help="count runs marked noisy "
-                   "(other processes used their host) in medians and speedups")
+                   "(other processes used their host) in medians, speedups and the findings "
+                   "(without it they are shown only for a configuration with no quiet run, "
+                   "marked noisy, and left out of the findings)")
     p.set_defaults(func=cmd_report)
     p = sub.add_parser("export", help="runs in other tools' formats")
     esub = p.add_subparsers(dest="export_command", required=True, metavar="FORMAT")

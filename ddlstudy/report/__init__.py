@@ -9,7 +9,7 @@ from pathlib import Path
 from ddlstudy.files import atomic_write_text
 from ddlstudy.report import tables
 from ddlstudy.report.figures import make_figures
-from ddlstudy.report.findings import Finding, findings, render_findings
+from ddlstudy.report.findings import Finding, findings, findings_notes, render_findings
 from ddlstudy.report.formats import FORMATS, render, to_latex, to_markdown
 from ddlstudy.report.runs import (
     BASELINE,
@@ -31,17 +31,21 @@ class Report(tables.Report):
         """The paper's conclusions judged on these runs (computed once: some read samples)."""
         return findings(self)
 
+    def findings_text(self) -> str:
+        """The findings in Markdown, with what they left out (noisy runs, say)."""
+        return render_findings(self.findings, findings_notes(self))
+
     def text(self, fmt: str = "markdown") -> str:
         """The tables, then (in Markdown) the findings."""
         text = super().text(fmt)
-        return text if fmt != "markdown" else f"{text}\n\n{render_findings(self.findings)}"
+        return text if fmt != "markdown" else f"{text}\n\n{self.findings_text()}"
 
     def write(self, out: Path, fmt: str = "markdown", figures: bool = True) -> list[Path]:
         """Tables in ``fmt`` (plus the tidy runs.csv), findings.md and, with ``figures``,
         the figures."""
         paths = self.write_tables(out, fmt)
         paths.append(Path(out) / "findings.md")
-        atomic_write_text(paths[-1], render_findings(self.findings) + "\n")
+        atomic_write_text(paths[-1], self.findings_text() + "\n")
         if figures:
             paths += make_figures(self, Path(out) / "figures")
         return paths

@@ -5,7 +5,8 @@
 - ``distributed``: for multi-node runs, each host's CPU idle and iowait share over time (one
   line a host, naming its ranks);
 - ``exchange``: for MPI runs, the milliseconds of a step each rank computes and exchanges;
-- ``speedup``: speedup against the sequential baseline per configuration and use case;
+- ``speedup``: speedup against the sequential baseline per configuration and use case
+  (a configuration with noisy runs only is named "(noisy)");
 - ``scaling``: speedup against the node count, with the ideal line;
 - ``accuracy``: validation accuracy against training wall time.
 
@@ -166,6 +167,9 @@ def plot_speedup(report: Report) -> Figure | None:
     t = only_main(report.table).dropna(subset=["speedup"])
     if t.empty:
         return None
+    # A configuration measured on a busy host only says so, as in the tables.
+    t = t.assign(config=[f"{c} (noisy)" if n else c for c, n in zip(t.config, t.noisy,
+                                                                      strict=True)])
     fig = Figure(figsize=(9, 0.45 * t.config.nunique() + 1.5))
     ax = fig.subplots()
     sns.barplot(data=t, y="config", x="speedup", hue="usecase", ax=ax, orient="h")

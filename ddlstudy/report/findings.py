@@ -13,7 +13,13 @@ bootstrap interval of that ratio (the spreads the tables use):
   a step MPI ranks spent in the exchange, the hosts the ranks shared, the CPU each side
   kept busy);
 - inconclusive: the interval includes 1;
-- not measured: a side has no completed run (the finding says which).
+- not measured: a side has no completed run (the finding says which, and how many noisy
+  runs it left out).
+
+Runs marked noisy (other processes used their host) are left out of every verdict unless
+the report counts them (``--include-noisy``): a busy host's speed says little of a
+strategy's. (b) compares the paper's own use cases, so it is judged only on a folder that
+holds one of them; (a), (c) and (d) are judged on each use case of the folder.
 
 Each comparison also gives both sides' time to the use case's target accuracy, and says so
 where the side faster per image reaches the target later, or not at all.
@@ -29,6 +35,7 @@ import pandas as pd
 
 from ddlstudy.errors import UsageError
 from ddlstudy.reading import read_parquet
+from ddlstudy.report.formats import wrapped
 from ddlstudy.report.runs import KEY, LOCAL, is_baseline
 from ddlstudy.report.tables import Report, interval, only_main, spread_of
 from ddlstudy.runfolder import SAMPLES
@@ -63,44 +70,58 @@ class Finding:
     """The evidence, one line per use case (or per comparison)."""
 
 
-def findings(report: Report) -> list[Finding]:
-    """The paper's conclusions (a)-(d), each with a verdict and its figures."""
-    rows = only_main(report.table)
-    rows = rows[rows.status.str.startswith("ok") & rows.images_per_s.notna()]
-    runs = {k: g[g.counted] for k, g in report.runs.groupby(KEY, dropna=False)}
-    best = _Best(rows, runs)
-    usecases = list(dict.fromkeys(report.table.usecase))
-    out = [
-        _per_usecase("a", "CPU multi-process data parallelism is faster than one process",
-                     usecases, lambda uc: _claim(
-                         report, best(uc, lambda t: _local_cpu(t) & (t.table == 1) &
-                                      (t.processes > 1)),
-                         best(uc, lambda t: _local_cpu(t) & (t.processes == 1)),
-                         "no completed multi-process data-parallel run",
-                         "no completed one-process run")),
-        _gains(best, usecases),
-        _per_usecase("c", "Spark is slower than local parallelism", usecases,
-                     lambda uc: _claim(
-                         report, best(uc, _local_cpu),
-                         best(uc, lambda t: (t.backend == "spark") & (t.gpus == 0)),
-                         "no completed local run", "no completed Spark run")),
-        _per_usecase("d", "MPI gives the best speedup on CPU", usecases, lambda uc: _claim(
-            report, best(uc, lambda t: (t.backend == "mpi") & (t.gpus == 0)),
-            best(uc, lambda t: (t.backend != "mpi") & (t.gpus == 0)),
-            "no completed MPI run", "no completed CPU run without MPI")),
-    ]
-    return out
+def _cpu(t: pd.DataFrame) -> pd.Series:
+    return t.gpus == 0
 
 
 def _local_cpu(t: pd.DataFrame) -> pd.Series:
     return (t.backend == LOCAL) & (t.gpus == 0)
 
 
-class _Best:
-    """The fastest configuration of a use case among the rows a mask picks."""
+COMPARISONS = {
+    "a": ("CPU multi-process data parallelism is faster than one process",
+          (lambda t: _local_cpu(t) & (t.table == 1) & (t.processes > 1),
+           "multi-process data-parallel run"),
+          (lambda t: _local_cpu(t) & (t.processes == 1), "one-process run")),
+    "c": ("Spark is slower than local parallelism", (_local_cpu, "local run"),
+          (lambda t: (t.backend == "spark") & _cpu(t), "Spark run")),
+    "d": ("MPI gives the best speedup on CPU", (lambda t: (t.backend == "mpi") & _cpu(t),
+                                                "MPI run"),
+          (lambda t: (t.backend != "mpi") & _cpu(t), "CPU run without MPI")),
+}
+"""(a), (c), (d): the claim, then its claimed side and the other, each a mask of the
+summary's rows and what a run of it is called."""
 
-    def __init__(self, rows: pd.DataFrame, runs: dict) -> None:
-        self.rows, self.runs = rows, runs
+
+def findings(report: Report) -> list[Finding]:
+    """The paper's conclusions (a)-(d), each with a verdict and its figures; (b) only where
+    the folder holds one of the paper's use cases."""
+    rows = only_main(report.table)
+    rows = rows[(rows.status.str.startswith("ok") | rows.noisy) & rows.images_per_s.notna()]
+    left_out = rows.noisy & (not report.include_noisy)
+    runs = {k: g[g.counted] for k, g in report.runs.groupby(KEY, dropna=False)}
+    best = _Best(rows[~left_out], runs, rows[left_out])
+    usecases = list(dict.fromkeys(report.table.usecase))
+    out = [_compare(report, best, usecases, letter) for letter in COMPARISONS]
+    if set(usecases) & set(PAPER_USECASES):
+        out.insert(1, _gains(best, usecases))
+    return out
+
+
+def _compare(report: Report, best: _Best, usecases: list[str], letter: str) -> Finding:
+    """One of ``COMPARISONS`` judged on each use case."""
+    claim, (claimed, what), (other, others) = COMPARISONS[letter]
+    return _per_usecase(letter, claim, usecases, lambda uc: _claim(
+        report, best(uc, claimed), best(uc, other), best.missing(uc, claimed, what),
+        best.missing(uc, other, others)))
+
+
+class _Best:
+    """The fastest configuration of a use case among the rows a mask picks (``noisy``:
+    the rows left out for their noisy runs, to say so where a side has no other)."""
+
+    def __init__(self, rows: pd.DataFrame, runs: dict, noisy: pd.DataFrame) -> None:
+        self.rows, self.runs, self.noisy = rows, runs, noisy
 
     def __call__(self, usecase: str, mask) -> Side | None:
         t = self.rows[self.rows.usecase == usecase]
@@ -112,6 +133,13 @@ class _Best:
         return Side(r.config, float(r.images_per_s),
                     None if pd.isna(r.speedup) else float(r.speedup), spread_of(mine), mine,
                     _number(r.target), r.reached or "", _number(r.time_to_target_s))
+
+    def missing(self, usecase: str, mask, what: str) -> str:
+        """Why a side of ``usecase`` has no figures: no completed run, or only noisy ones."""
+        t = self.noisy[self.noisy.usecase == usecase]
+        noisy = int(t[mask(t)].runs.sum())
+        return f"no completed {what}" + (f" on a quiet host ({noisy} noisy left out)"
+                                         if noisy else "")
 
 
 def _per_usecase(letter: str, claim: str, usecases: list[str], judge) -> Finding:
@@ -181,8 +209,9 @@ def _number(value) -> float | None:
 def _gains(best: _Best, usecases: list[str]) -> Finding:
     """(b): the best CPU speedup of SimpleBig against that of ComplexSmall."""
     finding = Finding("b", "SimpleBig gains more from CPU parallelism than ComplexSmall")
+    quiet = set(best.rows[is_baseline(best.rows)].usecase)  # a noisy one's speedups are not
     sides = {uc: best(uc, lambda t: _local_cpu(t) & ~is_baseline(t) & t.speedup.notna())
-             for uc in PAPER_USECASES}
+             if uc in quiet else None for uc in PAPER_USECASES}
     missing = [uc for uc, s in sides.items() if s is None]
     if missing:
         have = ", ".join(usecases) or "none"
@@ -249,12 +278,33 @@ def _cpu_busy(report: Report, side: Side) -> float | None:
     return float(per_rank.sum()) / 100 / (cores * hosts)
 
 
-def render_findings(found: list[Finding]) -> str:
-    """The findings section as Markdown."""
-    lines = [f"**Findings: the paper's conclusions on these runs** ({PAPER}; its own "
-             "figures came from its cluster's CPUs and GPUs, these from this folder's "
-             "hosts)", ""]
+def findings_notes(report: Report) -> list[str]:
+    """What the findings left out and why: the noisy runs (and how to count them), and (b)
+    on a folder without the paper's use cases."""
+    out = []
+    usecases = list(dict.fromkeys(report.table.usecase))
+    if not set(usecases) & set(PAPER_USECASES):
+        out.append(f"Judged on this folder's use case(s): {', '.join(usecases)}. (b) compares "
+                   f"the paper's own two, {' and '.join(PAPER_USECASES)}: left out here.")
+    noisy = report.runs[(report.runs.status == "completed") & report.runs.noisy]
+    if len(noisy) and report.include_noisy:
+        out.append(f"{len(noisy)} noisy run(s) counted (--include-noisy): other processes "
+                   "used their host while they ran.")
+    elif len(noisy):
+        out.append(f"{len(noisy)} run(s) marked noisy (other processes used their host while "
+                   "they ran) are left out of these verdicts; `ddlstudy report "
+                   "--include-noisy` counts them.")
+    return out
+
+
+def render_findings(found: list[Finding], notes: list[str] = ()) -> str:
+    """The findings section as Markdown, in lines that fit a terminal; ``notes``: what was
+    left out (``findings_notes``), after the heading."""
+    lines = [wrapped(f"**Findings: the paper's conclusions on these runs** ({PAPER}; its own "
+                     "figures came from its cluster's CPUs and GPUs, these from this "
+                     "folder's hosts)"), ""]
+    lines += [wrapped(note) + "\n" for note in notes]
     for f in found:
-        lines.append(f"- ({f.letter}) {f.claim}: **{f.verdict}**")
-        lines += [f"  - {line}" for line in f.lines]
+        lines.append(wrapped(f"- ({f.letter}) {f.claim}: **{f.verdict}**", "  "))
+        lines += [wrapped(f"  - {line}", "    ") for line in f.lines]
     return "\n".join(lines)

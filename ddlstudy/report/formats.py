@@ -1,10 +1,16 @@
-"""The tables as text: Markdown, CSV or LaTeX (booktabs), values shown alike in each."""
+"""The tables as text: Markdown, CSV or LaTeX (booktabs), values shown alike in each; and
+Markdown that fits a terminal (``fitted_markdown``, ``wrapped``: lines of at most ``WIDTH``
+characters)."""
 
 from __future__ import annotations
+
+import textwrap
 
 import pandas as pd
 
 FORMATS = {"markdown": "md", "csv": "csv", "latex": "tex"}
+WIDTH = 100
+"""The widest line printed to a terminal (a table that wraps there cannot be read)."""
 
 
 def _fmt(v) -> str:
@@ -22,6 +28,49 @@ def to_markdown(frame: pd.DataFrame) -> str:
     body = ["| " + " | ".join(_fmt(v) for v in row) + " |"
             for row in frame.astype(object).itertuples(index=False)]
     return "\n".join([header, rule, *body])
+
+
+def _row(cells: list[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
+def fitted_markdown(frame: pd.DataFrame, shrink: list[str], notes: dict[str, int],
+                    width: int = WIDTH) -> str:
+    """A Markdown table whose rows fit ``width``: where a row is too long, its cells of the
+    ``shrink`` columns, in turn, keep their start and end around '...' and a note number
+    ('[2]'); ``notes`` maps each full text so cut to its number (shared by the tables of
+    one report, so that a text cut twice has one note). Cells are not padded: the Markdown
+    is that of the written files, only narrower."""
+    at = [list(frame.columns).index(c) for c in shrink]
+    lines = [_row([str(c) for c in frame.columns]),
+             "|" + "|".join("---" for _ in frame.columns) + "|"]
+    for values in frame.astype(object).itertuples(index=False):
+        cells = [_fmt(v) for v in values]
+        for i in at:
+            room = width - len(_row(cells)) + len(cells[i])
+            if len(cells[i]) > room:
+                cells[i] = _cut(cells[i], room, notes)
+        lines.append(_row(cells))
+    return "\n".join(lines)
+
+
+LEAST = 16
+"""The fewest characters a cut cell keeps, its note number included."""
+
+
+def _cut(text: str, room: int, notes: dict[str, int]) -> str:
+    """``text`` in ``room`` characters (``LEAST`` at least): its start and end, its note."""
+    mark = f" [{notes.setdefault(text, len(notes) + 1)}]"
+    keep = max(room, LEAST) - len(mark) - 3
+    head = (keep + 1) // 2
+    return f"{text[:head].rstrip()}...{text[len(text) - (keep - head):].lstrip()}{mark}"
+
+
+def wrapped(text: str, indent: str = "", width: int = WIDTH) -> str:
+    """``text`` in lines of ``width``; continuation lines indented by ``indent`` (under a
+    list item's text, so Markdown still reads one item)."""
+    return textwrap.fill(text, width, subsequent_indent=indent, break_long_words=False,
+                         break_on_hyphens=False)
 
 
 _LATEX = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "_": r"\_", "#": r"\#",

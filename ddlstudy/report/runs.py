@@ -270,15 +270,20 @@ def runs_frame(manifests: list[dict], planned: list[dict] = (),
     frame["setting"] = [s if isinstance(s, str) else usual.get(uc, "")
                         for uc, s in zip(frame.usecase, frame.setting, strict=True)]
     frame["counted"] = (frame.status == "completed") & (include_noisy | ~frame.noisy)
-    baseline = frame[is_baseline(frame) & frame.counted]
-    base = {k: _median(list(g.images_per_s.dropna()))
-            for k, g in baseline.groupby(["usecase", "setting"])}
+    base = {k: _median(list(shown(g).images_per_s.dropna()))
+            for k, g in frame[is_baseline(frame)].groupby(["usecase", "setting"])}
     frame["speedup"] = [r / base[k] if base.get(k) and r is not None and r == r else None
                         for k, r in zip(zip(frame.usecase, frame.setting, strict=True),
                                         frame.images_per_s, strict=True)]
     units = frame.gpus.where(frame.gpus > 0, frame.cores).clip(lower=1)
     frame["efficiency"] = frame.speedup / units
     return frame
+
+
+def shown(runs: pd.DataFrame) -> pd.DataFrame:
+    """The runs of one configuration that give its figures: the counted ones or, where it
+    has none, its completed noisy ones (a busy host's only measurement, marked noisy)."""
+    return runs[runs.counted] if runs.counted.any() else runs[runs.status == "completed"]
 
 
 def is_baseline(frame: pd.DataFrame) -> pd.Series:

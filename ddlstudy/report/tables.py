@@ -11,7 +11,13 @@ the speedup divided by the cores (or GPUs) the configuration used. Three views:
   and the speedup.
 
 Cells a study planned but could not run (no GPU, a backend not available) come from the
-study's ``study.json`` and are shown with the reason, never dropped.
+study's ``study.json`` and are shown with the reason, never dropped. Runs marked noisy (other
+processes used their host) are left out of a configuration's figures when it has quiet runs;
+when it has none, its noisy runs give them, marked ``noisy`` with the cores the others used
+(a busy host's report is never empty).
+
+``Report.text`` prints, in Markdown, a table that fits a terminal (``TERMINAL``: fewer
+columns, plain headers); the written files and the CSV keep every column under its name.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from ddlstudy.files import atomic_write_text
-from ddlstudy.report.formats import FORMATS, _fmt, render
+from ddlstudy.report.formats import FORMATS, _fmt, fitted_markdown, render, wrapped
 from ddlstudy.report.runs import (
     KEY,
     _median,
@@ -30,6 +36,7 @@ from ddlstudy.report.runs import (
     load_planned,
     load_runs,
     runs_frame,
+    shown,
 )
 from ddlstudy.strategies import REGISTRY as STRATEGIES
 
@@ -62,16 +69,37 @@ def short_reason(reason: str) -> str:
     return reason.split(";")[0]
 
 
-def _status(statuses: list[str], reasons: list[str], noisy: int = 0) -> str:
+def _status(statuses: list[str], reasons: list[str], noisy: int = 0, mark: str = "") -> str:
+    """'ok', or what went otherwise; ``noisy``: the noisy runs left out, ``mark``: the
+    noisy mark of figures that come from noisy runs only (it stands in for 'ok')."""
     done = statuses.count("completed")
-    left_out = f"{noisy} noisy left out" if noisy else ""
+    left_out = [f"{noisy} noisy left out"] if noisy else []
     if done == len(statuses):
-        return f"ok, {left_out}" if left_out else "ok"
+        return ", ".join([mark or "ok", *left_out])
     if done == 0 and statuses[0] == "skipped":
         return f"skipped: {short_reason(reasons[0])}"
     others = [s for s in statuses if s != "completed"]
-    return ", ".join([*(f"{others.count(s)} {s}" for s in dict.fromkeys(others)),
-                      *([left_out] if left_out else [])])
+    return ", ".join([*([mark] if mark else []),
+                      *(f"{others.count(s)} {s}" for s in dict.fromkeys(others)), *left_out])
+
+
+def others_cores(manifest: dict) -> float | None:
+    """The most cores other processes used on any host of a run (None: not measured)."""
+    others = (manifest.get("host_load") or {}).get("others_cores") or {}
+    return max(others.values()) if others else None
+
+
+def _noisy_mark(runs: pd.DataFrame, cores: dict[str, float | None]) -> str:
+    """'noisy (others 1.2 cores)' for figures from noisy runs only ('' otherwise): the
+    most cores other processes used on its host, over its runs."""
+    if runs.empty or not runs.noisy.all():
+        return ""
+    used = sorted(c for c in (cores.get(r) for r in runs.run) if c is not None)
+    if not used:
+        return "noisy"
+    span = f"{used[0]:.1f}" if f"{used[0]:.1f}" == f"{used[-1]:.1f}" else \
+        f"{used[0]:.1f}-{used[-1]:.1f}"
+    return f"noisy (others {span} cores)"
 
 
 BOOTSTRAP = 2000
@@ -106,45 +134,57 @@ def _interval_text(bounds: tuple[float, float] | None, mark_one: bool = False) -
     return f"{text} (includes 1)" if mark_one and bounds[0] <= 1.0 <= bounds[1] else text
 
 
+COLUMNS = [*KEY, "table", "processes", "scaling", "runs", "status", "noisy", "epoch_s",
+           "epoch_s_spread", "images_per_s", "images_per_s_95", "speedup", "speedup_95",
+           "efficiency", "val_accuracy", "target", "reached", "time_to_target_s", "tta_speedup"]
+"""The columns of ``speedup_table`` (of speedup.md and the CSV, which the notebook reads)."""
+
+
 def speedup_table(manifests: list[dict], planned: list[dict] = (),
                   include_noisy: bool = False) -> pd.DataFrame:
     """One row per configuration: medians over the completed repeats (not the noisy ones,
-    unless ``include_noisy``), epoch-time spread."""
+    unless ``include_noisy`` or the configuration has no other), epoch-time spread."""
     frame = runs_frame(manifests, planned, include_noisy)
-    baselines = frame[is_baseline(frame) & frame.counted].groupby(["usecase", "setting"])
-    bases = {k: spread_of(g) for k, g in baselines}
-    base_tta = {k: _tta(g) for k, g in baselines}
-    rows = []
-    for key, g in frame.groupby(KEY, sort=True, dropna=False):
-        ok = g[g.counted]
-        spread = spread_of(ok)
-        base = bases.get((g.usecase.iloc[0], g.setting.iloc[0]), [])
-        times = list(ok.epoch_s.dropna())
-        noisy = int(((g.status == "completed") & ~g.counted).sum())
-        target, tta = _tta(ok)
-        b_target, b_tta = base_tta.get((g.usecase.iloc[0], g.setting.iloc[0]), (None, None))
-        rows.append({
-            **dict(zip(KEY, key, strict=True)), "table": int(g.table.iloc[0]),
-            "processes": int(g.processes.iloc[0]),
-            "scaling": g.scaling.iloc[0], "runs": len(ok),
-            "status": _status(list(g.status), list(g.reason), noisy),
-            "epoch_s": _median(times),
-            "epoch_s_spread": f"{min(times):.2f}-{max(times):.2f}" if times else "",
-            "images_per_s": _median(list(ok.images_per_s.dropna())),
-            "images_per_s_95": _interval_text(interval(spread)),
-            "speedup": _median(list(ok.speedup.dropna())),
-            "speedup_95": _interval_text(interval(spread, base), mark_one=True)
-            if base else "",
-            "efficiency": _median(list(ok.efficiency.dropna())),
-            "val_accuracy": _median(list(ok.val_accuracy.dropna())),
-            "target": target, "reached": _reached_text(ok), "time_to_target_s": tta,
-            "tta_speedup": b_tta / tta if tta and b_tta and b_target == target else None,
-        })
-    columns = [*KEY, "table", "processes", "scaling", "runs", "status", "epoch_s", "epoch_s_spread",
-               "images_per_s", "images_per_s_95", "speedup", "speedup_95", "efficiency",
-               "val_accuracy", "target", "reached", "time_to_target_s", "tta_speedup"]
-    table = pd.DataFrame(rows, columns=columns)
-    # The main setting first (most runs), then the baseline, then by table and speed.
+    cores = {m.get("id"): others_cores(m) for m in manifests}
+    bases = {k: (spread_of(shown(g)), _tta(shown(g)))
+             for k, g in frame[is_baseline(frame)].groupby(["usecase", "setting"])}
+    rows = [_config_row(dict(zip(KEY, key, strict=True)), g,
+                        bases.get((g.usecase.iloc[0], g.setting.iloc[0]), ([], (None, None))),
+                        cores)
+            for key, g in frame.groupby(KEY, sort=True, dropna=False)]
+    return _ordered(pd.DataFrame(rows, columns=COLUMNS))
+
+
+def _config_row(key: dict, g: pd.DataFrame, baseline: tuple[list[float], tuple],
+                cores: dict[str, float | None]) -> dict:
+    """A configuration's row from its runs ``g``, against its baseline's (spread, (target,
+    time to it)); ``cores``: what other processes used, per run."""
+    ok = shown(g)
+    spread = spread_of(ok)
+    base, (b_target, b_tta) = baseline
+    times = list(ok.epoch_s.dropna())
+    noisy = int(((g.status == "completed") & ~g.counted).sum()) - int((~ok.counted).sum())
+    target, tta = _tta(ok)
+    mark = _noisy_mark(ok, cores)
+    return {
+        **key, "table": int(g.table.iloc[0]), "processes": int(g.processes.iloc[0]),
+        "scaling": g.scaling.iloc[0], "runs": len(ok),
+        "status": _status(list(g.status), list(g.reason), noisy, mark), "noisy": bool(mark),
+        "epoch_s": _median(times),
+        "epoch_s_spread": f"{min(times):.2f}-{max(times):.2f}" if times else "",
+        "images_per_s": _median(list(ok.images_per_s.dropna())),
+        "images_per_s_95": _interval_text(interval(spread)),
+        "speedup": _median(list(ok.speedup.dropna())),
+        "speedup_95": _interval_text(interval(spread, base), mark_one=True) if base else "",
+        "efficiency": _median(list(ok.efficiency.dropna())),
+        "val_accuracy": _median(list(ok.val_accuracy.dropna())),
+        "target": target, "reached": _reached_text(ok), "time_to_target_s": tta,
+        "tta_speedup": b_tta / tta if tta and b_tta and b_target == target else None,
+    }
+
+
+def _ordered(table: pd.DataFrame) -> pd.DataFrame:
+    """The main setting first (most runs), then the baseline, then by table and speed."""
     rank = {name: i for i, name in enumerate(STRATEGIES.loaded())}
     runs = table.groupby(["usecase", "setting"]).runs.transform("sum")
     order = table.assign(_runs=-runs, _base=~is_baseline(table),
@@ -181,9 +221,10 @@ def left_apart(table: pd.DataFrame) -> list[str]:
     return notes
 
 
-def paper_tables(table: pd.DataFrame) -> dict[int, pd.DataFrame]:
+def paper_tables(table: pd.DataFrame, joined: bool = False) -> dict[int, pd.DataFrame]:
     """The paper's layout: per table, a row per configuration and per use case the time
-    per epoch and the speedup (or why the cell is empty)."""
+    per epoch and the speedup (or why the cell is empty); ``joined``: both in one column
+    per use case ('1.20 s, 1.65x'), narrow enough for a terminal."""
     out = {}
     usecases = list(dict.fromkeys(table.usecase))
     table = only_main(table)
@@ -193,19 +234,65 @@ def paper_tables(table: pd.DataFrame) -> dict[int, pd.DataFrame]:
             continue
         rows = {}
         for r in part.itertuples(index=False):
-            row = rows.setdefault(r.config, {"configuration": r.config})
-            row[f"{r.usecase} epoch s"] = (_fmt(r.epoch_s) if r.status == "ok"
-                                           else r.status)
-            row[f"{r.usecase} speedup"] = _fmt(r.speedup) if r.status == "ok" else ""
-        columns = ["configuration", *(f"{u} {c}" for u in usecases
-                                      for c in ("epoch s", "speedup"))]
+            rows.setdefault(r.config, {"configuration": r.config}).update(
+                _paper_cells(r, joined))
+        columns = ["configuration", *(usecases if joined else
+                                      (f"{u} {c}" for u in usecases
+                                       for c in ("epoch s", "speedup")))]
         out[number] = pd.DataFrame(list(rows.values()), columns=columns).fillna("-")
     return out
+
+
+def _paper_cells(r, joined: bool) -> dict[str, str]:
+    """A configuration's cells of the paper's tables: its figures (marked where they come
+    from noisy runs only), or its status where it has none."""
+    measured = r.status.startswith("ok") or r.noisy
+    mark = " (noisy)" if r.noisy else ""
+    if joined:
+        speedup = f", {_fmt(r.speedup)}x" if pd.notna(r.speedup) else ""
+        return {r.usecase: f"{_fmt(r.epoch_s)} s{speedup}{mark}" if measured else r.status}
+    return {f"{r.usecase} epoch s": _fmt(r.epoch_s) + mark if measured else r.status,
+            f"{r.usecase} speedup": _fmt(r.speedup) + mark if measured else ""}
 
 
 SUMMARY_COLUMNS = ["usecase", "config", "scaling", "cores", "runs", "status", "epoch_s",
                    "epoch_s_spread", "images_per_s", "speedup", "speedup_95", "efficiency",
                    "val_accuracy", "reached", "time_to_target_s", "tta_speedup"]
+"""The summary's columns in the CSV and LaTeX that ``ddlstudy report`` prints (and in the
+notebook)."""
+
+CAPTION = "Speedup against the sequential baseline of the same setting (medians over repeats)"
+
+TERMINAL = {"config": "configuration", "runs": "runs", "speedup": "speedup",
+            "speedup_95": "95 % interval", "val_accuracy": "accuracy",
+            "time_to_target_s": "time to target"}
+"""The summary's columns printed to a terminal (one table per use case), under plain
+headers: what fits ``WIDTH`` (the time per epoch is in the paper's tables below; images/s,
+efficiency, cores and the spreads are in the CSV and speedup.md)."""
+
+
+def terminal_table(table: pd.DataFrame) -> pd.DataFrame:
+    """``table``'s rows as printed: the ``TERMINAL`` columns under their headers, with the
+    status in the runs ('3 ok, 1 noisy left out'), the interval bare (a note under the
+    table says what one that includes 1 means) and, where not every run reached the
+    target, how many did ('1/2 reached')."""
+    out = table[list(TERMINAL)].copy()
+    out["runs"] = [f"{r.runs} {r.status}" if r.status.startswith("ok") or r.noisy else
+                   f"{r.runs} ok, {r.status}" if r.runs else r.status
+                   for r in table.itertuples(index=False)]
+    out["speedup_95"] = [i.split(" (")[0] or None for i in table.speedup_95]
+    out["time_to_target_s"] = [f"{_fmt(t)} s" if pd.notna(t) else
+                               f"{reached} reached" if reached else None
+                               for t, reached in zip(table.time_to_target_s, table.reached,
+                                                     strict=True)]
+    return out.rename(columns=TERMINAL)
+
+
+SHRINK = ["configuration", "runs"]
+"""The terminal table's columns cut (with a note) where a row does not fit, in turn."""
+
+INTERVAL = ("95 % interval: of the speedup, over the repeats (one run: over its epochs); "
+            "one that includes 1 cannot tell the configuration from the baseline.")
 
 
 class Report:
@@ -213,6 +300,7 @@ class Report:
 
     def __init__(self, runs_dir: Path, include_noisy: bool = False) -> None:
         self.runs_dir = Path(runs_dir)
+        self.include_noisy = include_noisy
         self.manifests = load_runs(self.runs_dir)
         self.by_id = {m.get("id"): m for m in self.manifests}
         self.planned = load_planned(self.runs_dir)
@@ -222,18 +310,62 @@ class Report:
 
     def text(self, fmt: str = "markdown") -> str:
         """The summary table, then the paper's tables (of each use case's main setting),
-        then what was kept apart, in one format."""
+        then what was kept apart, in one format; Markdown as ``terminal`` prints it."""
+        if fmt == "markdown":
+            return self.terminal()
         columns = list(SUMMARY_COLUMNS)
         apart = left_apart(self.table)
         if apart:  # several settings: each row says which
             columns.insert(1, "setting")
-        parts = [render(self.table[columns], fmt, "Speedup against the sequential "
-                        "baseline of the same setting (medians over repeats)")]
+        parts = [render(self.table[columns], fmt, CAPTION)]
         if fmt != "csv":
             parts += [render(t, fmt, TABLES[n]) for n, t in self.paper.items()]
             parts += ["Kept apart (runs of different settings are never merged):\n"
                       + "\n".join(f"- {note}" for note in apart)] if apart else []
         return "\n\n".join(parts)
+
+    def terminal(self) -> str:
+        """The tables in Markdown whose lines fit ``WIDTH`` (a terminal's): the summary's
+        ``TERMINAL`` columns, a table per use case (and setting), the paper's tables, the
+        labels cut to fit in full, what was kept apart and the noisy runs."""
+        notes: dict[str, int] = {}
+        rows = terminal_table(self.table)
+        parts = [f"**{CAPTION}**"]
+        for (usecase, setting), part in rows.groupby([self.table.usecase, self.table.setting],
+                                                     sort=False):
+            several = (self.table[self.table.usecase == usecase].setting != setting).any()
+            parts.append(wrapped(f"*{usecase}, setting: {setting}*" if several else
+                                 f"*{usecase}*") + "\n\n" + fitted_markdown(part, SHRINK, notes))
+        parts.append(wrapped(INTERVAL))
+        parts += [f"**{TABLES[n]}** (per use case: seconds per epoch, speedup)\n\n"
+                  + fitted_markdown(t, ["configuration"], notes)
+                  for n, t in paper_tables(self.table, joined=True).items()]
+        if notes:
+            parts.append("Cut to fit:\n" + "\n".join(wrapped(f"- [{n}] {text}", "  ")
+                                                      for text, n in notes.items()))
+        apart = left_apart(self.table)
+        parts += ["Kept apart (runs of different settings are never merged):\n"
+                  + "\n".join(wrapped(f"- {note}", "  ") for note in apart)] if apart else []
+        parts += [wrapped(note) for note in [self.noisy_note()] if note]
+        parts.append(wrapped("Every column (images/s, efficiency, cores, spreads): "
+                             "`ddlstudy report --format csv`, or speedup.md and runs.csv "
+                             "in the folder `--out` writes."))
+        return "\n\n".join(parts)
+
+    def noisy_note(self) -> str:
+        """What the tables did with the runs marked noisy ('' where there are none)."""
+        noisy = self.runs[(self.runs.status == "completed") & self.runs.noisy]
+        if noisy.empty:
+            return ""
+        cores = [c for c in (others_cores(self.by_id.get(r, {})) for r in noisy.run) if c]
+        busy = (f"other processes used their host (up to {max(cores):.1f} cores)" if cores
+                else "other processes used their host")
+        if self.include_noisy:
+            return f"{len(noisy)} noisy run(s), counted as asked (--include-noisy): {busy}."
+        return (f"{len(noisy)} run(s) marked noisy: {busy}. A configuration with no quiet run "
+                f"shows its noisy runs' figures, marked 'noisy (others N cores)'; one with "
+                f"quiet runs leaves them out. `ddlstudy report --include-noisy` counts them "
+                f"all.")
 
     def write_tables(self, out: Path, fmt: str = "markdown") -> list[Path]:
         """Tables in ``fmt`` (plus the tidy runs.csv)."""
