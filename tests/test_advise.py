@@ -198,18 +198,24 @@ def test_the_ranking_weighs_changed_convergence_by_its_measured_epochs():
              "convergence_key": "baseline"}]
     by_speed = [dict(r) for r in rows]
     advise.rank(by_speed, {})
-    assert [r["label"] for r in by_speed] == ["weak", "top-k", "exact", "local"]
-    assert "not measured: give --runs" in by_speed[0]["convergence"]
-    assert by_speed[0]["efficiency"] == pytest.approx(600 / (2 * 300))
-    # weak scaling took twice the baseline's epochs, top-k was not measured (assumed 1)
+    # Two lists: what trains the baseline's model first, then what trains another (ranked
+    # by images/s only: its epochs to target are unknown), however fast.
+    assert [r["label"] for r in by_speed] == ["exact", "local", "weak", "top-k"]
+    assert [r["list"] for r in by_speed] == ["same convergence"] * 2 + \
+        ["changes convergence"] * 2
+    assert "not measured: give --runs" in by_speed[2]["convergence"]
+    assert by_speed[2]["efficiency"] == pytest.approx(600 / (2 * 300))
+    # weak scaling took twice the baseline's epochs (measured: it joins the first list by
+    # its time to target), top-k was not measured (last, though fastest)
     conv = {"baseline_epochs": 6, "target": 0.6, "factor": {"baseline": 1.0,
                                                             "batch 32": 2.0}}
     by_time = [dict(r) for r in rows]
     advise.rank(by_time, conv)
-    assert [r["label"] for r in by_time] == ["top-k", "exact", "weak", "local"]
-    assert by_time[2]["time_to_target_s"] == pytest.approx(12 * 0.4)
-    assert by_time[2]["convergence"] == "measured: x2.00 the baseline's epochs"
-    assert "not measured in --runs" in by_time[0]["convergence"]
+    assert [r["label"] for r in by_time] == ["exact", "weak", "local", "top-k"]
+    assert by_time[1]["time_to_target_s"] == pytest.approx(12 * 0.4)
+    assert by_time[1]["convergence"] == "measured: x2.00 the baseline's epochs"
+    assert "not measured in --runs" in by_time[3]["convergence"]
+    assert by_time[3]["list"] == "changes convergence"
 
 
 def test_the_convergence_key_names_what_changes_convergence():
@@ -369,3 +375,27 @@ def test_earlier_runs_give_the_epochs_each_convergence_took(cli, tmp_path):
     assert advise.convergence(tmp_path / "runs", load_usecase("simple-big")) == {
         "note": f"no run in {tmp_path / 'runs'} of simple-big that converges like the "
                 "baseline reached its target accuracy 0.9: ranked by images/s"}
+
+
+def test_the_advice_prints_every_row_it_names_in_two_lists():
+    """The summary's 'best per node count' names a rank: that row is printed even beyond
+    the top 10; configurations that train another model come in a second list."""
+    def row(rank, label, nodes, speed, lst="same convergence"):
+        return {"rank": rank, "label": label, "nodes": nodes, "images_per_s": speed,
+                "low": speed, "high": speed, "basis": "probed", "speedup": 1.0,
+                "efficiency": 1.0, "convergence": "like the baseline", "runnable": True,
+                "command": f"ddlstudy run {label}", "list": lst}
+
+    ranking = [row(i, f"one-{i}", 1, 100.0 - i) for i in range(1, 12)] + \
+        [row(12, "two-nodes", 2, 80.0), row(13, "weak", 2, 150.0, "changes convergence")]
+    result = {"usecase": "tiny", "link": None, "hosts": None, "cores": 2, "gpus": 0,
+              "nodes": [1, 2], "rounds": 1, "seconds": 10.0, "budget_s": 60.0,
+              "convergence": {}, "sureness": "sure", "ranking": ranking, "notes": [],
+              "probes": []}
+    text = advise.markdown(result)
+    same, changes = text.split("## same convergence as the baseline")[1].split(
+        "## changes convergence")
+    assert "| 12 | two-nodes | 2 |" in same and "- 2: two-nodes, 80.0 images/s (rank 12)" \
+        in text
+    assert "| 11 | one-11 |" not in same and "(1 more in advise.json)" in same
+    assert "| 13 | weak | 2 |" in changes and "| 13 |" not in same

@@ -125,6 +125,11 @@ def advise(usecase: str, nodes: list[int], hosts: str | None, link: str | None,
     batch = uc.train.batch_size
     rows, notes = predictions(cands, nodes, where, batch, gradient,
                               train_images(uc, given.get("data_dir")))
+    if where.shared and any(n > 1 for n in nodes):
+        notes.insert(0, f"every candidate shares this one host: its MPI 'nodes' are "
+                     f"processes splitting its {cores} cores and memory, so more nodes add "
+                     "exchange, not compute; to plan for separate machines give --link RATE "
+                     "(predicted) or --hosts")
     conv = convergence(runs, uc)
     rank(rows, conv)
     for r in rows:

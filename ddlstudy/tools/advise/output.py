@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ddlstudy.files import atomic_write_text
 from ddlstudy.sampler import NOISY_CORES
+from ddlstudy.tools.advise.ranking import CHANGES, SAME
 
 
 def markdown(result: dict, top: int = 10) -> str:
@@ -24,22 +25,22 @@ def markdown(result: dict, top: int = 10) -> str:
                  f"; {result['sureness']}")
     if conv.get("note"):
         lines.append(f"({conv['note']})")
-    lines += ["", "| rank | configuration | nodes | images/s (probes) | basis | speedup | "
-              "efficiency |" + (" time to target |" if ttt else "") + " convergence | how |",
-              "|---|---|---|---|---|---|---|" + ("---|" if ttt else "") + "---|---|"]
-    for r in result["ranking"][:top]:
-        how = f"`{r['command']}`" if r["runnable"] else \
-            "predicted for that link: run it with --hostfile on such machines"
-        lines.append(f"| {r['rank']} | {r['label']} | {r['nodes']} | {r['images_per_s']:.1f} "
-                     f"({r['low']:.1f}-{r['high']:.1f}) | {r['basis']}"
-                     f"{', busy host' if r.get('noisy') else ''} | {r['speedup']:.2f} | "
-                     f"{r['efficiency']:.0%} |"
-                     + (f" {_figure(r['time_to_target_s'], ' s')} |" if ttt else "")
-                     + f" {r['convergence']} | {how} |")
-    best = {}
+    best: dict[int, dict] = {}
     for r in result["ranking"]:
-        best.setdefault(r["nodes"], r)
-    lines += ["", "best per node count:", ""]
+        if r.get("list", SAME) == SAME:
+            best.setdefault(r["nodes"], r)
+    named = {r["rank"] for r in best.values()}
+    for title, rows in ((f"{SAME} as the baseline", [
+            r for r in result["ranking"] if r.get("list", SAME) == SAME]),
+                        (f"{CHANGES} (another model is trained: ranked by images/s only, "
+                         "its epochs to target not measured; measure them with --runs)", [
+            r for r in result["ranking"] if r.get("list", SAME) == CHANGES])):
+        shown = [r for i, r in enumerate(rows) if i < top or r["rank"] in named]
+        if shown:
+            lines += ["", f"## {title}", ""] + _table(shown, ttt)
+            if len(shown) < len(rows):
+                lines.append(f"\n({len(rows) - len(shown)} more in advise.json)")
+    lines += ["", f"best per node count ({SAME}):", ""]
     lines += [f"- {n}: {r['label']}, {r['images_per_s']:.1f} images/s (rank {r['rank']})"
               for n, r in sorted(best.items())]
     lines += [f"- {note}" for note in result["notes"]]
@@ -54,6 +55,22 @@ def markdown(result: dict, top: int = 10) -> str:
     if skipped:
         lines += ["", "not probed:", ""] + [f"- {p['label']}: {p['skipped']}" for p in skipped]
     return "\n".join(lines)
+
+
+def _table(rows: list[dict], ttt: bool) -> list[str]:
+    lines = ["| rank | configuration | nodes | images/s (probes) | basis | speedup | "
+             "efficiency |" + (" time to target |" if ttt else "") + " convergence | how |",
+             "|---|---|---|---|---|---|---|" + ("---|" if ttt else "") + "---|---|"]
+    for r in rows:
+        how = f"`{r['command']}`" if r["runnable"] else \
+            "predicted for that link: run it with --hostfile on such machines"
+        lines.append(f"| {r['rank']} | {r['label']} | {r['nodes']} | {r['images_per_s']:.1f} "
+                     f"({r['low']:.1f}-{r['high']:.1f}) | {r['basis']}"
+                     f"{', busy host' if r.get('noisy') else ''} | {r['speedup']:.2f} | "
+                     f"{r['efficiency']:.0%} |"
+                     + (f" {_figure(r['time_to_target_s'], ' s')} |" if ttt else "")
+                     + f" {r['convergence']} | {how} |")
+    return lines
 
 
 def write(result: dict, out: Path) -> list[Path]:

@@ -198,8 +198,8 @@ def probe_all(cands: list[Candidate], usecase: str, settings: dict[str, Any],
     if the slowest earlier probe of it (or of any, before its first) would end before the
     deadline; the baseline always runs once. With ``wait``, each probe first waits for a
     quiet host (at most WAIT_MOST_S), and the wait is not charged to the budget. Returns
-    the rounds completed and the seconds waited."""
-    count, waited = 0, 0.0
+    the rounds probes ran in (the last perhaps cut by the budget) and the seconds waited."""
+    count, waited, ran_in = 0, 0.0, 0
     try:
         for r in range(rounds):
             if r == 0:
@@ -222,8 +222,8 @@ def probe_all(cands: list[Candidate], usecase: str, settings: dict[str, Any],
                 done = _probe_in_budget(c, cands, usecase, settings, runs_dir, deadline,
                                         count + 1, r)
                 if done is None:
-                    return r, waited
-                count += 1
+                    return ran_in, waited
+                count, ran_in = count + 1, r + 1
         return rounds, waited
     finally:
         settle_noisy(cands)

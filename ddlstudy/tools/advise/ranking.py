@@ -131,12 +131,20 @@ def _row(c: Candidate, n: int, method: str | None, speeds: list[float], base: fl
             "runnable": n == 1 or where.link is None, "noisy": busy}
 
 
+SAME, CHANGES = "same convergence", "changes convergence"
+"""The two lists of the ranking: configurations that train the baseline's model (or whose
+epochs to target were measured), and those that train another whose cost in epochs is
+not known, ranked after them by images/s only."""
+
+
 def rank(rows: list[dict], conv: dict[str, Any]) -> None:
-    """Sort ``rows`` best first: by predicted time to target when earlier runs give the
-    baseline's epochs to target, else by images/s."""
+    """Sort ``rows`` best first, in two lists (``list``: SAME, then CHANGES): by predicted
+    time to target when earlier runs give the baseline's epochs to target, else by
+    images/s."""
     factors = conv.get("factor") or {}
     for r in rows:
         key = r["convergence_key"]
+        r["list"] = SAME if key == "baseline" or key in factors else CHANGES
         if key == "baseline":
             r["convergence"] = "like the baseline"
         elif key in factors and math.isinf(factors[key]):
@@ -150,11 +158,12 @@ def rank(rows: list[dict], conv: dict[str, Any]) -> None:
             epochs = conv["baseline_epochs"] * factors.get(key, 1.0)
             r["time_to_target_s"] = epochs * r["epoch_s"]
     if factors:
-        rows.sort(key=lambda r: (r["time_to_target_s"], -r["images_per_s"]))
+        rows.sort(key=lambda r: (r["list"] == CHANGES, r["time_to_target_s"],
+                                 -r["images_per_s"]))
         for r in rows:  # JSON has no infinity: never is null
             r["time_to_target_s"] = finite(r["time_to_target_s"])
     else:
-        rows.sort(key=lambda r: -r["images_per_s"])
+        rows.sort(key=lambda r: (r["list"] == CHANGES, -r["images_per_s"]))
     best_one = max((r["images_per_s"] for r in rows if r["nodes"] == 1), default=1.0)
     for i, r in enumerate(rows, 1):
         r["rank"] = i
