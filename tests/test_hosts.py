@@ -173,10 +173,11 @@ def test_spark_standalone_across_hosts_trains_like_local_spark(tmp_path, dataset
 @pytest.mark.slow
 @needs_hosts
 def test_balance_gives_the_faster_host_the_larger_slice(tmp_path, datasets_dir):
-    """Host 2 may use 0.3 of a core, host 1 a whole one: --balance throughput measures
-    that and cuts the later global batches about 3 : 1, covering every image still; the
-    run learns as the equal split does."""
-    unequal = hosts.up(2, prefix="dcpu", subnet="10.80.0", cpus=[1.0, 0.3])
+    """Host 2 may use 0.15 of a core, host 1 a whole one: --balance throughput measures
+    each host's speed and cuts the later global batches in proportion, covering every
+    image still; the run learns as the equal split does. (On a busy machine host 1 gets
+    less than its core, so the measured ratio, not 1 : 0.15, is what the shares follow.)"""
+    unequal = hosts.up(2, prefix="dcpu", subnet="10.80.0", cpus=[1.0, 0.15])
     try:
         runs = {b: _run(tmp_path / b, datasets_dir, "--backend", "mpi", "--nodes", "2",
                         "--hosts", "emulated:dcpu", "--balance", b, "--sample-hz", "0",
@@ -186,8 +187,9 @@ def test_balance_gives_the_faster_host_the_larger_slice(tmp_path, datasets_dir):
     balance = runs["throughput"]["backend"]["balance"]
     assert "balance" not in runs["equal"]["backend"]
     fast, slow = balance["compute_images_per_s"]
-    assert fast > 1.5 * slow, balance
-    assert balance["shares"][0] > 0.6 and sum(balance["shares"]) == pytest.approx(1, abs=1e-3)
+    assert fast > slow, balance
+    assert balance["shares"][0] == pytest.approx(fast / (fast + slow), abs=1e-3)
+    assert sum(balance["shares"]) == pytest.approx(1, abs=1e-3)
     assert [e["train_images"] for e in runs["throughput"]["epochs"]] == [240] * 3
     losses = {b: m["epochs"][-1]["train_loss"] for b, m in runs.items()}
     assert losses["throughput"] == pytest.approx(losses["equal"], rel=0.1), losses
