@@ -134,20 +134,24 @@ def depth(value: Any) -> int:
     return deepest
 
 
-def _nested(value: Any, path: Path | str, what: str) -> Any:
-    if depth(value) > MAX_DEPTH:
-        raise BadFile(what, path, f"nests more than {MAX_DEPTH} levels deep; no ddlstudy "
-                      "file does: is it the right file?")
-    return value
+def _parsed(parse, text: str, path: Path | str, what: str) -> Any:
+    """``parse(text)``, nested at most MAX_DEPTH deep (a parser that recurses deeper is
+    stopped by Python's stack: the same refusal), else BadFile."""
+    try:
+        value = parse(text)
+    except RecursionError:
+        value = None
+    else:
+        if depth(value) <= MAX_DEPTH:
+            return value
+    raise BadFile(what, path, f"nests more than {MAX_DEPTH} levels deep; no ddlstudy file "
+                  "does: is it the right file?")
 
 
 def parse_json(text: str, path: Path | str, what: str) -> Any:
     """A JSON document, or BadFile with the line and column of the error."""
     try:
-        return _nested(json.loads(text), path, what)
-    except RecursionError:
-        raise BadFile(what, path, f"nests more than {MAX_DEPTH} levels deep; no ddlstudy "
-                      "file does: is it the right file?") from None
+        return _parsed(json.loads, text, path, what)
     except json.JSONDecodeError as exc:
         raise BadFile(what, path, f"is not valid JSON ({exc.msg} at line {exc.lineno}, "
                       f"column {exc.colno})") from None
@@ -161,10 +165,7 @@ def read_json(path: Path | str, what: str, cap: int = CAPS["record"]) -> Any:
 def parse_toml(text: str, path: Path | str, what: str) -> dict[str, Any]:
     """A TOML document, or BadFile saying where it is wrong."""
     try:
-        return _nested(tomllib.loads(text), path, what)
-    except RecursionError:
-        raise BadFile(what, path, f"nests more than {MAX_DEPTH} levels deep; no ddlstudy "
-                      "file does: is it the right file?") from None
+        return _parsed(tomllib.loads, text, path, what)
     except tomllib.TOMLDecodeError as exc:
         raise BadFile(what, path, f"is not valid TOML: {exc}") from None
 
