@@ -5,19 +5,23 @@
 - ``distributed``: for multi-node runs, each host's CPU idle and iowait share over time (one
   line a host, naming its ranks);
 - ``exchange``: for MPI runs, the milliseconds of a step each rank computes and exchanges;
-- ``speedup``: speedup against the sequential baseline per configuration and use case
-  (a configuration with noisy runs only is named "(noisy)");
+- ``speedup``: speedup against the sequential baseline per configuration and use case,
+  with the 95 % interval the table prints as a whisker (a configuration with noisy runs
+  only is named "(noisy)");
 - ``scaling``: speedup against the node count, with the ideal line;
 - ``accuracy``: validation accuracy against training wall time.
 
 Each ``plot_*`` function returns a matplotlib Figure (None when there is nothing to show,
 say no multi-node run) built without pyplot, so it works with any backend: saved to files
-here, shown inline in the notebook.
+here, shown inline in the notebook. A figure has one legend, outside its panels (a legend
+inside one covers the data under it), and every line its own marker and line style (two
+configurations that measure alike draw one line over the other).
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -89,25 +93,55 @@ def _smooth(s: pd.DataFrame) -> pd.DataFrame:
 def _timelines(s: pd.DataFrame, panels: list[tuple[str, str]], style: str | None,
                title: str, height: float, facet: str | None = None) -> Figure:
     """Panels of ``s`` over time, one row per panel and one column per value of
-    ``facet``, sharing one legend (hue: the configuration, line style: ``style``)."""
+    ``facet``, sharing one legend (hue: the configuration, marker and line style:
+    ``style``, else the configuration again, so that equal lines stay told apart)."""
     columns = list(dict.fromkeys(s[facet])) if facet else [None]
-    fig = Figure(figsize=(7 * len(columns) + 3, height))
+    style = style or "config"
+    fig = Figure(figsize=(7 * len(columns) + 3, height), layout="constrained")
     axes = fig.subplots(len(panels), len(columns), sharex="col", squeeze=False)
     for j, value in enumerate(columns):
         part = s[s[facet] == value] if facet else s
         for i, (column, label) in enumerate(panels):
             ax = axes[i][j]
+            # Every level in every panel's order: the colours and markers mean one thing.
             sns.lineplot(data=part, x="t", y=column, hue="config", style=style, ax=ax,
-                         legend=i == 0 and j == len(columns) - 1, errorbar=None,
-                         linewidth=1.2, hue_order=list(dict.fromkeys(s.config)))
+                         legend=i == 0 and j == 0, errorbar=None, linewidth=1.2,
+                         hue_order=list(dict.fromkeys(s.config)), markers=True,
+                         style_order=list(dict.fromkeys(s[style])), markersize=6)
+            for k, line in enumerate(ax.lines):  # lines that coincide: markers side by side
+                line.set_markevery((0.1 * k / len(ax.lines), 0.1))
             ax.set_ylabel(label if j == 0 else "")
             ax.set_xlabel("")
         axes[0][j].set_title(f"{title}: {value}" if facet else title)
         axes[-1][j].set_xlabel("time since the run started (s)")
-    legend_ax = axes[0][-1]
-    if legend_ax.get_legend():
-        sns.move_legend(legend_ax, "upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
+    _one_legend(fig)
     return fig
+
+
+LEGEND = {"loc": "outside right upper", "fontsize": 8}
+"""Where a figure's one legend goes: right of its panels, over none of their data."""
+
+
+def _one_legend(fig: Figure) -> None:
+    """The entries of every panel's legend (and labelled artists) in one legend of the
+    figure, outside the panels: a legend inside an axes covers what is drawn under it, and
+    panels that share their series need them once. An entry is its label's first handle."""
+    entries: dict = {}
+    title = ""
+    for ax in fig.axes:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            entries.setdefault(label, handle)
+        if ax.get_legend():
+            title = title or ax.get_legend().get_title().get_text()
+            ax.get_legend().remove()
+    if entries:
+        fig.legend(list(entries.values()), list(entries), title=title or None, **LEGEND)
+
+
+def _room_for_labels(ax, ends: list[float]) -> None:
+    """Bars' x axis wide enough for the value written right of the longest (a label that
+    hangs out of the axes runs into the legend beside them)."""
+    ax.set_xlim(0, 1.2 * max(ends) or 1)
 
 
 def plot_resources(report: Report) -> Figure | None:
@@ -126,10 +160,12 @@ def plot_distributed(report: Report) -> Figure | None:
     if s.empty:
         return None
     # Idle and iowait are the host's: ranks that share a host are one line, which says so.
+    # Its marker is its run's host (iowait is often 0 on every host of every run: lines
+    # on top of each other, which colour alone, the configuration's, cannot tell apart).
     ranks = s.groupby(["run", "host"])["rank"].agg(lambda r: sorted(set(r)))
-    s = s.assign(node=[f"{h} (rank{'s' if len(ranks[run, h]) > 1 else ''} "
+    s = s.assign(node=[f"{c}: {h} (rank{'s' if len(ranks[run, h]) > 1 else ''} "
                        f"{', '.join(map(str, ranks[run, h]))})"
-                       for run, h in zip(s.run, s.host, strict=True)])
+                       for run, c, h in zip(s.run, s.config, s.host, strict=True)])
     first = s["rank"] == s.groupby(["run", "host"])["rank"].transform("min")
     return _timelines(s[first],
                       [("idle", "CPU idle\n(% of the host)"),
@@ -152,15 +188,25 @@ def plot_exchange(report: Report) -> Figure | None:
     if not rows:
         return None
     p = pd.DataFrame(rows)
-    fig = Figure(figsize=(9, 0.6 * p["rank"].nunique() + 1.5))
+    fig = Figure(figsize=(10, 0.6 * p["rank"].nunique() + 1.5), layout="constrained")
     ax = fig.subplots()
     sns.barplot(data=p, y="rank", x="ms", hue="part", ax=ax, orient="h")
     for bars in ax.containers:
         ax.bar_label(bars, fmt="%.0f", fontsize=8, padding=2)
+    _room_for_labels(ax, list(p.ms))
+    _one_legend(fig)
     ax.set_xlabel("milliseconds a step (mean over the run)")
     ax.set_ylabel("")
-    ax.set_title("Where an MPI rank's step goes: compute, and the exchange (waits included)")
+    # The figure's title, not the axes': one wider than them would run under the legend.
+    fig.suptitle("Where an MPI rank's step goes: compute, and the exchange (waits included)")
     return fig
+
+
+def interval_bounds(text: str) -> tuple[float, float] | None:
+    """The 95 % interval as the table prints it ('1.42-1.61', maybe followed by
+    '(includes 1)') in numbers, None where it has none: the whiskers show what it says."""
+    found = re.match(r"\s*(\d+(?:\.\d+)?)-(\d+(?:\.\d+)?)", text or "")
+    return (float(found[1]), float(found[2])) if found else None
 
 
 def plot_speedup(report: Report) -> Figure | None:
@@ -170,16 +216,39 @@ def plot_speedup(report: Report) -> Figure | None:
     # A configuration measured on a busy host only says so, as in the tables.
     t = t.assign(config=[f"{c} (noisy)" if n else c for c, n in zip(t.config, t.noisy,
                                                                       strict=True)])
-    fig = Figure(figsize=(9, 0.45 * t.config.nunique() + 1.5))
+    configs, usecases = list(dict.fromkeys(t.config)), list(dict.fromkeys(t.usecase))
+    fig = Figure(figsize=(10, 0.45 * len(configs) + 1.5), layout="constrained")
     ax = fig.subplots()
-    sns.barplot(data=t, y="config", x="speedup", hue="usecase", ax=ax, orient="h")
-    for bars in ax.containers:  # each bar carries its value
-        ax.bar_label(bars, fmt="%.2f", fontsize=8, padding=2)
+    sns.barplot(data=t, y="config", x="speedup", hue="usecase", order=configs,
+                hue_order=usecases, ax=ax, orient="h")
+    bounds = {(r.config, r.usecase): interval_bounds(r.speedup_95)
+              for r in t.itertuples(index=False)}
+    ends = []
+    for usecase, bars in zip(usecases, list(ax.containers), strict=True):
+        for bar in bars:  # its row: its place on the y axis, and its colour's use case
+            config = configs[round(bar.get_y() + bar.get_height() / 2)]
+            ends.append(_whisker_and_value(ax, bar, bounds.get((config, usecase))))
+    _room_for_labels(ax, ends)
     ax.axvline(1.0, color="grey", linestyle="--", linewidth=1)
+    _one_legend(fig)
     ax.set_xlabel("speedup against the sequential baseline (x, images/s ratio)")
     ax.set_ylabel("")
-    ax.set_title("Speedup per configuration (dashed: the baseline)")
+    fig.suptitle("Speedup per configuration (dashed: the baseline; whiskers: 95 % interval)")
     return fig
+
+
+def _whisker_and_value(ax, bar, bounds: tuple[float, float] | None) -> float:
+    """A bar's 95 % interval as a whisker and its value right of whichever ends later
+    (written on the whisker, it could not be read); returns where that is."""
+    y, end = bar.get_y() + bar.get_height() / 2, bar.get_width()
+    if bounds:
+        low, high = bounds
+        ax.errorbar((low + high) / 2, y, xerr=(high - low) / 2, fmt="none", ecolor="black",
+                    elinewidth=1, capsize=3, label="95 % interval")
+        end = max(end, high)
+    ax.annotate(f"{bar.get_width():.2f}", (end, y), xytext=(3, 0), textcoords="offset points",
+                va="center", fontsize=8)
+    return end
 
 
 def plot_scaling(report: Report) -> Figure | None:
@@ -195,17 +264,18 @@ def plot_scaling(report: Report) -> Figure | None:
         if len(one):
             points.append({"line": line, "nodes": 1, "speedup": one.speedup.max()})
     p = pd.DataFrame(points).drop_duplicates(["line", "nodes"])
-    fig = Figure(figsize=(7, 5))
+    fig = Figure(figsize=(9, 5), layout="constrained")
     ax = fig.subplots()
-    sns.lineplot(data=p, x="nodes", y="speedup", hue="line", marker="o", ax=ax)
+    sns.lineplot(data=p, x="nodes", y="speedup", hue="line", style="line", markers=True,
+                 ax=ax)
     top = int(p.nodes.max())
     base = p[p.nodes == 1].speedup.max() if (p.nodes == 1).any() else 1.0
     ax.plot([1, top], [base, base * top], color="grey", linestyle="--", label="ideal (linear)")
     ax.set_xticks(range(1, top + 1))
     ax.set_xlabel("nodes")
     ax.set_ylabel("speedup against sequential (x)")
-    ax.set_title("Scaling with the node count")
-    ax.legend(fontsize=8)
+    fig.suptitle("Scaling with the node count")
+    _one_legend(fig)
     return fig
 
 
@@ -220,12 +290,13 @@ def plot_accuracy(report: Report) -> Figure | None:
     if not rows:
         return None
     a = pd.DataFrame(rows)
-    usecases = list(dict.fromkeys(a.usecase))
-    fig = Figure(figsize=(7 * len(usecases), 5))
+    usecases, configs = list(dict.fromkeys(a.usecase)), list(dict.fromkeys(a.config))
+    fig = Figure(figsize=(7 * len(usecases) + 3, 5), layout="constrained")
     axes = fig.subplots(1, len(usecases), squeeze=False)
     for ax, uc in zip(axes[0], usecases, strict=True):
         sns.lineplot(data=a[a.usecase == uc], x="wall", y="accuracy", hue="config",
-                     marker="o", ax=ax)
+                     style="config", hue_order=configs, style_order=configs, markers=True,
+                     ax=ax)
         targets = set(report.runs[report.runs.usecase == uc].target.dropna())
         if len(targets) == 1:  # the time to accuracy is read where a line first crosses it
             ax.axhline(targets.pop(), color="grey", linestyle="--", linewidth=1,
@@ -234,7 +305,7 @@ def plot_accuracy(report: Report) -> Figure | None:
         ax.set_xlabel("training + validation time (s)")
         ax.set_ylabel("validation accuracy")
         ax.set_ylim(0, 1)
-        ax.legend(fontsize=8)
+    _one_legend(fig)
     return fig
 
 

@@ -313,7 +313,10 @@ def markdown(result: dict, nodes_shown: tuple[int, ...] = (1, 2, 3, 4, 16, 64, 2
 
 def figure(result: dict):
     """Speedup against nodes (log-log) per reducer, one panel per link; the measured runs
-    as points on the measured link's panel."""
+    as points on the measured link's panel. Each reducer has its own marker and line
+    style, the later drawn smaller, and the legend (one for the row, below it) names those
+    that coincide: the parameter server costs what the ring reduce does, and a line drawn
+    over another reads as a missing one."""
     import pandas as pd
     from matplotlib.figure import Figure
 
@@ -321,24 +324,42 @@ def figure(result: dict):
     batch = result["node"]["batch"]
     table = table[(table["batch"] == batch) & ~table["overlap"]]
     links = list(dict.fromkeys(table["link"]))
-    fig = Figure(figsize=(4.2 * len(links), 3.8), layout="constrained")
+    fig = Figure(figsize=(4.2 * len(links), 4.4), layout="constrained")
     axes = fig.subplots(1, len(links), squeeze=False, sharey=True)[0]
     for ax, link in zip(axes, links, strict=True):
-        for reducer in REDUCERS:  # the parameter server's cost is the ring reduce's: dashed
+        for i, reducer in enumerate(REDUCERS):
             part = table[(table["link"] == link) & (table["reduce"] == reducer)]
-            ax.plot(part["nodes"], part["speedup"], marker=".", label=reducer,
-                    linestyle="--" if reducer == "parameter-server" else "-", zorder=3)
+            ax.plot(part["nodes"], part["speedup"], marker="osD^v"[i % 5], fillstyle="none",
+                    markersize=9 - i, linestyle=["-", "--", "-.", ":"][i % 4], label=reducer,
+                    zorder=3)
         top = table["nodes"].max()
-        ax.plot([1, top], [1, top], color="grey", linestyle=":", label="ideal")
+        ax.plot([1, top], [1, top], color="grey", linewidth=0.8, label="ideal")
         if link == "measured":
             one = result["node"]["images_per_s"]
             for v in result["validation"]:
                 ax.scatter(v["nodes"], v["measured_images_per_s"] / one, color="black",
-                           marker="x", zorder=5)
+                           marker="x", zorder=5, label="measured run")
         ax.set(xscale="log", yscale="log", xlabel="nodes", title=f"link: {link}")
     axes[0].set_ylabel(f"predicted speedup (batch {batch})")
-    axes[-1].legend(fontsize=7)
+    entries: dict = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            entries.setdefault(label, handle)
+    fig.legend(list(entries.values()), list(entries), loc="outside lower center",
+               fontsize=7, ncols=min(len(entries), 3 * len(links)),
+               title=coinciding(table), title_fontsize=7)
     return fig
+
+
+def coinciding(table) -> str | None:
+    """The reducers whose predicted speedups are the same on every link and node count,
+    as a note ('drawn on top of each other: parameter-server, ring-reduce')."""
+    series: dict[tuple, list[str]] = {}
+    for reducer in REDUCERS:
+        part = table[table["reduce"] == reducer].sort_values(["link", "nodes"])
+        series.setdefault(tuple(round(v, 9) for v in part["speedup"]), []).append(reducer)
+    groups = [", ".join(names) for names in series.values() if len(names) > 1]
+    return f"drawn on top of each other: {'; '.join(groups)}" if groups else None
 
 
 def write(result: dict, out: Path) -> list[Path]:
