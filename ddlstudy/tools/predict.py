@@ -46,6 +46,7 @@ from pathlib import Path
 
 from ddlstudy import reducers
 from ddlstudy.backends.mpi.launch import placement, require_mpiexec
+from ddlstudy.backends.mpi.leftovers import Leftovers
 from ddlstudy.config.limits import most
 from ddlstudy.errors import ConfigError, UsageError
 from ddlstudy.reducers import terms
@@ -92,13 +93,23 @@ def measure_sizes(sizes: list[int], nodes: int, repeats: int, hosts: str | None 
     """``measure_reducers`` on each of ``sizes`` (floats), in one MPI launch."""
     mpiexec = require_mpiexec()
     where, netmod = placement(hosts, nodes)
-    out = subprocess.run([mpiexec, *where, "-n", str(nodes), sys.executable, "-m",
-                          "ddlstudy.tools.bench_reduce", "--floats", ",".join(map(str, sizes)),
-                          "--repeats", str(repeats), "--compress", ",".join(compress)],
-                         capture_output=True, text=True, env=os.environ | netmod)
-    if out.returncode != 0:
-        raise UsageError(f"mpiexec failed ({out.returncode}): {out.stderr.strip()[-500:]}")
-    lines = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    with subprocess.Popen([mpiexec, *where, "-n", str(nodes), sys.executable, "-m",
+                           "ddlstudy.tools.bench_reduce", "--floats",
+                           ",".join(map(str, sizes)), "--repeats", str(repeats), "--compress",
+                           ",".join(compress)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, env=os.environ | netmod) as proc:
+        leftovers = Leftovers(proc.pid)  # MPICH's shm and hydra's /tmp file, however it ends
+        leftovers.start()
+        try:
+            stdout, stderr = proc.communicate()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            leftovers.remove()
+    if proc.returncode != 0:
+        raise UsageError(f"mpiexec failed ({proc.returncode}): {stderr.strip()[-500:]}")
+    lines = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
     return {line["floats"]: line["ms"] for line in lines}
 
 
