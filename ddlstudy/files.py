@@ -65,19 +65,49 @@ def sweep_temporaries(folder: Path) -> list[Path]:
 
 
 def check_folder(flag: str, path: Path) -> None:
-    """Refuse (ConfigError naming ``flag``) a folder ddlstudy cannot create or write: a
-    file in its place or above it, or a parent this user may not write into."""
+    """The one check of every folder ddlstudy writes into, before anything is measured or
+    written: refused (ConfigError naming ``flag``) if its name holds a control character,
+    if it is a file or has a file above it, lies inside a run folder (whose files are never
+    overwritten), or cannot be made or written here (no permission, /proc, /sys, a
+    read-only file system, a symlink loop, a name too long): a folder is really made, and
+    removed, beside where it would go."""
     path = Path(path)
+    if any(ord(c) < 32 or ord(c) == 127 for c in str(path)):
+        raise ConfigError(flag, f"{str(path)!r:.200} holds a control character (a newline, "
+                          "a tab); give a plain path")
+    try:
+        _check_folder(flag, path)
+    except OSError as exc:
+        raise ConfigError(flag, f"{str(path):.200} cannot be made: {exc.strerror or exc}; "
+                          "give another folder") from None
+
+
+def _check_folder(flag: str, path: Path) -> None:
     if path.exists() and not path.is_dir():
         raise ConfigError(flag, f"{path} is a file, not a folder; give a folder")
     existing = path
-    while not existing.exists():
+    while not existing.exists() and not existing.is_symlink():
         existing = existing.parent
+    if existing.is_symlink() and not existing.exists():
+        raise ConfigError(flag, f"{path} cannot be made: {existing} is a symbolic link that "
+                          "leads nowhere (a loop, or a missing target)")
     if not existing.is_dir():
         raise ConfigError(flag, f"{path} cannot be made: {existing} is a file")
+    for folder in [existing, *existing.parents]:
+        if (folder / "manifest.json").is_file():
+            raise ConfigError(flag, f"{path} is inside run folder {folder}, whose files are "
+                              "never overwritten; give a folder outside run folders")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise ConfigError(flag, f"{path} cannot be written: {existing} is not writable by "
                           "this user; give another folder")
+    import tempfile
+
+    os.rmdir(tempfile.mkdtemp(prefix=".ddlstudy-check-", dir=existing))
+    if len(str(path.absolute())) >= os.pathconf(existing, "PC_PATH_MAX"):
+        raise OSError(errno.ENAMETOOLONG, os.strerror(errno.ENAMETOOLONG))
+    for part in path.parts:
+        if len(part.encode()) > os.pathconf(existing, "PC_NAME_MAX"):
+            raise OSError(errno.ENAMETOOLONG, os.strerror(errno.ENAMETOOLONG))
 
 
 def check_output(flag: str, path: Path, force: bool = False) -> Path:

@@ -25,6 +25,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from ddlstudy.config.run import options
 from ddlstudy.reading import CAPS, BadFile, read_json
 
+SCHEMA_VERSION = 1
+"""The manifest's format version this ddlstudy writes and reads (runfolder.SCHEMA_VERSION
+is the same; a test holds them equal): a newer one is refused, not misread."""
 NAME = r"[A-Za-z0-9][A-Za-z0-9._+-]*"
 """A run id, study name or cell id: the name of a folder, never a path."""
 
@@ -132,6 +135,18 @@ class TimeToTarget(_Record):
     seconds: Seconds | None = None
 
 
+class ModelBlock(_Record):
+    """The network the run trained, as it was built."""
+    name: str | None = None
+    kind: str | None = None
+    width: Annotated[float, Field(gt=0), After(_finite)] | None = None
+    parameters: Count | None = None
+    buffers: Count | None = None
+    file: str | None = None
+    sha256: str | None = None
+    init_weights: dict[str, Any] | None = None
+
+
 class StudyRef(_Record):
     name: str
     cell: str | None = None
@@ -177,7 +192,7 @@ class Effective(_Record):
 
 class Manifest(_Record):
     """A run's manifest.json: what ran, where, and what it measured."""
-    schema_: Positive = Field(1, alias="schema")
+    schema_: Annotated[int, Field(ge=1, le=SCHEMA_VERSION)] = Field(1, alias="schema")
     id: Name
     status: Literal["running", "completed", "failed", "interrupted"]
     started_at: str
@@ -195,7 +210,7 @@ class Manifest(_Record):
     host_load: HostLoad | None = None
     versions: dict[str, str | None] = {}
     git: dict[str, Any] | None = None
-    model: dict[str, Any] | None = None
+    model: ModelBlock | None = None
     study: StudyRef | None = None
     epochs: list[Epoch]
     summary: Summary | None = None
@@ -257,14 +272,18 @@ def problem(error: ValidationError) -> str:
 def check(doc: Any, model: type[_Record], path: Path | str, what: str) -> dict[str, Any]:
     """``doc`` if it is a valid ``model``, else BadFile naming the field."""
     if not isinstance(doc, dict):
-        raise BadFile(what, path, f"is not a {model.__name__.lower()} (a JSON object was "
-                      f"expected, not {type(doc).__name__})")
+        raise BadFile(what, path, f"is not {_a(what)} (a JSON object was expected, not "
+                      f"{type(doc).__name__})")
     try:
         model.model_validate(doc)
     except ValidationError as exc:
-        raise BadFile(what, path, f"{problem(exc)}; is it a {what} ddlstudy wrote, and "
+        raise BadFile(what, path, f"{problem(exc)}; is it {_a(what)} ddlstudy wrote, and "
                       "complete?") from None
     return doc
+
+
+def _a(what: str) -> str:
+    return f"{'an' if what[:1].lower() in 'aeiou' else 'a'} {what}"
 
 
 def load(path: Path | str, model: type[_Record], what: str,

@@ -18,6 +18,7 @@ from typing import Any
 from ddlstudy import environment
 from ddlstudy.config import RunConfig, usecase_from_dict
 from ddlstudy.errors import UsageError
+from ddlstudy.reading import CAPS, read_bytes
 from ddlstudy.runfolder import MANIFEST, load_manifest
 
 log = logging.getLogger("ddlstudy")
@@ -60,7 +61,10 @@ def config_from_manifest(manifest: dict[str, Any], runs_dir: Path | None = None)
     kwargs["expect_fingerprint"] = (manifest.get("data") or {}).get("fingerprint")
     kwargs["replay_of"] = manifest.get("id")
     _same_world(manifest, kwargs)
-    return RunConfig(usecase=usecase_from_dict(usecase, source=source), **kwargs)
+    try:
+        return RunConfig(usecase=usecase_from_dict(usecase, source=source), **kwargs)
+    except UsageError as exc:  # a value the manifest recorded: name the file it is in
+        raise UsageError(f"{manifest.get('path', '?')}/{MANIFEST} records {exc}") from None
 
 
 def _same_world(manifest: dict[str, Any], kwargs: dict[str, Any]) -> None:
@@ -112,8 +116,8 @@ def differences(manifest: dict[str, Any]) -> list[str]:
 
 def _sha256(path: Path) -> str | None:
     try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
-    except OSError:
+        return hashlib.sha256(read_bytes(path, "recorded file", CAPS["table"])).hexdigest()
+    except UsageError:  # gone, or no longer a regular file
         return None
 
 
@@ -185,7 +189,11 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> str:
     n = min(len(ea), len(eb))
     if n:
         for key in ("train_loss", "val_loss", "val_accuracy"):
-            gap = max(abs(ea[i][key] - eb[i][key]) for i in range(n))
+            pairs = [(ea[i].get(key), eb[i].get(key)) for i in range(n)]
+            if any(x is None for pair in pairs for x in pair):
+                lines.append(f"  {key} per epoch: not recorded in both")
+                continue
+            gap = max(abs(x - y) for x, y in pairs)
             lines.append(f"  {key} per epoch: " + ("identical" if gap == 0 else
                                                    f"largest difference {gap:.3g}")
                          + f" over {n} epoch(s)")

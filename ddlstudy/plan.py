@@ -10,13 +10,20 @@ from typing import Any
 
 from ddlstudy.config import DEFAULT_RUNS_DIR, HOME, USECASES_DIR, RunConfig
 from ddlstudy.config.limits import most
-from ddlstudy.config.options import cell_keys, config_from_args, run_parser, switches
+from ddlstudy.config.options import (
+    cell_keys,
+    cell_types,
+    config_from_args,
+    run_parser,
+    switches,
+)
 from ddlstudy.config.usecase import PLAIN_NAME
 from ddlstudy.errors import ConfigError, UsageError
 from ddlstudy.formats import Advice, load
 from ddlstudy.reading import read_toml
 
 CELL_KEYS = cell_keys()
+CELL_TYPES = cell_types()
 SWITCHES = switches()
 STUDY_KEYS = {"name", "description", "usecases", "repeat", "runs_dir"}
 DEFAULT_REPEAT = 3
@@ -111,6 +118,11 @@ def _check_cells(settings: dict[str, Any], cells: list, where_cells: str) -> Non
                     isinstance(value, list) and not all(isinstance(v, int) for v in value)):
                 raise ConfigError(f"{where}.{key}", f"{value!r} is not a flag's value; give "
                                   "a string, a number, true/false or a list of integers")
+            kind = CELL_TYPES.get(key)
+            if kind is not None and (isinstance(value, bool) or not isinstance(value, kind)):
+                raise ConfigError(f"{where}.{key}", f"{value!r}: give " + (
+                    "a path, as a string" if kind is str else "a number"
+                    if kind is not int else "an integer"))
 
 
 def _beside(usecase: str, folder: Path) -> str:

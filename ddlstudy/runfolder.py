@@ -172,16 +172,37 @@ class RunFolder:
 
         parts = sorted(self.path.glob(".samples-rank*.parquet"))
         # samples.parquet exists already only when an earlier attempt of a resumed run wrote it
-        earlier = [self.path / SAMPLES] if (self.path / SAMPLES).is_file() else []
-        frames = [samples_frame(rows), *(pd.read_parquet(p) for p in [*earlier, *parts])]
-        frame = pd.concat([f for f in frames if len(f)] or frames[:1], ignore_index=True)
-        frame = frame.sort_values("time", kind="stable", ignore_index=True)
+        earlier = [self.path / SAMPLES] if (self.path / SAMPLES).exists() else []
+        frames = [samples_frame(rows), *(self._samples_of(p) for p in [*earlier, *parts])]
+        try:
+            frame = pd.concat([f for f in frames if len(f)] or frames[:1], ignore_index=True)
+            frame = frame.sort_values("time", kind="stable", ignore_index=True)
+        except (KeyError, TypeError, ValueError):  # an edited file of other columns
+            frame = frames[0]
         atomic_write(self.path / SAMPLES, lambda f: frame.to_parquet(f, index=False))
         for p in parts:
             p.unlink()
         self.manifest["samples"] = {"file": SAMPLES, "rows": len(frame),
                                     "workers_sampled": len(parts)}
         return frame
+
+    def _samples_of(self, path: Path):
+        """A samples file's frame; a damaged one is kept aside as ``<name>.damaged`` (never
+        lost, never read again) and counts as none, said in a warning."""
+        import logging
+
+        import pandas as pd
+
+        from ddlstudy.reading import read_parquet
+
+        try:
+            return read_parquet(path, "samples")
+        except UsageError as exc:
+            aside = path.with_name(path.name + ".damaged")
+            path.rename(aside)
+            logging.getLogger("ddlstudy").warning("%s; kept as %s, its samples left out",
+                                                  exc, aside.name)
+            return pd.DataFrame()
 
     def save_snapshot(self, state: dict[str, Any]) -> None:
         import torch

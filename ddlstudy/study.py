@@ -161,6 +161,19 @@ def _status(manifest: Path) -> str | None:
         return None
 
 
+def _keep_damaged(record: Path) -> None:
+    """A study.json that is not one (edited, truncated) is kept aside, not overwritten: the
+    study's record is made again from its runs' manifests, which are the truth."""
+    if not record.exists() and not record.is_symlink():
+        return
+    try:
+        load(record, StudyRecord, "study record")
+    except UsageError as exc:
+        aside = record.with_name(record.name + ".damaged")
+        record.rename(aside)
+        log.warning("%s; kept as %s, the record made again from the runs", exc, aside.name)
+
+
 def _finished(runs: list[dict[str, Any]]) -> dict[tuple[str, int], str]:
     """(cell id, repeat) -> run id of the completed ones among ``runs``."""
     return {(config_key(m["config"]), m["study"].get("repeat")): m["id"] for m in runs
@@ -195,6 +208,7 @@ class Study:
                              f"add --resume to reuse the finished ones, or give another "
                              f"--runs-dir")
         runs_dir.mkdir(parents=True, exist_ok=True)
+        _keep_damaged(runs_dir / STUDY_FILE)
         if resume:
             done = _finished(earlier)
             for c in self.cells:

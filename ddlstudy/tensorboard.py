@@ -17,6 +17,7 @@ import math
 from pathlib import Path
 
 from ddlstudy.errors import UsageError
+from ddlstudy.files import check_folder
 from ddlstudy.reading import CAPS, BadFile, read_parquet, read_text
 from ddlstudy.runfolder import MANIFEST, METRICS, SAMPLES, STEPS, load_manifest
 
@@ -32,7 +33,7 @@ SUBDIR = "tensorboard"
 def find_runs(root: Path) -> list[Path]:
     """The run folders at or under ``root`` (each holds a manifest.json)."""
     root = Path(root)
-    if (root / MANIFEST).is_file():
+    if (root / MANIFEST).exists():
         return [root]
     if not root.is_dir():
         raise UsageError(f"{root} is not a run folder or a folder of runs")
@@ -45,8 +46,7 @@ def find_runs(root: Path) -> list[Path]:
 def export(runs: Path, out: Path) -> list[Path]:
     """Write every run at or under ``runs`` into ``out/<run id>/``; returns those folders."""
     out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out} is a file; give a folder for the event files")
+    check_folder("--out", out)
     found = find_runs(runs)
     names = [r.name for r in found]
     written = []
@@ -57,14 +57,23 @@ def export(runs: Path, out: Path) -> list[Path]:
             written.append(write_run(run, out / name))
         except BadFile as exc:  # one damaged run never stops the others
             log.warning("export: skipped %s", exc)
+    if not written:
+        raise UsageError(f"none of the {len(found)} run(s) under {runs} could be read (each "
+                         "is named above); nothing written")
     return written
 
 
 def write_run(run: Path, logdir: Path) -> Path:
-    """One run's metrics and samples as event files in ``logdir`` (replacing earlier ones)."""
+    """One run's metrics, steps and samples as event files in ``logdir`` (replacing
+    earlier ones). Everything is read first: a damaged file is refused (BadFile) before
+    anything is written."""
     from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
     manifest = load_manifest(run / MANIFEST)
+    points: list[tuple[str, float, int, float]] = []
+    start = _epochs(run, manifest, points)
+    _steps(run, points, start)
+    _samples(run, points, start)
     try:
         logdir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -73,15 +82,14 @@ def write_run(run: Path, logdir: Path) -> Path:
         old.unlink()
     writer = EventFileWriter(str(logdir))
     try:
-        start = _epochs(run, manifest, writer)
-        _steps(run, writer, start)
-        _samples(run, writer, start)
+        for point in points:
+            _event(writer, *point)
     finally:
         writer.close()
     return logdir
 
 
-def _scalar(writer, tag: str, value: float, step: int, wall_time: float) -> None:
+def _event(writer, tag: str, value: float, step: int, wall_time: float) -> None:
     from tensorboard.compat.proto.event_pb2 import Event
     from tensorboard.compat.proto.summary_pb2 import Summary
 
@@ -89,7 +97,11 @@ def _scalar(writer, tag: str, value: float, step: int, wall_time: float) -> None
     writer.add_event(Event(summary=summary, step=step, wall_time=wall_time))
 
 
-def _epochs(run: Path, manifest: dict, writer) -> float:
+def _scalar(points: list, tag: str, value: float, step: int, wall_time: float) -> None:
+    points.append((tag, value, step, wall_time))
+
+
+def _epochs(run: Path, manifest: dict, points: list) -> float:
     """Per-epoch scalars; returns the run's start (epoch wall times count from it)."""
     from datetime import datetime
 
@@ -98,7 +110,7 @@ def _epochs(run: Path, manifest: dict, writer) -> float:
         start = datetime.fromisoformat(started).timestamp() if started else 0.0
     except (TypeError, ValueError):
         start = 0.0
-    if not (run / METRICS).is_file():
+    if not (run / METRICS).exists():
         return start
     elapsed = 0.0
     text = read_text(run / METRICS, "metrics table", CAPS["record"])
@@ -113,14 +125,14 @@ def _epochs(run: Path, manifest: dict, writer) -> float:
                           "numbers with an epoch; was it edited?") from None
         for name, value in values.items():
             if math.isfinite(value):
-                _scalar(writer, f"epoch/{name}", value, epoch, start + elapsed)
+                _scalar(points, f"epoch/{name}", value, epoch, start + elapsed)
     return start
 
 
-def _steps(run: Path, writer, start: float) -> None:
+def _steps(run: Path, points: list, start: float) -> None:
     """Per-step scalars (step = the run's global step): rank 0's training loss and
     images/s, from steps.csv."""
-    if not (run / STEPS).is_file():
+    if not (run / STEPS).exists():
         return
     text = read_text(run / STEPS, "steps table", 512 << 20)
     elapsed = 0.0
@@ -133,18 +145,21 @@ def _steps(run: Path, writer, start: float) -> None:
                           "numbers; was it edited?") from None
         for tag, value in (("step/train_loss", loss), ("step/images_per_s_rank0", rate)):
             if math.isfinite(value):
-                _scalar(writer, tag, value, step, start + elapsed)
+                _scalar(points, tag, value, step, start + elapsed)
 
 
-def _samples(run: Path, writer, start: float) -> None:
-    if not (run / SAMPLES).is_file():
+def _samples(run: Path, points: list, start: float) -> None:
+    if not (run / SAMPLES).exists():
         return
     frame = read_parquet(run / SAMPLES, "samples")
-    for (scope, rank), rows in frame.groupby(["scope", "rank"], sort=True):
-        for column in SAMPLED:
-            if column not in rows:
-                continue
-            for t_s, wall, value in zip(rows["t_s"], rows["time"], rows[column], strict=True):
-                if value == value:  # not NaN (no GPU, say)
-                    _scalar(writer, f"resources/{scope}-rank{rank}/{column}", value,
-                            int(round(t_s * 1000)), float(wall) if wall == wall else start)
+    try:
+        groups = list(frame.groupby(["scope", "rank"], sort=True))
+        points += [(f"resources/{scope}-rank{rank}/{column}", float(value),
+                   int(round(float(t_s) * 1000)), float(wall) if wall == wall else start)
+                  for (scope, rank), rows in groups for column in SAMPLED if column in rows
+                  for t_s, wall, value in zip(rows["t_s"], rows["time"], rows[column],
+                                              strict=True)
+                  if value == value]  # not NaN (no GPU, say)
+    except (KeyError, TypeError, ValueError, OverflowError):
+        raise BadFile("samples", run / SAMPLES, "does not hold ddlstudy's sample columns "
+                      "(scope, rank, t_s, time and numbers); was it edited?") from None

@@ -204,11 +204,11 @@ CASES = [
     (["dataset", "make", "--out", "{tmp}/out", "--shard", "3/2"], "argument --shard"),
     # manifests: replay, compare, resume
     (["replay", "{tmp}/bad-json"], "is not valid JSON"),
-    (["replay", "{tmp}/list"], "manifest.json: is not a manifest (a JSON object"),
+    (["replay", "{tmp}/list"], "manifest.json: is not a run manifest (a JSON object"),
     (["replay", "{tmp}/empty"], "manifest.json: id: field required"),
     (["replay", "{tmp}/nothing"], "is neither a run folder nor a manifest.json"),
     (["compare", "{tmp}/bad-json", "{tmp}/empty"], "is not valid JSON"),
-    (["compare", "{tmp}/list", "{tmp}/list"], "manifest.json: is not a manifest"),
+    (["compare", "{tmp}/list", "{tmp}/list"], "manifest.json: is not a run manifest"),
     (["run", "--resume", "{tmp}/empty"], "manifest.json: id: field required"),
     (["run", "--resume", "{tmp}/list", "--epochs", "2"], "--resume: continues a run with"),
     # report, export
@@ -219,8 +219,8 @@ CASES = [
     (["export", "tensorboard", "{tmp}/bad-json", "--out", "{tmp}/afile"], "is a file"),
     # study plans
     (["study", "{tmp}/plan/missing.toml"], "study plan {tmp}/plan/missing.toml does not exist"),
-    (["study", "{tmp}/plan/epochs-str.toml"], "argument --epochs: invalid int value: 'x'"),
-    (["study", "{tmp}/plan/lr-str.toml"], "argument --lr: invalid float value: 'fast'"),
+    (["study", "{tmp}/plan/epochs-str.toml"], "[[cells]] #1.epochs: 'x': give an integer"),
+    (["study", "{tmp}/plan/lr-str.toml"], "[settings].lr: 'fast': give a number"),
     (["study", "{tmp}/plan/lr-nan.toml"], "--lr: must be a positive float, got nan"),
     (["study", "{tmp}/plan/usecase-int.toml"], "study.usecases: list at least one use case"),
     (["study", "{tmp}/plan/cells-table.toml"], "[[cells]]"),
@@ -345,7 +345,7 @@ def test_report_skips_and_names_malformed_manifests(quick_config, tmp_path, caps
                for line in err.splitlines() if "report: skipped" in line}
     assert set(skipped) == set(bad)
     assert "unreadable" in skipped["unreadable"]
-    assert "is not a manifest (a JSON object was expected" in skipped["foreign"]
+    assert "is not a run manifest (a JSON object was expected" in skipped["foreign"]
     assert "epochs.0.epoch: field required" in skipped["no-times"]
     assert "steady_images_per_s: input should be a valid number" in skipped["text-times"]
     assert "started_at: input should be a valid string (got None)" in skipped["null-start"]

@@ -323,3 +323,9 @@ def test_a_replay_never_writes_at_a_recorded_data_path(finished, datasets_dir, t
     assert not (tmp_path / "alice").exists()
     replayed = json.loads(next((tmp_path / "r").glob(f"*/{MANIFEST}")).read_text())
     assert replayed["config"]["datasets_dir"] == str(datasets_dir)
+
+
+def test_the_manifest_schema_version_is_the_one_written():
+    from ddlstudy.runfolder import SCHEMA_VERSION
+
+    assert formats.SCHEMA_VERSION == SCHEMA_VERSION

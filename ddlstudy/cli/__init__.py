@@ -75,6 +75,13 @@ def _describe(parser: argparse.ArgumentParser) -> None:
             action.help += f" (default: {action.default})"
 
 
+def said(exc: UsageError, most: int = 1000) -> str:
+    """A refusal as one line of at most ``most`` characters (a value quoted in it can be
+    any length: a list of 5,000 class names)."""
+    text = " ".join(str(exc).split("\n"))
+    return text if len(text) <= most else f"{text[:most - 40]}... ({len(text)} characters)"
+
+
 def main(argv: list[str] | None = None) -> int:
     # the clock of the manifest's first_step_s
     environment.mark_command_start(argv is None, launched=CHILD_ENV in os.environ)
@@ -82,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
     except UsageError as exc:
-        print(f"ddlstudy: error: {exc}", file=sys.stderr)
+        print(f"ddlstudy: error: {said(exc)}", file=sys.stderr)
         return 2
     args.argv = argv
     setup_logging(logging.WARNING if getattr(args, "quiet", False) else logging.INFO)
@@ -91,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
             raise UsageError(HOME_PROBLEM)
         return args.func(args)
     except UsageError as exc:
-        print(f"ddlstudy: error: {exc}", file=sys.stderr)
+        print(f"ddlstudy: error: {said(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("ddlstudy: interrupted", file=sys.stderr)

@@ -37,6 +37,9 @@ def seconds(flag: str, text: str) -> float:
         value = math.nan
     if not math.isfinite(value) or value <= 0:
         raise ConfigError(flag, f"{text!r}; give seconds, e.g. 120, 90s or 5m")
+    if value > most("seconds"):
+        raise ConfigError(flag, f"{text!r} is above the limit of {most('seconds'):g}"
+                          f"{why('seconds')}")
     return value
 
 

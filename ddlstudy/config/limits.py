@@ -27,6 +27,7 @@ LIMITS: dict[str, tuple[float, str]] = {
     "cores": (4096, " cores"),
     "lr": (1e4, " (a learning rate this large overflows the weights on the first step)"),
     "bucket_mb": (65536, " MiB (more than a model's gradients)"),
+    "seconds": (30 * 86400, " s (a budget of more than 30 days)"),
 }
 
 

@@ -38,6 +38,9 @@ def path_arg(text: str) -> Path:
     directory)."""
     if not text.strip():
         raise argparse.ArgumentTypeError("give a path, not an empty string")
+    if any(ord(c) < 32 or ord(c) == 127 for c in text):
+        raise argparse.ArgumentTypeError(f"{text!r:.200} holds a control character (a "
+                                         "newline, a tab); give a plain path")
     return Path(text)
 
 
@@ -124,6 +127,14 @@ def cell_keys() -> set[str]:
     """The keys a study plan's cell (or its [settings]) may set: every run option but the
     use case and the runs folder, which the study sets itself."""
     return {key(f) for f in [*options(), *train_options()] if f.name != "runs_dir"}
+
+
+def cell_types() -> dict[str, Any]:
+    """The type each cell key's value must have in a plan (a path: a string), from the
+    options' declarations; a key of a layer list or a name is not typed here."""
+    kinds = {Path: str, int: int, float: int | float}
+    return {key(f): kinds[f.metadata.get("type")] for f in [*options(), *train_options()]
+            if f.metadata.get("type") in kinds and not f.metadata.get("parse")}
 
 
 def given_options(args: argparse.Namespace) -> list[str]:

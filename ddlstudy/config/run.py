@@ -34,6 +34,7 @@ from ddlstudy.config.fields import (
     option,
 )
 from ddlstudy.config.folders import with_classes
+from ddlstudy.config.limits import most, why
 from ddlstudy.config.mpi import MpiOptions
 from ddlstudy.config.paths import DEFAULT_DATASETS_DIR, DEFAULT_RUNS_DIR
 from ddlstudy.config.spark import SparkOptions
@@ -154,17 +155,19 @@ class RunConfig(MpiOptions, SparkOptions):
                               type=float)
     max_steps: int | None = option(None, "stop each epoch after this many optimizer steps "
                                    "(quick measurements)", group=OUTPUT, type=int,
-                                   most=float("inf"))
+                                   most=most("steps"), why=why("steps"))
     max_val_steps: int | None = option(None, "validate on at most this many batches each "
                                        "epoch (quick measurements: advise's probes)",
-                                       group=OUTPUT, type=int, metavar="N", most=float("inf"))
+                                       group=OUTPUT, type=int, metavar="N",
+                                       most=most("steps"), why=why("steps"))
     snapshot: bool = option(True, "do not write snapshot.pt after each epoch", group=OUTPUT,
                             type=bool, negate=True)
     tensorboard: bool = option(False, "also write the metrics and resource samples as "
                                "TensorBoard scalars into <run>/tensorboard/ when the run "
                                "ends", group=OUTPUT, type=bool)
     snapshot_every: int | None = option(None, "also snapshot every N steps inside an epoch",
-                                        group=OUTPUT, type=int, metavar="N", most=float("inf"))
+                                        group=OUTPUT, type=int, metavar="N",
+                                        most=most("steps"), why=why("steps"))
     expect_fingerprint: str | None = None
     """Refuse to train unless the data set has this fingerprint (replay)."""
     replay_of: str | None = None

@@ -23,6 +23,7 @@ from ddlstudy.config import ModelSpec
 from ddlstudy.config.usecase import FACTORY, TIMM
 from ddlstudy.errors import ConfigError
 from ddlstudy.models.paper import build_paper
+from ddlstudy.reading import CAPS, read_bytes
 
 FLAG = "--model"
 """How a refusal names the model (the use case's [model] arch, or the flag)."""
@@ -69,7 +70,8 @@ def _timm(name: str) -> Callable[..., nn.Module]:
 
 
 def sha256_of(path: Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    """The file's sha256, read through the gate (a FIFO or device is refused, not read)."""
+    return hashlib.sha256(read_bytes(path, "model file", CAPS["table"])).hexdigest()
 
 
 @lru_cache(maxsize=16)

@@ -28,7 +28,7 @@ from ddlstudy.errors import ConfigError, UsageError
 from ddlstudy.files import check_output, write_outputs
 from ddlstudy.models import shapes_only
 from ddlstudy.models.sources import made, sha256_of
-from ddlstudy.reading import BadFile, read_json
+from ddlstudy.reading import BadFile, check_regular, read_json
 from ddlstudy.runfolder import load_manifest
 
 SIDECAR = ".usecase.json"
@@ -41,6 +41,10 @@ def sidecar(weights: Path) -> Path:
 
 def read_weights(path: Path, flag: str) -> dict[str, torch.Tensor]:
     """A state dict from ``path`` (tensors only: nothing in it runs), or a ConfigError."""
+    try:
+        check_regular(path, "weights file")  # a FIFO would block torch.load for ever
+    except BadFile as exc:
+        raise ConfigError(flag, str(exc)) from None
     try:
         with warnings.catch_warnings():  # torch's notes on a foreign pickle: we refuse it
             warnings.simplefilter("ignore")
@@ -89,7 +93,7 @@ def export(run: Path, out: Path, force: bool = False) -> list[Path]:
     for path in (out, sidecar(out)):
         check_output("--out", path, force)
     manifest_file = run / "manifest.json"
-    if not manifest_file.is_file():
+    if not manifest_file.exists():
         raise UsageError(f"{run} is not a run folder (it has no manifest.json)")
     manifest = load_manifest(manifest_file)
     snapshot = run / "snapshot.pt"
@@ -102,12 +106,24 @@ def export(run: Path, out: Path, force: bool = False) -> list[Path]:
         raise UsageError(f"{snapshot} is damaged or not ddlstudy's; it is left as it "
                          f"is") from None
     usecase = usecase_from_dict(_usecase_dict(manifest))
+    _fits(state, usecase, snapshot)
     text = json.dumps({"usecase": _usecase_dict(manifest), "run": manifest.get("id"),
                        "epochs": len(manifest.get("epochs", [])), "model": manifest.get("model"),
                        "classes": list(usecase.classes or ())}, indent=2)
     write_outputs("--out", {out: lambda f: torch.save(state, f),
                             sidecar(out): lambda f: f.write(text.encode())})
     return [out, sidecar(out)]
+
+
+def _fits(state: dict, usecase: UseCase, snapshot: Path) -> None:
+    """Refuse weights that the use case's model (as the manifest records it) cannot take:
+    the export would write a model.pt that ``load`` fails on."""
+    try:
+        made(usecase.model, len(usecase.classes)).load_state_dict(state)
+    except (RuntimeError, KeyError, TypeError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc)
+        raise UsageError(f"{snapshot} does not fit the model its manifest records "
+                         f"({usecase.model.arch}): {first}; nothing written") from None
 
 
 def _usecase_dict(manifest: dict[str, Any]) -> dict[str, Any]:
