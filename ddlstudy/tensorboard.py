@@ -56,6 +56,8 @@ def export(runs: Path, out: Path) -> list[Path]:
         try:
             written.append(write_run(run, out / name))
         except BadFile as exc:  # one damaged run never stops the others
+            if len(found) == 1:
+                raise
             log.warning("export: skipped %s", exc)
     if not written:
         raise UsageError(f"none of the {len(found)} run(s) under {runs} could be read (each "

@@ -85,6 +85,7 @@ FILES = {
     "uc/four.toml": _usecase(prefix='classes = ["a", "b", "c", "d"]\n'),
     "advise-moves.json": '{"usecase": "tiny", "ranking": [{"flags": {"strategy": '
                          '"sequential", "runs_dir": "/tmp/elsewhere"}}]}',
+    "plan-data5.toml": PLAN + '[settings]\ndatasets_dir = 5\n[[cells]]\nstrategy = "x"\n',
     "null-start/manifest.json": '{"id": "n", "status": "completed", "started_at": null, '
                                 '"config": {"usecase": {}}, "strategy": {"name": "x"}, '
                                 '"epochs": []}',
@@ -115,6 +116,18 @@ CASES = [
     (["predict", "{tmp}", "--nodes", "1,99999999"], "--nodes: '1,99999999'; every value"),
     (["study", "--from-advice", "{tmp}/advise-moves.json"],
      "ranking #1.runs_dir: unknown key"),
+    (["study", "{tmp}/plan-data5.toml"], "[settings].datasets_dir: 5: give a path"),
+    (["report", "{tmp}", "--out", "/proc/x"], "--out: /proc/x cannot be made"),
+    (["report", "{tmp}", "--out", "/sys/x"], "--out: /sys/x cannot be made"),
+    (["report", "{tmp}", "--out", "{tmp}/null-start/rep"], "is inside run folder"),
+    (["report", "{tmp}", "--out", "a\nb"], "holds a control character"),
+    (["report", "{tmp}", "--out", "x" * 5000], "cannot be made: File name too long"),
+    (["bench", "all", "--out", "/proc/x"], "--out: /proc/x cannot be made"),
+    (["advise", "--out", "{tmp}/null-start/adv"], "is inside run folder"),
+    (["export", "tensorboard", "{tmp}/null-start", "--out", "{tmp}/tb"],
+     "started_at: input should be a valid string"),
+    (R + ["--max-steps", "1000000000000000"], "--max-steps: 1000000000000000 is above"),
+    (["advise", "--budget", "1e308s"], "--budget: '1e308s' is above the limit"),
     # run: numbers that are not finite, or beyond any machine
     (R + ["--lr", "nan"], "--lr: must be a positive float, got nan"),
     (R + ["--lr", "inf"], "--lr: must be a positive float, got inf"),

@@ -237,6 +237,10 @@ def test_a_fifo_or_latin_1_file_is_refused_at_once_by_every_command(tmp_path, ca
     latin = tmp_path / "latin.toml"
     latin.write_bytes(b"[study]\nname = 'caf\xe9'\n")
     runs = ["--runs-dir", str(tmp_path / "runs")]
+    weights = tmp_path / "weights.pt"
+    os.mkfifo(weights)
+    assert main(["run", "--init-weights", str(weights), *runs]) == 2
+    assert "weights.pt: is a FIFO" in capsys.readouterr().err
     for path, said in ((fifo, "is a FIFO"), (latin, "is not UTF-8 text")):
         for argv in (["run", "--usecase", str(path), *runs], ["study", str(path)],
                      ["run", "--backend", "mpi", "--hostfile", str(path), *runs],
@@ -329,3 +333,18 @@ def test_the_manifest_schema_version_is_the_one_written():
     from ddlstudy.runfolder import SCHEMA_VERSION
 
     assert formats.SCHEMA_VERSION == SCHEMA_VERSION
+
+
+def test_a_damaged_samples_file_is_kept_aside_not_lost(finished, tmp_path):
+    """Resuming a run whose samples.parquet was damaged: the file is kept as
+    samples.parquet.damaged (never overwritten), the new samples are written."""
+    from ddlstudy.runfolder import RunFolder
+
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / MANIFEST).write_text(json.dumps(finished))
+    (tmp_path / "r" / "samples.parquet").write_bytes(b"PAR1 not parquet PAR1")
+    folder = RunFolder.open(tmp_path / "r")
+    frame = folder.write_samples([{"time": 1.0, "scope": "node", "rank": 0}])
+    assert len(frame) == 1
+    assert (tmp_path / "r" / "samples.parquet.damaged").read_bytes() == \
+        b"PAR1 not parquet PAR1"
