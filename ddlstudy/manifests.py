@@ -187,16 +187,7 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> str:
             lines.append(f"  {name}: {va:.4f} -> {vb:.4f} ({vb - va:+.4f})")
     ea, eb = a.get("epochs") or [], b.get("epochs") or []
     n = min(len(ea), len(eb))
-    if n:
-        for key in ("train_loss", "val_loss", "val_accuracy"):
-            pairs = [(ea[i].get(key), eb[i].get(key)) for i in range(n)]
-            if any(x is None for pair in pairs for x in pair):
-                lines.append(f"  {key} per epoch: not recorded in both")
-                continue
-            gap = max(abs(x - y) for x, y in pairs)
-            lines.append(f"  {key} per epoch: " + ("identical" if gap == 0 else
-                                                   f"largest difference {gap:.3g}")
-                         + f" over {n} epoch(s)")
+    lines += _per_epoch(ea, eb, n)
     if len(ea) != len(eb):
         lines.append(f"  epochs: {len(ea)} -> {len(eb)}")
     if n and any(ea[i]["train_loss"] != eb[i]["train_loss"] for i in range(n)):
@@ -206,6 +197,21 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> str:
             "summing in another order, an MPI reduction order, a kernel without a fixed "
             "algorithm)"))
     return "\n".join(lines)
+
+
+def _per_epoch(ea: list[dict], eb: list[dict], n: int) -> list[str]:
+    """How far apart the two runs' losses and accuracy are over their first ``n`` epochs."""
+    lines = []
+    for key in ("train_loss", "val_loss", "val_accuracy") if n else ():
+        pairs = [(ea[i].get(key), eb[i].get(key)) for i in range(n)]
+        if any(x is None for pair in pairs for x in pair):
+            lines.append(f"  {key} per epoch: not recorded in both")
+            continue
+        gap = max(abs(x - y) for x, y in pairs)
+        lines.append(f"  {key} per epoch: " + ("identical" if gap == 0 else
+                                               f"largest difference {gap:.3g}")
+                     + f" over {n} epoch(s)")
+    return lines
 
 
 def resume_config(path: Path) -> RunConfig:

@@ -125,11 +125,7 @@ def advise(usecase: str, nodes: list[int], hosts: str | None, link: str | None,
     batch = uc.train.batch_size
     rows, notes = predictions(cands, nodes, where, batch, gradient,
                               train_images(uc, given.get("data_dir")))
-    if where.shared and any(n > 1 for n in nodes):
-        notes.insert(0, f"every candidate shares this one host: its MPI 'nodes' are "
-                     f"processes splitting its {cores} cores and memory, so more nodes add "
-                     "exchange, not compute; to plan for separate machines give --link RATE "
-                     "(predicted) or --hosts")
+    notes = _shared(where, nodes) + notes
     conv = convergence(runs, uc)
     rank(rows, conv)
     for r in rows:
@@ -147,6 +143,15 @@ def advise(usecase: str, nodes: list[int], hosts: str | None, link: str | None,
               "notes": notes, "sureness": sureness(rows),
               "ranking": rows, "host": environment.host()}
     return result
+
+
+def _shared(where: Setting, nodes: list[int]) -> list[str]:
+    """The note a ranking of nodes that all share this host needs."""
+    if not where.shared or all(n == 1 for n in nodes):
+        return []
+    return [f"every candidate shares this one host: its MPI 'nodes' are processes splitting "
+            f"its {where.cores} cores and memory, so more nodes add exchange, not compute; "
+            "to plan for separate machines give --link RATE (predicted) or --hosts"]
 
 
 __all__ = ["BYTES_PER_WEIGHT", "COMPRESSORS", "CONTENDER", "MEMORY_SHARE",
