@@ -305,8 +305,9 @@ def test_advise_ranks_first_what_a_study_of_its_candidates_measures_fastest(
 def test_a_slow_link_changes_the_advice_and_the_measured_runs_agree(tmp_path, datasets_dir,
                                                                      capsys):
     """On a 100 Mbit/s link the 14 MB gradient of tiny takes over a second to send:
-    advise picks another exchange for 2 nodes than on shared memory, and running both on
-    the slow link shows its pick is the faster."""
+    advise picks another exchange for 2 nodes than on shared memory (among those that
+    train the baseline's model: its first list), and running both on the slow link shows
+    its pick is the faster."""
     def best_for_two_nodes(*flags: str) -> dict:
         out = tmp_path / f"advice-{len(list(tmp_path.iterdir()))}"
         assert main(["advise", "--usecase", "tiny", "--nodes", "2", "--rounds", "2",
@@ -324,7 +325,7 @@ def test_a_slow_link_changes_the_advice_and_the_measured_runs_agree(tmp_path, da
         far = best_for_two_nodes("--hosts", "emulated:dadv")
         assert far["flags"]["hosts"] == "emulated:dadv"
         assert method(far) != method(shared), (far["label"], shared["label"])
-        assert method(far).startswith("topk")
+        assert far["list"] == shared["list"] == "same convergence"
         speeds = {}
         for row in (far, shared):
             flags = dict(row["flags"], hosts="emulated:dadv")
@@ -339,7 +340,7 @@ def test_a_slow_link_changes_the_advice_and_the_measured_runs_agree(tmp_path, da
             m = json.loads(newest.read_text())
             speeds[method(row)] = statistics.median(e["steady_images_per_s"]
                                                     for e in m["epochs"])
-        assert speeds[method(far)] > 2 * speeds[method(shared)], speeds
+        assert speeds[method(far)] > 1.3 * speeds[method(shared)], speeds
     finally:
         hosts.down(slow.prefix)
 
