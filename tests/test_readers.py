@@ -25,7 +25,7 @@ from ddlstudy.reading import MAX_DEPTH, BadFile
 from ddlstudy.report import Report
 from ddlstudy.runfolder import MANIFEST, load_manifest
 
-FUZZ = settings(max_examples=int(os.environ.get("DDLSTUDY_EXAMPLES", 200)), deadline=None,
+FUZZ = settings(max_examples=int(os.environ.get("DDLSTUDY_EXAMPLES", 120)), deadline=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture,
                                        HealthCheck.too_slow])
 JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
