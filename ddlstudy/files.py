@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import io
 import os
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -100,8 +101,6 @@ def _check_folder(flag: str, path: Path) -> None:
     if not os.access(existing, os.W_OK | os.X_OK):
         raise ConfigError(flag, f"{path} cannot be written: {existing} is not writable by "
                           "this user; give another folder")
-    import tempfile
-
     os.rmdir(tempfile.mkdtemp(prefix=".ddlstudy-check-", dir=existing))
     if len(str(path.absolute())) >= os.pathconf(existing, "PC_PATH_MAX"):
         raise OSError(errno.ENAMETOOLONG, os.strerror(errno.ENAMETOOLONG))

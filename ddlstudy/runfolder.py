@@ -12,6 +12,7 @@ import csv
 import datetime as dt
 import io
 import json
+import logging
 import re
 import secrets
 from pathlib import Path
@@ -19,8 +20,10 @@ from typing import Any
 
 from ddlstudy.errors import UsageError
 from ddlstudy.files import atomic_write, atomic_write_text
-from ddlstudy.reading import read_json
+from ddlstudy.reading import read_json, read_parquet, read_text
 from ddlstudy.sampler import samples_frame, write_rows
+
+log = logging.getLogger("ddlstudy")
 
 MANIFEST = "manifest.json"
 METRICS = "metrics.csv"
@@ -119,8 +122,6 @@ class RunFolder:
 
     def _steps(self, through_epoch: int | None = None) -> list[dict[str, str]]:
         """steps.csv's rows (of epochs up to ``through_epoch``); none if it is unreadable."""
-        from ddlstudy.reading import read_text
-
         try:
             text = read_text(self.path / STEPS, "steps table", 512 << 20)
             rows = list(csv.DictReader(io.StringIO(text)))
@@ -174,11 +175,8 @@ class RunFolder:
         # samples.parquet exists already only when an earlier attempt of a resumed run wrote it
         earlier = [self.path / SAMPLES] if (self.path / SAMPLES).exists() else []
         frames = [samples_frame(rows), *(self._samples_of(p) for p in [*earlier, *parts])]
-        try:
-            frame = pd.concat([f for f in frames if len(f)] or frames[:1], ignore_index=True)
-            frame = frame.sort_values("time", kind="stable", ignore_index=True)
-        except (KeyError, TypeError, ValueError):  # an edited file of other columns
-            frame = frames[0]
+        frame = pd.concat([f for f in frames if len(f)] or frames[:1], ignore_index=True)
+        frame = frame.sort_values("time", kind="stable", ignore_index=True)
         atomic_write(self.path / SAMPLES, lambda f: frame.to_parquet(f, index=False))
         for p in parts:
             p.unlink()
@@ -187,21 +185,20 @@ class RunFolder:
         return frame
 
     def _samples_of(self, path: Path):
-        """A samples file's frame; a damaged one is kept aside as ``<name>.damaged`` (never
-        lost, never read again) and counts as none, said in a warning."""
-        import logging
-
+        """A samples file's frame; a damaged one (unreadable, or without the time its rows
+        are merged by) is kept aside as ``<name>.damaged`` (never lost, never read again)
+        and counts as none, said in a warning."""
         import pandas as pd
 
-        from ddlstudy.reading import read_parquet
-
         try:
-            return read_parquet(path, "samples")
+            frame = read_parquet(path, "samples")
+            if len(frame) and "time" not in frame:
+                raise UsageError(f"samples {path}: has no time column; was it edited?")
+            return frame
         except UsageError as exc:
             aside = path.with_name(path.name + ".damaged")
             path.rename(aside)
-            logging.getLogger("ddlstudy").warning("%s; kept as %s, its samples left out",
-                                                  exc, aside.name)
+            log.warning("%s; kept as %s, its samples left out", exc, aside.name)
             return pd.DataFrame()
 
     def save_snapshot(self, state: dict[str, Any]) -> None:

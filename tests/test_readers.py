@@ -348,3 +348,20 @@ def test_a_damaged_samples_file_is_kept_aside_not_lost(finished, tmp_path):
     assert len(frame) == 1
     assert (tmp_path / "r" / "samples.parquet.damaged").read_bytes() == \
         b"PAR1 not parquet PAR1"
+
+
+def test_a_samples_file_without_its_time_column_is_kept_aside(finished, tmp_path):
+    """A readable samples.parquet of other columns cannot be merged by time: it is kept
+    as samples.parquet.damaged, not overwritten by the new samples."""
+    import pandas as pd
+
+    from ddlstudy.runfolder import RunFolder
+
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / MANIFEST).write_text(json.dumps(finished))
+    pd.DataFrame({"other": [1.0, 2.0]}).to_parquet(tmp_path / "r" / "samples.parquet")
+    frame = RunFolder.open(tmp_path / "r").write_samples([{"time": 1.0, "scope": "node",
+                                                           "rank": 0}])
+    assert list(frame.time) == [1.0]
+    kept = pd.read_parquet(tmp_path / "r" / "samples.parquet.damaged")
+    assert list(kept.other) == [1.0, 2.0]
