@@ -8,21 +8,24 @@ and what it must be. Readers go through ``load`` (or ``check`` for a document al
 parsed) and get the document back as a plain dict, valid. ``reference()`` writes the
 formats' reference from these same models, so the docs cannot drift from the checks.
 
-The use case and the study plan, which a person writes, are checked by the declarations
-of ``ddlstudy.config`` (``config.fields.option``); these are the files ddlstudy writes.
+These are the files ddlstudy writes. The use case and the study plan, which a person
+writes, are checked by the same mechanism (``config.schema``), from their own declarations:
+the use-case dataclasses (``config.usecase``) and the run options (``plan``), with unknown
+keys refused rather than passed.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator as After
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic import BaseModel, Field, ValidationError, create_model
 
 from ddlstudy.config.run import options
+from ddlstudy.config.schema import RECORDED, finite
+from ddlstudy.config.schema import problem as schema_problem
 from ddlstudy.reading import CAPS, BadFile, read_json
 
 SCHEMA_VERSION = 1
@@ -32,23 +35,17 @@ NAME = r"[A-Za-z0-9][A-Za-z0-9._+-]*"
 """A run id, study name or cell id: the name of a folder, never a path."""
 
 
-def _finite(x: float) -> float:
-    if not math.isfinite(x):
-        raise ValueError("must be a finite number")
-    return x
-
-
 Count = Annotated[int, Field(ge=0, le=10**12)]
 Positive = Annotated[int, Field(ge=1, le=10**9)]
-Seconds = Annotated[float, Field(ge=0), After(_finite)]
-Rate = Annotated[float, Field(gt=0), After(_finite)]
+Seconds = Annotated[float, Field(ge=0), After(finite)]
+Rate = Annotated[float, Field(gt=0), After(finite)]
 Fraction = Annotated[float, Field(ge=0, le=1)]
 Loss = float  # a diverged run records nan: still a run
 Name = Annotated[str, Field(pattern=rf"^{NAME}$", max_length=255)]  # Rust regex: $ is the end
 
 
 class _Record(BaseModel):
-    model_config = ConfigDict(strict=True, extra="allow")
+    model_config = RECORDED
 
 
 class Epoch(_Record):
@@ -124,8 +121,8 @@ class Launch(_Record):
 class HostLoad(_Record):
     """What other processes used of the host while it ran."""
     noisy: bool | None = None  # None: not sampled
-    others_cores: dict[str, Annotated[float, After(_finite)]] = {}
-    threshold_cores: Annotated[float, After(_finite)] | None = None
+    others_cores: dict[str, Annotated[float, After(finite)]] = {}
+    threshold_cores: Annotated[float, After(finite)] | None = None
 
 
 class TimeToTarget(_Record):
@@ -139,7 +136,7 @@ class ModelBlock(_Record):
     """The network the run trained, as it was built."""
     name: str | None = None
     kind: str | None = None
-    width: Annotated[float, Field(gt=0), After(_finite)] | None = None
+    width: Annotated[float, Field(gt=0), After(finite)] | None = None
     parameters: Count | None = None
     buffers: Count | None = None
     file: str | None = None
@@ -174,7 +171,7 @@ def _option_type(f: dataclasses.Field) -> Any:
     if f.metadata["parse"] == "layers":
         return list[int]
     return {Path: str, bool: bool, int: int,
-            float: Annotated[float, After(_finite)]}.get(kind, str)
+            float: Annotated[float, After(finite)]}.get(kind, str)
 
 
 Config = create_model(
@@ -256,17 +253,9 @@ FORMATS: dict[str, type[_Record]] = {"manifest.json": Manifest, "study.json": St
                                      "advise.json": Advice}
 
 
-def _where(error: dict) -> str:
-    return ".".join(str(p) for p in error["loc"]) or "the document"
-
-
 def problem(error: ValidationError) -> str:
     """The first error of a validation, as 'field: what is wrong'."""
-    first = error.errors(include_url=False)[0]
-    got = first.get("input")
-    shown = "" if first["type"] == "missing" or isinstance(got, dict | list) else \
-        f" (got {got!r:.60})"
-    return f"{_where(first)}: {first['msg'].lower()}{shown}"
+    return ": ".join(schema_problem(error))
 
 
 def check(doc: Any, model: type[_Record], path: Path | str, what: str) -> dict[str, Any]:

@@ -4,28 +4,31 @@ and checked without torch (so a bad plan is refused at once); ``ddlstudy.study``
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, TypeAdapter, ValidationError, create_model
 
 from ddlstudy.config import DEFAULT_RUNS_DIR, HOME, USECASES_DIR, RunConfig
 from ddlstudy.config.limits import most
 from ddlstudy.config.options import (
     cell_keys,
-    cell_types,
     config_from_args,
+    key,
+    options,
     run_parser,
-    switches,
+    train_options,
 )
-from ddlstudy.config.usecase import PLAIN_NAME
+from ddlstudy.config.schema import WRITTEN, Finite, dotted, problem, validate
+from ddlstudy.config.usecase import NONE, PLAIN_NAME, accuracy
 from ddlstudy.errors import ConfigError, UsageError
 from ddlstudy.formats import Advice, load
 from ddlstudy.reading import read_toml
 
 CELL_KEYS = cell_keys()
-CELL_TYPES = cell_types()
-SWITCHES = switches()
-STUDY_KEYS = {"name", "description", "usecases", "repeat", "runs_dir"}
 DEFAULT_REPEAT = 3
 """Repeats of every cell where the plan does not say: enough for a median and a 95 %
 interval; the repeats are interleaved (every cell once, then again)."""
@@ -33,6 +36,9 @@ interval; the repeats are interleaved (every cell once, then again)."""
 
 @dataclass
 class Plan:
+    """A study: every cell run on every use case, ``repeat`` times, interleaved (each cell
+    once, then again), with the sequential baseline added where a use case lacks it."""
+
     name: str
     path: Path
     usecases: list[str]
@@ -41,6 +47,75 @@ class Plan:
     runs_dir: Path = DEFAULT_RUNS_DIR
     description: str = ""
     settings: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StudyTable:
+    """A plan's ``[study]`` table: what the cells run on and where their runs go."""
+
+    __pydantic_config__ = WRITTEN
+
+    usecases: list[str]
+    """The use cases every cell runs on: names from usecases/, or TOML files (a relative
+    path is found beside the plan)."""
+    name: str | None = None
+    """The study's name: the folder its runs go into (default: the plan file's name)."""
+    description: str = ""
+    """One line on what the study compares, kept in study.json."""
+    repeat: int = DEFAULT_REPEAT
+    """Runs of every cell (interleaved: every cell once, then again), for a median and a
+    95 % interval; ``--repeat`` overrides it."""
+    runs_dir: str | None = None
+    """Where the runs and the report go (``--runs-dir`` overrides it; default runs/<name>);
+    a relative path is taken from DDLSTUDY_HOME."""
+
+    def __post_init__(self) -> None:
+        if not self.usecases or not all(self.usecases):
+            raise ConfigError("study.usecases", "list at least one use case by name or "
+                              "path, e.g. [\"tiny\"]")
+        if self.name is not None and not PLAIN_NAME.fullmatch(self.name):
+            raise ConfigError("study.name", f"{self.name!r}: a study's name is the folder "
+                              "its runs go into; use letters, digits, '.', '_' or '-'")
+        _checked_repeat(self.repeat)
+        if self.runs_dir is not None and not self.runs_dir.strip():
+            raise ConfigError("study.runs_dir", "give a folder's path, e.g. \"runs/my-study\"")
+
+
+STUDY_KEYS = {f.name for f in dataclasses.fields(StudyTable)}
+
+
+def _value_type(f) -> Any:
+    """The type a plan's value of the run option ``f`` must have, from its declaration."""
+    kind = f.metadata.get("type")
+    if f.metadata.get("parse") == "layers":
+        return list[int]
+    if kind is accuracy:
+        return Finite | Literal[NONE]
+    return {Path: Annotated[str, Field(min_length=1)], bool: bool, int: int,
+            float: Finite}.get(kind, str)
+
+
+@functools.cache
+def _cell(settings: bool) -> TypeAdapter:
+    """A cell's table (or, ``settings``, the [settings] every cell shares, which names no
+    strategy), typed from the run options' declarations."""
+    fields = {key(f): (_value_type(f), None) for f in [*options(), *train_options()]
+              if key(f) in CELL_KEYS and not (settings and key(f) == "strategy")}
+    return TypeAdapter(create_model("Settings" if settings else "Cell", __config__=WRITTEN,
+                                    **fields))
+
+
+def _checked(adapter: TypeAdapter, values: Any, where: str, allowed: set[str]) -> Any:
+    """``values`` validated by ``adapter``, else ConfigError naming ``where`` and the key."""
+    if not isinstance(values, dict):
+        raise ConfigError(where, "must be a TOML table")
+    try:
+        return validate(adapter, values)
+    except ValidationError as exc:
+        field, message = problem(exc, lambda loc: f"{where}.{dotted(loc)}")
+        if message == "unknown key":
+            message += f"; allowed: {', '.join(sorted(allowed))}"
+        raise ConfigError(field, message) from None
 
 
 def _keys(where: str, values: Any, allowed: set[str]) -> dict[str, Any]:
@@ -71,58 +146,34 @@ def load_plan(path: Path, repeat: int | None = None, runs_dir: Path | None = Non
         raise UsageError(f"{path} is a use case, not a study plan; train it with "
                          f"`ddlstudy run --usecase {path}`")
     _keys("plan", raw, {"study", "settings", "cells"})
-    study = _keys("[study]", raw.get("study", {}), STUDY_KEYS)
-    settings = _keys("[settings]", raw.get("settings", {}), CELL_KEYS - {"strategy"})
+    study = _checked(TypeAdapter(StudyTable), raw.get("study", {}), "study", STUDY_KEYS)
+    settings = raw.get("settings", {})
     cells = raw.get("cells", [])
     if not isinstance(cells, list) or not cells:
         raise ConfigError("[[cells]]", "the plan needs at least one [[cells]] table with a "
                           "strategy")
     _check_cells(settings, cells, "[[cells]]")
-    usecases = study.get("usecases", [])
-    if not isinstance(usecases, list) or not usecases or \
-            not all(isinstance(u, str) and u for u in usecases):
-        raise ConfigError("study.usecases", "list at least one use case by name or path, "
-                          "e.g. [\"tiny\"]")
-    usecases = [_beside(u, path.parent) for u in usecases]
-    name = study.get("name") or path.stem
-    if not isinstance(name, str) or not PLAIN_NAME.fullmatch(name):
-        raise ConfigError("study.name", f"{name!r}: a study's name is the folder its runs go "
-                          "into; use letters, digits, '.', '_' or '-'")
-    repeat = _checked_repeat(repeat if repeat is not None else
-                             study.get("repeat", DEFAULT_REPEAT))
-    if "runs_dir" in study and (not isinstance(study["runs_dir"], str) or
-                                not study["runs_dir"].strip()):
-        raise ConfigError("study.runs_dir", f"{study['runs_dir']!r}: give a folder's path as "
-                          "a string, e.g. \"runs/my-study\"")
+    usecases = [_beside(u, path.parent) for u in study.usecases]
+    name = study.name or path.stem
+    if not PLAIN_NAME.fullmatch(name):
+        raise ConfigError("study.name", f"{name!r} (the plan file's name): a study's name is "
+                          "the folder its runs go into; give [study] name")
+    repeat = _checked_repeat(repeat if repeat is not None else study.repeat)
     if runs_dir is None:
-        runs_dir = Path(study["runs_dir"]) if "runs_dir" in study else DEFAULT_RUNS_DIR / name
+        runs_dir = Path(study.runs_dir) if study.runs_dir else DEFAULT_RUNS_DIR / name
         if not runs_dir.is_absolute():
             runs_dir = HOME / runs_dir
     return Plan(name=name, path=path, usecases=usecases, cells=cells, repeat=repeat,
-                runs_dir=runs_dir, description=study.get("description", ""),
+                runs_dir=runs_dir, description=study.description,
                 settings=settings)
 
 
 def _check_cells(settings: dict[str, Any], cells: list, where_cells: str) -> None:
     """Every cell a table of known flags (never --runs-dir, which the study owns) with
-    values of their kind: refused naming the cell and the key."""
+    values of their declared types: refused naming the cell and the key."""
+    _checked(_cell(True), settings, "[settings]", CELL_KEYS - {"strategy"})
     for i, cell in enumerate(cells, 1):
-        _keys(f"{where_cells} #{i}", cell, CELL_KEYS)
-    for i, cell in enumerate([settings, *cells]):
-        where = "[settings]" if i == 0 else f"{where_cells} #{i}"
-        for key, value in cell.items():
-            if (key in SWITCHES) != isinstance(value, bool):
-                raise ConfigError(f"{where}.{key}", f"{value!r}: give " + (
-                    "true or false" if key in SWITCHES else "a value, not true or false"))
-            if not isinstance(value, str | int | float | bool | list) or (
-                    isinstance(value, list) and not all(isinstance(v, int) for v in value)):
-                raise ConfigError(f"{where}.{key}", f"{value!r} is not a flag's value; give "
-                                  "a string, a number, true/false or a list of integers")
-            kind = CELL_TYPES.get(key)
-            if kind is not None and (isinstance(value, bool) or not isinstance(value, kind)):
-                raise ConfigError(f"{where}.{key}", f"{value!r}: give " + (
-                    "a path, as a string" if kind is str else "a number"
-                    if kind is not int else "an integer"))
+        _checked(_cell(False), cell, f"{where_cells} #{i}", CELL_KEYS)
 
 
 def _beside(usecase: str, folder: Path) -> str:
@@ -152,8 +203,8 @@ def run_flags(usecase: str | None, flags: dict[str, Any], runs_dir: Path) -> lis
 def cell_flags(flags: dict[str, Any]) -> list[str]:
     """A cell's keys as ``ddlstudy run`` flags."""
     out = []
-    for key, value in flags.items():
-        flag = "--" + key.replace("_", "-")
+    for name, value in flags.items():
+        flag = "--" + name.replace("_", "-")
         if isinstance(value, bool):
             out += [flag] if value else []
         elif isinstance(value, list):  # stage_starts = [0, 9]

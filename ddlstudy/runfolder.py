@@ -69,6 +69,15 @@ def new_run_id(usecase: str, strategy: str) -> str:
     return f"{stamp}-{usecase}-{strategy}-{secrets.token_hex(2)}"
 
 
+def checked_run_id(run_id: str) -> str:
+    """``run_id`` if it is a plain folder name (a DDLSTUDY_RUN_ID could hold a path):
+    checked before anything is prepared or written."""
+    if not _RUN_ID.fullmatch(run_id):
+        raise UsageError(f"run id {run_id!r} is not a plain folder name; the run folder "
+                         f"must stay inside the runs folder (check {RUN_ID_ENV})")
+    return run_id
+
+
 class RunFolder:
     """One run's folder; ``manifest`` is the dict written to manifest.json."""
 
@@ -78,10 +87,7 @@ class RunFolder:
 
     @classmethod
     def create(cls, runs_dir: Path, run_id: str, manifest: dict[str, Any]) -> RunFolder:
-        if not _RUN_ID.fullmatch(run_id):  # e.g. a DDLSTUDY_RUN_ID with a path in it
-            raise UsageError(f"run id {run_id!r} is not a plain folder name; the run folder "
-                             "must stay inside the runs folder")
-        path = Path(runs_dir) / run_id
+        path = Path(runs_dir) / checked_run_id(run_id)
         path.mkdir(parents=True, exist_ok=False)
         folder = cls(path, {"schema": SCHEMA_VERSION, "id": run_id, "status": "running",
                             "started_at": now_iso(), "ended_at": None, "exit_code": None,

@@ -85,6 +85,11 @@ FILES = {
     "uc/four.toml": _usecase(prefix='classes = ["a", "b", "c", "d"]\n'),
     "advise-moves.json": '{"usecase": "tiny", "ranking": [{"flags": {"strategy": '
                          '"sequential", "runs_dir": "/tmp/elsewhere"}}]}',
+    "uc/source-key.toml": _usecase(prefix='source = "elsewhere.toml"\n'),
+    "uc/date.toml": _usecase({"epochs = 1": "epochs = 1979-05-27"}),
+    "plan/lr-text.toml": PLAN + '[settings]\nlr = "0.01"\n[[cells]]\nstrategy = "sequential"\n',
+    "plan/strategy-int.toml": PLAN + '[[cells]]\nstrategy = 5\n',
+    "advise-int.json": '{"usecase": "tiny", "ranking": [{"flags": {"strategy": 5}}]}',
     "plan-data5.toml": PLAN + '[settings]\ndatasets_dir = 5\n[[cells]]\nstrategy = "x"\n',
     "null-start/manifest.json": '{"id": "n", "status": "completed", "started_at": null, '
                                 '"config": {"usecase": {}}, "strategy": {"name": "x"}, '
@@ -95,13 +100,13 @@ R = ["run", "--runs-dir", "{tmp}/runs", "--datasets-dir", "{tmp}/datasets"]
 
 CASES = [
     # issue 37: one gate for every file read, every output path, every bound
-    (["study", "{tmp}/plan-runs5.toml"], "study.runs_dir: 5: give a folder's path"),
+    (["study", "{tmp}/plan-runs5.toml"], "study.runs_dir: must be a valid string (got 5)"),
     (["study", "{tmp}/plan-newline.toml"], "study.name: 'x\\n': a study's name is the folder"),
     (["study", "{tmp}/deep.toml"], "nests more than 48 levels deep"),
     (["replay", "{tmp}/deep"], "nests more than 48 levels deep"),
     (["compare", "{tmp}/null-start", "{tmp}/null-start"],
-     "started_at: input should be a valid string (got None)"),
-    (["run", "--resume", "{tmp}/null-start"], "started_at: input should be a valid string"),
+     "started_at: must be a valid string (got None)"),
+    (["run", "--resume", "{tmp}/null-start"], "started_at: must be a valid string"),
     (["dataset", "make", "--usecase", "{tmp}/uc/four.toml"], "the synthetic set draws only"),
     (R + ["--usecase", "{tmp}/uc/four.toml"], "the synthetic set draws only fire, smoke"),
     (R + ["--usecase", "{tmp}/uc"], "is a folder; give a use case's TOML file"),
@@ -116,7 +121,19 @@ CASES = [
     (["predict", "{tmp}", "--nodes", "1,99999999"], "--nodes: '1,99999999'; every value"),
     (["study", "--from-advice", "{tmp}/advise-moves.json"],
      "ranking #1.runs_dir: unknown key"),
-    (["study", "{tmp}/plan-data5.toml"], "[settings].datasets_dir: 5: give a path"),
+    # one mechanism (pydantic, from the declarations) for what a person writes too
+    (R + ["--usecase", "{tmp}/uc/source-key.toml"], "source: unknown key in the use case"),
+    (R + ["--usecase", "{tmp}/uc/date.toml"],
+     "train.epochs: must be a valid integer (got '1979-05-27')"),
+    (["study", "{tmp}/plan/lr-text.toml"], "[settings].lr: must be a valid number (got '0.01')"),
+    (["study", "{tmp}/plan/strategy-int.toml"], "[[cells]] #1.strategy: must be a valid string"),
+    (["study", "--from-advice", "{tmp}/advise-int.json"],
+     "advise-int.json: ranking #1.strategy: must be a valid string (got 5)"),
+    (["bench", "reduce", "--size", "1e308"], "--size: 1e308 floats: give a positive number"),
+    (["bench", "reduce", "--size", "2.5"], "--size: 2.5: give a whole number of floats"),
+    (["advise", "--link", "-5gbit"], "--link: '-5gbit'; a tc rate such as 100mbit"),
+    (["bench", "all", "--usecase", "{tmp}/uc/four.toml"], "the synthetic set draws only"),
+    (["study", "{tmp}/plan-data5.toml"], "[settings].datasets_dir: must be a valid string (got 5)"),
     (["report", "{tmp}", "--out", "/proc/x"], "--out: /proc/x cannot be made"),
     (["report", "{tmp}", "--out", "/sys/x"], "--out: /sys/x cannot be made"),
     (["report", "{tmp}", "--out", "{tmp}/null-start/rep"], "is inside run folder"),
@@ -125,7 +142,7 @@ CASES = [
     (["bench", "all", "--out", "/proc/x"], "--out: /proc/x cannot be made"),
     (["advise", "--out", "{tmp}/null-start/adv"], "is inside run folder"),
     (["export", "tensorboard", "{tmp}/null-start", "--out", "{tmp}/tb"],
-     "started_at: input should be a valid string"),
+     "started_at: must be a valid string"),
     (R + ["--max-steps", "1000000000000000"], "--max-steps: 1000000000000000 is above"),
     (["advise", "--budget", "1e308s"], "--budget: '1e308s' is above the limit"),
     # run: numbers that are not finite, or beyond any machine
@@ -181,22 +198,22 @@ CASES = [
     # run: use cases
     (R + ["--usecase", "{tmp}/uc/nan-lr.toml"], "train.lr: must be a positive float, got nan"),
     (R + ["--usecase", "{tmp}/uc/inf-lr.toml"], "train.lr: must be a positive float, got inf"),
-    (R + ["--usecase", "{tmp}/uc/classes-int.toml"], "classes: give a list of class names"),
-    (R + ["--usecase", "{tmp}/uc/classes-str.toml"], "classes: give a list of class names"),
+    (R + ["--usecase", "{tmp}/uc/classes-int.toml"], "classes: must be a list (got 3)"),
+    (R + ["--usecase", "{tmp}/uc/classes-str.toml"], "classes: must be a list (got 'abc')"),
     (R + ["--usecase", "{tmp}/uc/classes-path.toml"], "classes: '../smoke' is not a class "
                                                       "folder's name: one path component"),
     (R + ["--usecase", "{tmp}/uc/empty-name.toml"], "name: '': a use case's name"),
     (R + ["--usecase", "{tmp}/uc/escape.toml"], "name: '../../escape': a use case's name"),
     (R + ["--usecase", "{tmp}/uc/images.toml"], "data.images: 100000000000 is above"),
     (R + ["--usecase", "{tmp}/uc/source.toml"], "data.source_size: 1000000 is above"),
-    (R + ["--usecase", "{tmp}/uc/width.toml"], "model.width: must be in (0, 1]"),
+    (R + ["--usecase", "{tmp}/uc/width.toml"], "model.width: must be a valid number (got 'wide')"),
     (R + ["--usecase", "{tmp}/uc/arch.toml"], "model.arch"),
-    (R + ["--usecase", "{tmp}/uc/batch-list.toml"], "train.batch_size: must be a positive"),
-    (R + ["--usecase", "{tmp}/uc/data-name.toml"], "data.name: must be a plain folder name"),
+    (R + ["--usecase", "{tmp}/uc/batch-list.toml"], "train.batch_size: must be a valid integer"),
+    (R + ["--usecase", "{tmp}/uc/data-name.toml"], "data.name: must be a valid string (got 5)"),
     (R + ["--usecase", "{tmp}/uc/data-escape.toml"], "data.name: must be a plain folder"),
     (R + ["--usecase", "{tmp}/uc/seed.toml"], "train.seed: must be an integer from 0"),
-    (R + ["--usecase", "{tmp}/uc/momentum.toml"], "train.momentum: must be a number"),
-    (R + ["--usecase", "{tmp}/uc/target.toml"], "train.target_accuracy: must be a number"),
+    (R + ["--usecase", "{tmp}/uc/momentum.toml"], "train.momentum: must be a valid number"),
+    (R + ["--usecase", "{tmp}/uc/target.toml"], "train.target_accuracy: must be a valid number"),
     (R + ["--usecase", "{tmp}/uc/difficulty.toml"], "data.difficulty: must be a number"),
     (R + ["--usecase", "{tmp}/uc/not-toml.toml"], "is not valid TOML"),
     (R + ["--usecase", "{tmp}/afile"], "{tmp}/afile: is not valid TOML"),
@@ -218,11 +235,11 @@ CASES = [
     # manifests: replay, compare, resume
     (["replay", "{tmp}/bad-json"], "is not valid JSON"),
     (["replay", "{tmp}/list"], "manifest.json: is not a run manifest (a JSON object"),
-    (["replay", "{tmp}/empty"], "manifest.json: id: field required"),
+    (["replay", "{tmp}/empty"], "manifest.json: id: is required"),
     (["replay", "{tmp}/nothing"], "is neither a run folder nor a manifest.json"),
     (["compare", "{tmp}/bad-json", "{tmp}/empty"], "is not valid JSON"),
     (["compare", "{tmp}/list", "{tmp}/list"], "manifest.json: is not a run manifest"),
-    (["run", "--resume", "{tmp}/empty"], "manifest.json: id: field required"),
+    (["run", "--resume", "{tmp}/empty"], "manifest.json: id: is required"),
     (["run", "--resume", "{tmp}/list", "--epochs", "2"], "--resume: continues a run with"),
     # report, export
     (["report", "{tmp}/nothing"], "runs folder {tmp}/nothing does not exist"),
@@ -232,16 +249,16 @@ CASES = [
     (["export", "tensorboard", "{tmp}/bad-json", "--out", "{tmp}/afile"], "is a file"),
     # study plans
     (["study", "{tmp}/plan/missing.toml"], "study plan {tmp}/plan/missing.toml does not exist"),
-    (["study", "{tmp}/plan/epochs-str.toml"], "[[cells]] #1.epochs: 'x': give an integer"),
-    (["study", "{tmp}/plan/lr-str.toml"], "[settings].lr: 'fast': give a number"),
-    (["study", "{tmp}/plan/lr-nan.toml"], "--lr: must be a positive float, got nan"),
-    (["study", "{tmp}/plan/usecase-int.toml"], "study.usecases: list at least one use case"),
+    (["study", "{tmp}/plan/epochs-str.toml"], "[[cells]] #1.epochs: must be a valid integer"),
+    (["study", "{tmp}/plan/lr-str.toml"], "[settings].lr: must be a valid number (got 'fast')"),
+    (["study", "{tmp}/plan/lr-nan.toml"], "[settings].lr: must be a finite number (got nan)"),
+    (["study", "{tmp}/plan/usecase-int.toml"], "study.usecases[0]: must be a valid string (got 3)"),
     (["study", "{tmp}/plan/cells-table.toml"], "[[cells]]"),
     (["study", "{tmp}/plan/name.toml"], "study.name: '../x'"),
     (["study", "{tmp}/plan/repeat.toml"], "--repeat: must be an integer from 1 to 1000"),
-    (["study", "{tmp}/plan/workers-bool.toml"], "[[cells]] #1.workers: True: give a value, "
-                                                "not true or false"),
-    (["study", "{tmp}/plan/table-value.toml"], "[[cells]] #1.seed: {'a': 1} is not a flag's"),
+    (["study", "{tmp}/plan/workers-bool.toml"], "[[cells]] #1.workers: must be a valid "
+     "integer (got True)"),
+    (["study", "{tmp}/plan/table-value.toml"], "[[cells]] #1.seed: must be a valid integer"),
     (["study", "{tmp}/plan/unknown-key.toml"], "[[cells]] #1.speed: unknown key"),
     (["study", "{tmp}/plan/strategy.toml"], "unknown strategy 'magic'"),
     (["study", "{tmp}/uc/nan-lr.toml"], "is a use case, not a study plan"),
@@ -333,6 +350,47 @@ def test_a_data_set_name_reused_with_other_settings_is_refused(datasets_dir, tin
     assert sums.read_bytes() == before and not (tmp_path / "runs").exists()
 
 
+def test_a_bad_run_id_is_refused_before_the_data_is_prepared(tmp_path, capsys, monkeypatch):
+    """DDLSTUDY_RUN_ID names the run folder: one that would leave the runs folder is
+    refused before the synthetic set is generated or its cache stamped."""
+    monkeypatch.setenv("DDLSTUDY_RUN_ID", "../escape")
+    code = main(["run", "--usecase", "tiny", "--runs-dir", str(tmp_path / "runs"),
+                 "--datasets-dir", str(tmp_path / "datasets"), "--max-steps", "1"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert "run id '../escape' is not a plain folder name" in err and "DDLSTUDY_RUN_ID" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("damage", ["fifo-record", "deep-record", "fifo-sums", "list-record"])
+def test_a_data_set_whose_record_is_damaged_is_refused_not_regenerated(damage, tmp_path,
+                                                                        capsys):
+    """A synthetic set's dataset.json or SHA256SUMS that cannot be read (a FIFO, nested
+    3,000 deep, not a record) is refused in one line, and the folder, which may hold
+    someone's files, is left as it was: nothing generated, nothing said before."""
+    root = tmp_path / "datasets" / "synthetic-tiny"
+    (root / "fire").mkdir(parents=True)
+    (root / "fire" / "mine.jpg").write_bytes(b"someone's image")
+    record, sums = root / "dataset.json", root / "SHA256SUMS"
+    if damage == "fifo-record":
+        os.mkfifo(record)
+    elif damage == "deep-record":
+        record.write_text("[" * 3000 + "]" * 3000)
+    elif damage == "list-record":
+        record.write_text("[1, 2]")
+    else:
+        record.write_text("{}")
+        os.mkfifo(sums)
+    before = _tree(tmp_path)
+    code = main(["run", "--usecase", "tiny", "--runs-dir", str(tmp_path / "runs"),
+                 "--datasets-dir", str(tmp_path / "datasets"), "--max-steps", "1"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("ddlstudy: error: ") and err.count("\n") == 1, err
+    assert str(root) in err and "--force" in err, err
+    assert _tree(tmp_path) == before
+    assert (root / "fire" / "mine.jpg").read_bytes() == b"someone's image"
+
+
 def test_report_skips_and_names_malformed_manifests(quick_config, tmp_path, capsys):
     """One bad manifest among good runs: the report still has the good run's row, and
     says which files it skipped and why."""
@@ -359,9 +417,9 @@ def test_report_skips_and_names_malformed_manifests(quick_config, tmp_path, caps
     assert set(skipped) == set(bad)
     assert "unreadable" in skipped["unreadable"]
     assert "is not a run manifest (a JSON object was expected" in skipped["foreign"]
-    assert "epochs.0.epoch: field required" in skipped["no-times"]
-    assert "steady_images_per_s: input should be a valid number" in skipped["text-times"]
-    assert "started_at: input should be a valid string (got None)" in skipped["null-start"]
+    assert "epochs[0].epoch: is required" in skipped["no-times"]
+    assert "steady_images_per_s: must be a valid number" in skipped["text-times"]
+    assert "started_at: must be a valid string (got None)" in skipped["null-start"]
 
 
 @pytest.mark.parametrize("field, value", [("name", "../../../escaped"),

@@ -50,7 +50,7 @@ RAW = {"name": "t", "model": {"arch": "alexnet"},
     (("train", "batch_size"), 0, "train.batch_size"),
     (("train", "lr"), -0.1, "train.lr"),
     (("train", "val_fraction"), 1.0, "train.val_fraction"),
-    (("train", "colour"), "red", "colour"),  # unknown key
+    (("train", "colour"), "red", "train.colour"),  # unknown key
 ])
 def test_bad_values_name_the_field(path, value, field):
     raw = {k: dict(v) if isinstance(v, dict) else v for k, v in RAW.items()}

@@ -221,7 +221,7 @@ def test_a_manifest_without_epochs_is_refused_by_resume(finished, tmp_path, caps
     (tmp_path / "r" / MANIFEST).write_text(json.dumps(doc))
     assert main(["run", "--resume", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err
-    assert "epochs: field required" in err and "Traceback" not in err
+    assert "epochs: is required" in err and "Traceback" not in err
     assert load_manifest.__name__ and json.loads((tmp_path / "r" / MANIFEST).read_text()) == doc
 
 

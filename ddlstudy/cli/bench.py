@@ -64,11 +64,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
         check_folder("--out", out)  # before minutes of measuring, not after
     if args.bench_command == "reduce":
         gradient_floats(args.size)  # refused before the host's load is measured
-    check_load()  # figures measured on a busy host say little: say so first
     from ddlstudy.tools.bench import What, bench_overhead, bench_reduce, bench_sampler
 
     what = What(usecase_of(args), getattr(args, "data_dir", None),
                 getattr(args, "model", None), getattr(args, "datasets_dir", None))
+    if args.bench_command != "reduce":
+        what.config()  # what cannot train is refused alone, before the load is said
+    check_load()  # figures measured on a busy host say little: say so first
     if args.bench_command == "all":
         from ddlstudy.tools import bench_all
 

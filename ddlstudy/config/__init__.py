@@ -1,10 +1,18 @@
 """What to train and how: use cases (TOML), the run configuration, the run options.
 
-Every config is a frozen, keyword-only dataclass that validates itself in ``__post_init__``
-and names the offending field in its error, so a bad TOML key or CLI flag is refused before
+Every config is a frozen, keyword-only dataclass: pydantic checks a file's values against
+its fields (``config.schema``), its ``__post_init__`` checks ranges and the rules between
+fields, and either names the offending key, so a bad TOML key or CLI flag is refused before
 anything starts.
 """
 
+from ddlstudy.config.loading import (
+    available_usecases,
+    load_usecase,
+    resolve_usecase_path,
+    usecase_from_dict,
+    with_overrides,
+)
 from ddlstudy.config.paths import (
     DEFAULT_DATASETS_DIR,
     DEFAULT_RUNS_DIR,
@@ -21,11 +29,6 @@ from ddlstudy.config.usecase import (
     ModelSpec,
     TrainSpec,
     UseCase,
-    available_usecases,
-    load_usecase,
-    resolve_usecase_path,
-    usecase_from_dict,
-    with_overrides,
 )
 
 __all__ = ["DEFAULT_DATASETS_DIR", "DEFAULT_RUNS_DIR", "HOME", "PRECISIONS",

@@ -10,7 +10,8 @@ import os
 import tomllib
 from pathlib import Path
 
-from ddlstudy.config.usecase import DataSpec, ModelSpec, UseCase, usecase_from_dict
+from ddlstudy.config.loading import usecase_from_dict
+from ddlstudy.config.usecase import DataSpec, ModelSpec, UseCase
 from ddlstudy.errors import ConfigError
 
 

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 from pathlib import Path
 from typing import Any
 
 from ddlstudy.config.fields import DATA, NODES, OUTPUT, SPARK, TASK, WHAT
 from ddlstudy.config.folders import usecase_of_folder
+from ddlstudy.config.loading import load_usecase, with_overrides
 from ddlstudy.config.run import RunConfig, options
-from ddlstudy.config.usecase import TrainSpec, load_usecase, with_overrides
+from ddlstudy.config.usecase import TrainSpec
 from ddlstudy.errors import ConfigError, UsageError
 
 USECASE_DEFAULT = "tiny"
@@ -110,7 +112,13 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
 
 class Parser(argparse.ArgumentParser):
     """argparse that reports a bad argument as one UsageError (one line, exit code 2, and
-    within a study the plan and cell it came from) instead of printing its usage."""
+    within a study the plan and cell it came from) instead of printing its usage. A value
+    that starts with a minus and a digit (``--link -5gbit``, ``--lr -1e-3``) is a value,
+    refused by its own check, not taken for an unknown flag."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = re.compile(r"^-\d")
 
     def error(self, message: str):  # noqa: D102 - argparse's hook
         raise UsageError(f"{message} (see `{self.prog} --help`)")
@@ -129,24 +137,11 @@ def cell_keys() -> set[str]:
     return {key(f) for f in [*options(), *train_options()] if f.name != "runs_dir"}
 
 
-def cell_types() -> dict[str, Any]:
-    """The type each cell key's value must have in a plan (a path: a string), from the
-    options' declarations; a key of a layer list or a name is not typed here."""
-    kinds = {Path: str, int: int, float: int | float}
-    return {key(f): kinds[f.metadata.get("type")] for f in [*options(), *train_options()]
-            if f.metadata.get("type") in kinds and not f.metadata.get("parse")}
-
-
 def given_options(args: argparse.Namespace) -> list[str]:
     """The run flags given on the command line (not left at their parser default)."""
     return [a.option_strings[0] for a in run_parser()._actions
             if a.option_strings and a.dest != "help"
             and getattr(args, a.dest, a.default) != a.default]
-
-
-def switches() -> set[str]:
-    """The study-plan keys that are switches (true or false), not values."""
-    return {key(f) for f in [*options(), *train_options()] if f.metadata.get("type") is bool}
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:

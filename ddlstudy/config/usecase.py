@@ -1,8 +1,11 @@
 """Use cases (TOML files in usecases/): a model, a data set and the training task.
 
-Every config is a frozen, keyword-only dataclass that validates itself in ``__post_init__``
-and names the offending field in its error, so a bad TOML key or CLI flag is refused before
-anything starts. ``to_dict`` gives the whole config for the manifest.
+Every section is a frozen, keyword-only dataclass: its fields declare the TOML keys (type,
+default and, in their docstrings, meaning), which pydantic checks when a file is read
+(``config.loading``: strict types, no unknown key; ``config.schema``), and its
+``__post_init__`` checks the ranges and the rules between fields, naming the offending key,
+so a bad TOML key or CLI flag is refused before anything starts. The docs' reference of the
+keys is generated from these same declarations (``ddlstudy.formats.reference``).
 """
 
 from __future__ import annotations
@@ -16,9 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from ddlstudy.config.limits import most, why
-from ddlstudy.config.paths import USECASES_DIR
-from ddlstudy.errors import ConfigError, UsageError
-from ddlstudy.reading import read_toml
+from ddlstudy.config.schema import WRITTEN
+from ddlstudy.errors import ConfigError
 
 NONE = "none"
 
@@ -91,6 +93,8 @@ class ModelSpec:
     """Which network to train, by name (``ddlstudy.models`` builds it and answers what it
     is: its weights, buffers, smallest image, where a pipeline may cut it)."""
 
+    __pydantic_config__ = WRITTEN
+
     arch: str
     """``alexnet`` or ``vgg16`` (the paper's, at ``width``); any classification model of
     torchvision by its name (``resnet18``, ``mobilenet_v3_small``, ...); a factory of one's
@@ -149,6 +153,8 @@ class DataSpec:
     ImageFolder tree root/<class>/<image>), or a synthetic set generated into
     datasets/<name> (``images``, ``source_size``, ...)."""
 
+    __pydantic_config__ = WRITTEN
+
     dir: Path | None = None
     """A folder of one's own images (relative to the use case's file); then the keys below
     but ``name`` are not given: nothing is generated."""
@@ -159,6 +165,7 @@ class DataSpec:
     source_size: int | None = None
     """Side in pixels of the generated images."""
     seed: int = 0
+    """Seed of the generator: the same seed draws the same images, byte for byte."""
     difficulty: float = 0.5
     """0 (large, opaque flames and plumes, few look-alikes) to 1 (small, faint, many)."""
     label_noise: float = 0.0
@@ -220,6 +227,8 @@ def _plain(name: str) -> str:
 class TrainSpec:
     """The training task: the paper's SGD with momentum on cross-entropy."""
 
+    __pydantic_config__ = WRITTEN
+
     image_size: int = field(default=224, metadata={
         "help": "side in pixels the images are scaled to", "type": int})
     batch_size: int = field(default=32, metadata={
@@ -228,9 +237,11 @@ class TrainSpec:
     lr: float = field(default=0.001, metadata={
         "help": "learning rate (see --lr-scaling)", "type": float})
     momentum: float = 0.9
+    """SGD's momentum."""
     seed: int = field(default=0, metadata={
         "help": "seed of the weights, the shuffling and the augmentation", "type": int})
     val_fraction: float = 0.2
+    """Share of each class's images kept for validation (a seeded split)."""
     target_accuracy: float | None = field(default=None, metadata={
         "help": "validation accuracy whose first epoch at or above it gives the run's time "
                 "to accuracy (default: the use case's; none: not measured)",
@@ -258,8 +269,12 @@ class TrainSpec:
 class UseCase:
     """A model and a data set: one row of the paper's tables."""
 
+    __pydantic_config__ = WRITTEN
+
     name: str
+    """The use case's name: it goes into run folder names and the report's rows."""
     description: str = ""
+    """One line on what it is, for you (not used in training)."""
     classes: tuple[str, ...] | None = None
     """The class names, in label order (default: the synthetic set's, or a folder's class
     folders, sorted as ImageFolder sorts them: ``with_classes``)."""
@@ -308,88 +323,3 @@ def _class_name(name: Any) -> bool:
     """A class is named by its folder: one visible path component, no control characters."""
     return (isinstance(name, str) and 0 < len(name) <= 255 and "/" not in name and
             not name.startswith(".") and name.isprintable())
-
-
-# --- reading use cases -------------------------------------------------------------------
-
-_SECTIONS = {"model": ModelSpec, "data": DataSpec, "train": TrainSpec}
-
-
-def available_usecases() -> list[str]:
-    return sorted(p.stem for p in USECASES_DIR.glob("*.toml") if _is_usecase_file(p))
-
-
-def _is_usecase_file(path: Path) -> bool:
-    try:
-        return "model" in read_toml(path, "use case")
-    except UsageError:
-        return False
-
-
-def resolve_usecase_path(name_or_path: str) -> Path:
-    """A name from usecases/ or a path to a TOML file."""
-    path = Path(name_or_path)
-    if path.is_dir():
-        raise UsageError(f"use case {name_or_path} is a folder; give a use case's TOML file, "
-                         "or --data-dir FOLDER to train on a folder of images")
-    if path.suffix == ".toml" or "/" in name_or_path:
-        if not path.exists():
-            raise UsageError(f"use-case file {name_or_path} does not exist")
-        return path
-    candidate = USECASES_DIR / f"{name_or_path}.toml"
-    if candidate.is_file() and not _is_usecase_file(candidate):
-        raise UsageError(f"{candidate} is a study plan, not a use case; run it with "
-                         f"`ddlstudy study {candidate}`")
-    if not candidate.is_file():
-        raise UsageError(f"unknown use case {name_or_path!r}; choose one of: "
-                         f"{', '.join(available_usecases())}, or give a path to a TOML file")
-    return candidate
-
-
-def load_usecase(name_or_path: str) -> UseCase:
-    path = resolve_usecase_path(name_or_path)
-    return usecase_from_dict(read_toml(path, "use case"), source=str(path))
-
-
-def usecase_from_dict(raw: dict[str, Any], source: str = "") -> UseCase:
-    top = {"name", "description", "classes", *_SECTIONS}
-    _no_unknown_keys(raw, top, "use case")
-    kwargs: dict[str, Any] = {k: raw[k] for k in ("name", "description", "classes") if k in raw}
-    if "name" not in kwargs:
-        raise ConfigError("name", "every use case needs a name")
-    for section, cls in _SECTIONS.items():
-        if section not in raw:
-            if section == "train":
-                continue
-            raise ConfigError(section, f"the [{section}] table is missing")
-        values = raw[section]
-        if not isinstance(values, dict):
-            raise ConfigError(section, f"must be a TOML table [{section}]")
-        allowed = {f.name for f in dataclasses.fields(cls)}
-        _no_unknown_keys(values, allowed, f"[{section}]")
-        missing = [f.name for f in dataclasses.fields(cls)
-                   if f.name not in values and f.default is dataclasses.MISSING]
-        if missing:
-            raise ConfigError(f"{section}.{missing[0]}", "is required")
-        kwargs[section] = cls(**values)
-    if source:  # a factory file or a data folder named in a use case is found beside it
-        kwargs["model"] = kwargs["model"].anchored(Path(source).parent)
-        kwargs["data"] = kwargs["data"].anchored(Path(source).parent)
-    return UseCase(**kwargs, source=source)
-
-
-def _no_unknown_keys(values: dict[str, Any], allowed: set[str], where: str) -> None:
-    unknown = sorted(set(values) - allowed)
-    if unknown:
-        raise ConfigError(unknown[0], f"unknown key in {where}; allowed keys: "
-                          f"{', '.join(sorted(allowed))}")
-
-
-def with_overrides(usecase: UseCase, **train_overrides: Any) -> UseCase:
-    """Apply CLI flags such as --epochs to the use case's [train] table (None: keep;
-    ``none``: set to None, e.g. no target accuracy)."""
-    changes = {k: None if v == NONE else v for k, v in train_overrides.items()
-               if v is not None}
-    if not changes:
-        return usecase
-    return dataclasses.replace(usecase, train=dataclasses.replace(usecase.train, **changes))

@@ -19,7 +19,7 @@ from ddlstudy.data.fingerprint import SUMS_FILE, sha256_file, write_sums
 from ddlstudy.data.synthetic import CLASSES, render_image
 from ddlstudy.errors import UsageError
 from ddlstudy.progress import progress
-from ddlstudy.reading import read_json
+from ddlstudy.reading import check_regular, read_json
 
 SPEC_FILE = "dataset.json"
 GENERATOR_VERSION = 1
@@ -54,13 +54,22 @@ def is_complete(root: Path, spec: DataSpec, shard: tuple[int, int] | None = None
 
 def refuse_another_spec(root: Path, spec: DataSpec, shard: tuple[int, int] | None) -> None:
     """A data set of the same name made with other settings belongs to another use case
-    (or an earlier version of this one): never replace it silently."""
+    (or an earlier version of this one), and one whose record or sums cannot be read may
+    hold someone's files: never replace either silently."""
+    if not (root / SPEC_FILE).exists() and not (root / SPEC_FILE).is_symlink():
+        return
+    again = f"; regenerate it with `ddlstudy dataset make --usecase ... --force`, or move " \
+            f"{root} away"
     try:
         record = read_json(root / SPEC_FILE, "data set record")
-    except UsageError:
-        return
+        if (root / SUMS_FILE).exists() or (root / SUMS_FILE).is_symlink():
+            check_regular(root / SUMS_FILE, "data set checksums")
+    except UsageError as exc:
+        raise UsageError(f"{str(exc).removesuffix('; give the path of a file')}{again}") from None
     wanted = _spec_record(spec, shard)
-    if not isinstance(record, dict) or record == wanted:
+    if not isinstance(record, dict):
+        raise UsageError(f"data set record {root / SPEC_FILE}: is not a JSON object{again}")
+    if record == wanted:
         return
     changed = [f"{k} {record.get(k)!r} there, {v!r} here" for k, v in wanted.items()
                if record.get(k) != v]

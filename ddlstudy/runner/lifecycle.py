@@ -34,6 +34,7 @@ from ddlstudy.runfolder import (
     RUN_ID_ENV,
     SNAPSHOT,
     RunFolder,
+    checked_run_id,
     new_run_id,
     now_iso,
 )
@@ -65,8 +66,7 @@ def time_to_target(epochs: list[dict], target: float | None) -> dict:
     """When the run first reached its use case's target validation accuracy (MLPerf's time
     to train): the epoch and its ``elapsed_s``; or that it did not, with its best."""
     if target is None:
-        return {"target": None, "reached": None,
-                "why": "the use case sets no train.target_accuracy"}
+        return {"target": None, "reached": None, "why": "the use case sets no target_accuracy"}
     for e in epochs:
         if e["val_accuracy"] >= target:
             return {"target": target, "reached": True, "epoch": e["epoch"],
@@ -376,8 +376,8 @@ def start(cfg: RunConfig, argv: list[str], resume: Path | None = None) -> RunFol
     cfg = preflight(cfg, resuming=resume is not None)
     if resume is not None:  # refused here, before a launcher starts ranks that would each say
         _reopen(Path(resume), None)
-    run_id = (Path(resume).name if resume else os.environ.get(RUN_ID_ENV)
-              or new_run_id(cfg.usecase.name, cfg.strategy))
+    run_id = checked_run_id(Path(resume).name if resume else os.environ.get(RUN_ID_ENV)
+                            or new_run_id(cfg.usecase.name, cfg.strategy))
     ended = get_backend(cfg.backend).launch(cfg, argv, run_id)
     if ended is None:
         return _run(cfg, True, resume)

@@ -6,6 +6,7 @@ each repeat skips warm-up steps before reading the clock.
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -200,8 +201,15 @@ def bench_sampler(what: What, steps: int = 30, repeats: int = 5, hz: float = 10.
 def gradient_floats(size: str, classes: int = 3) -> int:
     """The floats of ``size``: a number, or the gradient of a model by name (``ddlstudy
     models``) with ``classes`` outputs, counted from its shapes."""
-    if size.lstrip("+-").isascii() and size.lstrip("+-").isdigit():
-        floats = int(size)
+    try:
+        number = float(size)  # 1000000, 1e6, 1e308, nan: a count, not a model's name
+    except ValueError:
+        number = None
+    if number is not None:
+        if not math.isfinite(number) or number != int(number):
+            raise ConfigError("--size", f"{size}: give a whole number of floats (e.g. "
+                              f"1000000 or 1e6) or a model's name")
+        floats = int(number)
         most = psutil.virtual_memory().available // 4 // 8  # 2 ranks x 2 buffers, room
         if not 0 < floats <= most:
             raise ConfigError("--size", f"{size} floats: give a positive number of floats "
