@@ -1,6 +1,9 @@
 # make demo: .venv, install, synthetic data, a small study (usecases/demo.toml), its
 #            speedup tables and figures (runs/demo/report/).
-# make test: .venv if missing, ruff, the import contracts (lint-imports), the whole test suite.
+# make test: .venv if missing, ruff, the import contracts (lint-imports), the whole test suite
+#            (tests/test_docs.py builds the documentation site strictly).
+# make docs: the reference pages regenerated from the code (docs/reference/), then the
+#            documentation site built with mkdocs --strict into site/.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -9,7 +12,7 @@ DEMO   := runs/demo
 RUNS   ?= $(DEMO)
 TORCH_NOTE := 2.14.1 is a CUDA build of about 5.5 GB even on a CPU-only machine: a few minutes
 
-.PHONY: install demo test lint clean-demo notebook notebook-run gpu-check
+.PHONY: install demo test lint docs clean-demo notebook notebook-run gpu-check
 
 $(STAMP): pyproject.toml setup.py
 	@echo "installing ddlstudy and its dependencies into $(VENV): torch $(TORCH_NOTE)"
@@ -57,6 +60,10 @@ lint: $(STAMP)
 
 test: lint
 	$(BIN)/pytest
+
+docs: $(STAMP)
+	$(BIN)/python -m ddlstudy.cli.reference
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 clean-demo:
 	rm -rf $(DEMO)

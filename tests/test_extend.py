@@ -1,5 +1,5 @@
-"""A strategy and a backend of one's own (tests/plugin/ddlstudy_example.py, the README's
-Extending section), installed as a plugin through entry points, through the real command
+"""A strategy and a backend of one's own (tests/plugin/ddlstudy_example.py, which
+docs/extending.md shows), installed as a plugin through entry points, through the real command
 line: listed, run locally, in MPI nodes and Spark tasks, studied, reported and advised."""
 
 from __future__ import annotations

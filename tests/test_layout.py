@@ -104,15 +104,6 @@ def test_no_backend_asks_which_strategy_it_runs():
     assert found == []
 
 
-def test_the_readme_extending_section_is_the_tested_plugin():
-    """The README shows the plugin tests/test_extend.py installs and runs, as it is."""
-    readme = (PACKAGE.parent / "README.md").read_text()
-    plugin = (Path(__file__).parent / "plugin" / "ddlstudy_example.py").read_text()
-    pyproject = (Path(__file__).parent / "plugin" / "pyproject.toml").read_text()
-    extending = readme.split("## Extending", 1)[1]
-    assert plugin in extending and pyproject.split("[project.entry-points", 1)[1] in extending
-
-
 @pytest.mark.parametrize("name", ["../../../escaped", "a/b", ".hidden", "", "x" * 65])
 def test_a_use_case_name_that_is_not_a_plain_name_is_refused(name):
     from ddlstudy.config import usecase_from_dict

@@ -1,5 +1,5 @@
-"""A strategy and a backend of one's own, from a package outside ddlstudy (README:
-Extending). Its pyproject.toml declares them as entry points:
+"""A strategy and a backend of one's own, from a package outside ddlstudy (docs/extending.md
+shows this file). Its pyproject.toml declares them as entry points:
 
     [project.entry-points."ddlstudy.strategies"]
     cpu-loaders = "ddlstudy_example:CpuLoaders"
