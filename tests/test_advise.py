@@ -99,7 +99,7 @@ def test_predictions_take_a_node_count_s_compute_from_its_mpi_probe():
     mpi = _probed("sequential x 2 MPI nodes, allreduce", {"strategy": "sequential",
                   "backend": "mpi", "nodes": 2, "reduce": "allreduce"}, 1, [320.0],
                   nodes=2, node=seq)
-    mpi.exchanges = [0.01]
+    mpi.exchanges = [2 * 50e-6 + 14e6 * 1e-10]  # as allreduce's fit: in a run as alone
     where = advise.Setting(2, shared=True, exchange=_exchange(1e-10), hosts=None, link=None,
                            placeable=2)
     rows, notes = advise.predictions([seq, intra, mpi], [1, 2, 4], where, 16, 14_000_000, 240)
@@ -112,7 +112,7 @@ def test_predictions_take_a_node_count_s_compute_from_its_mpi_probe():
     assert probed["images_per_s"] == 320.0 and probed["basis"] == "probed"
     assert probed["flags"] == {"strategy": "sequential", "backend": "mpi", "nodes": 2,
                                "reduce": "allreduce"}
-    compute = 16 / 320 - 0.01  # the probe's step less its measured exchange
+    compute = 16 / 320 - mpi.exchanges[0]  # the probe's step less its measured exchange
     ring = by[(2, "sequential x 2 MPI nodes, ring-reduce")]
     assert ring["basis"] == "probe + model"
     assert ring["images_per_s"] == pytest.approx(16 / (compute + 2 * 50e-6 + 2 * 14e6 * 1e-10))
@@ -122,6 +122,38 @@ def test_predictions_take_a_node_count_s_compute_from_its_mpi_probe():
     assert weak["convergence_key"] == "batch 32"
     # the 2-core intra-op node does not fit a node's share of this machine's cores
     assert not any("cpu-intraop" in label for n, label in by if n == 2)
+
+
+def test_a_weak_probe_gives_weak_scaling_its_own_compute():
+    """A node's step is not proportional to its batch (a batch of 16 took 1.6 times as
+    long as one of 8 on tiny, not twice): weak scaling is probed on the node count too,
+    and its rows take their compute from that probe, not from N strong steps."""
+    seq = _probed("sequential", {"strategy": "sequential"}, 1, [400.0])
+    flags = {"strategy": "sequential", "backend": "mpi", "nodes": 2, "reduce": "allreduce"}
+    strong = _probed("sequential x 2 MPI nodes, allreduce", flags, 1, [320.0], nodes=2,
+                     node=seq)
+    weak = _probed("sequential x 2 MPI nodes, allreduce weak", flags | {"scaling": "weak"}, 1,
+                   [500.0], nodes=2, node=seq)
+    fitted = 2 * 50e-6 + 14e6 * 1e-10  # allreduce's exchange, timed alone
+    strong.exchanges, weak.exchanges = [fitted], [2 * fitted]  # twice as long in the run
+    where = advise.Setting(2, shared=True, exchange=_exchange(1e-10), hosts=None, link=None,
+                           placeable=2)
+    rows, _ = advise.predictions([seq, strong, weak], [2], where, 16, 14_000_000, 240)
+    by = {r["label"]: r for r in rows}
+    probed = by["sequential x 2 MPI nodes, allreduce weak (batch 32)"]
+    assert probed["images_per_s"] == 500.0 and probed["basis"] == "probed"
+    compute = 32 / 500 - 2 * fitted  # a node's whole batch, as the weak probe measured it
+    ring = by["sequential x 2 MPI nodes, ring-reduce weak (batch 32)"]
+    assert ring["basis"] == "probe + model"
+    # other methods' exchanges slowed as the probed one was in the run: twice their fit
+    ring_fitted = 2 * 50e-6 + 2 * 14e6 * 1e-10
+    assert ring["images_per_s"] == pytest.approx(32 / (compute + 2 * ring_fitted))
+    assert ring["exchange_s"] == pytest.approx(2 * ring_fitted)
+    assert by["sequential x 2 MPI nodes, allreduce"]["images_per_s"] == 320.0
+    # the candidates of a node count are probed with both scalings
+    cands = advise.mpi_candidates([seq], [2], where, 14_000_000)
+    assert [c.flags.get("scaling") for c in cands] == [None, "weak"]
+    assert all(c.node is seq and c.nodes == 2 for c in cands)
 
 
 def test_noisy_probes_count_only_where_no_quiet_one_came():

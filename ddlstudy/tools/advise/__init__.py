@@ -22,12 +22,14 @@ the fastest local strategy on one node first, then spread it over nodes.
 3. **Predict** every node count x node strategy x reducer or compressor x scaling:
    a step costs the node's compute plus the exchange (``predict``'s terms; a compressor's
    allgather costs ``(N-1)`` messages, its compute per byte as measured and its compressed
-   bytes over the link). The compute is the N-node probe's step time less its measured
+   bytes over the link), scaled by how much slower the N-node probe's own exchange was in
+   its run than its fit. The compute is the N-node probe's step time less its measured
    exchange ("probe + model"; the probed configuration itself: "probed"), or, for node
    counts that cannot be placed here, the node's share of the batch at its one-node
    probe's speed ("model"). Nodes on this machine (no ``--hosts``, or emulated ones) share
    its cores: a node gets ``cores / N`` of them and only strategies that fit that many
-   are used. Weak scaling's compute is taken as N times the strong one's.
+   are used. Both scalings are probed, since a node's step is not proportional to its
+   batch; where one has no probe, its compute is taken as N shares of the other's.
 4. **Rank** by images/s, or, with ``--runs`` holding earlier runs that reached the use
    case's target accuracy, by predicted time to accuracy: configurations that change
    convergence (weak scaling, step-wise, top-k) have their epochs to target measured there
