@@ -118,13 +118,19 @@ class RunFolder:
         seconds) each, numbered on from the last step recorded (``global_step``)."""
         if not steps:
             return
-        kept = self._steps()
-        first = int(kept[-1]["global_step"]) + 1 if kept else 1
-        rows = kept + [dict(zip(STEP_COLUMNS, (first + i, epoch, step, loss, n, seconds,
-                                                n / seconds if seconds > 0 else 0.0),
-                                strict=True))
-                       for i, (epoch, step, loss, n, seconds) in enumerate(steps)]
-        self._write_steps(rows)
+        if getattr(self, "_last_step", None) is None:  # read once (a resumed run's file)
+            kept = self._steps()
+            self._last_step = int(kept[-1]["global_step"]) if kept else 0
+            self._write_steps(kept)  # whole, as read: a torn last line is dropped
+        first = self._last_step + 1
+        rows = [dict(zip(STEP_COLUMNS, (first + i, epoch, step, loss, n, seconds,
+                                        n / seconds if seconds > 0 else 0.0), strict=True))
+                for i, (epoch, step, loss, n, seconds) in enumerate(steps)]
+        buf = io.StringIO()  # appended, so a long run does not rewrite its past each epoch
+        csv.DictWriter(buf, fieldnames=list(STEP_COLUMNS)).writerows(rows)
+        with open(self.path / STEPS, "a", encoding="utf-8") as f:
+            f.write(buf.getvalue())
+        self._last_step += len(rows)
 
     def _steps(self, through_epoch: int | None = None) -> list[dict[str, str]]:
         """steps.csv's rows (of epochs up to ``through_epoch``); none if it is unreadable."""
@@ -152,6 +158,7 @@ class RunFolder:
             (self.path / METRICS).unlink(missing_ok=True)
         if (self.path / STEPS).is_file():
             self._write_steps(self._steps(through_epoch=len(self.manifest["epochs"])))
+        self._last_step = None  # read again at the next epoch's steps
         self.write_manifest()
 
     def merge_leftover_samples(self) -> None:

@@ -211,6 +211,29 @@ def test_export_tensorboard_is_read_back_by_tensorboard(quick_config, tmp_path, 
     assert "is not a run folder or a folder of runs" in capsys.readouterr().err
 
 
+def test_steps_are_appended_and_cut_back_with_the_epochs_on_resume(tmp_path):
+    """steps.csv grows by each epoch's rows (a long run does not rewrite its past), and a
+    resume that cuts the epochs back cuts their steps and numbers on from there."""
+    from ddlstudy.runfolder import RunFolder
+
+    folder = RunFolder.create(tmp_path, "r1", {})
+    folder.record_steps([(1, 1, 0.9, 16, 0.1), (1, 2, 0.8, 16, 0.1)])
+    size = (folder.path / "steps.csv").stat().st_size
+    folder.record_steps([(2, 1, 0.7, 16, 0.2)])
+    text = (folder.path / "steps.csv").read_text()
+    assert len(text.encode()) > size and text.count("global_step") == 1
+    assert [r.split(",")[:3] for r in text.splitlines()[1:]] == [
+        ["1", "1", "1"], ["2", "1", "2"], ["3", "2", "1"]]
+    again = RunFolder(folder.path, dict(folder.manifest))  # a resume cuts epoch 2, reruns it
+    again.manifest["epochs"] = [{"epoch": 1}]
+    again.rewrite_epochs()
+    again.record_steps([(2, 1, 0.6, 16, 0.2)])
+    rows = (folder.path / "steps.csv").read_text().splitlines()[1:]
+    assert [r.split(",")[:3] for r in rows] == [["1", "1", "1"], ["2", "1", "2"],
+                                                ["3", "2", "1"]]
+    assert rows[-1].split(",")[3] == "0.6"
+
+
 @pytest.mark.slow
 def test_a_hostfile_places_real_mpi_ranks(tmp_path, datasets_dir):
     """mpiexec started by ddlstudy with the hostfile's hosts and slots (localhost:2 forks
