@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, TypeAdapter, ValidationError, create_model
+from pydantic import Field, PlainValidator, TypeAdapter, ValidationError, create_model
 
 from ddlstudy.config import DEFAULT_RUNS_DIR, HOME, USECASES_DIR, RunConfig
 from ddlstudy.config.limits import most
@@ -91,8 +91,18 @@ def _value_type(f) -> Any:
         return list[int]
     if kind is accuracy:
         return Finite | Literal[NONE]
+    if f.metadata.get("const") is not None:  # true: the flag alone; false: not given
+        what = f"must be true (the flag alone), false or a {f.metadata['metavar'] or 'value'}"
+        return Annotated[bool | str, PlainValidator(functools.partial(_switch_or_text, what))]
     return {Path: Annotated[str, Field(min_length=1)], bool: bool, int: int,
             float: Finite}.get(kind, str)
+
+
+def _switch_or_text(what: str, value: Any) -> bool | str:
+    """A plan's value of a flag whose value may be left out (``--mlflow [URI]``)."""
+    if isinstance(value, bool) or (isinstance(value, str) and value.strip()):
+        return value
+    raise ValueError(what)
 
 
 @functools.cache
@@ -209,6 +219,8 @@ def cell_flags(flags: dict[str, Any]) -> list[str]:
             out += [flag] if value else []
         elif isinstance(value, list):  # stage_starts = [0, 9]
             out += [flag, ",".join(map(str, value))]
+        elif str(value).startswith("-"):  # a value, even where it looks like a flag
+            out += [f"{flag}={value}"]
         else:
             out += [flag, str(value)]
     return out

@@ -18,6 +18,7 @@ import secrets
 from pathlib import Path
 from typing import Any
 
+from ddlstudy import tracking
 from ddlstudy.errors import UsageError
 from ddlstudy.files import atomic_write, atomic_write_text
 from ddlstudy.reading import read_json, read_parquet, read_text
@@ -92,6 +93,7 @@ class RunFolder:
         folder = cls(path, {"schema": SCHEMA_VERSION, "id": run_id, "status": "running",
                             "started_at": now_iso(), "ended_at": None, "exit_code": None,
                             "error": None, **manifest, "epochs": []})
+        tracking.start(folder.manifest, path)  # --mlflow: its MLflow run, noted in it
         folder.write_manifest()
         return folder
 
@@ -112,6 +114,7 @@ class RunFolder:
         done.append(result | {"elapsed_s": before + result["epoch_time_s"]})
         self._write_metrics()
         self.write_manifest()
+        tracking.log_epoch(self.manifest, done[-1])  # --mlflow: as the epoch ends
 
     def record_steps(self, steps: list[tuple[int, int, float, int, float]]) -> None:
         """Append rank 0's steps of an epoch to steps.csv: (epoch, step, mean loss, images,
@@ -239,4 +242,5 @@ class RunFolder:
                **extra: Any) -> None:
         self.manifest.update(status=status, exit_code=exit_code, error=error,
                              ended_at=now_iso(), **extra)
+        tracking.finish(self.manifest)  # --mlflow: its status there
         self.write_manifest()

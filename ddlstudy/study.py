@@ -286,6 +286,11 @@ def study(plan: Plan | Path, *, repeat: int | None = None, resume: bool = False,
     paths = report.write(plan.runs_dir / "report", fmt)
     print(report.text(fmt))
     log.info("report: %d files in %s", len(paths), plan.runs_dir / "report")
+    uris = {c.cfg.mlflow for c in cells if c.cfg is not None and c.cfg.mlflow}
+    if uris:  # the mlflow setting: the report in the study's parent run
+        from ddlstudy.mlflow_export import after_study
+
+        after_study(plan.runs_dir, uris, paths)
     if plan.path.suffix == ".json":
         _check_advice(plan)
     return code

@@ -6,6 +6,12 @@
 Each run is a TensorBoard run named after its id: ``epoch/<metric>`` per epoch (step = the
 epoch) from metrics.csv, and ``resources/<scope>-rank<r>/<column>`` from samples.parquet
 (step = milliseconds since the run started, wall time = when it was sampled).
+
+``write_hparams`` adds the HParams dashboard's view (``export tensorboard`` writes it from
+the report's speedup table): ``hparams/`` holds the experiment (the configuration's key as
+hyperparameters, with the values each takes, and the metrics), ``hparams/<nn>-<label>/``
+one session per configuration, its key and its figures (medians over its repeats) as the
+scalars ``hparams/<metric>``.
 """
 
 from __future__ import annotations
@@ -14,6 +20,8 @@ import csv
 import io
 import logging
 import math
+import re
+import time
 from pathlib import Path
 
 from ddlstudy.errors import UsageError
@@ -28,6 +36,10 @@ SAMPLED = ("proc_cpu_percent", "proc_rss_bytes", "proc_threads", "sys_cpu_percen
            "disk_read_bytes", "disk_write_bytes", "gpu_util_percent", "gpu_mem_used_bytes")
 """The resource columns written (the cumulative byte counters as they were sampled)."""
 SUBDIR = "tensorboard"
+HPARAMS = "hparams"
+HPARAM_METRICS = {"images_per_s": "images/s", "speedup": "speedup",
+                  "time_to_target_s": "time to target (s)", "val_accuracy": "val accuracy"}
+"""The columns of the speedup table the HParams dashboard compares, with their names."""
 
 
 def find_runs(root: Path) -> list[Path]:
@@ -49,54 +61,46 @@ def export(runs: Path, out: Path) -> list[Path]:
     check_folder("--out", out)
     found = find_runs(runs)
     names = [r.name for r in found]
-    written = []
-    for run in found:  # two runs of one name (in two studies) get two folders, not one
+
+    def write(run: Path) -> Path:  # two runs of one name (in two studies) get two folders
         name = run.name if names.count(run.name) == 1 else "-".join(
             run.relative_to(Path(runs)).parts)
+        return write_run(run, out / name)
+
+    return every_run(found, write, found, runs)
+
+
+def every_run(items: list, do, found: list[Path], runs: Path) -> list:
+    """``do(item)`` for each of ``items`` (of the run folders ``found`` under ``runs``): a
+    damaged run (BadFile) never stops the others, it is skipped with a warning, but
+    refused where it is the only one; none done is refused."""
+    done = []
+    for item in items:
         try:
-            written.append(write_run(run, out / name))
-        except BadFile as exc:  # one damaged run never stops the others
+            done.append(do(item))
+        except BadFile as exc:
             if len(found) == 1:
                 raise
             log.warning("export: skipped %s", exc)
-    if not written:
+    if not done:
         raise UsageError(f"none of the {len(found)} run(s) under {runs} could be read (each "
                          "is named above); nothing written")
-    return written
+    return done
 
 
 def write_run(run: Path, logdir: Path) -> Path:
     """One run's metrics, steps and samples as event files in ``logdir`` (replacing
     earlier ones). Everything is read first: a damaged file is refused (BadFile) before
     anything is written."""
-    from tensorboard.summary.writer.event_file_writer import EventFileWriter
-
     manifest = load_manifest(run / MANIFEST)
     points: list[tuple[str, float, int, float]] = []
     start = _epochs(run, manifest, points)
     _steps(run, points, start)
     _samples(run, points, start)
-    try:
-        logdir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UsageError(f"cannot write {logdir}: {exc.strerror}") from None
     for old in logdir.glob("events.out.tfevents.*"):
         old.unlink()
-    writer = EventFileWriter(str(logdir))
-    try:
-        for point in points:
-            _event(writer, *point)
-    finally:
-        writer.close()
-    return logdir
-
-
-def _event(writer, tag: str, value: float, step: int, wall_time: float) -> None:
-    from tensorboard.compat.proto.event_pb2 import Event
-    from tensorboard.compat.proto.summary_pb2 import Summary
-
-    summary = Summary(value=[Summary.Value(tag=tag, simple_value=float(value))])
-    writer.add_event(Event(summary=summary, step=step, wall_time=wall_time))
+    return _write_events(logdir, [(_simple(tag, value), step, wall_time)
+                                  for tag, value, step, wall_time in points])
 
 
 def _scalar(points: list, tag: str, value: float, step: int, wall_time: float) -> None:
@@ -165,3 +169,64 @@ def _samples(run: Path, points: list, start: float) -> None:
     except (KeyError, TypeError, ValueError, OverflowError):
         raise BadFile("samples", run / SAMPLES, "does not hold ddlstudy's sample columns "
                       "(scope, rank, t_s, time and numbers); was it edited?") from None
+
+
+def write_hparams(out: Path, table, key: list[str]) -> list[Path]:
+    """Every configuration of ``table`` that has runs (a row of the report's speedup
+    table, ``key`` the columns that name it) as an HParams session under
+    ``out/hparams/``, replacing what an earlier export wrote there; returns the sessions'
+    folders."""
+    from tensorboard.plugins.hparams import summary_v2 as hp
+
+    rows = [r for r in table.to_dict("records") if r.get("runs")]
+    values = [{k: _plain(r[k]) for k in key if _plain(r[k]) is not None} for r in rows]
+    domains = {k: sorted({v[k] for v in values if k in v}) for k in key}
+    experiment = hp.hparams_config_pb(
+        hparams=[hp.HParam(k, hp.Discrete(d)) for k, d in domains.items() if d],
+        metrics=[hp.Metric(f"{HPARAMS}/{m}", display_name=name)
+                 for m, name in HPARAM_METRICS.items()])
+    root = Path(out) / HPARAMS
+    for old in root.rglob("events.out.tfevents.*"):
+        old.unlink()
+    now = time.time()
+    _write_events(root, [(experiment, 0, now)])
+    written = []
+    for i, (row, hparams) in enumerate(zip(rows, values, strict=True), start=1):
+        name = re.sub(r"[^A-Za-z0-9._]+", "-", f"{row['usecase']} {row['config']}")
+        name = f"{i:02d}-{name.strip('-')}"[:120]
+        events = [(hp.hparams_pb(hparams, trial_id=name, start_time_secs=now), 0, now)]
+        events += [(_simple(f"{HPARAMS}/{m}", row[m]), 0, now) for m in HPARAM_METRICS
+                   if _plain(row.get(m)) is not None]
+        written.append(_write_events(root / name, events))
+    return written
+
+
+def _plain(value):
+    """A table's value as the plain bool, int, float or str HParams takes (None: none)."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return None
+    return value.item() if hasattr(value, "item") else value
+
+
+def _simple(tag: str, value: float):
+    from tensorboard.compat.proto.summary_pb2 import Summary
+
+    return Summary(value=[Summary.Value(tag=tag, simple_value=float(value))])
+
+
+def _write_events(logdir: Path, events: list) -> Path:
+    """(summary, step, wall time) events into a new event file in ``logdir``."""
+    from tensorboard.compat.proto.event_pb2 import Event
+    from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+    try:
+        logdir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"cannot write {logdir}: {exc.strerror}") from None
+    writer = EventFileWriter(str(logdir))
+    try:
+        for summary, step, wall_time in events:
+            writer.add_event(Event(summary=summary, step=step, wall_time=wall_time))
+    finally:
+        writer.close()
+    return logdir

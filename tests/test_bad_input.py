@@ -75,6 +75,7 @@ FILES = {
     "plan/table-value.toml": PLAN + '[[cells]]\nstrategy = "sequential"\nseed = {a = 1}\n',
     "plan/unknown-key.toml": PLAN + '[[cells]]\nstrategy = "sequential"\nspeed = 9\n',
     "plan/strategy.toml": PLAN + '[[cells]]\nstrategy = "magic"\n',
+    "plan/mlflow-int.toml": PLAN + '[settings]\nmlflow = 5\n[[cells]]\nstrategy = "x"\n',
     "hostfile-bad": "node-a:x\n",
     # issue 37: the classes behind the probe's 117 defects
     "plan-runs5.toml": PLAN + 'runs_dir = 5\n[[cells]]\nstrategy = "sequential"\n',
@@ -247,6 +248,20 @@ CASES = [
     (["report", "{tmp}", "--format", "pdf"], "argument --format: invalid choice: 'pdf'"),
     (["export", "tensorboard", "{tmp}/nothing", "--out", "{tmp}/tb"], "is not a run folder"),
     (["export", "tensorboard", "{tmp}/bad-json", "--out", "{tmp}/afile"], "is a file"),
+    # issue 36: MLflow, refused before its store is made
+    (["export", "mlflow", "{tmp}/nothing"], "is not a run folder or a folder of runs"),
+    (["export", "mlflow", "{tmp}/bad-json"], "manifest.json: is not valid JSON"),
+    (["export", "mlflow", "{tmp}/null-start"], "started_at: must be a valid string"),
+    (["export", "mlflow", "{tmp}/null-start", "--tracking-uri", "mongodb://x"],
+     "--tracking-uri: 'mongodb://x' is not a tracking URI MLflow takes"),
+    (["export", "mlflow", "{tmp}", "--tracking-uri", "sqlite:///{tmp}/afile/x.db"],
+     "--tracking-uri: {tmp}/afile is a file"),
+    (["export", "mlflow", "{tmp}", "--tracking-uri", "sqlite:///{tmp}/null-start/x.db"],
+     "is inside run folder"),
+    (R + ["--mlflow", "mongodb://x"], "--mlflow: 'mongodb://x' is not a tracking URI"),
+    (R + ["--mlflow", "sqlite:///{tmp}/afile/x.db"], "--mlflow: {tmp}/afile is a file"),
+    (["study", "{tmp}/plan/mlflow-int.toml"],
+     "[settings].mlflow: must be true (the flag alone), false or a URI (got 5)"),
     # study plans
     (["study", "{tmp}/plan/missing.toml"], "study plan {tmp}/plan/missing.toml does not exist"),
     (["study", "{tmp}/plan/epochs-str.toml"], "[[cells]] #1.epochs: must be a valid integer"),

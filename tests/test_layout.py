@@ -18,7 +18,7 @@ RUN_FLAGS = [
     "--data-dir", "--datasets-dir", "--devices", "--epochs", "--hostfile", "--hosts",
     "--image-size", "--init-weights",
     "--loader-workers", "--lr", "--lr-scaling", "--max-steps", "--max-val-steps",
-    "--micro-batches", "--model", "--no-data-cache",
+    "--micro-batches", "--mlflow", "--model", "--no-data-cache",
     "--no-snapshot", "--nodes", "--on-bad-image", "--precision", "--reduce", "--replicas",
     "--runs-dir", "--sample-hz", "--scaling", "--seed", "--snapshot-every", "--spark-master",
     "--spark-secret-file", "--spark-sync", "--spark-ui", "--stage-starts", "--stages",

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 
 from ddlstudy.config.options import path_arg
+from ddlstudy.errors import UsageError
+
+log = logging.getLogger("ddlstudy")
 
 
 def register(sub) -> None:
@@ -24,10 +28,19 @@ def register(sub) -> None:
     p = sub.add_parser("export", help="runs in other tools' formats")
     esub = p.add_subparsers(dest="export_command", required=True, metavar="FORMAT")
     e = esub.add_parser("tensorboard", help="per-epoch metrics and resource samples as "
-                        "TensorBoard scalars, one TensorBoard run per ddlstudy run")
+                        "TensorBoard scalars, one TensorBoard run per ddlstudy run, and the "
+                        "configurations for the HParams dashboard")
     e.add_argument("runs", type=path_arg, help="a run folder or a folder of runs")
     e.add_argument("--out", type=path_arg, required=True, help="the log folder to give "
                    "`tensorboard --logdir`")
+    e = esub.add_parser("mlflow", help="runs as MLflow runs (a study: an experiment, its "
+                        "report in a parent run, its runs nested), through MLflow's client; "
+                        "again: updated, never duplicated")
+    e.add_argument("runs", type=path_arg, help="a run folder or a folder of runs")
+    e.add_argument("--tracking-uri", metavar="URI", help="the tracking server or store "
+                   "(default: sqlite:///RUNS/mlflow.db, a SQLite store beside the runs)")
+    e.add_argument("--experiment", metavar="NAME", help="the experiment of every run "
+                   "(default: a run's study, else the name of the folder it is in)")
     e = esub.add_parser("model", help="a run's trained weights (a state dict) and its use "
                         "case beside them; ddlstudy.models.trained.load reads them back")
     e.add_argument("run", type=path_arg, help="a run folder")
@@ -63,11 +76,32 @@ def cmd_export(args: argparse.Namespace) -> int:
         for path in export_model(args.run, args.out, args.force):
             print(f"wrote {path}")
         return 0
-    from ddlstudy.tensorboard import export
+    if args.export_command == "mlflow":
+        return _export_mlflow(args)
+    from ddlstudy.report import Report
+    from ddlstudy.report.runs import KEY
+    from ddlstudy.tensorboard import export, write_hparams
 
     written = export(args.runs, args.out)
-    print(f"{len(written)} run(s) written to {args.out}; view them with "
+    try:  # the configurations, as the report groups the runs written
+        sessions = write_hparams(args.out, Report(args.runs).table, KEY)
+    except UsageError as exc:
+        log.warning("no HParams summary: %s", exc)
+        sessions = []
+    print(f"{len(written)} run(s) written to {args.out}, and {len(sessions)} "
+          f"configuration(s) for the HParams dashboard; view them with "
           f"`tensorboard --logdir {args.out}`")
+    return 0
+
+
+def _export_mlflow(args: argparse.Namespace) -> int:
+    from ddlstudy.mlflow_export import export
+
+    done = export(args.runs, args.tracking_uri, args.experiment)
+    uri = done["uri"]
+    view = f"mlflow ui --backend-store-uri {uri}" if uri.startswith("sqlite:") else uri
+    print(f"{done['runs']} run(s) exported to {uri}, experiment(s) "
+          f"{', '.join(done['experiments'])}; view them with `{view}`")
     return 0
 
 

@@ -93,6 +93,7 @@ def _train(cfg, argv: list[str], resume: Path | None, max_restarts: int) -> int:
                            and (exc.folder.path / SNAPSHOT).is_file())
             if restarts >= max_restarts or not restartable:
                 print(f"ddlstudy: {exc}", file=sys.stderr)
+                _to_mlflow(cfg, exc.folder)
                 return exc.exit_code
             restarts += 1
             resume = exc.folder.path
@@ -101,11 +102,23 @@ def _train(cfg, argv: list[str], resume: Path | None, max_restarts: int) -> int:
                         restarts, max_restarts)
     if not isinstance(folder, RunFolder) or os.environ.get(CHILD_ENV):
         return 0  # other MPI ranks stay quiet; under our own launcher, the launcher reports
+    _to_mlflow(cfg, folder)
     summary = folder.manifest.get("summary", {})
     print(f"{folder.path}  val accuracy {summary.get('final_val_accuracy', float('nan')):.3f}  "
           f"{summary.get('median_images_per_s', float('nan')):.1f} img/s"
           f"{_reached(folder.manifest.get('time_to_target') or {})}")
     return 0
+
+
+def _to_mlflow(cfg, folder) -> None:
+    """--mlflow, once the run has ended (in the process that reports it): the rest of
+    what `export mlflow` logs (its epochs were logged as they ended); a study's cell
+    leaves it to the study's end, which logs every run against the study's baseline."""
+    if cfg.mlflow and folder is not None and not os.environ.get(CHILD_ENV) and \
+            not folder.manifest.get("study"):
+        from ddlstudy.mlflow_export import after_run
+
+        after_run(folder.path, cfg.mlflow)
 
 
 def _reached(tta: dict) -> str:

@@ -25,7 +25,8 @@ FORKS = why("processes")
 def option(default: Any, help: str, *, group: str, type: Any = str, metavar: str | None = None,
            negate: bool = False, parse: str | None = None, choices: tuple[str, ...] = (),
            noun: str = "value", most: float | None = None, why: str = "",
-           owners: tuple[str, ...] = (), purpose: str = "", also: str = "") -> Any:
+           owners: tuple[str, ...] = (), purpose: str = "", also: str = "",
+           const: str | None = None) -> Any:
     """A RunConfig field that is also a ``ddlstudy run`` flag and a study-plan key.
 
     ``help`` says what the flag does; ``type`` converts the flag's text (bool: a switch);
@@ -35,11 +36,12 @@ def option(default: Any, help: str, *, group: str, type: Any = str, metavar: str
     names it takes (another is refused as an unknown ``noun``); ``most``: a number must be
     positive and at most this (``why`` says what more would do); ``owners``: the backends
     it belongs to, with any other refused as "``purpose``: it needs --backend ..."
-    (``also``: what else it needs, said after)."""
+    (``also``: what else it needs, said after); ``const``: the value of the flag given
+    alone (its value is then optional: ``--mlflow [URI]``; a plan's ``true``)."""
     return field(default=default, metadata={
         "help": help, "group": group, "type": type, "metavar": metavar, "negate": negate,
         "parse": parse, "choices": choices, "noun": noun, "most": most, "why": why,
-        "owners": owners, "purpose": purpose, "also": also})
+        "owners": owners, "purpose": purpose, "also": also, "const": const})
 
 
 def flag_of(f: dataclasses.Field) -> str:

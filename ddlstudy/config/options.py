@@ -89,6 +89,8 @@ def _add(group: argparse._ArgumentGroup, f: dataclasses.Field, default: str = ""
             kwargs["metavar"] = "{" + ",".join(meta["choices"]) + "}"
         if meta.get("metavar"):
             kwargs["metavar"] = meta["metavar"]
+        if meta.get("const") is not None:  # the value may be left out
+            kwargs |= {"nargs": "?", "const": meta["const"]}
     group.add_argument(flag(f), **kwargs)
 
 

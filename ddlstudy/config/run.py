@@ -41,6 +41,8 @@ from ddlstudy.config.spark import SparkOptions
 from ddlstudy.config.usecase import BadImagePolicy, ModelSpec, UseCase
 from ddlstudy.errors import ConfigError
 from ddlstudy.files import check_folder
+from ddlstudy.tracking import DEFAULT as DEFAULT_STORE
+from ddlstudy.tracking import resolved as tracking_uri
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 SCALINGS = ("strong", "weak")
@@ -165,6 +167,13 @@ class RunConfig(MpiOptions, SparkOptions):
     tensorboard: bool = option(False, "also write the metrics and resource samples as "
                                "TensorBoard scalars into <run>/tensorboard/ when the run "
                                "ends", group=OUTPUT, type=bool)
+    mlflow: str | None = option(None, "also log the run to MLflow: each epoch as it ends "
+                                "(from rank 0), then the configuration's key as params, its "
+                                "tags, resource samples and files, as `ddlstudy export "
+                                "mlflow` does; URI: a tracking server or store (left out, "
+                                "or true in a plan: sqlite:///<runs-dir>/mlflow.db); a "
+                                "study's runs nest under its parent run", group=OUTPUT,
+                                metavar="URI", const=DEFAULT_STORE)
     snapshot_every: int | None = option(None, "also snapshot every N steps inside an epoch",
                                         group=OUTPUT, type=int, metavar="N",
                                         most=most("steps"), why=why("steps"))
@@ -228,6 +237,8 @@ class RunConfig(MpiOptions, SparkOptions):
             raise ConfigError("--sample-hz", f"must be between 0 (off) and 100, "
                               f"got {self.sample_hz}")
         check_folder("--runs-dir", self.runs_dir)
+        if self.mlflow is not None:  # the store the run logs to, checked and written out
+            object.__setattr__(self, "mlflow", tracking_uri(self.mlflow, self.runs_dir))
         if self.data_dir is None and self.usecase.data.synthetic:
             check_folder("--datasets-dir", self.datasets_dir)
         if self.data_dir is not None and not Path(self.data_dir).is_dir():

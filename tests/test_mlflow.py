@@ -1,0 +1,338 @@
+"""Runs in MLflow and in TensorBoard's HParams dashboard (issue 36): a small study with the
+``mlflow`` setting, read back through MlflowClient, a real tracking server's REST API and
+TensorBoard's own event reader."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from ddlstudy.cli import main
+from ddlstudy.report import Report, load_runs, runs_frame
+from ddlstudy.report.runs import KEY
+from ddlstudy.tracking import PARENT_TAG, RUN_TAG
+
+PLAN = """
+[study]
+name = "mlf"
+usecases = ["tiny"]
+repeat = 2
+
+[settings]
+epochs = 2
+max_steps = 2
+sample_hz = 20
+no_snapshot = true
+datasets_dir = "{datasets}"
+mlflow = true
+
+[[cells]]
+strategy = "sequential"
+
+[[cells]]
+strategy = "cpu-intraop"
+workers = 2
+"""
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory, datasets_dir) -> Path:
+    """A real study of 4 runs (the baseline and cpu-intraop, 2 repeats each) whose plan
+    sets ``mlflow = true``: every cell logs itself into runs/mlflow.db as it trains."""
+    root = tmp_path_factory.mktemp("mlflow-study")
+    plan = root / "plan.toml"
+    plan.write_text(PLAN.format(datasets=datasets_dir))
+    out = subprocess.run([sys.executable, "-m", "ddlstudy", "study", str(plan), "--runs-dir",
+                          str(root / "runs")], capture_output=True, text=True, timeout=900,
+                         cwd=root)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "MLflow (" not in out.stderr, out.stderr[-3000:]  # no failure to log, said
+    assert sorted(p.name for p in root.iterdir()) == ["plan.toml", "runs"]
+    return root / "runs"
+
+
+def _client(uri: str):
+    from mlflow import MlflowClient
+
+    return MlflowClient(tracking_uri=uri)
+
+
+def _logged(client, experiment: str) -> tuple[dict, list]:
+    """The experiment's runs by ddlstudy run id, and its study parent runs."""
+    exp = client.get_experiment_by_name(experiment)
+    assert exp is not None
+    runs = client.search_runs([exp.experiment_id], max_results=1000)
+    tagged = [r for r in runs if RUN_TAG in r.data.tags]
+    by_id = {r.data.tags[RUN_TAG]: r for r in tagged}
+    assert len(by_id) == len(tagged)  # one MLflow run per run folder, never two
+    return by_id, [r for r in runs if PARENT_TAG in r.data.tags]
+
+
+def _folders(runs: Path) -> dict[str, Path]:
+    return {p.parent.name: p.parent for p in runs.glob("*/manifest.json")}
+
+
+def _metrics_csv(folder: Path) -> list[dict[str, str]]:
+    with open(folder / "metrics.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_a_study_with_the_mlflow_setting_logs_every_cell_as_it_trains(study):
+    """Each cell opened its MLflow run when its folder was made (the manifest says which),
+    nested under the study's parent run, and filled it in when it ended; the study's end
+    put the report into the parent run."""
+    folders = _folders(study)
+    assert len(folders) == 4
+    client = _client(f"sqlite:///{study / 'mlflow.db'}")
+    by_id, parents = _logged(client, "mlf")
+    assert set(by_id) == set(folders)
+    (parent,) = parents
+    assert parent.info.status == "FINISHED"
+    for run_id, folder in folders.items():
+        manifest = json.loads((folder / "manifest.json").read_text())
+        run = by_id[run_id]
+        assert manifest["mlflow"]["run_id"] == run.info.run_id
+        assert "error" not in manifest["mlflow"]
+        assert run.data.tags["mlflow.parentRunId"] == parent.info.run_id
+        assert run.data.tags["repeat"] == str(manifest["study"]["repeat"])
+        assert run.data.tags["cell"] == manifest["study"]["cell"]
+        assert run.info.status == "FINISHED" and run.data.tags["status"] == "completed"
+        losses = client.get_metric_history(run.info.run_id, "train_loss")
+        assert [m.step for m in losses] == [1, 2]  # logged live, not again at the end
+    report = {a.path for a in client.list_artifacts(parent.info.run_id, "report")}
+    assert {"report/speedup.md", "report/findings.md", "report/figures"} <= report
+    top = {a.path for a in client.list_artifacts(parent.info.run_id)}
+    assert "study-record.json" in top
+    # The copies MLflow keeps beside the store are never taken for runs.
+    assert len(Report(study).runs) == 4 and not list((study / "mlartifacts").rglob(
+        "manifest.json"))
+
+
+def test_export_is_read_back_through_the_client_and_exporting_again_adds_nothing(
+        study, tmp_path, capsys):
+    uri = f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}"
+    assert main(["export", "mlflow", str(study), "--tracking-uri", uri]) == 0
+    assert "4 run(s) exported" in capsys.readouterr().out
+    client = _client(uri)
+    by_id, parents = _logged(client, "mlf")
+    folders = _folders(study)
+    assert set(by_id) == set(folders) and len(parents) == 1
+    rows = {r["run"]: r for r in runs_frame(load_runs(study)).to_dict("records")}
+    histories = {}
+    for run_id, folder in folders.items():
+        run = by_id[run_id]
+        assert run.data.params == {k: str(rows[run_id][k]) for k in KEY}
+        assert run.info.run_name == f"{rows[run_id]['config']} #{rows[run_id]['repeat']}"
+        table = _metrics_csv(folder)
+        for column in table[0]:
+            if column == "epoch":
+                continue
+            history = sorted(client.get_metric_history(run.info.run_id, column),
+                             key=lambda m: m.step)
+            assert [m.step for m in history] == [int(r["epoch"]) for r in table], column
+            assert [m.value for m in history] == pytest.approx(
+                [float(r[column]) for r in table], rel=1e-9), column
+        cpu = client.get_metric_history(run.info.run_id,
+                                        "system/node-rank0/cpu_utilization_percentage")
+        manifest = json.loads((folder / "manifest.json").read_text())
+        assert len(cpu) >= 2 and all(0 <= m.value <= 100 for m in cpu)
+        start = manifest["started_at"]
+        assert min(m.timestamp for m in cpu) >= _ms(start) - 60_000
+        assert run.data.metrics["median_images_per_s"] == pytest.approx(
+            rows[run_id]["images_per_s"])
+        files = {a.path for a in client.list_artifacts(run.info.run_id)}
+        assert {"run-manifest.json", "metrics.csv", "steps.csv", "samples.parquet"} <= files
+        histories[run_id] = {k: len(client.get_metric_history(run.info.run_id, k))
+                             for k in run.data.metrics}
+    base = [by_id[r] for r, row in rows.items() if row["config"] == "sequential"]
+    assert all(r.data.metrics["speedup"] == pytest.approx(rows[r.data.tags[RUN_TAG]]
+                                                          ["speedup"]) for r in base)
+    before = len(client.search_runs([client.get_experiment_by_name("mlf").experiment_id]))
+    assert main(["export", "mlflow", str(study), "--tracking-uri", uri]) == 0
+    again, _ = _logged(client, "mlf")
+    assert len(client.search_runs([client.get_experiment_by_name("mlf").experiment_id])) \
+        == before == 5
+    for run_id, run in again.items():
+        assert {k: len(client.get_metric_history(run.info.run_id, k))
+                for k in run.data.metrics} == histories[run_id]
+
+
+def _ms(iso: str) -> int:
+    from datetime import datetime
+
+    return int(datetime.fromisoformat(iso).timestamp() * 1000)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _post(url: str, body: dict) -> dict:
+    request = urllib.request.Request(url, json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        return json.loads(answer.read())
+
+
+def test_the_tracking_server_finds_the_runs_through_its_rest_api(study, tmp_path):
+    """`mlflow server` over the study's own store, on 127.0.0.1: its REST API lists every
+    run folder as a run of the study's experiment."""
+    port = _free_port()
+    mlflow = Path(sys.executable).with_name("mlflow")
+    server = subprocess.Popen([str(mlflow), "server", "--backend-store-uri",
+                               f"sqlite:///{study / 'mlflow.db'}", "--host", "127.0.0.1",
+                               "--port", str(port), "--workers", "1"], cwd=tmp_path,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
+    api = f"http://127.0.0.1:{port}/api/2.0/mlflow"
+    try:
+        for _ in range(600):  # it starts in seconds; a wait, not a measurement
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5):
+                    break
+            except OSError:
+                assert server.poll() is None, "mlflow server exited"
+                time.sleep(0.5)
+        with urllib.request.urlopen(f"{api}/experiments/get-by-name?experiment_name=mlf",
+                                    timeout=30) as answer:
+            experiment = json.loads(answer.read())["experiment"]["experiment_id"]
+        found = _post(f"{api}/runs/search", {"experiment_ids": [experiment],
+                                              "filter": f"tags.{RUN_TAG} != ''",
+                                              "max_results": 100})["runs"]
+        ids = {t["value"] for r in found for t in r["data"]["tags"] if t["key"] == RUN_TAG}
+        assert ids == set(_folders(study)) and len(found) == 4
+        one = next(iter(ids))
+        (run,) = _post(f"{api}/runs/search", {"experiment_ids": [experiment],
+                                               "filter": f"tags.{RUN_TAG} = '{one}'"})["runs"]
+        params = {p["key"]: p["value"] for p in run["data"]["params"]}
+        assert params["usecase"] == "tiny" and set(params) == set(KEY)
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+
+
+def test_the_hparams_summary_holds_every_configuration_with_its_metrics(study, tmp_path,
+                                                                         capsys):
+    """`export tensorboard` writes the HParams experiment and a session per configuration,
+    read back with TensorBoard's own event reader."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams import metadata
+
+    out = tmp_path / "tb"
+    assert main(["export", "tensorboard", str(study), "--out", str(out)]) == 0
+    assert "and 2 configuration(s) for the HParams dashboard" in capsys.readouterr().out
+
+    def events(folder: Path) -> EventAccumulator:
+        found = EventAccumulator(str(folder), size_guidance={"scalars": 0})
+        found.Reload()
+        return found
+
+    experiment = metadata.parse_experiment_plugin_data(
+        events(out / "hparams").PluginTagToContent("hparams")[metadata.EXPERIMENT_TAG])
+    assert [h.name for h in experiment.hparam_infos] == KEY
+    assert {m.name.tag for m in experiment.metric_infos} == {
+        "hparams/images_per_s", "hparams/speedup", "hparams/time_to_target_s",
+        "hparams/val_accuracy"}
+    table = Report(study).table
+    sessions = {}
+    for folder in (p for p in (out / "hparams").iterdir() if p.is_dir()):
+        found = events(folder)
+        start = metadata.parse_session_start_info_plugin_data(
+            found.PluginTagToContent("hparams")[metadata.SESSION_START_INFO_TAG])
+        hparams = {k: getattr(v, v.WhichOneof("kind")) for k, v in start.hparams.items()}
+        sessions[hparams["config"]] = (hparams, {t: found.Scalars(t)[-1].value
+                                                 for t in found.Tags()["scalars"]})
+    assert set(sessions) == set(table.config) == {"sequential", "cpu-intraop (2 threads)"}
+    for row in table.to_dict("records"):
+        hparams, metrics = sessions[row["config"]]
+        assert hparams == {k: row[k] for k in KEY}
+        assert metrics["hparams/images_per_s"] == pytest.approx(row["images_per_s"], rel=1e-6)
+        assert metrics["hparams/speedup"] == pytest.approx(row["speedup"], rel=1e-6)
+        assert metrics["hparams/val_accuracy"] == pytest.approx(row["val_accuracy"], rel=1e-6)
+
+
+def test_run_mlflow_logs_each_epoch_as_it_ends_and_export_completes_that_run(
+        quick_config, tmp_path, capsys):
+    """In-process: the MLflow run holds the epochs and the status when training returns
+    (nothing else has logged it); `export mlflow` then fills in the same run (params,
+    samples, files), adding no second one and no second point of any epoch."""
+    from ddlstudy.runner import run
+
+    uri = f"sqlite:///{tmp_path / 'store.db'}"
+    folder = run(quick_config(epochs=2, max_steps=2, mlflow=uri, sample_hz=20),
+                 show_progress=False)
+    logged = folder.manifest["mlflow"]
+    client = _client(uri)
+    live = client.get_run(logged["run_id"])
+    assert live.data.tags[RUN_TAG] == folder.path.name and live.data.params == {}
+    assert live.info.status == "FINISHED" and live.data.tags["status"] == "completed"
+    table = _metrics_csv(folder.path)
+    history = client.get_metric_history(logged["run_id"], "val_accuracy")
+    assert [m.step for m in history] == [int(r["epoch"]) for r in table]
+    assert [m.value for m in history] == pytest.approx([float(r["val_accuracy"])
+                                                        for r in table])
+    assert main(["export", "mlflow", str(folder.path), "--tracking-uri", uri]) == 0
+    capsys.readouterr()
+    by_id, parents = _logged(client, "runs")
+    assert list(by_id) == [folder.path.name] and parents == []
+    done = by_id[folder.path.name]
+    assert done.info.run_id == logged["run_id"] and done.info.status == "FINISHED"
+    assert set(done.data.params) == set(KEY)
+    assert len(client.get_metric_history(done.info.run_id, "val_accuracy")) == 2
+
+
+def test_a_tracking_store_that_fails_never_fails_the_run(quick_config, capsys):
+    """A server that does not answer: the run trains to the end, says so in a warning and
+    records it in its manifest."""
+    from ddlstudy.runner import run
+
+    uri = f"http://127.0.0.1:{_free_port()}"
+    folder = run(quick_config(max_steps=1, mlflow=uri), show_progress=False)
+    assert folder.manifest["status"] == "completed"
+    assert "MLflow cannot use tracking URI" in folder.manifest["mlflow"]["error"]
+    assert "the run goes on without it" in capsys.readouterr().err
+
+
+def _tree(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*")}
+
+
+def test_a_store_that_cannot_be_used_or_no_mlflow_is_refused_in_one_line(
+        quick_config, tmp_path, capsys, monkeypatch):
+    from ddlstudy.runner import run
+
+    folder = run(quick_config(max_steps=1), show_progress=False)
+    runs = folder.path.parent
+    before = _tree(tmp_path)
+    capsys.readouterr()
+    refusals = {f"http://127.0.0.1:{_free_port()}": "MLflow cannot use tracking URI http",
+                "mongodb://x": "is not a tracking URI MLflow takes",
+                f"sqlite:///{folder.path / 'metrics.csv'}/x.db": "is a file, not a folder"}
+    for uri, said in refusals.items():
+        assert main(["export", "mlflow", str(runs), "--tracking-uri", uri]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("ddlstudy: error: ") and err.count("\n") == 1, err
+        assert said in err
+    monkeypatch.setitem(sys.modules, "mlflow", None)  # as if it were not installed
+    for argv in (["export", "mlflow", str(runs)],
+                 ["run", "--mlflow", "--runs-dir", str(runs), "--max-steps", "1"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "pip install 'ddlstudy[mlflow]'" in err, err
+    assert _tree(tmp_path) == before  # nothing written
