@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, PlainValidator, TypeAdapter, ValidationError, create_model
 
 from ddlstudy.config import DEFAULT_RUNS_DIR, HOME, USECASES_DIR, RunConfig
-from ddlstudy.config.limits import most
+from ddlstudy.config.limits import most, why
 from ddlstudy.config.options import (
     cell_keys,
     config_from_args,
@@ -164,6 +164,9 @@ def load_plan(path: Path, repeat: int | None = None, runs_dir: Path | None = Non
                           "strategy")
     _check_cells(settings, cells, "[[cells]]")
     usecases = [_beside(u, path.parent) for u in study.usecases]
+    if len(usecases) * len(cells) > most("cells"):
+        raise ConfigError("[[cells]]", f"{len(cells)} cells x {len(usecases)} use case(s) is "
+                          f"above the limit of {most('cells'):g}{why('cells')}")
     name = study.name or path.stem
     if not PLAIN_NAME.fullmatch(name):
         raise ConfigError("study.name", f"{name!r} (the plan file's name): a study's name is "
@@ -267,12 +270,15 @@ def advice_plan(path: Path, top: int, repeat: int | None = None,
     advice = load_advice(path)
     rows = [r for r in advice["ranking"] if r.get("runnable", True)][:top]
     if not rows:
-        raise UsageError(f"{path} has no recommendation that can run here (it predicts for "
-                         f"a {advice.get('link')} link between other machines)")
+        why = f" (it predicts for a {advice['link']} link between other machines)" \
+            if advice["ranking"] and advice.get("link") else ""
+        raise UsageError(f"{path} has no recommendation that can run here{why}; run "
+                         f"`ddlstudy advise` again")
     settings = {k: v for k, v in (advice.get("probe_settings") or {}).items()
                 if k == "datasets_dir"}
     try:  # checked as a plan's cells are: an advise.json is a file anyone can edit
-        _check_cells(settings, [r["flags"] for r in rows], "ranking")
+        _checked(_cell(True), settings, "probe_settings", CELL_KEYS - {"strategy"})
+        _check_cells({}, [r["flags"] for r in rows], "ranking")
     except ConfigError as exc:
         raise UsageError(f"{path}: {exc}") from None
     repeat = _checked_repeat(repeat if repeat is not None else DEFAULT_REPEAT)

@@ -70,12 +70,17 @@ def new_run_id(usecase: str, strategy: str) -> str:
     return f"{stamp}-{usecase}-{strategy}-{secrets.token_hex(2)}"
 
 
-def checked_run_id(run_id: str) -> str:
-    """``run_id`` if it is a plain folder name (a DDLSTUDY_RUN_ID could hold a path):
-    checked before anything is prepared or written."""
+def checked_run_id(run_id: str, runs_dir: Path | None = None) -> str:
+    """``run_id`` if it is a plain folder name (a DDLSTUDY_RUN_ID could hold a path) and,
+    given ``runs_dir``, names no run there yet: checked before anything is prepared or
+    written."""
     if not _RUN_ID.fullmatch(run_id):
         raise UsageError(f"run id {run_id!r} is not a plain folder name; the run folder "
                          f"must stay inside the runs folder (check {RUN_ID_ENV})")
+    where = Path(runs_dir) / run_id if runs_dir is not None else None
+    if where is not None and (where.exists() or where.is_symlink()):
+        raise UsageError(f"{where} already exists; a new run needs a run id of its own "
+                         f"(unset {RUN_ID_ENV}, or --resume that run)")
     return run_id
 
 
@@ -208,8 +213,10 @@ class RunFolder:
 
         try:
             frame = read_parquet(path, "samples")
-            if len(frame) and "time" not in frame:
-                raise UsageError(f"samples {path}: has no time column; was it edited?")
+            if len(frame) and ("time" not in frame or
+                               not pd.api.types.is_numeric_dtype(frame["time"])):
+                raise UsageError(f"samples {path}: has no time column of numbers; was it "
+                                 f"edited?")
             return frame
         except UsageError as exc:
             aside = path.with_name(path.name + ".damaged")

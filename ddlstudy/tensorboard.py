@@ -62,12 +62,15 @@ def export(runs: Path, out: Path) -> list[Path]:
     found = find_runs(runs)
     names = [r.name for r in found]
 
-    def write(run: Path) -> Path:  # two runs of one name (in two studies) get two folders
-        name = run.name if names.count(run.name) == 1 else "-".join(
-            run.relative_to(Path(runs)).parts)
-        return write_run(run, out / name)
+    def target(run: Path) -> Path:  # two runs of one name (in two studies): two folders
+        return out / (run.name if names.count(run.name) == 1 else "-".join(
+            run.relative_to(Path(runs)).parts))
 
-    return every_run(found, write, found, runs)
+    inside = next((target(r) for r in found if (target(r) / MANIFEST).exists()), None)
+    if inside is not None:  # --out RUNS would write events into the run folders
+        raise UsageError(f"--out: {inside} is a run folder; give a folder of its own, e.g. "
+                         f"{Path(runs).parent / 'tensorboard'}")
+    return every_run(found, lambda run: write_run(run, target(run)), found, runs)
 
 
 def every_run(items: list, do, found: list[Path], runs: Path) -> list:
@@ -97,10 +100,27 @@ def write_run(run: Path, logdir: Path) -> Path:
     start = _epochs(run, manifest, points)
     _steps(run, points, start)
     _samples(run, points, start)
+    _representable(run, points)
     for old in logdir.glob("events.out.tfevents.*"):
         old.unlink()
     return _write_events(logdir, [(_simple(tag, value), step, wall_time)
                                   for tag, value, step, wall_time in points])
+
+
+FILES = {"epoch": ("metrics table", METRICS), "step": ("steps table", STEPS),
+         "resources": ("samples", SAMPLES)}
+"""Which file each kind of scalar comes from (a refusal names it)."""
+
+
+def _representable(run: Path, points: list) -> None:
+    """Every point's step fits an event's int64 and its time is a date: else BadFile
+    naming the file, before anything is written."""
+    for tag, _, step, wall_time in points:
+        if not 0 <= step < 2**62 or not (math.isfinite(wall_time) and
+                                         0 <= wall_time < 1e11):
+            what, name = FILES[tag.split("/")[0]]
+            raise BadFile(what, run / name, f"{tag} has step {step} at time {wall_time:g}, "
+                          "which an event file cannot hold; was it edited?")
 
 
 def _scalar(points: list, tag: str, value: float, step: int, wall_time: float) -> None:

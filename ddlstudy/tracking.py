@@ -27,6 +27,7 @@ from urllib.parse import urlparse
 
 from ddlstudy.errors import ConfigError, UsageError
 from ddlstudy.files import check_folder
+from ddlstudy.reading import BadFile, check_regular
 
 log = logging.getLogger("ddlstudy")
 
@@ -63,12 +64,18 @@ def resolved(value: str, runs_dir: Path, flag: str = "--mlflow") -> str:
     if not installed():
         raise ConfigError(flag, f"needs MLflow, which is not installed: {INSTALL}")
     scheme = urlparse(value).scheme.split("+")[0]
-    if not value.strip() or scheme not in SCHEMES:
+    if not value.strip() or scheme not in SCHEMES or not value.isprintable():
         raise ConfigError(flag, f"{value!r:.200} is not a tracking URI MLflow takes (such as "
                           f"sqlite:///runs/mlflow.db, http://host:5000 or a folder); "
                           f"schemes: {', '.join(s for s in SCHEMES if s)}")
     if scheme == "sqlite":
         check_folder(flag, sqlite_file(value).parent)
+        db = sqlite_file(value)
+        if db.exists() or db.is_symlink():  # a FIFO there would hang SQLite's open
+            try:
+                check_regular(db, "MLflow store")
+            except BadFile as exc:
+                raise ConfigError(flag, str(exc)) from None
     elif scheme in ("", "file"):  # a folder MLflow keeps its runs in
         check_folder(flag, Path(urlparse(value).path if scheme else value))
     return value

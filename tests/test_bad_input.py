@@ -86,6 +86,7 @@ FILES = {
     "uc/four.toml": _usecase(prefix='classes = ["a", "b", "c", "d"]\n'),
     "advise-moves.json": '{"usecase": "tiny", "ranking": [{"flags": {"strategy": '
                          '"sequential", "runs_dir": "/tmp/elsewhere"}}]}',
+    "plan/too-many.toml": PLAN + '[[cells]]\nstrategy = "sequential"\n' * 2001,
     "uc/source-key.toml": _usecase(prefix='source = "elsewhere.toml"\n'),
     "uc/date.toml": _usecase({"epochs = 1": "epochs = 1979-05-27"}),
     "plan/lr-text.toml": PLAN + '[settings]\nlr = "0.01"\n[[cells]]\nstrategy = "sequential"\n',
@@ -130,6 +131,17 @@ CASES = [
     (["study", "{tmp}/plan/strategy-int.toml"], "[[cells]] #1.strategy: must be a valid string"),
     (["study", "--from-advice", "{tmp}/advise-int.json"],
      "advise-int.json: ranking #1.strategy: must be a valid string (got 5)"),
+    # the probe of stop 41: late checks, host lists, empty paths, plan size
+    (["replay", "{tmp}/null-start", "--runs-dir", ""], "--runs-dir: give a path, not an empty"),
+    (["advise", "--hosts", "a;b", "--out", "{tmp}/adv"], "--hosts: 'a;b'; give host names"),
+    (["predict", "{tmp}", "--hosts", "a;b", "--out", "{tmp}/pred"], "--hosts: 'a;b'"),
+    (["bench", "reduce", "--hosts", "a;b"], "--hosts: 'a;b'; give host names"),
+    (["bench", "all", "--hosts", "a;b", "--only", "overhead", "--out", "{tmp}/b"],
+     "--hosts: 'a;b'"),
+    (["export", "mlflow", "{tmp}/null-start", "--experiment", "a\nb", "--tracking-uri",
+      "sqlite:///{tmp}/x.db"], "--experiment: 'a\\nb': give a name of plain text"),
+    (["study", "{tmp}/plan/too-many.toml"], "2001 cells x 1 use case(s) is above the limit"),
+    (["advise", "--runs", "{tmp}/uc", "--nodes", "1", "--out", "{tmp}/adv"], "no runs in"),
     (["bench", "reduce", "--size", "1e308"], "--size: 1e308 floats: give a positive number"),
     (["bench", "reduce", "--size", "2.5"], "--size: 2.5: give a whole number of floats"),
     (["advise", "--link", "-5gbit"], "--link: '-5gbit'; a tc rate such as 100mbit"),
@@ -377,7 +389,8 @@ def test_a_bad_run_id_is_refused_before_the_data_is_prepared(tmp_path, capsys, m
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("damage", ["fifo-record", "deep-record", "fifo-sums", "list-record"])
+@pytest.mark.parametrize("damage", ["fifo-record", "deep-record", "fifo-sums", "list-record",
+                                    "no-sums"])
 def test_a_data_set_whose_record_is_damaged_is_refused_not_regenerated(damage, tmp_path,
                                                                         capsys):
     """A synthetic set's dataset.json or SHA256SUMS that cannot be read (a FIFO, nested
@@ -393,6 +406,8 @@ def test_a_data_set_whose_record_is_damaged_is_refused_not_regenerated(damage, t
         record.write_text("[" * 3000 + "]" * 3000)
     elif damage == "list-record":
         record.write_text("[1, 2]")
+    elif damage == "no-sums":  # its images may have been changed or added to: not ours now
+        record.write_text("{}")
     else:
         record.write_text("{}")
         os.mkfifo(sums)
@@ -404,6 +419,74 @@ def test_a_data_set_whose_record_is_damaged_is_refused_not_regenerated(damage, t
     assert str(root) in err and "--force" in err, err
     assert _tree(tmp_path) == before
     assert (root / "fire" / "mine.jpg").read_bytes() == b"someone's image"
+
+
+def test_a_run_id_already_taken_is_refused_before_the_data_is_prepared(tmp_path, capsys,
+                                                                         monkeypatch):
+    (tmp_path / "runs" / "taken").mkdir(parents=True)
+    (tmp_path / "runs" / "taken" / "manifest.json").write_text("{}")
+    monkeypatch.setenv("DDLSTUDY_RUN_ID", "taken")
+    code = main(["run", "--usecase", "tiny", "--runs-dir", str(tmp_path / "runs"),
+                 "--datasets-dir", str(tmp_path / "datasets"), "--max-steps", "1"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert "runs/taken already exists; a new run needs a run id of its own" in err
+    assert not (tmp_path / "datasets").exists()
+    assert (tmp_path / "runs" / "taken" / "manifest.json").read_text() == "{}"
+
+
+@pytest.mark.parametrize(("snap", "message"), [
+    ("fifo", "is a FIFO, not a regular file"),
+    ({"rng": [], "position": {}}, "it holds no 'epoch'"),
+    ({"epoch": "1", "step": 0, "model": {}, "optimizer": {}, "position": {}, "rng": []},
+     "its epoch and step must be counts"),
+    ({"epoch": 1, "step": 0, "model": {}, "optimizer": {},
+      "position": {"generator": 0, "sums": [{}]}, "rng": [{}, {}]},
+     "1 ranks' positions"),
+    ("wrong-weights", "its weights do not fit alexnet with 3 classes"),
+])
+def test_a_snapshot_is_checked_whole_before_the_run_is_touched(snap, message, tmp_path, tiny):
+    """A resume reads the snapshot through the gate (a FIFO is refused, not waited on) and
+    checks its shape and its weights against the use case's model, before the run folder
+    is reopened: the refusal says what is wrong and leaves the file as it is."""
+    import torch
+
+    from ddlstudy.errors import UsageError
+    from ddlstudy.models import build_model
+    from ddlstudy.runner.snapshots import load_snapshot
+
+    file = tmp_path / "snapshot.pt"
+    if snap == "fifo":
+        os.mkfifo(file)
+    else:
+        if snap == "wrong-weights":
+            model = build_model(tiny.model, 4)  # 4 classes: the last layer does not fit
+            snap = {"epoch": 1, "step": 3, "model": model.state_dict(), "optimizer": {},
+                    "position": {"generator": 0, "sums": [{}]}, "rng": [{}]}
+        torch.save(snap, file)
+    before = _tree(tmp_path), file.stat().st_mtime_ns
+    with pytest.raises(UsageError, match="") as err:
+        load_snapshot(tmp_path, usecase=tiny)
+    assert message in str(err.value) and "left as it is" in str(err.value), err.value
+    assert (_tree(tmp_path), file.stat().st_mtime_ns) == before
+
+
+def test_a_fifo_for_the_cache_lock_is_not_waited_on(tmp_path, monkeypatch, datasets_dir, tiny):
+    """Another process's FIFO where the decoded cache's lock goes would block an open for
+    ever: the cache is left unused, and the reason names the file."""
+    from ddlstudy.data.cache import decoded
+
+    monkeypatch.setenv("DDLSTUDY_CACHE", str(tmp_path))
+    root = datasets_dir / tiny.data.name
+    rels = sorted(str(p.relative_to(root)) for p in root.rglob("*.jpg"))[:4]
+    found, why = decoded(root, rels, "f" * 64, 16)
+    assert found is not None and why == ""
+    lock = next(tmp_path.glob("*.lock"))
+    for p in tmp_path.glob("ffff*"):
+        p.unlink()
+    os.mkfifo(lock)
+    found, why = decoded(root, rels, "f" * 64, 16)
+    assert found is None and f"{lock} is a FIFO, not a regular file" in why
 
 
 def test_report_skips_and_names_malformed_manifests(quick_config, tmp_path, capsys):

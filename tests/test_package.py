@@ -211,6 +211,34 @@ def test_export_tensorboard_is_read_back_by_tensorboard(quick_config, tmp_path, 
     assert "is not a run folder or a folder of runs" in capsys.readouterr().err
 
 
+def test_export_tensorboard_refuses_what_an_event_file_cannot_hold(quick_config, tmp_path,
+                                                                    capsys):
+    """A step or a time an event file cannot hold (an edited metrics.csv's epoch 10**20)
+    is refused naming the file before any event is written; --out the runs folder itself
+    would write into the run folders, and is refused too."""
+    import shutil
+
+    from ddlstudy.runner import run
+
+    folder = run(quick_config(max_steps=2), show_progress=False)
+    runs = tmp_path / "copied"
+    shutil.copytree(folder.path, runs / folder.path.name)
+    metrics = runs / folder.path.name / "metrics.csv"
+    lines = metrics.read_text().splitlines()
+    lines[1] = "100000000000000000000," + lines[1].split(",", 1)[1]
+    metrics.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "tb"
+    assert main(["export", "tensorboard", str(runs), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"{metrics}: epoch/" in err and "which an event file cannot hold" in err, err
+    assert not any(out.rglob("events.out.tfevents.*"))
+    shutil.copy(folder.path / "metrics.csv", metrics)
+    assert main(["export", "tensorboard", str(runs), "--out", str(runs)]) == 2
+    err = capsys.readouterr().err
+    assert f"{runs / folder.path.name} is a run folder" in err, err
+    assert not any(runs.rglob("events.out.tfevents.*"))
+
+
 def test_steps_are_appended_and_cut_back_with_the_epochs_on_resume(tmp_path):
     """steps.csv grows by each epoch's rows (a long run does not rewrite its past), and a
     resume that cuts the epochs back cuts their steps and numbers on from there."""

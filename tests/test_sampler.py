@@ -111,7 +111,9 @@ def test_others_load_counts_what_this_process_did_not_run_and_reap():
         elsewhere.kill()
     spun = (after.user + after.system - before.user - before.system) / span
     child = (kids.ru_utime + kids.ru_stime - kids0.ru_utime - kids0.ru_stime) / span
-    assert spun > 0.3 and child > 0.3, (spun, child)  # both got CPU, even on a busy host
+    # Both got CPU (on a host busy with other tests, each got 0.29-0.33 of a core in one
+    # run: what matters is that each is counted on its own side, at whatever share).
+    assert spun > 0.15 and child > 0.15, (spun, child)
     assert others >= 0.9 * spun - 0.05, (others, spun)  # the spinner is counted
     assert others <= host - 0.9 * child + 0.1, (others, host, child)  # the child is not
 

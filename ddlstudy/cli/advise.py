@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from ddlstudy.cli.common import add_what, check_positive, host_count, seconds, usecase_of
 from ddlstudy.config.options import path_arg
@@ -25,7 +24,7 @@ def register(sub) -> None:
                    "measure where the nodes are)")
     p.add_argument("--budget", default="120s", help="time for the whole advice, e.g. 90s or "
                    "5m; more probe rounds while it lasts")
-    p.add_argument("--runs", type=Path, help="earlier runs of the use case: rank by "
+    p.add_argument("--runs", type=path_arg, help="earlier runs of the use case: rank by "
                    "predicted time to its target accuracy, weighing what changes "
                    "convergence by the epochs it took there (default: none, rank by images/s)")
     p.add_argument("--rounds", type=int, default=3, help="most probe rounds")

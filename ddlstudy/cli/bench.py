@@ -70,6 +70,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 getattr(args, "model", None), getattr(args, "datasets_dir", None))
     if args.bench_command != "reduce":
         what.config()  # what cannot train is refused alone, before the load is said
+    if getattr(args, "hosts", None) is not None:
+        from ddlstudy.backends.mpi.launch import placement
+
+        placement(args.hosts, 2)  # hosts that are not up: refused before measuring
     check_load()  # figures measured on a busy host say little: say so first
     if args.bench_command == "all":
         from ddlstudy.tools import bench_all

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
 
+from ddlstudy.config.options import path_arg
 from ddlstudy.errors import ConfigError
 
 
@@ -24,7 +24,7 @@ def register(sub) -> None:
     dsub = p.add_subparsers(dest="dataset_command", required=True, metavar="ACTION")
     make = dsub.add_parser("make", help="generate a use case's synthetic data set")
     make.add_argument("--usecase", default="tiny", help="a use case name or TOML file")
-    make.add_argument("--out", type=Path, help="target folder (default: datasets/<data.name>)")
+    make.add_argument("--out", type=path_arg, help="target folder (default: datasets/<data.name>)")
     make.add_argument("--shard", type=_shard, help="only images with index %% n == i, as i/n "
                       "(default: all)")
     make.add_argument("--workers", type=int, help="generator processes (default: cores)")
@@ -37,6 +37,10 @@ def cmd_dataset(args: argparse.Namespace) -> int:
     from ddlstudy.data.generate import CLASSES, is_complete, make_dataset
 
     spec = load_usecase(args.usecase).data
+    if not spec.synthetic:
+        raise ConfigError("--usecase", f"{args.usecase} trains on your own images in "
+                          f"{spec.dir}: there is no synthetic set to make; `ddlstudy run "
+                          f"--usecase {args.usecase}` reads them as they are")
     out = args.out or DEFAULT_DATASETS_DIR / spec.name
     if args.shard and not args.out:
         out = out.with_name(f"{out.name}.shard-{args.shard[0]}-of-{args.shard[1]}")
@@ -45,7 +49,7 @@ def cmd_dataset(args: argparse.Namespace) -> int:
                           f"{args.workers}")
     from ddlstudy.files import check_folder
 
-    check_folder("--out" if args.out else "--datasets-dir", out)
+    check_folder("--out" if args.out else "the datasets folder (DDLSTUDY_HOME/datasets)", out)
     if is_complete(out, spec, args.shard) and not args.force:
         print(f"{out}: already complete ({spec.name}; --force makes it again)")
         return 0

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from ddlstudy.cli.common import check_positive
 from ddlstudy.config.options import path_arg
@@ -12,7 +11,7 @@ from ddlstudy.files import check_folder
 
 def register(sub) -> None:
     p = sub.add_parser("predict", help="alpha-beta model fitted from runs: 1 to 256 nodes")
-    p.add_argument("runs", type=Path, help="a folder holding a one-node run (and multi-node "
+    p.add_argument("runs", type=path_arg, help="a folder holding a one-node run (and multi-node "
                    "MPI runs to check the model against)")
     p.add_argument("--hosts", help="where the runs' ranks ran (emulated[:PREFIX] or "
                    "host1,host2): the reducers are timed there (default: this host)")

@@ -7,7 +7,7 @@ import logging
 import sys
 
 from ddlstudy.config.options import path_arg
-from ddlstudy.errors import UsageError
+from ddlstudy.errors import ConfigError, UsageError
 
 log = logging.getLogger("ddlstudy")
 
@@ -97,6 +97,10 @@ def cmd_export(args: argparse.Namespace) -> int:
 def _export_mlflow(args: argparse.Namespace) -> int:
     from ddlstudy.mlflow_export import export
 
+    if args.experiment is not None and (not args.experiment.strip() or
+                                        not args.experiment.isprintable()):
+        raise ConfigError("--experiment", f"{args.experiment!r:.200}: give a name of plain "
+                          "text (no newline or other control character)")
     done = export(args.runs, args.tracking_uri, args.experiment)
     uri = done["uri"]
     view = f"mlflow ui --backend-store-uri {uri}" if uri.startswith("sqlite:") else uri

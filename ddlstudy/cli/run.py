@@ -9,7 +9,7 @@ import sys
 import threading
 from pathlib import Path
 
-from ddlstudy.config.options import add_run_options
+from ddlstudy.config.options import add_run_options, path_arg
 from ddlstudy.errors import ConfigError
 from ddlstudy.progress import on_terminal
 from ddlstudy.runfolder import CHILD_ENV
@@ -24,7 +24,7 @@ def register(sub) -> None:
     p = sub.add_parser("run", help="train one use case with one strategy into runs/<id>/")
     add_run_options(p)
     faults = p.add_argument_group("faults")
-    faults.add_argument("--resume", type=Path, metavar="RUN", help="continue runs/<id> from "
+    faults.add_argument("--resume", type=path_arg, metavar="RUN", help="continue runs/<id> from "
                         "its last snapshot, with its recorded configuration (default: a new "
                         "run)")
     faults.add_argument("--max-restarts", type=int, default=0, metavar="N",
@@ -33,8 +33,8 @@ def register(sub) -> None:
     p.add_argument("--quiet", action="store_true", help="warnings and errors only")
     p.set_defaults(func=cmd_run)
     p = sub.add_parser("replay", help="run a manifest again: same config, seeds and data")
-    p.add_argument("manifest", type=Path, help="runs/<id>/manifest.json or runs/<id>")
-    p.add_argument("--runs-dir", type=Path, help="where the new run goes (default: the "
+    p.add_argument("manifest", type=path_arg, help="runs/<id>/manifest.json or runs/<id>")
+    p.add_argument("--runs-dir", type=path_arg, help="where the new run goes (default: the "
                    "original's runs folder)")
     p.add_argument("--quiet", action="store_true", help="warnings and errors only")
     p.set_defaults(func=cmd_replay)

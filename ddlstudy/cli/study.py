@@ -3,23 +3,23 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from ddlstudy.cli.common import check_positive
+from ddlstudy.config.options import path_arg
 from ddlstudy.errors import UsageError
 from ddlstudy.sampler import NOISY_CORES, WAIT_MOST_S
 
 
 def register(sub) -> None:
     p = sub.add_parser("study", help="run a study plan: use cases x configurations x repeats")
-    p.add_argument("plan", type=Path, nargs="?", help="a study plan TOML, e.g. "
+    p.add_argument("plan", type=path_arg, nargs="?", help="a study plan TOML, e.g. "
                    "usecases/demo.toml, or "
                    "the name of one shipped with ddlstudy (demo, paper, ...)")
     p.add_argument("--repeat", type=int, help="repeats of every cell, interleaved (default: "
                    "the plan's repeat, else 3)")
     p.add_argument("--resume", action="store_true",
                    help="reuse this study's completed runs whose configuration matches")
-    p.add_argument("--runs-dir", type=Path, help="default: the plan's, or runs/<name>")
+    p.add_argument("--runs-dir", type=path_arg, help="default: the plan's, or runs/<name>")
     p.add_argument("--epochs", type=int, help="override every cell's epochs (default: the "
                    "plan's)")
     p.add_argument("--max-steps", type=int, help="override every cell's steps per epoch "
@@ -31,7 +31,7 @@ def register(sub) -> None:
                    f"{WAIT_MOST_S:.0f} s)")
     p.add_argument("--quiet", action="store_true", help="warnings and errors only")
 
-    p.add_argument("--from-advice", type=Path, metavar="ADVISE_JSON", help="instead of a "
+    p.add_argument("--from-advice", type=path_arg, metavar="ADVISE_JSON", help="instead of a "
                    "plan: run the top recommendations of `ddlstudy advise` (and the baseline)"
                    " and check its first place against what they measure (default: none)")
     p.add_argument("--top", type=int, default=3, help="with --from-advice: how many of its "

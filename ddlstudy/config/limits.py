@@ -24,6 +24,8 @@ LIMITS: dict[str, tuple[float, str]] = {
     "repeats": (1000, " repeats (each one is a measurement: this would take days)"),
     "rounds": (100, " probe rounds"),
     "top": (1000, " recommendations"),
+    "cells": (2000, " cells over all its use cases (each one a run, times its repeats: a "
+                    "study this large would take weeks; split it)"),
     "cores": (4096, " cores"),
     "lr": (1e4, " (a learning rate this large overflows the weights on the first step)"),
     "bucket_mb": (65536, " MiB (more than a model's gradients)"),

@@ -22,6 +22,18 @@ HOST_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.\-]*[A-Za-z0-9])?$")
 MPI = ("mpi",)
 
 
+def check_hosts(hosts: str) -> str:
+    """A ``--hosts`` value (of ``run``, ``advise``, ``predict`` or ``bench``): host names
+    separated by commas, or ``emulated[:PREFIX]``; anything else (a ``;``, a space, an
+    option) is refused before it could reach mpiexec."""
+    names = hosts.split(",")
+    emulated = len(names) == 1 and names[0].partition(":")[0] == "emulated"
+    if not emulated and not all(HOST_NAME.fullmatch(n) for n in names):
+        raise ConfigError("--hosts", f"{hosts!r}; give host names (letters, digits, dots, "
+                          "dashes) separated by commas, or emulated[:PREFIX]")
+    return hosts
+
+
 def read_hostfile(path: Path) -> list[tuple[str, int]]:
     """The hosts of an mpiexec host file and their slots: ``host``, ``host:N`` (hydra) or
     ``host slots=N`` (Open MPI) per line, ``#`` comments."""
@@ -89,12 +101,7 @@ class MpiOptions:
         if self.reduce != AUTO:
             get_reducer(self.reduce)  # an unknown name is refused with the known ones
         if self.hosts is not None:
-            names = self.hosts.split(",")
-            emulated = len(names) == 1 and names[0].partition(":")[0] == "emulated"
-            if not emulated and not all(HOST_NAME.fullmatch(n) for n in names):
-                raise ConfigError("--hosts", f"{self.hosts!r}; give host names (letters, "
-                                  "digits, dots, dashes) separated by commas, or "
-                                  "emulated[:PREFIX]")
+            check_hosts(self.hosts)
         if self.hostfile is not None:
             if self.hosts is not None:
                 raise ConfigError("--hostfile", "places MPI ranks: give either --hosts or "

@@ -16,11 +16,13 @@ permission) the run decodes in the loop and says why.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import logging
 import os
 import shutil
+import stat
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -118,6 +120,22 @@ def _build(root: Path, rels: list[str], size: int, file: Path, threads: int) -> 
         tmp.unlink(missing_ok=True)
 
 
+def _lock(path: Path):
+    """The lock file, opened without waiting (a FIFO put there would block an ``open``);
+    one that is not a regular file is an OSError: the cache is not used."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:  # a FIFO with no reader
+            raise OSError(0, f"{path} is a FIFO, not a regular file; remove it") from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(0, f"{path} is not a regular file; remove it")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "w")
+
+
 def decoded(root: Path, rels: list[str], fingerprint: str, size: int,
             threads: int | None = None) -> tuple[Decoded | None, str]:
     """The cache of the images ``rels`` under ``root`` (the data set whose fingerprint is
@@ -132,7 +150,7 @@ def decoded(root: Path, rels: list[str], fingerprint: str, size: int,
     need = len(rels) * size * size * 3
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        with open(folder / f"{name}.lock", "w") as lock:
+        with _lock(folder / f"{name}.lock") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # one process builds, the others wait for it
             found = _complete(index, file, rels, size)
             if found is not None:

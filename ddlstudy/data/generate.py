@@ -62,8 +62,7 @@ def refuse_another_spec(root: Path, spec: DataSpec, shard: tuple[int, int] | Non
             f"{root} away"
     try:
         record = read_json(root / SPEC_FILE, "data set record")
-        if (root / SUMS_FILE).exists() or (root / SUMS_FILE).is_symlink():
-            check_regular(root / SUMS_FILE, "data set checksums")
+        check_regular(root / SUMS_FILE, "data set checksums")  # ddlstudy writes both
     except UsageError as exc:
         raise UsageError(f"{str(exc).removesuffix('; give the path of a file')}{again}") from None
     wanted = _spec_record(spec, shard)

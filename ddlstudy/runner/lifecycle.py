@@ -23,7 +23,7 @@ import psutil
 from ddlstudy import environment, models, signals, wire
 from ddlstudy.backends import REGISTRY as BACKENDS
 from ddlstudy.backends import Backend, Environment, get_backend
-from ddlstudy.config import Effective, RunConfig
+from ddlstudy.config import Effective, RunConfig, UseCase
 from ddlstudy.data import DataPlan, prepare_data
 from ddlstudy.errors import ConfigError, Unavailable, UsageError
 from ddlstudy.files import sweep_temporaries
@@ -32,12 +32,12 @@ from ddlstudy.models.trained import check_weights
 from ddlstudy.runfolder import (
     MANIFEST,
     RUN_ID_ENV,
-    SNAPSHOT,
     RunFolder,
     checked_run_id,
     new_run_id,
     now_iso,
 )
+from ddlstudy.runner.snapshots import load_snapshot
 from ddlstudy.sampler import NOISY_CORES, ResourceSampler, others_cores
 from ddlstudy.strategies import REGISTRY, Strategy, get_strategy
 from ddlstudy.training import Job
@@ -89,10 +89,16 @@ def _summary(epochs: list[dict]) -> dict:
     }
 
 
-def _prepare(cfg: RunConfig, env: Environment):
-    """Node 0 generates, scans and splits the data; the other nodes receive the list."""
-    return DataPlan.from_message(env.share(lambda: prepare_data(cfg).to_message(),
-                                           wire.to_json, wire.from_json))
+def _prepare(cfg: RunConfig, env: Environment, resume: Path | None):
+    """Node 0 generates, scans and splits the data; the other nodes receive the list. A
+    new run's id (DDLSTUDY_RUN_ID) is checked first: a run of that name there is refused
+    before anything is prepared."""
+    def make() -> dict:
+        if resume is None and os.environ.get(RUN_ID_ENV):
+            checked_run_id(os.environ[RUN_ID_ENV], cfg.runs_dir)
+        return prepare_data(cfg).to_message()
+
+    return DataPlan.from_message(env.share(make, wire.to_json, wire.from_json))
 
 
 def resolve(cfg: RunConfig) -> RunConfig:
@@ -157,35 +163,14 @@ def preflight(cfg: RunConfig, resuming: bool = False) -> RunConfig:
 def _study_tag() -> dict:
     try:
         return {"study": json.loads(os.environ[STUDY_ENV])}
-    except (KeyError, ValueError):
+    except (KeyError, ValueError, RecursionError):  # set by ddlstudy's study; else ignored
         return {}
 
 
-def _load_snapshot(path: Path, mmap: bool = False) -> dict:  # mmap: a check, not read
-    import torch
-
-    file = path / SNAPSHOT
-    if not file.is_file():
-        raise UsageError(f"{path} has no {SNAPSHOT} to resume from: it stopped before its "
-                         f"first snapshot (--snapshot-every N snapshots inside long epochs); "
-                         f"start the run again")
-    try:
-        snap = torch.load(file, weights_only=True, map_location="cpu", mmap=mmap)
-    except Exception as exc:  # a damaged or foreign file: say so, change nothing
-        # Not torch's own text: it suggests weights_only=False, which would run the file's
-        # pickled code.
-        reason = "damaged or truncated" if isinstance(exc, EOFError | RuntimeError) \
-            else "holds more than tensors and plain values"
-        raise UsageError(f"{file} is not a ddlstudy snapshot that can be loaded safely "
-                         f"({reason}); it is left as it is") from None
-    if not isinstance(snap, dict) or "position" not in snap or "rng" not in snap:
-        raise UsageError(f"{file} was written by an older ddlstudy without the training "
-                         f"position; it cannot be resumed exactly")
-    return snap
-
-
-def _reopen(path: Path, backend: dict | None) -> tuple[RunFolder, dict]:
-    """Check ``path`` can be resumed, load its snapshot; given ``backend``, mark it running."""
+def _reopen(path: Path, backend: dict | None,
+            usecase: UseCase | None = None) -> tuple[RunFolder, dict]:
+    """Check ``path`` can be resumed, load its snapshot (checked against ``usecase``'s
+    model where given); given ``backend``, mark it running."""
     folder = RunFolder.open(path)
     m = folder.manifest
     if m["status"] == "completed":
@@ -193,7 +178,7 @@ def _reopen(path: Path, backend: dict | None) -> tuple[RunFolder, dict]:
     if m["status"] == "running" and m.get("host", {}).get("hostname") == socket.gethostname() \
             and m.get("pid") and psutil.pid_exists(m["pid"]) and m["pid"] != os.getpid():
         raise UsageError(f"run {path.name} is still running (PID {m['pid']}); stop it first")
-    snap = _load_snapshot(folder.path, mmap=backend is None)
+    snap = load_snapshot(folder.path, mmap=backend is None, usecase=usecase)
     if backend is None:
         return folder, snap
     sweep_temporaries(folder.path)
@@ -209,7 +194,7 @@ def _reopen(path: Path, backend: dict | None) -> tuple[RunFolder, dict]:
     return folder, snap
 
 
-def _open_folder(env: Environment, resume: Path | None, backend: dict):
+def _open_folder(env: Environment, resume: Path | None, backend: dict, usecase: UseCase):
     """Node 0 reopens the run to resume; every node gets its snapshot (or the UsageError)."""
     if resume is None:
         return None, None
@@ -217,7 +202,7 @@ def _open_folder(env: Environment, resume: Path | None, backend: dict):
 
     def reopen() -> dict:
         nonlocal folder
-        folder, snapshot = _reopen(Path(resume), backend)
+        folder, snapshot = _reopen(Path(resume), backend, usecase)
         return snapshot
 
     snapshot = env.share(reopen, wire.to_tensors, wire.from_tensors)
@@ -273,9 +258,9 @@ def run(cfg: RunConfig, show_progress: bool = True,
 def _run(cfg: RunConfig, show_progress: bool, resume: Path | None) -> RunFolder | None:
     strategy, backend = get_strategy(cfg.strategy), get_backend(cfg.backend)
     env = backend.environment(cfg)
-    data = _prepare(cfg, env)
+    data = _prepare(cfg, env, resume)
     described = backend.describe(cfg) | env.placement()
-    folder, snapshot = _open_folder(env, resume, described)
+    folder, snapshot = _open_folder(env, resume, described, cfg.usecase)
     if env.rank == 0 and folder is None:
         folder = _create(cfg, strategy, backend, described, data)
     sampler = ResourceSampler(cfg.sample_hz, rank=env.rank).start()
@@ -375,7 +360,7 @@ def start(cfg: RunConfig, argv: list[str], resume: Path | None = None) -> RunFol
     refuse_foreign_launcher(dict(os.environ), get_backend(cfg.backend))
     cfg = preflight(cfg, resuming=resume is not None)
     if resume is not None:  # refused here, before a launcher starts ranks that would each say
-        _reopen(Path(resume), None)
+        _reopen(Path(resume), None, cfg.usecase)
     run_id = checked_run_id(Path(resume).name if resume else os.environ.get(RUN_ID_ENV)
                             or new_run_id(cfg.usecase.name, cfg.strategy))
     ended = get_backend(cfg.backend).launch(cfg, argv, run_id)

@@ -20,7 +20,7 @@ from ddlstudy import hosts as emulated
 from ddlstudy import signals
 from ddlstudy.backends.mpi.leftovers import Leftovers
 from ddlstudy.config.fields import MAX_PROCESSES
-from ddlstudy.config.mpi import read_hostfile
+from ddlstudy.config.mpi import check_hosts, read_hostfile
 from ddlstudy.errors import ConfigError, Unavailable
 from ddlstudy.runfolder import CHILD_ENV, RUN_ID_ENV
 
@@ -88,6 +88,7 @@ def placement(hosts: str | None, nodes: int,
         return ["-hosts", ",".join(f"{h}:{n}" for h, n in read_hostfile(hostfile))], {}
     if hosts is None:
         return ONE_HOST[0], dict(ONE_HOST[1])
+    check_hosts(hosts)  # every host list reaches mpiexec through here
     prefix = emulated.emulated_prefix(hosts)
     if prefix is not None:
         found = emulated.load(prefix)

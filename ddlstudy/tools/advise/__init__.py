@@ -99,6 +99,7 @@ def advise(usecase: str, nodes: list[int], hosts: str | None, link: str | None,
     probes_dir = out / "probes"
     given = (data or {}) | ({"datasets_dir": str(datasets_dir)} if datasets_dir else {})
     uc = cell_config(usecase, given, probes_dir).usecase  # its folder's classes, its model
+    conv = convergence(runs, uc)  # --runs read (or refused) before anything is probed
     settings = probe_settings(uc, steps) | given
     cores, gpus = environment.usable_cores(), len(environment.gpus())
     found = facts(uc.model, len(uc.classes))
@@ -128,7 +129,6 @@ def advise(usecase: str, nodes: list[int], hosts: str | None, link: str | None,
     rows, notes = predictions(cands, nodes, where, batch, gradient,
                               train_images(uc, given.get("data_dir")))
     notes = _shared(where, nodes) + notes
-    conv = convergence(runs, uc)
     rank(rows, conv)
     for r in rows:
         r["command"] = command(usecase, r["flags"])

@@ -1,0 +1,92 @@
+"""A run's snapshot read back to resume it: through the reading gate (a FIFO or a device is
+refused, never waited on), loaded with ``weights_only`` (nothing in it runs), and checked
+whole before anything of the run is touched: its shape (the epoch and step, the position
+and every rank's random states), and its weights against the use case's model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ddlstudy.config import UseCase
+from ddlstudy.errors import UsageError
+from ddlstudy.models import shapes_only
+from ddlstudy.reading import BadFile, check_regular
+from ddlstudy.runfolder import SNAPSHOT
+
+KEYS = ("epoch", "step", "model", "optimizer", "position", "rng")
+
+
+def load_snapshot(path: Path, mmap: bool = False, usecase: UseCase | None = None) -> dict:
+    """``path``'s snapshot, checked (``mmap``: a check that reads only what it needs;
+    ``usecase``: its weights must fit that use case's model)."""
+    import torch
+
+    file = path / SNAPSHOT
+    if not file.exists() and not file.is_symlink():
+        raise UsageError(f"{path} has no {SNAPSHOT} to resume from: it stopped before its "
+                         f"first snapshot (--snapshot-every N snapshots inside long epochs); "
+                         f"start the run again")
+    try:
+        check_regular(file, "snapshot")
+    except BadFile as exc:
+        raise UsageError(f"{exc}; it is left as it is") from None
+    try:
+        snap = torch.load(file, weights_only=True, map_location="cpu", mmap=mmap)
+    except Exception as exc:  # a damaged or foreign file: say so, change nothing
+        # Not torch's own text: it suggests weights_only=False, which would run the file's
+        # pickled code.
+        reason = "damaged or truncated" if isinstance(exc, EOFError | RuntimeError) \
+            else "holds more than tensors and plain values"
+        raise UsageError(f"{file} is not a ddlstudy snapshot that can be loaded safely "
+                         f"({reason}); it is left as it is") from None
+    if not isinstance(snap, dict) or "position" not in snap or "rng" not in snap:
+        raise UsageError(f"{file} was written by an older ddlstudy without the training "
+                         f"position; it cannot be resumed exactly")
+    problem = _shape(snap)
+    if problem is None and usecase is not None:
+        problem = _fits(snap["model"], usecase)
+    if problem:
+        raise UsageError(f"{file} cannot be resumed: {problem}; it is left as it is")
+    return snap
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**62
+
+
+def _shape(snap: dict) -> str | None:
+    """What is wrong with the snapshot's shape (None: nothing)."""
+    missing = [k for k in KEYS if k not in snap]
+    if missing:
+        return f"it holds no {missing[0]!r}"
+    if not _count(snap["epoch"]) or not _count(snap["step"]):
+        return f"its epoch and step must be counts, not {snap['epoch']!r} and {snap['step']!r}"
+    position, rng = snap["position"], snap["rng"]
+    if not isinstance(position, dict) or "generator" not in position or \
+            not isinstance(position.get("sums"), list) or not isinstance(rng, list):
+        return "its position in the epoch is not one ddlstudy wrote"
+    if not rng or len(rng) != len(position["sums"]):
+        return (f"it holds {len(rng)} rank(s)' random states and "
+                f"{len(position['sums'])} ranks' positions")
+    if not isinstance(snap["model"], dict) or not isinstance(snap["optimizer"], dict):
+        return "its model or optimizer is not a state dict"
+    return None
+
+
+def _fits(state: dict, usecase: UseCase) -> str | None:
+    """Whether the weights fit the use case's model, name for name and shape for shape
+    (the model built without its weights' memory)."""
+    model, _ = shapes_only(usecase.model, len(usecase.classes))
+    wanted = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    missing = sorted(set(wanted) - set(state))
+    extra = sorted(set(state) - set(wanted))
+    wrong = [k for k in wanted if k in state and tuple(getattr(state[k], "shape", ())) !=
+             wanted[k]]
+    if not (missing or extra or wrong):
+        return None
+    what = (f"{wrong[0]} is {tuple(getattr(state[wrong[0]], 'shape', ()))} there, "
+            f"{wanted[wrong[0]]} in the model" if wrong else
+            f"{(missing or extra)[0]} is {'missing there' if missing else 'not in the model'}")
+    return f"its weights do not fit {usecase.model.arch} with {len(usecase.classes)} " \
+           f"classes: {what}"
