@@ -13,6 +13,7 @@ import datetime as dt
 import io
 import json
 import logging
+import os
 import re
 import secrets
 from pathlib import Path
@@ -75,8 +76,9 @@ def checked_run_id(run_id: str, runs_dir: Path | None = None) -> str:
     given ``runs_dir``, names no run there yet: checked before anything is prepared or
     written."""
     if not _RUN_ID.fullmatch(run_id):
+        given = f" (check {RUN_ID_ENV})" if os.environ.get(RUN_ID_ENV) == run_id else ""
         raise UsageError(f"run id {run_id!r} is not a plain folder name; the run folder "
-                         f"must stay inside the runs folder (check {RUN_ID_ENV})")
+                         f"must stay inside the runs folder{given}")
     where = Path(runs_dir) / run_id if runs_dir is not None else None
     if where is not None and (where.exists() or where.is_symlink()):
         raise UsageError(f"{where} already exists; a new run needs a run id of its own "

@@ -12,7 +12,10 @@ BENCH_GROUPS = ("overhead", "ceiling", "sampler", "loader", "strategies", "reduc
 
 def bench_groups(only: str | None) -> list[str]:
     """The groups ``--only`` names (every group without it), or a ConfigError."""
-    groups = only.split(",") if only else list(BENCH_GROUPS)
+    groups = [g for g in only.split(",") if g.strip()] if only else list(BENCH_GROUPS)
+    if not groups:
+        raise ConfigError("--only", f"{only!r} names no group; choose from: "
+                          f"{', '.join(BENCH_GROUPS)}")
     unknown = [g for g in groups if g not in BENCH_GROUPS]
     if unknown:
         raise ConfigError("--only", f"unknown group(s) {', '.join(unknown)}; choose from: "

@@ -39,7 +39,7 @@ def resolve_usecase_path(name_or_path: str) -> Path:
         raise UsageError(f"use case {name_or_path} is a folder; give a use case's TOML file, "
                          "or --data-dir FOLDER to train on a folder of images")
     if path.suffix == ".toml" or "/" in name_or_path:
-        if not path.exists():
+        if not path.exists() and not path.is_symlink():  # a link's trouble: the gate says
             raise UsageError(f"use-case file {name_or_path} does not exist")
         return path
     candidate = USECASES_DIR / f"{name_or_path}.toml"

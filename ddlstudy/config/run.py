@@ -236,11 +236,12 @@ class RunConfig(MpiOptions, SparkOptions):
         if not 0 <= self.sample_hz <= 100:  # NaN too
             raise ConfigError("--sample-hz", f"must be between 0 (off) and 100, "
                               f"got {self.sample_hz}")
-        check_folder("--runs-dir", self.runs_dir)
+        check_folder(_named("--runs-dir", self.runs_dir, DEFAULT_RUNS_DIR), self.runs_dir)
         if self.mlflow is not None:  # the store the run logs to, checked and written out
             object.__setattr__(self, "mlflow", tracking_uri(self.mlflow, self.runs_dir))
         if self.data_dir is None and self.usecase.data.synthetic:
-            check_folder("--datasets-dir", self.datasets_dir)
+            check_folder(_named("--datasets-dir", self.datasets_dir, DEFAULT_DATASETS_DIR),
+                         self.datasets_dir)
         if self.data_dir is not None and not Path(self.data_dir).is_dir():
             raise ConfigError("--data-dir", f"{self.data_dir} is not a folder; give the root "
                               "of an ImageFolder tree (root/<class>/<image>)")
@@ -271,6 +272,12 @@ class RunConfig(MpiOptions, SparkOptions):
         out = jsonable(dataclasses.asdict(self))
         out.pop("effective")
         return out
+
+
+def _named(flag: str, path: Path, default: Path) -> str:
+    """How a refusal names an output folder: its flag, or, left at its default, the
+    DDLSTUDY_HOME it came from (no flag was given)."""
+    return flag if Path(path) != default else f"DDLSTUDY_HOME's {default.name} folder"
 
 
 def options() -> list[dataclasses.Field]:

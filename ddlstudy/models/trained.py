@@ -97,7 +97,7 @@ def export(run: Path, out: Path, force: bool = False) -> list[Path]:
         raise UsageError(f"{run} is not a run folder (it has no manifest.json)")
     manifest = load_manifest(manifest_file)
     snapshot = run / "snapshot.pt"
-    if not snapshot.is_file():
+    if not snapshot.exists() and not snapshot.is_symlink():
         raise UsageError(f"run {run.name} kept no weights (it ran with --no-snapshot, or "
                          f"ended before its first epoch); run it again without --no-snapshot")
     try:
