@@ -154,6 +154,10 @@ def test_a_weak_probe_gives_weak_scaling_its_own_compute():
     cands = advise.mpi_candidates([seq], [2], where, 14_000_000)
     assert [c.flags.get("scaling") for c in cands] == [None, "weak"]
     assert all(c.node is seq and c.nodes == 2 for c in cands)
+    # a strategy whose first probes were all noisy (a busy host) still gets its nodes
+    busy = advise.Candidate("sequential", {"strategy": "sequential"}, 1)
+    busy.noisy = [{"images_per_s": 300.0, "others_cores": 1.0, "run": "s1"}]
+    assert len(advise.mpi_candidates([busy], [2], where, 14_000_000)) == 2
 
 
 def test_noisy_probes_count_only_where_no_quiet_one_came():

@@ -29,6 +29,12 @@ class Setting:
         return [*self.exchange.reduce, *self.exchange.compress] if self.exchange else []
 
 
+def _so_far(c: Candidate) -> float:
+    """A probed candidate's speed so far: its quiet probes', else its noisy ones' (a busy
+    host must not keep the nodes of its fastest strategies from being probed)."""
+    return c.speed if c.speeds else max(n["images_per_s"] for n in c.noisy)
+
+
 def mpi_candidates(cands: list[Candidate], nodes: list[int], where: Setting,
                    gradient_bytes: int, best: int = 2) -> list[Candidate]:
     """MPI probes: for each node count that can be placed, the ``best`` fastest probed
@@ -38,7 +44,8 @@ def mpi_candidates(cands: list[Candidate], nodes: list[int], where: Setting,
     its batch: on tiny, 2 nodes sharing a 2-core host took 1.6 times, not 2 times, as long
     for a batch of 16 as for 8, so a weak step taken as N strong ones was predicted 24-36 %
     slow."""
-    local = sorted((c for c in cands if c.speeds and c.nodes == 1), key=lambda c: -c.speed)
+    local = sorted((c for c in cands if (c.speeds or c.noisy) and c.nodes == 1
+                    and not c.skip), key=lambda c: -_so_far(c))
     out = []
     for n in nodes:
         if not 1 < n <= where.placeable:
