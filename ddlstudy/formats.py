@@ -23,6 +23,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator as After
 from pydantic import BaseModel, Field, ValidationError, create_model
 
+from ddlstudy import sampler
 from ddlstudy.config.run import options
 from ddlstudy.config.schema import RECORDED, finite
 from ddlstudy.config.schema import problem as schema_problem
@@ -42,6 +43,9 @@ Rate = Annotated[float, Field(gt=0), After(finite)]
 Fraction = Annotated[float, Field(ge=0, le=1)]
 Loss = float  # a diverged run records nan: still a run
 Name = Annotated[str, Field(pattern=rf"^{NAME}$", max_length=255)]  # Rust regex: $ is the end
+Text = Annotated[str, Field(min_length=1, max_length=4096)]
+Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+Pid = Annotated[int, Field(ge=1, lt=2**31)]
 
 
 class _Record(BaseModel):
@@ -84,6 +88,21 @@ class StrategyBlock(_Record):
     stage_starts: list[Count] | None = None
 
 
+class RankExchange(_Record):
+    """One rank's seconds over the run: computing, and in the gradient exchange."""
+    rank: Count
+    host: str
+    steps: Count
+    compute_s: Seconds
+    exchange_s: Seconds
+
+
+class Exchange(_Record):
+    """What an MPI run measured of its exchange (``training.worker.record_exchange``)."""
+    per_rank: list[RankExchange] = []
+    note: str | None = None
+
+
 class BackendBlock(_Record):
     """The backend and its nodes."""
     name: str
@@ -91,7 +110,7 @@ class BackendBlock(_Record):
     reduce: str | None = None
     sync: str | None = None
     hosts: list[str] | None = None
-    exchange: dict[str, Any] | None = None
+    exchange: Exchange | None = None
 
 
 class Data(_Record):
@@ -132,6 +151,12 @@ class TimeToTarget(_Record):
     seconds: Seconds | None = None
 
 
+class InitWeights(_Record):
+    """The weights file the run started from (--init-weights), and its sha256 then."""
+    file: Text
+    sha256: Sha256
+
+
 class ModelBlock(_Record):
     """The network the run trained, as it was built."""
     name: str | None = None
@@ -139,9 +164,9 @@ class ModelBlock(_Record):
     width: Annotated[float, Field(gt=0), After(finite)] | None = None
     parameters: Count | None = None
     buffers: Count | None = None
-    file: str | None = None
-    sha256: str | None = None
-    init_weights: dict[str, Any] | None = None
+    file: Text | None = None
+    sha256: Sha256 | None = None
+    init_weights: InitWeights | None = None
 
 
 class StudyRef(_Record):
@@ -196,7 +221,8 @@ class Manifest(_Record):
     ended_at: str | None = None
     exit_code: int | None = None
     error: str | None = None
-    usecase: str | None = None
+    pid: Pid | None = None  # the process that ran it (``run --resume`` checks it ended)
+    usecase: Text = "?"  # always written; a hand-made manifest without one is shown as "?"
     config: Config  # type: ignore[valid-type]
     effective: Effective | None = None
     strategy: StrategyBlock
@@ -214,15 +240,26 @@ class Manifest(_Record):
     time_to_target: TimeToTarget | None = None
 
 
+class CellFlags(_Record):
+    """The cell's ``ddlstudy run`` flags (those the report reads are typed here; the plan's
+    checks typed them all when the study was planned)."""
+    model: Text | None = None
+    precision: Text = "fp32"
+    scaling: Text = "strong"
+
+
 class Cell(_Record):
     """One cell of a study: a use case and flags, one repeat."""
     id: str
-    usecase: str
-    strategy: str
-    backend: str = "local"
-    flags: dict[str, Any] = {}
+    usecase: Text
+    label: str  # what the report calls its configuration
+    strategy: Text
+    backend: Text = "local"
+    nodes: Positive = 1
+    cores: Count = 0
+    flags: CellFlags = CellFlags()
     repeat: Count = 0
-    status: str
+    status: Text
     reason: str = ""
     run: Name | Literal[""] | None = None  # "": not run yet
     seconds: Seconds | None = None
@@ -294,7 +331,19 @@ def reference() -> str:
                   "| field | type | required |", "|---|---|---|"]
         lines += _rows(schema, schema.get("$defs", {}), "")
         lines.append("")
-    return "\n".join(lines)
+    return "\n".join(lines + _samples_reference())
+
+
+def _samples_reference() -> list[str]:
+    """The samples table's columns (``sampler.read_samples`` checks them)."""
+    lines = ["## samples.parquet", "",
+             "A run's resource samples (`ddlstudy.sampler`), one row a sample. Any column may "
+             "be null (nothing measured: no GPU, say); other columns pass. The report's "
+             "figures also need the columns they draw, and leave out (naming it) a run whose "
+             "samples lack one.", "", "| column | type | required |", "|---|---|---|"]
+    lines += [f"| `{c}` | {sampler.KIND_WORDS[sampler.KINDS.get(c, 'number')]} | "
+              f"{'yes' if c in sampler.IDENTITY else 'no'} |" for c in sampler.COLUMNS]
+    return [*lines, ""]
 
 
 def _rows(schema: dict, defs: dict, prefix: str) -> list[str]:

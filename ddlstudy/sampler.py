@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
+import numbers
 import os
 import resource
 import socket
@@ -185,10 +186,69 @@ def write_rows(path, rows: list[dict[str, Any]]) -> None:
     atomic_write(path, lambda f: frame.to_parquet(f, index=False))
 
 
-def read_rows(path) -> list[dict[str, Any]]:
-    from ddlstudy.reading import read_parquet
+KINDS = {"time": "timestamp", "rank": "integer", "host": "text", "scope": "text",
+         "proc_count": "integer", "proc_threads": "integer", "gpu_count": "integer"}
+"""The samples table's schema: each column of COLUMNS a number unless named here (any
+column may be all null: a worker that sampled nothing). Other columns pass."""
+IDENTITY = ("time", "rank", "scope")
+"""The columns every reader of the samples needs: when, whose, and what it covers."""
+KIND_WORDS = {"number": "numbers", "integer": "whole numbers", "text": "text",
+              "timestamp": "seconds since 1970 (0 to 9e9)"}
 
-    return read_parquet(path, "samples").to_dict("records")
+
+def read_samples(path, need: tuple[str, ...] = IDENTITY):
+    """A samples.parquet (or a worker's part) through the reading gate, as a DataFrame
+    whose ddlstudy columns hold what KINDS says and which has every column of ``need``:
+    else a BadFile naming the file, the column and what it must be. The one reader of
+    samples: every use of them gets valid data."""
+    from ddlstudy.reading import BadFile, read_parquet
+
+    frame = read_parquet(path, "samples")
+    missing = [c for c in need if c not in frame]
+    if missing and len(frame):
+        raise BadFile("samples", path, f"has no {', '.join(missing)} column(s) (ddlstudy's "
+                      f"samples have {', '.join(COLUMNS[:5])}, ...); is it a samples file "
+                      "ddlstudy wrote?")
+    for column in COLUMNS:
+        kind = KINDS.get(column, "number")
+        bad = _first_bad(frame[column], kind) if column in frame else None
+        if bad is not None:
+            raise BadFile("samples", path, f"column {column} must hold {KIND_WORDS[kind]}, "
+                          f"not {bad}; is it a samples file ddlstudy wrote, unedited?")
+    return frame
+
+
+def _first_bad(values, kind: str) -> str | None:
+    """A value of the column (nulls aside) that is not of ``kind``, in words; None: all are."""
+    import pandas as pd
+
+    values = values.dropna()
+    if values.empty:
+        return None
+    if kind == "text":
+        wrong = values[~values.map(lambda v: isinstance(v, str))]
+    elif not pd.api.types.is_numeric_dtype(values) or pd.api.types.is_bool_dtype(values):
+        # object: numbers beside nulls (a merge with a part that had none) pass
+        wrong = values[~values.map(lambda v: isinstance(v, numbers.Real)
+                                   and not isinstance(v, bool))]
+        if wrong.empty:
+            return _first_bad(values.astype(float), kind)
+    else:
+        ok = values.abs() < math.inf
+        if kind == "timestamp":
+            ok &= values.between(0, 9e9)
+        if kind == "integer":
+            ok &= values % 1 == 0
+        wrong = values[~ok]
+    if wrong.empty:
+        return None
+    first = wrong.iloc[0]
+    first = first.item() if hasattr(first, "item") else first  # numpy's: a plain value
+    return f"{type(first).__name__} {first!r}"
+
+
+def read_rows(path) -> list[dict[str, Any]]:
+    return read_samples(path).to_dict("records")
 
 
 def others_cores(frame, cores: int, one_machine: bool = False) -> dict[str, float] | None:

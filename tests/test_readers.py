@@ -365,3 +365,90 @@ def test_a_samples_file_without_its_time_column_is_kept_aside(finished, tmp_path
     assert list(frame.time) == [1.0]
     kept = pd.read_parquet(tmp_path / "r" / "samples.parquet.damaged")
     assert list(kept.other) == [1.0, 2.0]
+
+
+# --- fields every reader relies on (probe 38) ----------------------------------------------
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize("pid, said", [
+    ("abc", "pid: must be a valid integer (got 'abc')"),
+    (10**30, "pid: must be less than 2147483648"),
+    (True, "pid: must be a valid integer (got True)"),
+    (0, "pid: must be greater than or equal to 1")])
+def test_a_recorded_pid_that_is_no_process_id_is_refused_by_resume(finished, tmp_path, capsys,
+                                                                   pid, said):
+    """``run --resume`` asks whether the recorded PID still runs: a PID of text, beyond any
+    kernel's, or a boolean is refused in one line (not a TypeError, an OverflowError or
+    'still running (PID True)'), and the run folder is left as it was."""
+    from ddlstudy.cli import main
+
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / MANIFEST).write_text(json.dumps(finished | {"status": "running",
+                                                                  "pid": pid}))
+    before = _files(tmp_path)
+    assert main(["run", "--resume", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ddlstudy: error: run manifest ") and err.count("\n") == 1, err
+    assert said in err and str(tmp_path / "r" / MANIFEST) in err, err
+    assert _files(tmp_path) == before
+
+
+@pytest.mark.parametrize("weights, said", [
+    ({"file": 5, "sha256": "ab"}, "model.init_weights.file: must be a valid string (got 5)"),
+    ({"file": "w.pt", "sha256": "ab"}, "model.init_weights.sha256: string should match "
+                                       "pattern '^[0-9a-f]{64}$' (got 'ab')"),
+    ({"sha256": "0" * 64}, "model.init_weights.file: is required")])
+def test_recorded_initial_weights_of_another_shape_are_refused_by_replay(finished, tmp_path,
+                                                                        capsys, weights, said):
+    """replay compares the initial weights' file with its recorded sha256: a recorded file
+    that is no path, or a sha256 that is no hash, is refused in one line before anything
+    is prepared or written."""
+    from ddlstudy.cli import main
+
+    (tmp_path / "r").mkdir()
+    doc = finished | {"model": (finished.get("model") or {}) | {"init_weights": weights}}
+    (tmp_path / "r" / MANIFEST).write_text(json.dumps(doc))
+    before = _files(tmp_path)
+    assert main(["replay", str(tmp_path / "r"), "--runs-dir", str(tmp_path / "out"),
+                 "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ddlstudy: error: run manifest ") and err.count("\n") == 1, err
+    assert said in err, err
+    assert _files(tmp_path) == before and not (tmp_path / "out").exists()
+
+
+@FUZZ
+@given(columns=st.dictionaries(st.sampled_from(["time", "rank", "host", "scope", "t_s",
+                                                "proc_cpu_percent", "proc_threads", "x"]),
+                               st.sampled_from([[1.0, 2.0], [0, 1], ["a", "b"], [True, False],
+                                                [None, None], [1.5, float("nan")],
+                                                [float("inf"), 1.0], [1e12, 0.0],
+                                                [-1.0, 1.0], ["a", 1]]),
+                               max_size=6))
+def test_any_samples_table_is_read_valid_or_refused(tmp_path_factory, columns):
+    """Any table as samples.parquet: ``read_samples`` gives one whose ddlstudy columns
+    hold what the schema says, or refuses it in one line naming the file and the column."""
+    import pandas as pd
+
+    from ddlstudy.sampler import KINDS, read_samples
+
+    path = tmp_path_factory.getbasetemp() / "samples-table.parquet"
+    try:
+        pd.DataFrame(columns).to_parquet(path)
+    except Exception:  # noqa: BLE001 - pyarrow refuses mixed columns: not a table
+        return
+    try:
+        frame = read_samples(path)
+    except UsageError as exc:
+        _one_line(exc)
+        assert str(path) in str(exc)
+        return
+    for column in set(frame) & {"host", "scope"}:
+        assert all(isinstance(v, str) for v in frame[column].dropna())
+    for column in set(frame) & {"time", "rank", "t_s", "proc_cpu_percent", "proc_threads"}:
+        values = frame[column].dropna().astype(float)
+        assert values.abs().lt(float("inf")).all()
+        assert KINDS.get(column) != "integer" or (values % 1 == 0).all()

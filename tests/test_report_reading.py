@@ -175,3 +175,126 @@ def test_make_notebook_run_passes_include_noisy_to_the_notebook(tmp_path, monkey
         assert scope["report"].include_noisy is counted
         assert bool(scope["report"].runs.counted.any()) is counted
     assert os.environ["DDLSTUDY_INCLUDE_NOISY"] == "0"
+
+
+# --- a bad study cell, manifest or samples file among good runs (probe 38) ----------------
+
+def _tree(root) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def _two(path):
+    return _folder(path, [_manifest("sequential", [20.0, 21.0]),
+                          _manifest("cpu-processes", [30.0, 31.0], processes=2)])
+
+
+@pytest.mark.parametrize("change, said", [
+    ({"label": None}, "cells[0].label: is required"),
+    ({"cores": "many"}, "cells[0].cores: must be a valid integer (got 'many')"),
+    ({"flags": {"model": 5}}, "cells[0].flags.model: must be a valid string (got 5)"),
+    ({"nodes": "two"}, "cells[0].nodes: must be a valid integer (got 'two')")])
+def test_a_bad_study_cell_leaves_its_study_out_named_and_the_runs_reported(tmp_path, capsys,
+                                                                          change, said):
+    """A study.json cell without the label the report shows, or whose cores, nodes or
+    model is of another type: its study's cells are left out, named (as a damaged
+    study.json is), the runs are reported, nothing is written."""
+    cell = {"id": "c", "usecase": "u", "label": "cpu-threads (2 threads)",
+            "strategy": "cpu-threads", "status": "skipped", "reason": "r", "run": ""}
+    cell = {k: v for k, v in (cell | change).items() if v is not None}
+    folder = _two(tmp_path / "runs")
+    (folder / "study.json").write_text(json.dumps({"name": "s", "repeat": 1,
+                                                   "cells": [cell]}))
+    before = _tree(tmp_path)
+    assert main(["report", str(folder)]) == 0
+    out, err = capsys.readouterr()
+    assert "| cpu-processes (2 processes) | 1 ok | 1.49 |" in out and "cpu-threads" not in out
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert f"report: left out the cells of study record {folder / 'study.json'}: {said}" \
+        in err, err
+    assert _tree(tmp_path) == before
+
+
+def test_runs_frame_leaves_out_a_planned_cell_of_another_shape(caplog):
+    """``runs_frame`` given cells (not through ``load_planned``): a bad one is left out,
+    named; a good one is a row."""
+    from ddlstudy.report.runs import runs_frame
+
+    good = {"id": "g", "usecase": "u", "label": "x", "strategy": "cpu-threads",
+            "status": "skipped", "run": ""}
+    frame = runs_frame([_manifest("sequential", [20.0])],
+                       [good, good | {"id": "b", "flags": {"model": 5}}, "not a cell"])
+    assert list(frame.config) == ["sequential", "x"]
+    said = [r.getMessage() for r in caplog.records]
+    assert any("study cell b: flags.model: must be a valid string (got 5)" in m
+               for m in said), said
+    assert any("study cell ?: is not a study cell" in m for m in said), said
+
+
+def test_a_manifest_whose_usecase_is_null_is_skipped_named(tmp_path, capsys):
+    """usecase null (the report grouped on NaN and died in only_main): skipped, named."""
+    folder = _two(tmp_path / "runs")
+    _folder(folder / "other", [_manifest("cpu-threads", [40.0], threads=2) |
+                               {"usecase": None}])
+    assert main(["report", str(folder)]) == 0
+    out, err = capsys.readouterr()
+    assert "| cpu-processes (2 processes) | 1 ok | 1.49 |" in out and "cpu-threads" not in out
+    assert err.count("\n") == 1 and "report: skipped run manifest " in err, err
+    assert "manifest.json: usecase: must be a valid string (got None)" in err, err
+
+
+@pytest.mark.parametrize("row, said", [
+    ({"rank": 0, "host": "a", "compute_s": 8.0, "exchange_s": 9.0},
+     "backend.exchange.per_rank[0].steps: is required"),
+    ({"rank": 0, "host": "a", "steps": 10, "compute_s": 8.0, "exchange_s": "slow"},
+     "backend.exchange.per_rank[0].exchange_s: must be a valid number (got 'slow')")])
+def test_an_mpi_run_whose_exchange_rows_are_not_ddlstudys_is_skipped_named(tmp_path, capsys,
+                                                                          row, said):
+    """The exchange figure and the findings read every rank's steps, compute and exchange
+    seconds: a run whose rows lack one is skipped, named, and the report is written."""
+    folder = _two(tmp_path / "runs")
+    _folder(folder / "mpi", [_manifest("cpu-threads", [70.0], threads=2, exchange=[row],
+                                       backend={"name": "mpi", "nodes": 2})])
+    assert main(["report", str(folder), "--out", str(tmp_path / "rep")]) == 0
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and f"manifest.json: {said}" in err, err
+    assert (tmp_path / "rep" / "findings.md").is_file()
+    assert (tmp_path / "rep" / "figures" / "speedup.png").is_file()
+
+
+def _samples(**change):
+    import pandas as pd
+
+    return pd.DataFrame([{"time": 1000.0 + t, "rank": 0, "host": "h", "scope": "node",
+                          "proc_cpu_percent": 50.0, "proc_rss_bytes": 2**30,
+                          "proc_threads": 4, "sys_cpu_percent": 60.0,
+                          "sys_iowait_percent": 1.0, "sys_ram_percent": 30.0}
+                         for t in range(10)]).assign(**change)
+
+
+@pytest.mark.parametrize("bad, said", [
+    (lambda: __import__("pandas").DataFrame({"a": [1, 2]}),
+     "samples.parquet: has no time, rank, scope, host"),
+    (lambda: _samples(proc_cpu_percent="busy"),
+     "samples.parquet: column proc_cpu_percent must hold numbers, not str 'busy'"),
+    (lambda: _samples(rank="zero"), "column rank must hold whole numbers, not str 'zero'"),
+    (lambda: _samples(time=1e300), "column time must hold seconds since 1970")])
+def test_a_run_whose_samples_are_not_ddlstudys_is_left_out_of_the_figures(tmp_path, capsys,
+                                                                         bad, said):
+    """samples.parquet of other columns, or of text where numbers belong: the run's
+    resource figures are left out, naming the file and the column; the other run's are
+    drawn, the report is written, and the samples file is kept as it was."""
+    folder = _two(tmp_path / "runs")
+    good, wrong = sorted(folder.iterdir())
+    _samples().to_parquet(good / "samples.parquet", index=False)
+    bad().to_parquet(wrong / "samples.parquet", index=False)
+    kept = (wrong / "samples.parquet").read_bytes()
+    assert main(["report", str(folder), "--out", str(tmp_path / "rep")]) == 0
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    (line,) = [x for x in err.splitlines() if "left out" in x]
+    assert f"figures: left out the samples of run {wrong.name.split('-', 1)[1]}: samples " \
+        f"{wrong / 'samples.parquet'}" in line and said in line, line
+    figures = tmp_path / "rep" / "figures"
+    assert (figures / "resources.png").is_file() and (figures / "speedup.png").is_file()
+    assert (tmp_path / "rep" / "findings.md").is_file()
+    assert (wrong / "samples.parquet").read_bytes() == kept

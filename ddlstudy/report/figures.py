@@ -29,10 +29,10 @@ import seaborn as sns
 from matplotlib.figure import Figure
 
 from ddlstudy.errors import UsageError
-from ddlstudy.reading import read_parquet
 from ddlstudy.report.runs import LOCAL
 from ddlstudy.report.tables import Report, only_main
 from ddlstudy.runfolder import SAMPLES
+from ddlstudy.sampler import IDENTITY, read_samples
 
 log = logging.getLogger("ddlstudy")
 
@@ -51,18 +51,24 @@ def _first_completed(runs: pd.DataFrame) -> pd.DataFrame:
     return done.groupby(["usecase", "config"], sort=False).head(1)
 
 
+FIGURED = (*IDENTITY, "host", "proc_cpu_percent", "proc_rss_bytes", "proc_threads",
+           "sys_cpu_percent", "sys_iowait_percent", "sys_ram_percent")
+"""The sample columns the figures draw: a run whose samples lack one is left out of them."""
+
+
 def samples_of(report: Report, runs: pd.DataFrame, scope: str = "node") -> pd.DataFrame:
     """The resource samples of ``runs`` (rows of ``report.runs``) in one frame, with the
-    time since the run started and the process tree's CPU as a share of the host's cores."""
+    time since the run started and the process tree's CPU as a share of the host's cores.
+    A run whose samples cannot be read (or are not ddlstudy's) is left out, named."""
     frames = []
     for r in runs.itertuples(index=False):
         path = Path(r.path) / SAMPLES
         if not path.is_file():
             continue
         try:
-            s = read_parquet(path, "samples")
+            s = read_samples(path, FIGURED)
         except UsageError as exc:
-            log.warning("figures: left out %s", exc)
+            log.warning("figures: left out the samples of run %s: %s", r.run, exc)
             continue
         s = s[s.scope == scope]
         if s.empty:

@@ -34,11 +34,11 @@ from pathlib import Path
 import pandas as pd
 
 from ddlstudy.errors import UsageError
-from ddlstudy.reading import read_parquet
 from ddlstudy.report.formats import wrapped
 from ddlstudy.report.runs import KEY, LOCAL, is_baseline
 from ddlstudy.report.tables import Report, interval, only_main, spread_of
 from ddlstudy.runfolder import SAMPLES
+from ddlstudy.sampler import IDENTITY, read_samples
 
 log = logging.getLogger("ddlstudy")
 
@@ -265,7 +265,7 @@ def _cpu_busy(report: Report, side: Side) -> float | None:
     if m is None or path is None or not path.is_file():
         return None
     try:
-        s = read_parquet(path, "samples", columns=["scope", "rank", "proc_cpu_percent"])
+        s = read_samples(path, (*IDENTITY, "proc_cpu_percent"))
     except UsageError as exc:
         log.warning("findings: left out %s", exc)
         return None

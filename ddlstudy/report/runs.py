@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from ddlstudy.errors import UsageError
-from ddlstudy.formats import Study, load
+from ddlstudy.formats import Cell, Study, check, load
 from ddlstudy.runfolder import MANIFEST, load_manifest
 from ddlstudy.strategies import REGISTRY as STRATEGIES
 from ddlstudy.strategies import Strategy
@@ -205,32 +205,34 @@ def _run_row(m: dict) -> dict:
     """A run's row of ``runs_frame`` (raises on a malformed manifest)."""
     epochs = m.get("epochs") or []
     target, reached, tta = _time_to_target(m)
-    backend = m.get("backend", {})
+    backend = m.get("backend") or {}
     strategy = m.get("strategy", {}).get("name", "?")
     backend_name = backend.get("name", LOCAL)
+    config = m.get("config") or {}
+    accuracies = [e["val_accuracy"] for e in epochs if e["val_accuracy"] is not None]
     return {
-        "usecase": usecase_label(m.get("usecase", "?"), (m.get("config") or {}).get("model")),
+        "usecase": usecase_label(m.get("usecase", "?"), config.get("model")),
         "setting": setting(m), "config": config_label(m),
         "strategy": strategy,
         "backend": backend_name, "nodes": int(backend.get("nodes", 1)),
         "reduce": backend.get("reduce") or backend.get("sync") or "",
-        "precision": m.get("config", {}).get("precision", "fp32"),
-        "scaling": m.get("config", {}).get("scaling", "strong"),
-        "global_batch": m.get("effective", {}).get(
-            "global_batch", m.get("config", {}).get("usecase", {}).get("train", {})
+        "precision": config.get("precision") or "fp32",
+        "scaling": config.get("scaling") or "strong",
+        "global_batch": (m.get("effective") or {}).get(
+            "global_batch", ((config.get("usecase") or {}).get("train") or {})
             .get("batch_size")),
         "cores": cores_used(m), "gpus": _gpus(m),
         "processes": int(m.get("strategy", {}).get("processes", 1)),
         "table": table_number(strategy, backend_name),
-        "repeat": m.get("study", {}).get("repeat", 0), "status": m.get("status", "?"),
+        "repeat": (m.get("study") or {}).get("repeat", 0), "status": m.get("status", "?"),
         "noisy": (m.get("host_load") or {}).get("noisy") is True,
         "reason": m.get("error") or "", "epochs": len(epochs),
         "epoch_s": _median([e["epoch_time_s"] for e in epochs]),
         "images_per_s": _median([e["steady_images_per_s"] for e in epochs]),
         "epoch_rates": [e["steady_images_per_s"] for e in epochs],  # checked by _unusable
         "val_accuracy": epochs[-1]["val_accuracy"] if epochs else None,
-        "best_val_accuracy": max(e["val_accuracy"] for e in epochs) if epochs else None,
-        "train_time_s": sum(e.get("train_time_s", 0.0) for e in epochs) if epochs else None,
+        "best_val_accuracy": max(accuracies, default=None),
+        "train_time_s": sum(e.get("train_time_s") or 0.0 for e in epochs) if epochs else None,
         "target": target, "reached": reached, "tta_s": tta,
         "run": m.get("id", ""), "path": m.get("path", ""),
     }
@@ -242,23 +244,7 @@ def runs_frame(manifests: list[dict], planned: list[dict] = (),
     ``counted``: whether the run enters medians and speedups (completed, and not noisy
     unless ``include_noisy``)."""
     rows = [_run_row(m) for m in manifests]
-    for c in planned:
-        backend = c.get("backend", LOCAL)
-        rows.append({
-            "usecase": usecase_label(c["usecase"], c.get("flags", {}).get("model")),
-            "setting": None, "config": c["label"],
-            "strategy": c["strategy"],
-            "backend": backend, "nodes": c.get("nodes", 1), "reduce": "",
-            "precision": c.get("flags", {}).get("precision", "fp32"),
-            "scaling": c.get("flags", {}).get("scaling", "strong"), "global_batch": None,
-            "cores": c.get("cores", 0),
-            "gpus": 0, "processes": 1, "table": table_number(c["strategy"], backend),
-            "repeat": c.get("repeat", 0), "status": c["status"], "noisy": False,
-            "reason": c.get("reason", ""), "epochs": 0, "epoch_s": None,
-            "images_per_s": None, "epoch_rates": [], "val_accuracy": None,
-            "best_val_accuracy": None, "train_time_s": None, "target": None,
-            "reached": None, "tta_s": None, "run": "", "path": "",
-        })
+    rows += [_planned_row(c) for c in planned if _valid_cell(c)]
     frame = pd.DataFrame(rows, columns=[*KEY, "scaling", "global_batch", "processes", "table",
                                         "repeat", "status", "noisy", "reason", "epochs", "epoch_s",
                                         "images_per_s", "epoch_rates", "val_accuracy",
@@ -278,6 +264,39 @@ def runs_frame(manifests: list[dict], planned: list[dict] = (),
     units = frame.gpus.where(frame.gpus > 0, frame.cores).clip(lower=1)
     frame["efficiency"] = frame.speedup / units
     return frame
+
+
+def _valid_cell(cell) -> bool:
+    """Whether a planned cell is one ``formats.Cell`` describes (``load_planned`` gave only
+    such, from study.json files it checked); another is left out, named."""
+    try:
+        check(cell, Cell, cell.get("id", "?") if isinstance(cell, dict) else "?",
+              "study cell")
+    except UsageError as exc:
+        log.warning("report: left out %s", exc)
+        return False
+    return True
+
+
+def _planned_row(c: dict) -> dict:
+    """A row of ``runs_frame`` for a study's cell that has no run (skipped, not reached)."""
+    backend = c.get("backend", LOCAL)
+    flags = c.get("flags") or {}
+    return {
+        "usecase": usecase_label(c["usecase"], flags.get("model")),
+        "setting": None, "config": c["label"],
+        "strategy": c["strategy"],
+        "backend": backend, "nodes": c.get("nodes", 1), "reduce": "",
+        "precision": flags.get("precision", "fp32"),
+        "scaling": flags.get("scaling", "strong"), "global_batch": None,
+        "cores": c.get("cores", 0),
+        "gpus": 0, "processes": 1, "table": table_number(c["strategy"], backend),
+        "repeat": c.get("repeat", 0), "status": c["status"], "noisy": False,
+        "reason": c.get("reason", ""), "epochs": 0, "epoch_s": None,
+        "images_per_s": None, "epoch_rates": [], "val_accuracy": None,
+        "best_val_accuracy": None, "train_time_s": None, "target": None,
+        "reached": None, "tta_s": None, "run": "", "path": "",
+    }
 
 
 def shown(runs: pd.DataFrame) -> pd.DataFrame:
