@@ -329,7 +329,13 @@ def test_advise_ranks_first_what_a_study_of_its_candidates_measures_fastest(
     assert code == 0, captured.err
     check = json.loads((confirm / "report" / "advice-check.json").read_text())
     assert check["criterion"] == "images/s"
-    assert len(check["rows"]) == len(probes)  # the baseline is among the candidates
+    # Every candidate measured (the baseline is among them), but a host that stayed busy
+    # through both repeats of a cell leaves it out, as the report does, and says so.
+    left_out = len(probes) - len(check["rows"])
+    assert left_out == 0 or check["noisy_left_out"] >= left_out, check
+    if "confirmed" not in check:  # the first-ranked's runs were all disturbed
+        assert check["noisy_left_out"] and 1 not in {r["rank"] for r in check["rows"]}
+        return
     measured = {r["rank"]: r["measured"] for r in check["rows"]}
     assert check["first_over_best"] == pytest.approx(measured[1] / max(measured.values()))
     assert check["confirmed"], check
