@@ -63,21 +63,30 @@ def read_weights(path: Path, flag: str) -> dict[str, torch.Tensor]:
     return state
 
 
-def check_weights(spec: ModelSpec, num_classes: int, path: Path) -> str:
-    """Refuse weights that do not fit ``spec``'s model name for name and shape (before
-    anything starts); returns their sha256."""
-    state = read_weights(path, "--init-weights")
+def misfit(spec: ModelSpec, num_classes: int, state: dict) -> str | None:
+    """Which model the weights ``state`` do not fit and how ("alexnet with 3 classes:
+    ..."), name for name and shape for shape (the model built without its weights'
+    memory); None where they fit."""
     model, _ = shapes_only(spec, num_classes)
     wanted = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     missing = sorted(set(wanted) - set(state))
     extra = sorted(set(state) - set(wanted))
-    wrong = [k for k in wanted if k in state and tuple(state[k].shape) != wanted[k]]
-    if missing or extra or wrong:
-        what = (f"{wrong[0]} is {tuple(state[wrong[0]].shape)} there, {wanted[wrong[0]]} in "
-                f"the model" if wrong else f"{(missing or extra)[0]} is "
-                f"{'missing there' if missing else 'not in the model'}")
-        raise ConfigError("--init-weights", f"{path} does not fit {spec.arch} with "
-                          f"{num_classes} classes: {what}")
+    shape = {k: tuple(getattr(v, "shape", ())) for k, v in state.items()}
+    wrong = [k for k in wanted if k in state and shape[k] != wanted[k]]
+    if not (missing or extra or wrong):
+        return None
+    what = (f"{wrong[0]} is {shape[wrong[0]]} there, {wanted[wrong[0]]} in the model"
+            if wrong else f"{(missing or extra)[0]} is "
+            f"{'missing there' if missing else 'not in the model'}")
+    return f"{spec.arch} with {num_classes} classes: {what}"
+
+
+def check_weights(spec: ModelSpec, num_classes: int, path: Path) -> str:
+    """Refuse weights that do not fit ``spec``'s model name for name and shape (before
+    anything starts); returns their sha256."""
+    problem = misfit(spec, num_classes, read_weights(path, "--init-weights"))
+    if problem:
+        raise ConfigError("--init-weights", f"{path} does not fit {problem}")
     return sha256_of(Path(path))
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from ddlstudy.config import UseCase
 from ddlstudy.errors import UsageError
-from ddlstudy.models import shapes_only
+from ddlstudy.models.trained import misfit
 from ddlstudy.reading import BadFile, check_regular
 from ddlstudy.runfolder import SNAPSHOT
 
@@ -75,18 +75,6 @@ def _shape(snap: dict) -> str | None:
 
 
 def _fits(state: dict, usecase: UseCase) -> str | None:
-    """Whether the weights fit the use case's model, name for name and shape for shape
-    (the model built without its weights' memory)."""
-    model, _ = shapes_only(usecase.model, len(usecase.classes))
-    wanted = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    missing = sorted(set(wanted) - set(state))
-    extra = sorted(set(state) - set(wanted))
-    wrong = [k for k in wanted if k in state and tuple(getattr(state[k], "shape", ())) !=
-             wanted[k]]
-    if not (missing or extra or wrong):
-        return None
-    what = (f"{wrong[0]} is {tuple(getattr(state[wrong[0]], 'shape', ()))} there, "
-            f"{wanted[wrong[0]]} in the model" if wrong else
-            f"{(missing or extra)[0]} is {'missing there' if missing else 'not in the model'}")
-    return f"its weights do not fit {usecase.model.arch} with {len(usecase.classes)} " \
-           f"classes: {what}"
+    """Whether the weights fit the use case's model (``models.trained.misfit``)."""
+    problem = misfit(usecase.model, len(usecase.classes), state)
+    return f"its weights do not fit {problem}" if problem else None
