@@ -170,7 +170,7 @@ class ModelBlock(_Record):
 
 
 class StudyRef(_Record):
-    name: str
+    name: Name  # a folder's name, and a tag MLflow's filters quote
     cell: str | None = None
     repeat: Count = 0
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from ddlstudy import environment
 from ddlstudy.config import RunConfig, usecase_from_dict
+from ddlstudy.config.fields import FORKS, MAX_PROCESSES
 from ddlstudy.errors import UsageError
 from ddlstudy.reading import CAPS, read_bytes
 from ddlstudy.runfolder import MANIFEST, load_manifest
@@ -83,6 +84,9 @@ def _same_world(manifest: dict[str, Any], kwargs: dict[str, Any]) -> None:
                          f"replay it the same way: mpiexec -n {world} -hosts "
                          f"{','.join(hosts)} ddlstudy replay {manifest.get('path', 'RUN')}")
     if world > 1 and launched.get("launcher") != "ddlstudy's mpiexec":
+        if world > MAX_PROCESSES:  # refused before it is said to be replayed
+            raise UsageError(f"run {manifest.get('id')} records {world} MPI ranks, above the "
+                             f"limit of {MAX_PROCESSES}{FORKS}; it cannot be replayed")
         log.warning("run %s ran under %s with %d ranks: replaying them with ddlstudy's own "
                     "mpiexec -n %d", manifest.get("id"), launched.get("launcher", "your "
                     "mpiexec"), world, world)
