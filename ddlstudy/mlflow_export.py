@@ -39,10 +39,11 @@ from typing import Any
 from ddlstudy import tracking
 from ddlstudy.errors import UsageError
 from ddlstudy.formats import Study, load
-from ddlstudy.reading import CAPS, BadFile, check_regular, read_bytes, read_parquet, read_text
+from ddlstudy.reading import CAPS, BadFile, check_regular, read_bytes, read_text
 from ddlstudy.report import STUDY_FILE, Report, load_runs, runs_frame
 from ddlstudy.report.runs import KEY
 from ddlstudy.runfolder import MANIFEST, METRICS, SAMPLES, STEPS, load_manifest
+from ddlstudy.sampler import IDENTITY, read_samples
 from ddlstudy.tensorboard import every_run, find_runs
 
 log = logging.getLogger("ddlstudy")
@@ -158,11 +159,8 @@ def _read_run(path: Path, manifest: dict, row: dict) -> RunRead:
                               "numbers with an epoch; was it edited?") from None
             elapsed = numbers.get("elapsed_s", elapsed + numbers.get("epoch_time_s", 0.0))
             run.epochs.append((epoch, numbers, start + int(elapsed * 1000)))
-    if (path / SAMPLES).exists():
-        run.samples = read_parquet(path / SAMPLES, "samples")
-        if len(run.samples) and not {"scope", "rank", "t_s", "time"} <= set(run.samples):
-            raise BadFile("samples", path / SAMPLES, "does not hold ddlstudy's sample "
-                          "columns (scope, rank, t_s, time); was it edited?")
+    if (path / SAMPLES).exists():  # the one reader of samples: columns and kinds checked
+        run.samples = read_samples(path / SAMPLES, (*IDENTITY, "t_s"))
     figures = [p for p in [*path.glob("*.png"), *path.glob("*.svg"), *path.glob("figures/*")]
                if p.is_file()]
     run.files = [path / f for f in FILES if (path / f).exists()] + sorted(figures)
@@ -312,7 +310,7 @@ def system_metrics(frame) -> list:
             out += [Metric(f"system/{scope}-rank{rank}/{name}", (float(v) - first) * scale,
                            int(float(when) * 1000), int(round(float(t_s) * 1000)))
                     for t_s, when, v in zip(keep.t_s, keep.time, keep[column], strict=True)
-                    if _finite(v) and _finite(when)]
+                    if _finite(v) and _finite(when) and _finite(t_s)]
     return out
 
 

@@ -82,6 +82,24 @@ def _regular(fd: int, path: Path, what: str) -> os.stat_result:
     return st
 
 
+def what_is(path: Path | str) -> str:
+    """What is at ``path``, in words, found without opening it (a FIFO would block): 'a
+    folder', 'a file', 'a FIFO', 'a socket', 'a device', a broken link; '' where nothing
+    is there."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "a symbolic link that leads nowhere" if os.path.islink(path) else ""
+    except NotADirectoryError:  # a file where a folder should be in the path
+        return ""
+    except OSError as exc:
+        return ("a loop of symbolic links" if exc.errno == errno.ELOOP
+                else f"something that cannot be looked at ({exc.strerror})")
+    return ("a folder" if stat.S_ISDIR(mode) else "a file" if stat.S_ISREG(mode)
+            else "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
+            else "a device")
+
+
 def read_bytes(path: Path | str, what: str, cap: int = CAPS["text"]) -> bytes:
     """The bytes of a regular file of at most ``cap`` bytes; else BadFile."""
     path = Path(path)

@@ -22,8 +22,8 @@ from typing import Any
 from ddlstudy import tracking
 from ddlstudy.errors import UsageError
 from ddlstudy.files import atomic_write, atomic_write_text
-from ddlstudy.reading import read_json, read_parquet, read_text
-from ddlstudy.sampler import samples_frame, write_rows
+from ddlstudy.reading import read_json, read_text
+from ddlstudy.sampler import read_samples, samples_frame, write_rows
 
 log = logging.getLogger("ddlstudy")
 
@@ -208,18 +208,14 @@ class RunFolder:
         return frame
 
     def _samples_of(self, path: Path):
-        """A samples file's frame; a damaged one (unreadable, or without the time its rows
-        are merged by) is kept aside as ``<name>.damaged`` (never lost, never read again)
-        and counts as none, said in a warning."""
+        """A samples file's frame, read by the one reader of samples (its columns' kinds
+        checked); a damaged one (unreadable, a column of the wrong kind, or without the
+        time its rows are merged by) is kept aside as ``<name>.damaged`` (never lost, never
+        read again) and counts as none, said in a warning."""
         import pandas as pd
 
         try:
-            frame = read_parquet(path, "samples")
-            if len(frame) and ("time" not in frame or
-                               not pd.api.types.is_numeric_dtype(frame["time"])):
-                raise UsageError(f"samples {path}: has no time column of numbers; was it "
-                                 f"edited?")
-            return frame
+            return read_samples(path, ("time",))
         except UsageError as exc:
             aside = path.with_name(path.name + ".damaged")
             path.rename(aside)

@@ -26,8 +26,9 @@ from pathlib import Path
 
 from ddlstudy.errors import UsageError
 from ddlstudy.files import check_folder
-from ddlstudy.reading import CAPS, BadFile, read_parquet, read_text
+from ddlstudy.reading import CAPS, BadFile, read_text
 from ddlstudy.runfolder import MANIFEST, METRICS, SAMPLES, STEPS, load_manifest
+from ddlstudy.sampler import IDENTITY, read_samples
 
 log = logging.getLogger("ddlstudy")
 
@@ -35,6 +36,8 @@ SAMPLED = ("proc_cpu_percent", "proc_rss_bytes", "proc_threads", "sys_cpu_percen
            "sys_iowait_percent", "sys_ram_percent", "net_sent_bytes", "net_recv_bytes",
            "disk_read_bytes", "disk_write_bytes", "gpu_util_percent", "gpu_mem_used_bytes")
 """The resource columns written (the cumulative byte counters as they were sampled)."""
+NEEDED = (*IDENTITY, "t_s")
+"""The samples' columns the resource series are made of (beside SAMPLED's, where held)."""
 SUBDIR = "tensorboard"
 HPARAMS = "hparams"
 HPARAM_METRICS = {"images_per_s": "images/s", "speedup": "speedup",
@@ -177,18 +180,16 @@ def _steps(run: Path, points: list, start: float) -> None:
 def _samples(run: Path, points: list, start: float) -> None:
     if not (run / SAMPLES).exists():
         return
-    frame = read_parquet(run / SAMPLES, "samples")
-    try:
-        groups = list(frame.groupby(["scope", "rank"], sort=True))
-        points += [(f"resources/{scope}-rank{rank}/{column}", float(value),
-                   int(round(float(t_s) * 1000)), float(wall) if wall == wall else start)
-                  for (scope, rank), rows in groups for column in SAMPLED if column in rows
-                  for t_s, wall, value in zip(rows["t_s"], rows["time"], rows[column],
-                                              strict=True)
-                  if value == value]  # not NaN (no GPU, say)
-    except (KeyError, TypeError, ValueError, OverflowError):
-        raise BadFile("samples", run / SAMPLES, "does not hold ddlstudy's sample columns "
-                      "(scope, rank, t_s, time and numbers); was it edited?") from None
+    frame = read_samples(run / SAMPLES, NEEDED)  # its columns and their kinds checked
+    if frame.empty:
+        return
+    groups = list(frame.groupby(["scope", "rank"], sort=True))
+    points += [(f"resources/{scope}-rank{rank}/{column}", float(value),
+               int(round(float(t_s) * 1000)), float(wall) if wall == wall else start)
+               for (scope, rank), rows in groups for column in SAMPLED if column in rows
+               for t_s, wall, value in zip(rows["t_s"], rows["time"], rows[column],
+                                           strict=True)
+               if value == value and t_s == t_s]  # not NaN (no GPU, say)
 
 
 def write_hparams(out: Path, table, key: list[str]) -> list[Path]:

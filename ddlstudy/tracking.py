@@ -76,9 +76,17 @@ def resolved(value: str, runs_dir: Path, flag: str = "--mlflow") -> str:
                 check_regular(db, "MLflow store")
             except BadFile as exc:
                 raise ConfigError(flag, str(exc)) from None
-    elif scheme in ("", "file"):  # a folder MLflow keeps its runs in
-        check_folder(flag, Path(urlparse(value).path if scheme else value))
+    elif folder_store(value) is not None:  # a folder MLflow keeps its runs in
+        check_folder(flag, folder_store(value))
     return value
+
+
+def folder_store(uri: str) -> Path | None:
+    """The folder of a folder store (``file:`` URI, or a plain path); None for another."""
+    scheme = urlparse(uri).scheme.split("+")[0]
+    if scheme not in ("", "file"):
+        return None
+    return Path(urlparse(uri).path if scheme else uri)
 
 
 def installed() -> bool:
@@ -95,8 +103,15 @@ def sqlite_file(uri: str) -> Path:
 
 def client(uri: str):
     """An MlflowClient of ``uri`` that has answered (UsageError in one line otherwise).
-    MLflow's start-up chatter is kept to its warnings, and an HTTP server that does not
-    answer is given up on in seconds, not retried for minutes."""
+    A folder store's folder is checked first, as any folder ddlstudy writes into, and
+    said in ddlstudy's words (MLflow 3 keeps such stores only when asked:
+    MLFLOW_ALLOW_FILE_STORE, set here unless set already). MLflow's start-up chatter is
+    kept to its warnings, and an HTTP server that does not answer is given up on in
+    seconds, not retried for minutes."""
+    folder = folder_store(uri)
+    if folder is not None:
+        check_folder(f"tracking URI {uri}", folder)
+        os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
     try:
         import mlflow  # noqa: F401
         from mlflow import MlflowClient

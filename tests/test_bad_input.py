@@ -54,6 +54,10 @@ FILES = {
     "uc/source.toml": _usecase({"source_size = 64": "source_size = 1000000"}),
     "uc/width.toml": _usecase({"width = 0.25": 'width = "wide"'}),
     "uc/arch.toml": _usecase({'arch = "alexnet"': "arch = 3"}),
+    "uc/arch-unknown.toml": _usecase({'arch = "alexnet"': 'arch = "nosuchnet"',
+                                       "width = 0.25": ""}),
+    "uc/arch-file.toml": _usecase({'arch = "alexnet"': 'arch = "net.py:make"',
+                                    "width = 0.25": ""}),
     "uc/batch-list.toml": _usecase({"batch_size = 16": "batch_size = [1]"}),
     "uc/data-name.toml": _usecase({'name = "synthetic-tiny"': "name = 5"}),
     "uc/data-escape.toml": _usecase({'name = "synthetic-tiny"': 'name = "../up"'}),
@@ -96,11 +100,31 @@ FILES = {
     "null-start/manifest.json": '{"id": "n", "status": "completed", "started_at": null, '
                                 '"config": {"usecase": {}}, "strategy": {"name": "x"}, '
                                 '"epochs": []}',
+    # probe 38's last ten: a refusal names where the value came from
+    "imgs/a/.keep": "",
+    "imgs/b/.keep": "",
+    "uc/dir-file.toml": 'name = "u"\n[model]\narch = "alexnet"\n[data]\ndir = "../afile"\n',
 }
 
 R = ["run", "--runs-dir", "{tmp}/runs", "--datasets-dir", "{tmp}/datasets"]
 
 CASES = [
+    # probe 38's last ten: what was there, and where the value came from
+    (["report", "{tmp}/afile"], "runs folder {tmp}/afile is a file, not a folder; give the"),
+    (["predict", "{tmp}/afile"], "runs folder {tmp}/afile is a file, not a folder"),
+    (["advise", "--runs", "{tmp}/afile", "--out", "{tmp}/adv"],
+     "runs folder {tmp}/afile is a file, not a folder"),
+    (R + ["--usecase", "{tmp}/uc/dir-file.toml"], "error: data.dir in {tmp}/uc/dir-file.toml: "
+     "{tmp}/afile is not a folder (it is a file); give the root of an ImageFolder tree"),
+    (R + ["--data-dir", "{tmp}/nothing"], "--data-dir: {tmp}/nothing is not a folder (it does "
+     "not exist)"),
+    (["usecase", "new", "--data-dir", "{tmp}/imgs", "--model", "x y", "--out", "{tmp}/u.toml"],
+     "error: --model: must be a model's name (e.g. resnet18, or path/to/file.py:FUNCTION), "
+     "got 'x y'"),
+    (["usecase", "new", "--data-dir", "{tmp}/imgs", "--image-size", "0", "--out",
+      "{tmp}/u.toml"], "error: --image-size: must be a positive int, got 0"),
+    (["usecase", "new", "--data-dir", "{tmp}/imgs", "--name", "../up", "--out", "{tmp}/u.toml"],
+     "error: --name: '../up': a use case's name"),
     # issue 37: one gate for every file read, every output path, every bound
     (["study", "{tmp}/plan-runs5.toml"], "study.runs_dir: must be a valid string (got 5)"),
     (["study", "{tmp}/plan-newline.toml"], "study.name: 'x\\n': a study's name is the folder"),
@@ -221,6 +245,10 @@ CASES = [
     (R + ["--usecase", "{tmp}/uc/source.toml"], "data.source_size: 1000000 is above"),
     (R + ["--usecase", "{tmp}/uc/width.toml"], "model.width: must be a valid number (got 'wide')"),
     (R + ["--usecase", "{tmp}/uc/arch.toml"], "model.arch"),
+    # a use case's model is refused by its key and file, not as a --model never given
+    (R + ["--usecase", "{tmp}/uc/arch-unknown.toml"], "model.arch in {tmp}/uc/arch-unknown.toml"
+     ": unknown model 'nosuchnet'"),
+    (R + ["--usecase", "{tmp}/uc/arch-file.toml"], "model.arch in {tmp}/uc/arch-file.toml: "),
     (R + ["--usecase", "{tmp}/uc/batch-list.toml"], "train.batch_size: must be a valid integer"),
     (R + ["--usecase", "{tmp}/uc/data-name.toml"], "data.name: must be a valid string (got 5)"),
     (R + ["--usecase", "{tmp}/uc/data-escape.toml"], "data.name: must be a plain folder"),
@@ -545,3 +573,43 @@ def test_a_replayed_manifest_cannot_write_outside_its_folders(quick_config, tmp_
     assert "must be a plain folder name" in err or "a use case's name" in err, err
     assert "Traceback" not in err
     assert _tree(tmp_path) == before
+
+
+@pytest.mark.parametrize("argv", [["report"], ["predict"], ["advise", "--out", "{tmp}/adv",
+                                                            "--runs"]])
+def test_a_fifo_given_as_the_runs_folder_is_named_for_what_it_is(argv, tmp_path, capsys):
+    """A FIFO (or any other thing that is not a folder) given as the runs folder is said to
+    be one, not to be missing, and is never opened (a FIFO would block)."""
+    fifo = tmp_path / "f"
+    os.mkfifo(fifo)
+    code = main([a.replace("{tmp}", str(tmp_path)) for a in argv] + [str(fifo)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("ddlstudy: error: ") and err.count("\n") == 1, err
+    assert f"runs folder {fifo} is a FIFO, not a folder; give the folder the runs are in" \
+        in err and "does not exist" not in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f"]
+
+
+def test_an_unreadable_image_is_refused_before_the_decode_memo_is_written(imagefolder,
+                                                                          tmp_path, capsys,
+                                                                          monkeypatch):
+    """The scan remembers which images of a tree decode only once the tree is accepted: a
+    refusal (--on-bad-image fail) leaves the cache as it was; skip remembers the tree."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("DDLSTUDY_CACHE", str(cache))
+    bad = imagefolder / "fire" / "bad.jpg"
+    bad.write_bytes(b"not a jpeg")
+    argv = ["run", "--data-dir", str(imagefolder), "--model", "alexnet", "--runs-dir",
+            str(tmp_path / "runs"), "--max-steps", "1"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ddlstudy: error: unreadable image ") and str(bad) in err, err
+    assert err.count("\n") == 1 and not cache.exists() and not (tmp_path / "runs").exists()
+
+    from ddlstudy.config import BadImagePolicy
+    from ddlstudy.data.folder import scan_imagefolder
+
+    classes = tuple(sorted(p.name for p in imagefolder.iterdir() if p.is_dir()))
+    scan_imagefolder(imagefolder, classes, BadImagePolicy.SKIP)
+    memo, = (cache / "checked").iterdir()
+    assert "fire/bad.jpg" in memo.read_text()

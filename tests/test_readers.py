@@ -452,3 +452,124 @@ def test_any_samples_table_is_read_valid_or_refused(tmp_path_factory, columns):
         values = frame[column].dropna().astype(float)
         assert values.abs().lt(float("inf")).all()
         assert KINDS.get(column) != "integer" or (values % 1 == 0).all()
+
+
+# --- the probe of stop 38's last ten: one place for each class -----------------------------
+
+def _hosts_record(folder: Path, complete: bool) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "ddl.json").write_text(json.dumps({
+        "hosts": {"prefix": "ddl", "count": 2, "subnet": "10.77.0", "delay": None,
+                  "rate": None, "cpus": None},
+        "complete": complete,
+        "made": {k: [] for k in ("namespaces", "veths", "bridges", "etc", "cgroups", "files")}}))
+
+
+@pytest.mark.parametrize("complete, said", [
+    (False, "emulated hosts 'ddl' were not fully made (an interrupted hosts up"),
+    (True, "emulated host(s) ddl-h1, ddl-h2 of 'ddl' are gone (a reboot?)")])
+def test_hosts_status_of_a_set_half_made_or_gone_is_an_answer(tmp_path, capsys, monkeypatch,
+                                                              complete, said):
+    """`hosts status` answers what state the set is in, with the command that mends it
+    (exit 0, no flag it does not have); a run given --hosts emulated still refuses it,
+    naming --hosts."""
+    from ddlstudy import hosts
+    from ddlstudy.cli import main
+    from ddlstudy.errors import ConfigError
+    from ddlstudy.hosts import namespaces, spec
+
+    monkeypatch.setattr(spec, "STATE_DIR", tmp_path / "hosts")
+    monkeypatch.setattr(namespaces, "_namespaces", lambda: set())  # none here: all gone
+    _hosts_record(tmp_path / "hosts", complete)
+    assert main(["hosts", "status"]) == 0
+    out, err = capsys.readouterr()
+    assert said in out and "run: ddlstudy hosts down --prefix ddl && ddlstudy hosts up " \
+        "--count 2 --prefix ddl" in out, out
+    assert err == "" and "--hosts" not in out
+    with pytest.raises(ConfigError, match="^--hosts: ") as refused:
+        hosts.load("ddl")
+    assert said in str(refused.value)
+
+
+def _run_copy(finished, tmp_path: Path) -> Path:
+    """A copy of the finished run's folder."""
+    import shutil
+
+    source = Path(finished["config"]["runs_dir"]) / finished["id"]
+    return Path(shutil.copytree(source, tmp_path / "runs" / finished["id"]))
+
+
+def test_a_model_name_is_refused_naming_where_it_came_from(finished, tmp_path, capsys):
+    """A model name that no longer builds is refused naming where it was written: a run's
+    manifest (export model has no --model), a use case's [model] arch (``named``, which
+    renames every refusal of the model, ddlstudy.models' too), or --model itself."""
+    from ddlstudy.cli import main
+    from ddlstudy.config import ModelSpec
+    from ddlstudy.errors import ConfigError
+    from ddlstudy.models import check
+    from ddlstudy.models.sources import named
+
+    run = _run_copy(finished, tmp_path)
+    doc = copy.deepcopy(finished)
+    doc["config"]["usecase"]["model"] = {"arch": "nosuchnet"}
+    (run / MANIFEST).write_text(json.dumps(doc))
+    assert main(["export", "model", str(run), "--out", str(tmp_path / "m.pt")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"ddlstudy: error: run manifest {run / MANIFEST}: config.usecase."
+                          f"model.arch: unknown model 'nosuchnet'") and "--model" not in err, err
+    assert err.count("\n") == 1 and not (tmp_path / "m.pt").exists()
+    for spec, said in ((ModelSpec(arch="nosuchnet"), "unknown model 'nosuchnet'"),
+                       (ModelSpec(arch="alexnet", width=0.25), "is too small")):
+        with pytest.raises(ConfigError) as refused, named("model.arch in /x/u.toml"):
+            check(spec, 3, 8 if spec.arch == "alexnet" else 64)
+        assert refused.value.field in ("model.arch in /x/u.toml", "train.image_size")
+        assert said in str(refused.value), refused.value
+    with pytest.raises(ConfigError, match="^--model: unknown model"), named("--model"):
+        check(ModelSpec(arch="nosuchnet"), 3, 64)
+
+
+def test_a_folder_tracking_store_is_checked_in_ddlstudys_words(tmp_path):
+    """A file: URI's folder is checked as any folder ddlstudy writes into, before MLflow
+    sees it; one that can be made is a store MLflow keeps (not its 'maintenance mode')."""
+    pytest.importorskip("mlflow")
+    from ddlstudy import tracking
+    from ddlstudy.errors import ConfigError
+
+    (tmp_path / "afile").write_text("x")
+    for uri, said in (("file:///sys/x", "/sys/x cannot be"),
+                      (f"file://{tmp_path}/afile/store", f"{tmp_path}/afile/store cannot be "
+                                                          f"made: {tmp_path}/afile is a file")):
+        with pytest.raises(ConfigError) as refused:
+            tracking.client(uri)
+        assert str(refused.value).startswith(f"tracking URI {uri}: {said}"), refused.value
+        assert "MLflow" not in str(refused.value)
+    assert tracking.client(f"file://{tmp_path}/store").search_experiments() is not None
+    assert (tmp_path / "store").is_dir()
+
+
+def test_every_reader_of_samples_refuses_a_bad_file_alike(finished, tmp_path, capsys):
+    """samples.parquet is read by sampler.read_samples alone: export tensorboard, export
+    mlflow and a resumed run's merge refuse (or keep aside) a column of the wrong kind with
+    the same words."""
+    from importlib.util import find_spec
+
+    import pandas as pd
+
+    from ddlstudy.cli import main
+    from ddlstudy.runfolder import RunFolder
+
+    run = _run_copy(finished, tmp_path)
+    said = "column proc_cpu_percent must hold numbers, not str 'busy'"
+    pd.DataFrame({"time": [1.7e9], "t_s": [0.5], "rank": [0], "scope": ["node"], "host": ["h"],
+                  "proc_cpu_percent": ["busy"]}).to_parquet(run / "samples.parquet")
+    exports = [["export", "tensorboard", str(run), "--out", str(tmp_path / "tb")]]
+    if find_spec("mlflow") is not None:
+        exports.append(["export", "mlflow", str(run), "--tracking-uri",
+                        f"sqlite:///{tmp_path}/mlflow.db"])
+    for argv in exports:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and said in err and str(run / "samples.parquet") in err, err
+    frame = RunFolder.open(run).write_samples([{"time": 1.7e9, "scope": "node", "rank": 0}])
+    assert len(frame) == 1 and (run / "samples.parquet.damaged").exists()
+    assert said in capsys.readouterr().err

@@ -54,7 +54,7 @@ def cmd_hosts(args: argparse.Namespace) -> int:
                   "nothing deleted")
     elif args.hosts_command == "spark":
         check_positive(args, "cores")
-        up = hosts.load(args.prefix)
+        up = hosts.load(args.prefix, flag=None)  # spark has no --hosts to name
         master = hosts.spark_up(up, cores=args.cores)
         print(f"Spark master {master} with {up.count} worker(s) of {args.cores} core(s); "
               f"run with --backend spark --spark-master {master} --spark-secret-file "
@@ -65,12 +65,15 @@ def cmd_hosts(args: argparse.Namespace) -> int:
 
 
 def _status(prefix: str) -> None:
-    """The hosts of ``prefix``; none up is an answer, not an error."""
+    """The hosts of ``prefix``; none up, or a set half made or gone, is an answer (with the
+    command that mends it), not an error."""
     from ddlstudy import hosts
+    from ddlstudy.hosts.namespaces import health
 
     made = hosts.prefixes()
     if prefix in made:
-        print(hosts.status(hosts.load(prefix)))
+        up, problem = health(prefix)
+        print(problem or hosts.status(up))
     elif made:
         print(f"no emulated hosts are up with prefix {hosts.check_prefix(prefix)}; sets that "
               f"are: {', '.join(made)} (give --prefix)")

@@ -13,30 +13,41 @@ from pathlib import Path
 from ddlstudy.config.loading import usecase_from_dict
 from ddlstudy.config.usecase import DataSpec, ModelSpec, UseCase
 from ddlstudy.errors import ConfigError
+from ddlstudy.reading import what_is
 
 
-def class_folders(folder: Path) -> tuple[str, ...]:
+def class_folders(folder: Path, field: str = "--data-dir") -> tuple[str, ...]:
     """An ImageFolder tree's classes: its visible sub-folders, sorted as ImageFolder sorts
-    them (the label of each is its index)."""
+    them (the label of each is its index); a refusal names ``field``, where the folder was
+    given (the flag, or a use case's key)."""
     folder = Path(folder)
     if not folder.is_dir():
-        raise ConfigError("--data-dir", f"{folder} is not a folder; give the root of an "
+        there = what_is(folder)  # not opened: a FIFO would block
+        it = f"it is {there}" if there else "it does not exist"
+        raise ConfigError(field, f"{folder} is not a folder ({it}); give the root of an "
                           f"ImageFolder tree (root/<class>/<image>)")
     found = tuple(sorted(p.name for p in folder.iterdir() if p.is_dir() and
                          not p.name.startswith(".")))
     if len(found) < 2:
-        raise ConfigError("--data-dir", f"{folder} has {len(found)} class folder(s); an "
-                          f"ImageFolder tree has one folder per class, at least two "
-                          f"(root/<class>/<image>)")
+        raise ConfigError(field, f"{folder} has {len(found)} class folder(s); an ImageFolder "
+                          f"tree has one folder per class, at least two (root/<class>/<image>)")
     return found
+
+
+def usecase_key(usecase: UseCase, key: str) -> str:
+    """How a refusal names ``key`` of ``usecase``: with the file it was written in (``model.arch
+    in path/to/u.toml``), where it came from one."""
+    return f"{key} in {usecase.source}" if usecase.source else key
 
 
 def with_classes(usecase: UseCase, folder: Path) -> UseCase:
     """``usecase`` with its classes, where it names none, read from ``folder``'s class
-    folders."""
+    folders (its own [data] dir, or --data-dir's)."""
     if usecase.classes is not None:
         return usecase
-    return dataclasses.replace(usecase, classes=class_folders(folder))
+    given = usecase.data.dir is None or Path(folder) != usecase.data.dir
+    field = "--data-dir" if given else usecase_key(usecase, "data.dir")
+    return dataclasses.replace(usecase, classes=class_folders(folder, field))
 
 
 def usecase_of_folder(folder: Path, model: str) -> UseCase:
@@ -82,11 +93,25 @@ def _toml(text: str) -> str:
     return json.dumps(str(text), ensure_ascii=False).replace("\x7f", "\\u007f")
 
 
+FLAGS = {"name": "--name", "model.arch": "--model", "model.width": "--model",
+         "train.image_size": "--image-size", "data.dir": "--data-dir"}
+"""The keys of a starter use case and the flags of `ddlstudy usecase new` they come from:
+a refusal names what the user typed."""
+
+
 def starter(folder: Path, model: str, image_size: int, path: Path,
             name: str | None = None) -> str:
     """A use case TOML for ``folder``'s images, every key written out (``ddlstudy usecase
-    new``), checked by reading it back."""
-    folder, path = Path(folder).resolve(), Path(path).resolve()
+    new``), checked by reading it back: a refusal names the flag the value came from."""
+    try:
+        return _starter(Path(folder).resolve(), model, image_size, Path(path).resolve(), name)
+    except ConfigError as exc:
+        if exc.field not in FLAGS:
+            raise
+        raise ConfigError(FLAGS[exc.field], str(exc)[len(exc.field) + 2:]) from None
+
+
+def _starter(folder: Path, model: str, image_size: int, path: Path, name: str | None) -> str:
     classes = class_folders(folder)
     where = os.path.relpath(folder, path.parent)  # the use case moves with its images
     data = DataSpec(dir=folder)

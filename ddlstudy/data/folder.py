@@ -126,10 +126,12 @@ def _checked_file(rels: list[str], digests: list[tuple[str | None, str]]) -> Pat
     return cache_dir() / "checked" / f"{key[:32]}-pillow{PIL.__version__}.json"
 
 
-def _checks(files: list[tuple[Path, int]], root: Path,
-            threads: int) -> list[tuple[str | None, str]]:
-    """Every file's (sha256, '') or (None, why it is not a usable image). Each file is
-    decoded once per content: a scan of a tree already checked only hashes it."""
+def _checks(files: list[tuple[Path, int]], root: Path, threads: int
+            ) -> tuple[list[tuple[str | None, str]], Path | None]:
+    """Every file's (sha256, '') or (None, why it is not a usable image), and where to
+    remember the outcome once the scan has accepted the tree (None: it is remembered
+    already, or a file cannot even be read). Each file is decoded once per content: a scan
+    of a tree already checked only hashes it."""
     rels = [p.relative_to(root).as_posix() for p, _ in files]
     with ThreadPoolExecutor(threads) as pool:  # Pillow releases the GIL while decoding
         digests = list(pool.map(lambda f: _check_image(f[0], decode=False), files))
@@ -140,17 +142,18 @@ def _checks(files: list[tuple[Path, int]], root: Path,
             bad = None
         if isinstance(bad, dict):
             return [(None, bad[rel]) if rel in bad else found
-                    for rel, found in zip(rels, digests, strict=True)]
-        checks = list(pool.map(lambda f: _check_image(f[0]), files))
-    if memo is not None:
-        bad = {rel: reason for rel, (digest, reason) in zip(rels, checks, strict=True)
-               if digest is None}
-        try:
-            memo.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_text(memo, json.dumps(bad))
-        except OSError:
-            pass  # the next scan decodes again
-    return checks
+                    for rel, found in zip(rels, digests, strict=True)], None
+        return list(pool.map(lambda f: _check_image(f[0]), files)), memo
+
+
+def _remember(memo: Path, bad: dict[str, str]) -> None:
+    """Keep the outcome of a scan that accepted its tree (``bad``: the images it left
+    out, by relative path); a refused scan writes nothing."""
+    try:
+        memo.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(memo, json.dumps(bad))
+    except OSError:
+        pass  # the next scan decodes again
 
 
 def scan_imagefolder(root: Path, classes: tuple[str, ...],
@@ -167,7 +170,7 @@ def scan_imagefolder(root: Path, classes: tuple[str, ...],
             raise DataError(f"class folder {root / name} holds no images (looked for "
                             f"{', '.join(sorted(IMAGE_EXTENSIONS))})")
         files += [(p, label) for p in found]
-    checks = _checks(files, root, threads or min(8, (os.cpu_count() or 1) * 2))
+    checks, memo = _checks(files, root, threads or min(8, (os.cpu_count() or 1) * 2))
     items, skipped, sums = [], [], []
     for (path, label), (digest, reason) in zip(files, checks, strict=True):
         rel = path.relative_to(root).as_posix()
@@ -183,6 +186,8 @@ def scan_imagefolder(root: Path, classes: tuple[str, ...],
     empty = [name for name, n in per_class.items() if n == 0]
     if empty:
         raise DataError(f"class {empty[0]!r} has no readable image left in {root}")
+    if memo is not None:  # only now: nothing is written before a refusal
+        _remember(memo, dict(skipped))
     return ImageList(root=root, classes=classes, items=tuple(items), skipped=tuple(skipped),
                      fingerprint=fingerprint(sums), per_class=per_class)
 

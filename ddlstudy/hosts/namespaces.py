@@ -67,22 +67,33 @@ def _limit_cpu(name: str, cores: float, made: state.State) -> None:
             from None
 
 
-def load(prefix: str = DEFAULT_PREFIX) -> Hosts:
-    """The emulated hosts ``hosts up`` made, checked to be still there."""
+def health(prefix: str = DEFAULT_PREFIX) -> tuple[Hosts | None, str]:
+    """The emulated hosts ``hosts up`` made under ``prefix`` and what is wrong with them,
+    in words with the command that mends it ('' where every one is there): none recorded,
+    recorded but not fully made, or gone since. `hosts status` prints it; a run refuses."""
     made = state.read(prefix)
     if made is None:
-        raise ConfigError("--hosts", f"no emulated hosts named {prefix!r} are up; start them "
-                          f"with: ddlstudy hosts up --count N --prefix {prefix}")
+        return None, (f"no emulated hosts named {prefix!r} are up; start them with: "
+                      f"ddlstudy hosts up --count N --prefix {prefix}")
     hosts = made.hosts
     again = (f"run: ddlstudy hosts down --prefix {prefix} && "
              f"ddlstudy hosts up --count {hosts.count} --prefix {prefix}")
     if not made.complete:
-        raise ConfigError("--hosts", f"emulated hosts {prefix!r} were not fully made (an "
-                          f"interrupted hosts up, or a failed hosts down); {again}")
+        return hosts, (f"emulated hosts {prefix!r} were not fully made (an interrupted "
+                       f"hosts up, or a failed hosts down); {again}")
     missing = [n for n in hosts.names if n not in _namespaces()]
     if missing:
-        raise ConfigError("--hosts", f"emulated host(s) {', '.join(missing)} are gone (a "
-                          f"reboot?); {again}")
+        return hosts, (f"emulated host(s) {', '.join(missing)} of {prefix!r} are gone (a "
+                       f"reboot?); {again}")
+    return hosts, ""
+
+
+def load(prefix: str = DEFAULT_PREFIX, flag: str | None = "--hosts") -> Hosts:
+    """The emulated hosts ``hosts up`` made, checked to be still there: else a refusal
+    naming ``flag`` (the option that named them; None: a command that has none)."""
+    hosts, problem = health(prefix)
+    if problem:
+        raise ConfigError(flag, problem) if flag else UsageError(problem)
     return hosts
 
 

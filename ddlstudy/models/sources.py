@@ -11,7 +11,8 @@ import hashlib
 import importlib
 import importlib.util
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 from types import ModuleType
@@ -26,11 +27,25 @@ from ddlstudy.models.paper import build_paper
 from ddlstudy.reading import CAPS, read_bytes
 
 FLAG = "--model"
-"""How a refusal names the model (the use case's [model] arch, or the flag)."""
+"""How a refusal of the model names it (here and in ``ddlstudy.models``): the flag, unless
+the caller says, by ``named``, where else the name came from."""
 TORCHVISION_EXTRA = {"googlenet": {"aux_logits": False, "init_weights": True},
                      "inception_v3": {"aux_logits": False, "init_weights": True}}
 """torchvision's two models with auxiliary heads: built without them, so that training
 gets one output (and with torchvision's initialisation, without its warning)."""
+
+
+@contextmanager
+def named(field: str) -> Iterator[None]:
+    """Refusals of the model inside (``FLAG``'s) name ``field`` instead: where its name
+    came from, when not from --model (``model.arch in u.toml``, a run's manifest). Every
+    refusal of a model, whoever builds it, is renamed here, at one place."""
+    try:
+        yield
+    except ConfigError as exc:
+        if exc.field != FLAG or field == FLAG:
+            raise
+        raise type(exc)(field, str(exc)[len(FLAG) + 2:]) from None
 
 
 @lru_cache(maxsize=1)

@@ -27,7 +27,7 @@ from ddlstudy.config import ModelSpec, UseCase, usecase_from_dict
 from ddlstudy.errors import ConfigError, UsageError
 from ddlstudy.files import check_output, write_outputs
 from ddlstudy.models import shapes_only
-from ddlstudy.models.sources import made, sha256_of
+from ddlstudy.models.sources import made, named, sha256_of
 from ddlstudy.reading import BadFile, check_regular, read_json
 from ddlstudy.runfolder import load_manifest
 
@@ -115,7 +115,8 @@ def export(run: Path, out: Path, force: bool = False) -> list[Path]:
         raise UsageError(f"{snapshot} is damaged or not ddlstudy's; it is left as it "
                          f"is") from None
     usecase = usecase_from_dict(_usecase_dict(manifest))
-    _fits(state, usecase, snapshot)
+    with named(f"run manifest {manifest_file}: config.usecase.model.arch"):
+        _fits(state, usecase, snapshot)  # a name it records that no longer builds
     text = json.dumps({"usecase": _usecase_dict(manifest), "run": manifest.get("id"),
                        "epochs": len(manifest.get("epochs", [])), "model": manifest.get("model"),
                        "classes": list(usecase.classes or ())}, indent=2)
@@ -155,6 +156,7 @@ def load(weights: Path) -> nn.Module:
         raise BadFile("model description", side, "records no use case; export the weights "
                       "again with `ddlstudy export model RUN --out FILE`")
     usecase: UseCase = usecase_from_dict(described["usecase"])
-    model = made(usecase.model, len(usecase.classes))
+    with named(f"model description {side}: usecase.model.arch"):
+        model = made(usecase.model, len(usecase.classes))
     model.load_state_dict(read_weights(Path(weights), "weights"))
     return model

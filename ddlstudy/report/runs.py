@@ -16,6 +16,7 @@ import pandas as pd
 
 from ddlstudy.errors import UsageError
 from ddlstudy.formats import Cell, Study, check, load
+from ddlstudy.reading import what_is
 from ddlstudy.runfolder import MANIFEST, load_manifest
 from ddlstudy.strategies import REGISTRY as STRATEGIES
 from ddlstudy.strategies import Strategy
@@ -34,11 +35,16 @@ rest are the parallelism itself."""
 
 
 def runs_folder(runs_dir: Path) -> Path:
-    """``runs_dir`` if it is a folder, else a UsageError."""
+    """``runs_dir`` if it is a folder, else a UsageError saying what is there instead
+    (found without opening it: a FIFO would block)."""
     runs_dir = Path(runs_dir)
-    if not runs_dir.is_dir():
+    if runs_dir.is_dir():
+        return runs_dir
+    there = what_is(runs_dir)
+    if not there:
         raise UsageError(f"runs folder {runs_dir} does not exist")
-    return runs_dir
+    raise UsageError(f"runs folder {runs_dir} is {there}, not a folder; give the folder "
+                     f"the runs are in (where `ddlstudy run --runs-dir` put them)")
 
 
 def load_runs(runs_dir: Path) -> list[dict]:

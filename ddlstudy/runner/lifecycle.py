@@ -24,10 +24,11 @@ from ddlstudy import environment, models, signals, wire
 from ddlstudy.backends import REGISTRY as BACKENDS
 from ddlstudy.backends import Backend, Environment, get_backend
 from ddlstudy.config import Effective, RunConfig, UseCase
+from ddlstudy.config.folders import usecase_key
 from ddlstudy.data import DataPlan, prepare_data
 from ddlstudy.errors import ConfigError, Unavailable, UsageError
 from ddlstudy.files import sweep_temporaries
-from ddlstudy.models.sources import sha256_of
+from ddlstudy.models.sources import named, sha256_of
 from ddlstudy.models.trained import check_weights
 from ddlstudy.runfolder import (
     MANIFEST,
@@ -117,9 +118,10 @@ def preflight(cfg: RunConfig, resuming: bool = False) -> RunConfig:
     Returns ``cfg`` resolved (its effective parallelism computed, once)."""
     strategy, backend = get_strategy(cfg.strategy), get_backend(cfg.backend)
     uc = cfg.usecase
-    models.check(uc.model, len(uc.classes), uc.train.image_size)
-    if cfg.init_weights is not None:
-        check_weights(uc.model, len(uc.classes), cfg.init_weights)
+    with named("--model" if cfg.model is not None else usecase_key(uc, "model.arch")):
+        models.check(uc.model, len(uc.classes), uc.train.image_size)
+        if cfg.init_weights is not None:
+            check_weights(uc.model, len(uc.classes), cfg.init_weights)
     if (cfg.nodes or 1) > 1 and not backend.multi_node:
         several = [name for name, cls in BACKENDS.loaded().items() if cls.multi_node]
         raise ConfigError("--nodes", f"more than one node needs --backend "
