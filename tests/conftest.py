@@ -57,6 +57,26 @@ def quick_config(tmp_path, datasets_dir, tiny):
     return make
 
 
+@pytest.fixture(scope="session")
+def tiny_20(tmp_path_factory, datasets_dir, tiny):
+    """Twenty epochs of tiny with a strategy and its flags, run on first use and shared by
+    every test that compares against it (the manifest's run folder)."""
+    from ddlstudy.runner import run
+
+    made = {}
+
+    def get(strategy: str = "sequential", **flags):
+        key = (strategy, tuple(sorted(flags.items())))
+        if key not in made:
+            cfg = RunConfig(usecase=with_overrides(tiny, epochs=20), datasets_dir=datasets_dir,
+                            runs_dir=tmp_path_factory.mktemp("runs20"), sample_hz=0,
+                            snapshot=False, strategy=strategy, **flags)
+            made[key] = run(cfg, show_progress=False)
+        return made[key]
+
+    return get
+
+
 @pytest.fixture
 def cli(tmp_path, datasets_dir, capsys):
     """``ddlstudy`` in this process: (exit code, stderr, the runs folder)."""

@@ -8,7 +8,6 @@ Dropout is off (eval mode; AlexNet has no batch norm) so that all draw the same 
 """
 
 import copy
-import dataclasses
 import os
 from concurrent.futures import ThreadPoolExecutor
 
@@ -19,7 +18,7 @@ import torch.multiprocessing as mp
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from ddlstudy.config import ModelSpec, RunConfig, with_overrides
+from ddlstudy.config import ModelSpec
 from ddlstudy.models import build_model
 from ddlstudy.runner import run
 from ddlstudy.strategies import REGISTRY, get_strategy
@@ -186,13 +185,6 @@ def test_registry_lists_the_strategies():
                for name, cls in REGISTRY.items())
 
 
-@pytest.fixture(scope="module")
-def baseline_20(tmp_path_factory, datasets_dir, tiny):
-    cfg = RunConfig(usecase=with_overrides(tiny, epochs=20), datasets_dir=datasets_dir,
-                    runs_dir=tmp_path_factory.mktemp("runs"), sample_hz=0, snapshot=False)
-    return cfg, run(cfg, show_progress=False)
-
-
 def _accuracies(folder):
     return [e["val_accuracy"] for e in folder.manifest["epochs"]]
 
@@ -202,16 +194,14 @@ def _accuracies(folder):
     ("cpu-threads", {"workers": 2}), ("cpu-processes", {"workers": 2}),
     ("pipeline", {"stages": 2}), ("hybrid", {"stages": 2, "replicas": 2}),
 ])
-def test_strategies_learn_like_the_baseline(baseline_20, strategy, flags, tmp_path):
+def test_strategies_learn_like_the_baseline(tiny_20, strategy, flags):
     """Twenty tiny epochs: every strategy ends well above chance (1/3) and near the baseline.
 
     Their runs differ from the baseline's only in dropout masks, so the curves are not
     identical; 60 validation images make one image 1.7 points. Observed best accuracies:
     0.67 to 0.72, pipeline 0.58.
     """
-    base_cfg, base = baseline_20
-    cfg = dataclasses.replace(base_cfg, strategy=strategy, runs_dir=tmp_path, **flags)
-    other = run(cfg, show_progress=False)
+    base, other = tiny_20(), tiny_20(strategy, **flags)
     assert other.manifest["status"] == "completed" and len(_accuracies(other)) == 20
     assert max(_accuracies(other)) >= 0.55
     # at most 9 of the 60 validation images apart (0.15 in floats can be 0.15000000000000002)

@@ -163,14 +163,17 @@ def ceiling(what: What, steps: int, repeats: int, runs: Path) -> list[Ratio]:
 
 
 def strategies(what: What, steps: int, repeats: int, runs: Path) -> list[Ratio]:
+    """Each repeat runs the baseline once, then every strategy: each ratio's two sides
+    come from the same repeat (one baseline a repeat, not one a strategy: 5 runs a repeat
+    instead of 8 on 2 cores)."""
     layouts = strategy_flags(usable_cores())
     speed = {s: Ratio("strategies", f"{s} / sequential", "images/s") for s in layouts}
     start = {s: Ratio("start", f"{s} / sequential: seconds from the command to the first "
                       "step", "s") for s in layouts}
     for _ in range(repeats):
+        baseline = _run(runs, what, steps)
         for name, flags in layouts.items():
-            _side_by_side(speed[name], start[name],
-                          _run(runs, what, steps, *flags), _run(runs, what, steps))
+            _side_by_side(speed[name], start[name], _run(runs, what, steps, *flags), baseline)
     return [*speed.values(), *start.values()]
 
 
@@ -186,39 +189,34 @@ def reducers(what: What, repeats: int, hosts: str | None) -> list[Ratio]:
             if name != "allreduce"]
 
 
-def _pair(group: str, a: str, b: str, a_flags: list[str], b_flags: list[str],
-          what: What, steps: int, repeats: int, runs: Path) -> list[Ratio]:
-    """Run ``a`` then ``b`` (their flags) side by side ``repeats`` times: their images/s
-    in ``group``, and their seconds to the first step in ``start``."""
-    speed = Ratio(group, f"{a} / {b}", "images/s")
-    start = Ratio("start", f"{a} / {b}: seconds from the command to the first step", "s")
-    for _ in range(repeats):
-        _side_by_side(speed, start, *(_run(runs, what, steps, *flags)
-                                      for flags in (a_flags, b_flags)))
-    return [speed, start]
-
-
 MPI_2 = ["--backend", "mpi", "--nodes", "2"]
 PROCESSES_2 = ["--strategy", "cpu-processes", "--workers", "2"]
 PROCESSES_2_GLOO = [*PROCESSES_2, "--transport", "gloo"]
-SHARED, GLOO = "cpu-processes, 2, shared memory", "cpu-processes, 2 (DDP over gloo)"
+SHARED, GLOO, MPI = ("cpu-processes, 2, shared memory", "cpu-processes, 2 (DDP over gloo)",
+                     "MPI, 2 nodes")
+EXCHANGES = {"transport": [(SHARED, GLOO)], "mpi": [(MPI, GLOO), (MPI, SHARED)],
+             "spark": [("Spark, 2 tasks", MPI)]}
+"""Each group of 2-process settings and the pairs (A / B) it compares."""
+FLAGS = {SHARED: PROCESSES_2, GLOO: PROCESSES_2_GLOO, MPI: MPI_2,
+         "Spark, 2 tasks": ["--backend", "spark", "--nodes", "2"]}
 
 
-def transport(what: What, steps: int, repeats: int, runs: Path) -> list[Ratio]:
-    return _pair("transport", SHARED, GLOO, PROCESSES_2, PROCESSES_2_GLOO, what, steps,
-                 repeats, runs)
-
-
-def mpi(what: What, steps: int, repeats: int, runs: Path) -> list[Ratio]:
-    return [*_pair("mpi", "MPI, 2 nodes", GLOO, MPI_2, PROCESSES_2_GLOO, what, steps,
-                   repeats, runs),
-            *_pair("mpi", "MPI, 2 nodes", SHARED, MPI_2, PROCESSES_2, what, steps,
-                   repeats, runs)]
-
-
-def spark(what: What, steps: int, repeats: int, runs: Path) -> list[Ratio]:
-    return _pair("spark", "Spark, 2 tasks", "MPI, 2 nodes",
-                 ["--backend", "spark", "--nodes", "2"], MPI_2, what, steps, repeats, runs)
+def exchanges(groups: list[str], what: What, steps: int, repeats: int,
+              runs: Path) -> list[Ratio]:
+    """The pairs of ``groups`` (of EXCHANGES) from one run of each setting they name a
+    repeat, the settings one after the other: transport and mpi together run 3 settings
+    a repeat, not 6. Their images/s in the group, their seconds to the first step in
+    ``start``."""
+    pairs = [(g, a, b) for g in groups for a, b in EXCHANGES[g]]
+    settings = list(dict.fromkeys(name for _, a, b in pairs for name in (a, b)))
+    speed = {(a, b): Ratio(g, f"{a} / {b}", "images/s") for g, a, b in pairs}
+    start = {(a, b): Ratio("start", f"{a} / {b}: seconds from the command to the first "
+                           "step", "s") for _, a, b in pairs}
+    for _ in range(repeats):
+        done = {name: _run(runs, what, steps, *FLAGS[name]) for name in settings}
+        for _, a, b in pairs:
+            _side_by_side(speed[a, b], start[a, b], done[a], done[b])
+    return [r for key in speed for r in (speed[key], start[key])]
 
 
 def bench_all(what: What, steps: int, repeats: int, groups: list[str],
@@ -233,8 +231,11 @@ def bench_all(what: What, steps: int, repeats: int, groups: list[str],
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="ddlstudy-bench-") as tmp:
         runs = Path(tmp)
+        joined = [g for g in ("transport", "mpi") if g in groups]
         for group in groups:
             t0 = time.time()
+            if group in joined[1:]:
+                continue  # measured with the first of them
             if group == "overhead":
                 results.append(overhead(what, steps, repeats))
             elif group == "ceiling":
@@ -247,14 +248,13 @@ def bench_all(what: What, steps: int, repeats: int, groups: list[str],
                 results += strategies(what, steps, repeats, runs)
             elif group == "reducers":
                 results += reducers(what, repeats, hosts)
-            elif group == "transport":
-                results += transport(what, steps, repeats, runs)
-            elif group == "mpi":
-                results += mpi(what, steps, repeats, runs)
+            elif group in joined:
+                results += exchanges(joined, what, steps, repeats, runs)
+                group = ", ".join(joined)
             elif shutil.which("java") is None:
                 skipped["spark"] = "no Java on this machine (Spark's JVM needs it)"
             else:
-                results += spark(what, steps, repeats, runs)
+                results += exchanges(["spark"], what, steps, repeats, runs)
             print(f"  {group}: {time.time() - t0:.0f} s", file=sys.stderr)
     return {"usecase": uc.name, "model": str(uc.model.arch), "steps": steps,
             "repeats": repeats,

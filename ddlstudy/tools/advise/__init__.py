@@ -85,6 +85,26 @@ from ddlstudy.tools.advise.ranking import (
 )
 
 
+def say_skipped(cands: list[Candidate]) -> None:
+    for c in cands:
+        if c.skip:
+            say(f"  skip {c.label}: {c.skip}")
+
+
+def skip_non_nodes(cands: list[Candidate], nodes: list[int], where: Setting) -> None:
+    """Without 1 in ``nodes`` a local configuration is ranked only as a node of MPI
+    nodes: one wider than any node's cores here would spend the budget on a probe that
+    ranks nothing. The sequential baseline is probed always (speedups are against it)."""
+    if 1 in nodes:
+        return
+    room = max(where.per_node(n) for n in nodes)
+    for c in cands:
+        if not c.skip and c.label != "sequential" and c.cores > room:
+            c.skip = (f"it needs {c.cores} cores and each of --nodes "
+                      f"{','.join(map(str, nodes))} gets at most {room} here; add 1 to "
+                      "--nodes to rank it on its own")
+
+
 def advise(usecase: str, nodes: list[int], hosts: str | None, link: str | None,
            budget: float, out: Path, runs: Path | None = None, rounds: int = 3,
            steps: int = PROBE_STEADY_STEPS, datasets_dir: Path | None = None,
@@ -106,15 +126,14 @@ def advise(usecase: str, nodes: list[int], hosts: str | None, link: str | None,
     params, gradient = found.parameters, found.gradient_bytes
     cands = candidates(cores, gpus)
     check_fit(cands, usecase, params, psutil.virtual_memory().available, probes_dir, given)
-    say(f"advise {usecase}: {sum(not c.skip for c in cands)} local configurations to probe "
-        f"on {cores} cores, {gpus} GPU(s); budget {budget:.0f} s")
-    for c in cands:
-        if c.skip:
-            say(f"  skip {c.label}: {c.skip}")
     where = Setting(cores, shared=link is None and (hosts is None
                                                    or emulated_prefix(hosts) is not None),
                     exchange=None, hosts=hosts, link=link,
                     placeable=0 if link else host_count or cores)
+    skip_non_nodes(cands, nodes, where)
+    say(f"advise {usecase}: {sum(not c.skip for c in cands)} local configurations to probe "
+        f"on {cores} cores, {gpus} GPU(s); budget {budget:.0f} s")
+    say_skipped(cands)
     if any(n > 1 for n in nodes):
         t0 = time.monotonic()
         measured = measure_exchange(gradient, hosts)
@@ -129,7 +148,7 @@ def advise(usecase: str, nodes: list[int], hosts: str | None, link: str | None,
     rows, notes = predictions(cands, nodes, where, batch, gradient,
                               train_images(uc, given.get("data_dir")))
     notes = _shared(where, nodes) + notes
-    rank(rows, conv)
+    rank(rows, conv, max(c.speed for c in cands if c.speeds and c.nodes == 1))
     for r in rows:
         r["command"] = command(usecase, r["flags"])
     result = {"usecase": uc.name, "nodes": nodes, "hosts": hosts, "link": link,

@@ -3,6 +3,7 @@ the node counts that can be placed there."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from ddlstudy.tools.advise.exchange import COMPRESSORS, Exchange
@@ -50,14 +51,30 @@ def mpi_candidates(cands: list[Candidate], nodes: list[int], where: Setting,
     for n in nodes:
         if not 1 < n <= where.placeable:
             continue
-        method = min(where.methods(), key=lambda m: where.exchange.seconds(m, n,
-                                                                           gradient_bytes))
-        for c in [c for c in local if c.cores <= where.per_node(n)][:best]:
-            flags = c.flags | {"backend": "mpi", "nodes": n} | (
-                {"compress": method} if method in COMPRESSORS else {"reduce": method}) | (
-                {"hosts": where.hosts} if where.hosts else {})
-            label = f"{c.label} x {n} MPI nodes, {method}"
-            out += [Candidate(label, flags, c.cores, c.replicas, nodes=n, node=c),
-                    Candidate(f"{label} weak", flags | {"scaling": "weak"}, c.cores,
-                              c.replicas, nodes=n, node=c)]
+        cost = functools.partial(_cost, where, n, gradient_bytes)
+        method = min(where.methods(), key=cost)
+        fits = [c for c in local if c.cores <= where.per_node(n)]
+        for c in fits[:best]:
+            out += [_on_nodes(c, n, method, where), _on_nodes(c, n, method, where, weak=True)]
+        # a compressor's cast and sum slow inside a run unlike a reducer's copies: its
+        # own in-run exchange is probed once (on tiny, fitted from step-wise's it was
+        # predicted 23 % slow)
+        squeeze = min([m for m in where.methods() if m in COMPRESSORS], key=cost,
+                      default=None)
+        if fits and squeeze and squeeze != method:
+            out.append(_on_nodes(fits[0], n, squeeze, where))
     return out
+
+
+def _cost(where: Setting, n: int, gradient_bytes: int, method: str) -> float:
+    return where.exchange.seconds(method, n, gradient_bytes)
+
+
+def _on_nodes(c: Candidate, n: int, method: str, where: Setting,
+              weak: bool = False) -> Candidate:
+    """Local candidate ``c`` as ``n`` MPI nodes exchanging with ``method``."""
+    flags = c.flags | {"backend": "mpi", "nodes": n} | (
+        {"compress": method} if method in COMPRESSORS else {"reduce": method}) | (
+        {"hosts": where.hosts} if where.hosts else {}) | ({"scaling": "weak"} if weak else {})
+    label = f"{c.label} x {n} MPI nodes, {method}" + (" weak" if weak else "")
+    return Candidate(label, flags, c.cores, c.replicas, nodes=n, node=c)

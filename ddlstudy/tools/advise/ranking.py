@@ -81,7 +81,7 @@ def predictions(cands: list[Candidate], nodes: list[int], where: Setting, batch:
                 notes.append(f"{n} nodes: they would share this machine's {where.cores} "
                              "cores, less than one each")
                 continue
-            nodes_ = [(c, {False: ([math.ceil(batch / n) / s for s in c.speeds], None)})
+            nodes_ = [(c, {False: ([math.ceil(batch / n) / s for s in c.speeds], [])})
                       for c in fit_]
         for node, by_scaling in nodes_:
             rows += _node_rows(node, by_scaling, n, where, batch, gradient_bytes,
@@ -90,42 +90,62 @@ def predictions(cands: list[Candidate], nodes: list[int], where: Setting, batch:
 
 
 def _computes(runs: list[Candidate], batch: int, n: int) -> list[tuple[Candidate, dict]]:
-    """For each local candidate probed on ``n`` MPI nodes: by scaling (weak or not), each
-    probe's compute seconds a step on a node, and the probe."""
+    """For each local candidate probed on ``n`` MPI nodes: by scaling (weak or not), every
+    probe's compute seconds a step on a node (its step less its exchange, whatever its
+    method), and the probes."""
     out: dict[str, tuple[Candidate, dict]] = {}
     for c in runs:
         weak = c.flags.get("scaling") == "weak"
         images = batch * n if weak else batch
-        computes = [images / s - e for s, e in zip(c.speeds, c.exchanges, strict=True)]
-        out.setdefault(c.node.label, (c.node, {}))[1][weak] = (computes, c)
+        computes, probes = out.setdefault(c.node.label, (c.node, {}))[1].setdefault(
+            weak, ([], []))
+        computes += [images / s - e for s, e in zip(c.speeds, c.exchanges, strict=True)]
+        probes.append(c)
     return list(out.values())
+
+
+def method_of(c: Candidate | None) -> str | None:
+    return c and (c.flags.get("compress") or c.flags.get("reduce"))
+
+
+def reference(probes: list[Candidate], method: str) -> Candidate | None:
+    """The probe whose exchange tells how ``method``'s goes inside a run: one of the same
+    method, else of the same kind (a compressor's cast and sum are compute that training
+    slows, a reducer's copies are not), else any."""
+    same = [p for p in probes if method_of(p) == method]
+    kind = [p for p in probes if (method_of(p) in COMPRESSORS) == (method in COMPRESSORS)]
+    return (same or kind or probes or [None])[0]
 
 
 def _node_rows(node: Candidate, by_scaling: dict, n: int, where: Setting, batch: int,
                gradient_bytes: int, train_images: int, base: float) -> list[dict]:
     """The rows of local candidate ``node`` on ``n`` nodes: every method, both scalings.
-    A method's exchange is its fitted cost scaled by how the probe's own exchange compared
-    with its fit (``in_run``)."""
+    A method's exchange is its fitted cost scaled by how the exchange of its reference
+    probe (of the same scaling where there is one) compared with that probe's fit
+    (``in_run``)."""
     rows = []
+    everyone = [p for _, probes in by_scaling.values() for p in probes]
     for method in where.methods():
         for weak in (False, True):
-            computes, run = by_scaling.get(weak) or by_scaling[not weak]
+            computes, probes = by_scaling.get(weak) or by_scaling[not weak]
+            ref = reference([*probes, *everyone], method)  # this scaling's first
+            exchange = in_run(ref, where, n, gradient_bytes) * \
+                where.exchange.seconds(method, n, gradient_bytes)
             if weak not in by_scaling:  # the other scaling's node: n shares = one batch
                 computes = [c * n if weak else c / n for c in computes]
             images = batch * n if weak else batch
-            exchange = in_run(run, where, n, gradient_bytes) * \
-                where.exchange.seconds(method, n, gradient_bytes)
-            probed_method = run and weak in by_scaling and (
-                run.flags.get("compress") or run.flags.get("reduce"))
-            if method == probed_method:
-                speeds, basis = run.speeds, "probed"
+            probed = next((p for p in by_scaling.get(weak, ((), ()))[1]
+                           if method_of(p) == method), None)
+            if probed:
+                speeds, basis = probed.speeds, "probed"
             else:
                 speeds = [images / (c + exchange) for c in computes]
                 # probe + model: an n-node probe's compute, the exchange's alpha-beta;
                 # model: one node's probe and the alpha-beta
-                basis = "probe + model" if run else "model"
+                basis = "probe + model" if everyone else "model"
+            busy = node.busy or any(p.busy for p in [*probes, *([probed] if probed else [])])
             rows.append(_row(node, n, method, speeds, base, train_images, (images, batch),
-                             basis, where, exchange, busy=node.busy or bool(run and run.busy)))
+                             basis, where, exchange, busy=busy))
     return rows
 
 
@@ -139,7 +159,7 @@ def in_run(run: Candidate | None, where: Setting, n: int, gradient_bytes: int) -
     the MPI probe's measured exchange a step over its method's fitted cost (1 without a
     probe). On tiny, 2 nodes on one 2-core host, step-wise took 3.98 ms a step in the probe
     against 3.16 ms fitted; the fitted costs alone predicted fp16 20 % fast."""
-    method = run and (run.flags.get("compress") or run.flags.get("reduce"))
+    method = method_of(run)
     fitted = where.exchange.seconds(method, n, gradient_bytes) if method else 0.0
     if not fitted or not run.exchanges:
         return 1.0
@@ -179,10 +199,12 @@ epochs to target were measured), and those that train another whose cost in epoc
 not known, ranked after them by images/s only."""
 
 
-def rank(rows: list[dict], conv: dict[str, Any]) -> None:
+def rank(rows: list[dict], conv: dict[str, Any], one_node: float | None = None) -> None:
     """Sort ``rows`` best first, in two lists (``list``: SAME, then CHANGES): by predicted
     time to target when earlier runs give the baseline's epochs to target, else by
-    images/s."""
+    images/s. A row's efficiency is its images/s over its nodes times ``one_node`` (the
+    fastest one-node probe; by default the fastest one-node row, which ``--nodes 2``
+    alone does not rank)."""
     factors = conv.get("factor") or {}
     for r in rows:
         key = r["convergence_key"]
@@ -206,7 +228,7 @@ def rank(rows: list[dict], conv: dict[str, Any]) -> None:
             r["time_to_target_s"] = finite(r["time_to_target_s"])
     else:
         rows.sort(key=lambda r: (r["list"] == CHANGES, -r["images_per_s"]))
-    best_one = max((r["images_per_s"] for r in rows if r["nodes"] == 1), default=1.0)
+    best_one = one_node or max(r["images_per_s"] for r in rows if r["nodes"] == 1)
     for i, r in enumerate(rows, 1):
         r["rank"] = i
         r["efficiency"] = r["images_per_s"] / (r["nodes"] * best_one)
