@@ -103,6 +103,20 @@ class Exchange(_Record):
     note: str | None = None
 
 
+_PARTS = ("step_s", "forward_s", "backward_s", "comm_s", "wait_s", "optimizer_s")
+StageTime = create_model(
+    "StageTime", __base__=_Record, __doc__="A pipeline stage's seconds over the run's steps.",
+    rank=(Count, ...), pipeline=(Count, 0), stage=(Count, ...), steps=(Count, ...),
+    **{p: (Seconds, ...) for p in _PARTS}, exchange_s=(Seconds, 0.0), other_s=(Seconds, 0.0))
+StageBox = create_model(
+    "StageBox", __base__=_Record, __doc__="A micro-batch's pass on a stage, from the step's "
+    "start.", stage=(Count, ...), micro_batch=(Count, ...), phase=(Literal["forward",
+    "backward"], ...), start_s=(Seconds, ...), end_s=(Seconds, ...))
+StagesTime = create_model(  # strategies.pipeline.stage_times; older runs have none
+    "StagesTime", __base__=_Record, __doc__="What a pipeline run measured of its stages.",
+    per_stage=(list[StageTime], []), timeline=(list[StageBox], []), note=(str | None, None))
+
+
 class BackendBlock(_Record):
     """The backend and its nodes."""
     name: str
@@ -111,6 +125,7 @@ class BackendBlock(_Record):
     sync: str | None = None
     hosts: list[str] | None = None
     exchange: Exchange | None = None
+    stages_time: StagesTime | None = None  # type: ignore[valid-type]
 
 
 class Data(_Record):

@@ -9,7 +9,9 @@
   with the 95 % interval the table prints as a whisker (a configuration with noisy runs
   only is named "(noisy)");
 - ``scaling``: speedup against the node count, with the ideal line;
-- ``accuracy``: validation accuracy against training wall time.
+- ``accuracy``: validation accuracy against training wall time;
+- ``timeline-<run>``: for every pipeline run that recorded its stages' time, its schedule
+  (``report.timeline``: one row per stage, each micro-batch's forward and backward a box).
 
 Each ``plot_*`` function returns a matplotlib Figure (None when there is nothing to show,
 say no multi-node run) built without pyplot, so it works with any backend: saved to files
@@ -31,6 +33,7 @@ from matplotlib.figure import Figure
 from ddlstudy.errors import UsageError
 from ddlstudy.report.runs import LOCAL
 from ddlstudy.report.tables import Report, only_main
+from ddlstudy.report.timeline import plot_timeline
 from ddlstudy.runfolder import SAMPLES
 from ddlstudy.sampler import IDENTITY, read_samples
 
@@ -321,11 +324,17 @@ FIGURES = {"resources": plot_resources, "distributed": plot_distributed,
 
 
 def make_figures(report: Report, out: Path) -> list[Path]:
-    """Every figure that has data, as PNG and SVG in ``out``."""
+    """Every figure that has data, as PNG and SVG in ``out``, and each pipeline run's
+    schedule timeline."""
     sns.set_theme(style="whitegrid", context="notebook")
     paths: list[Path] = []
     for name, plot in FIGURES.items():
         fig = plot(report)
         if fig is not None:
             paths += _save(fig, Path(out), name)
+    for r in report.runs[report.runs.run.astype(bool)].itertuples(index=False):
+        fig = plot_timeline(report.by_id.get(r.run, {}), f"{r.usecase}: {r.config}, the "
+                            f"last step of run {r.run}\n(its first pipeline)")
+        if fig is not None:
+            paths += _save(fig, Path(out), f"timeline-{r.run}")
     return paths

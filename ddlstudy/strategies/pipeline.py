@@ -8,12 +8,16 @@ why the global batch must be a multiple of ``--micro-batches`` and an epoch's la
 batch is dropped. Stages run on one GPU each (NCCL) when the machine has a GPU for every
 stage, on CPU processes (gloo) otherwise.
 
+Every stage times its steps' phases and its micro-batches' passes; the run records them as
+``backend.stages_time`` (``stage_times``), which the report draws as a schedule timeline.
+
 ``hybrid`` (strategies/hybrid.py) is the same worker with R > 1 replicas.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 from ddlstudy.config import RunConfig
@@ -107,6 +111,69 @@ class Pipeline(Strategy):
 
     def worker(self, job, link, device) -> None:
         from ddlstudy.training.stages import train_stage  # torch: in workers only
+        from ddlstudy.training.worker import record
 
-        train_stage(job, link, device, job.plan["starts"], job.cfg.micro_batches,
-                    self.replicas(job.cfg))
+        stages = self.stages(job.cfg)
+        clock = train_stage(job, link, device, job.plan["starts"], job.cfg.micro_batches,
+                            self.replicas(job.cfg))
+        # Every stage's times on worker 0, recorded beside the MPI exchange's (the section
+        # of the manifest a run takes from its workers): backend.stages_time.
+        everyone = link.gather(clock.report(link.rank))  # a collective
+        if everyone is not None and link.rank == 0:
+            record(job, "stages_time", stage_times(everyone, stages))
+
+
+NOTE = ("seconds over the steps but each process's first (since its last resume). comm: "
+        "sending and receiving activations and gradients; wait: for a neighbour (a "
+        "receive before it sent, a send before it was ready to receive: the bubble, and "
+        "any imbalance); exchange: the replicas' or nodes' gradient exchange; other: the "
+        "schedule's own work. timeline: pipeline 0's last step, from its earliest start")
+
+
+def stage_times(everyone: list[dict], stages: int) -> dict[str, Any]:
+    """The record ``stages_time`` from every process's ``StageClock.report`` (rank =
+    pipeline x stages + stage): per stage its phases' seconds, the time of its receives
+    and sends split into the wait for a neighbour and the transfer (on the host's clock
+    they share); and pipeline 0's last step, box by box."""
+    rows = {e["rank"]: e["rows"].tolist() for e in everyone}
+    per_stage = []
+    for e in sorted(everyone, key=lambda e: e["rank"]):
+        pipe, stage = divmod(e["rank"], stages)
+        s, mine = e["sums"], rows[e["rank"]]
+        wait = _waited(mine, *(rows[pipe * stages + peer] if 0 <= peer < stages else None
+                               for peer in (stage - 1, stage + 1)))
+        per_stage.append({
+            "rank": e["rank"], "pipeline": pipe, "stage": stage, "steps": len(mine),
+            "step_s": sum(r[1] - r[0] for r in mine), "forward_s": s["forward"],
+            "backward_s": s["backward"], "comm_s": max(0.0, s["recv"] + s["send"] - wait),
+            "wait_s": wait, "exchange_s": s["exchange"], "optimizer_s": s["optimizer"],
+            "other_s": s["other"]})
+    first = sorted((e for e in everyone if e["rank"] < stages), key=lambda e: e["rank"])
+    origin = min(e["origin"] for e in first)
+    timeline = [{"stage": e["rank"], "micro_batch": int(m),
+                 "phase": "backward" if backward else "forward",
+                 "start_s": start - origin, "end_s": end - origin}
+                for e in first for m, backward, start, end in e["boxes"]]
+    return {"per_stage": per_stage, "timeline": timeline, "note": NOTE}
+
+
+def _waited(mine: list[list[float]], before: list[list[float]] | None,
+            after: list[list[float]] | None) -> float:
+    """Seconds of a stage's receives and sends spent waiting for its neighbours, the stage
+    ``before`` and ``after`` it (their rows of the same steps: ``StageClock``). A receive
+    waits until the neighbour issues its send; a send (gloo's meet the receive) until the
+    neighbour posts its receive: the stage waits for its sends after the last one."""
+    n = min(len(r) for r in (mine, before, after) if r is not None)  # the steps they share
+    waits = []  # (from, to, what it waited for)
+    for k, row in enumerate(mine[len(mine) - n:], start=-n):  # k: the step from the end
+        last = len(row) - 6  # the last micro-batch's columns
+        if before is not None:
+            other = before[k]
+            waits += [(row[c], row[c + 1], other[c + 2]) for c in range(3, len(row), 6)]
+            waits.append((row[last + 5], row[2], other[last + 3]))
+        if after is not None:
+            other = after[k]
+            waits += [(row[c], row[c + 1], other[c + 2]) for c in range(6, len(row), 6)]
+            waits.append((row[last + 2], row[6], other[last]))
+    return sum(max(0.0, min(until, end) - start) for start, end, until in waits
+               if not math.isnan(start + end + until))

@@ -14,12 +14,15 @@ each epoch the stages send their weights to rank 0, which validates the whole mo
 writes the run folder. R replicas of the pipeline (hybrid) average each stage's gradients
 over the replicas that hold it (``replica_exchange``); a node among others (an MPI rank
 leading R x S processes) also averages the whole model's gradients with the other nodes
-through its leader (``node_exchange``).
+through its leader (``node_exchange``). Each stage times its step's phases and its
+micro-batches' passes (``StageClock``): the manifest's ``backend.stages_time``.
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import time
 from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING
@@ -91,25 +94,33 @@ class _Labels(Dataset):
 def pipeline_step(schedule: ScheduleGPipe, optimizer: torch.optim.Optimizer, first: bool,
                   last: bool, average: Callable[[], None] = lambda: None,
                   device: torch.device | None = None,
-                  zero: Callable[[], None] | None = None) -> StepFn:
+                  zero: Callable[[], None] | None = None,
+                  clock: StageClock | None = None) -> StepFn:
     """One GPipe step; only the last stage knows the loss and the predictions.
 
     ``average`` runs between the backward passes and the optimizer step: the hybrid's
     all-reduce of this stage's gradients over the replicas (or an MPI node's exchange).
-    ``zero`` clears the gradients first (the optimizer's, unless given).
+    ``zero`` clears the gradients first (the optimizer's, unless given). ``clock`` times
+    the step's phases (one that watches the schedule: its micro-batches' too).
     """
     zero = zero or (lambda: optimizer.zero_grad(set_to_none=True))
+    clock = clock or StageClock(0)
 
     def step(batch: Batch) -> tuple[float, int, int]:
         images, labels = batch
         if device is not None:
             images, labels = images.to(device), labels.to(device)
+        clock.start()
         zero()
         losses: list[torch.Tensor] = []
         args = (images,) if first else ()
+        clock.mark("other")
         out = schedule.step(*args, target=labels if last else None, losses=losses)
+        clock.mark("exchange")
         average()
+        clock.mark("optimizer")
         optimizer.step()
+        clock.end()
         if not last:
             return 0.0, 0, 0
         n = labels.numel()
@@ -117,6 +128,96 @@ def pipeline_step(schedule: ScheduleGPipe, optimizer: torch.optim.Optimizer, fir
         return loss * n, int((out.argmax(1) == labels).sum()), n
 
     return step
+
+
+PHASES = ("forward", "backward", "recv", "send", "exchange", "optimizer", "other")
+
+
+class StageClock:
+    """A stage's steps split into ``PHASES`` (each second in one) by timestamps taken
+    where the schedule calls into its stage (``watch``: nothing rewritten, nothing waits)
+    on ``time.perf_counter``, the host's monotonic clock: a pipeline's processes share it.
+
+    ``sums``: seconds per phase over the steps but the first (it meets the neighbours);
+    ``rows``: those steps' start, end, end of the wait for its gradients' sends, then per
+    micro-batch the start and end of its activation's receive and its send's issue, the
+    same for its gradient (the strategy tells a wait for a neighbour from a transfer with
+    them); ``boxes``: the last step's forward and backward of each micro-batch,
+    [micro-batch, 0 | 1, start, end].
+    """
+
+    def __init__(self, micro: int) -> None:
+        self.micro, self.sums = micro, dict.fromkeys(PHASES, 0.0)
+        self.rows: list[list[float]] = []
+        self.row: list[float] = []
+        self.boxes: list[list[float]] = []
+        self.phase, self.last, self.origin, self.steps = "other", 0.0, 0.0, 0
+
+    def mark(self, phase: str) -> float:
+        """``phase`` from now on; the time since the last mark was the last phase's."""
+        now = time.perf_counter()
+        if self.row and self.steps:  # the first step is not counted
+            self.sums[self.phase] += now - self.last
+        self.phase, self.last = phase, now
+        return now
+
+    def start(self) -> None:
+        self.row, self.boxes = [math.nan] * (3 + 6 * self.micro), []
+        self.row[0] = self.last = self.origin = time.perf_counter()
+        self.phase = "optimizer"  # zeroing the gradients
+
+    def end(self) -> None:
+        self.row[1] = self.mark("other")
+        self.rows += [self.row] if self.steps else []
+        self.row, self.steps = [], self.steps + 1
+
+    def _at(self, column: int, now: float) -> float:
+        if self.row:
+            self.row[column] = now
+        return now
+
+    def watch(self, schedule: ScheduleGPipe, stage) -> None:
+        """Timestamps at the schedule's calls into ``stage`` (instance attributes that
+        shadow their methods), the loss counted in the forward pass."""
+        def wrap(obj, name: str, before: Callable, after: Callable) -> None:
+            inner = getattr(obj, name)
+
+            def timed(*args, **kwargs):
+                before(*args)
+                out = inner(*args, **kwargs)
+                after(*args)
+                return out
+            setattr(obj, name, timed)
+
+        def begin(phase: str, column: int, box: bool = False) -> Callable:
+            def at(i: int, *_) -> None:
+                now = self._at(3 + 6 * i + column, self.mark(phase))
+                if box:
+                    self.boxes.append([i, phase == "backward", now, now])
+            return at
+
+        def close(*_) -> None:
+            self.boxes[-1][3] = self.mark("other")
+
+        def loss_end(stage_, *_) -> None:
+            now = self.mark("send")  # then the waits for the forward sends
+            if stage_.is_last and self.boxes:
+                self.boxes[-1][3] = now
+
+        for way, phase, recv in (("fwd", "forward", 0), ("bwd", "backward", 3)):
+            wrap(stage, f"get_{way}_recv_ops", begin("recv", recv), lambda *_: None)
+            wrap(stage, f"{phase}_one_chunk", begin(phase, recv + 1, box=True), close)
+            wrap(stage, f"get_{way}_send_ops", lambda *_: self.mark("send"),
+                 lambda i, *_, c=recv + 2: self._at(3 + 6 * i + c, time.perf_counter()))
+        wrap(schedule, "_maybe_compute_loss", lambda *_: self.mark("forward"), loss_end)
+        wrap(stage, "perform_reduce_grad", lambda *_: self._at(2, self.mark("backward")),
+             lambda *_: self.mark("other"))
+
+    def report(self, rank: int) -> dict:
+        """What the run's writer needs of this stage (``strategies.pipeline``)."""
+        return {"rank": rank, "sums": self.sums, "boxes": self.boxes, "origin": self.origin,
+                "rows": torch.tensor(self.rows, dtype=torch.float64).reshape(
+                    -1, 3 + 6 * self.micro)}
 
 
 def replica_exchange(full: nn.Module, module: nn.Module, layers: Layers,
@@ -187,7 +288,7 @@ def cuts(job: Job, stages: int, micro_batch: int) -> list[int]:
 
 
 def train_stage(job: Job, link: Link, device: torch.device, starts: list[int], micro: int,
-                replicas: int) -> None:
+                replicas: int) -> StageClock:
     """Stage ``rank % stages`` of replica ``rank // stages`` of this node's process group
     (``rank`` its rank in the group); ``link``: this process among every process of the
     run (the group's alone; among several nodes, its ``between`` on the node's rank 0).
@@ -224,6 +325,8 @@ def train_stage(job: Job, link: Link, device: torch.device, starts: list[int], m
     stage = PipelineStage(module, index, stages, device, input_args=(example,),
                           group=pipes[replica])
     schedule = ScheduleGPipe(stage, micro, loss_fn=nn.CrossEntropyLoss())
+    clock = StageClock(micro)
+    clock.watch(schedule, stage)
     optimizer = new_optimizer(module.parameters(), cfg)
     average, zero = exchange(full, module, layers, starts, rank, replicas, data_groups[index])
     train = _train_loader(cfg, job, first, (node_index * replicas + replica, pipelines))
@@ -234,8 +337,9 @@ def train_stage(job: Job, link: Link, device: torch.device, starts: list[int], m
             gather_weights(full, layers, starts, rank, stages)
 
     train_worker(job, link, full if rank == 0 else module, optimizer,
-                 pipeline_step(schedule, optimizer, first, last, average, device, zero),
+                 pipeline_step(schedule, optimizer, first, last, average, device, zero, clock),
                  train, val, device=device, before_eval=collect, whole=False)
+    return clock
 
 
 def _train_loader(cfg: RunConfig, job: Job, first: bool, shard: tuple[int, int]):
