@@ -340,7 +340,7 @@ def test_advise_ranks_first_what_a_study_of_its_candidates_measures_fastest(
     out = tmp_path / "advice"
     # A speed comparison: both sides wait for a quiet host before each probe and cell,
     # and leave out what another process disturbed all the same (noisy).
-    code = main(["advise", "--usecase", "tiny", "--nodes", "1", "--budget", "90s",
+    code = main(["advise", "--usecase", "tiny", "--nodes", "1", "--budget", "60s",
                  "--datasets-dir", str(datasets_dir), "--out", str(out), "--wait-quiet"])
     captured = capsys.readouterr()
     assert code == 0, captured.err
@@ -350,7 +350,7 @@ def test_advise_ranks_first_what_a_study_of_its_candidates_measures_fastest(
     probes = [p for p in result["probes"] if "images_per_s" in p]
     assert len(probes) >= 4 and all(len(p["images_per_s"]) >= 1 for p in probes)
     waited = result["waited_s"]
-    assert result["seconds"] <= 90 + waited + max(s for p in probes for s in p["probe_s"])
+    assert result["seconds"] <= 60 + waited + max(s for p in probes for s in p["probe_s"])
     assert result["ranking"][0]["rank"] == 1
     assert [r["images_per_s"] for r in result["ranking"]] == sorted(
         (r["images_per_s"] for r in result["ranking"]), reverse=True)
@@ -360,17 +360,17 @@ def test_advise_ranks_first_what_a_study_of_its_candidates_measures_fastest(
             m = json.loads((out / "probes" / run / "manifest.json").read_text())
             assert m["status"] == "completed" and m["config"]["max_val_steps"] == 1
     confirm = tmp_path / "confirm"
-    code = main(["study", "--from-advice", str(out / "advise.json"), "--top", "10",
+    code = main(["study", "--from-advice", str(out / "advise.json"), "--top", "4",
                  "--repeat", "2", "--epochs", "1", "--runs-dir", str(confirm),
                  "--wait-quiet"])
     captured = capsys.readouterr()
     assert code == 0, captured.err
     check = json.loads((confirm / "report" / "advice-check.json").read_text())
     assert check["criterion"] == "images/s"
-    # Every candidate measured (the baseline is among them), but a host that stayed busy
-    # through both repeats of a cell leaves it out, as the report does, and says so.
-    left_out = len(probes) - len(check["rows"])
-    assert left_out == 0 or check["noisy_left_out"] >= left_out, check
+    # Every one of the top 4 measured, but a host that stayed busy through both repeats
+    # of a cell leaves it out, as the report does, and says so.
+    left_out = {r["rank"] for r in result["ranking"][:4]} - {r["rank"] for r in check["rows"]}
+    assert not left_out or check["noisy_left_out"] >= len(left_out), check
     if "confirmed" not in check:  # the first-ranked's runs were all disturbed
         assert check["noisy_left_out"] and 1 not in {r["rank"] for r in check["rows"]}
         return
