@@ -158,12 +158,15 @@ def test_a_new_users_folder_end_to_end(tmp_path):
     assert 'dir = "../pets"' in text and '# classes = ["birds", "cats", "dogs"]' in text
     assert "# batch_size = 32" in text
 
-    advice = ddlstudy("advise", "--usecase", str(mine / "pets.toml"), "--nodes", "1",
+    # 2 nodes of this host's 2 cores: the baseline is the one local probe (a node's)
+    advice = ddlstudy("advise", "--usecase", str(mine / "pets.toml"), "--nodes", "2",
                       "--rounds", "1", "--steps", "2", "--budget", "10m", "--out",
                       str(tmp_path / "advice"), "--quiet")
     assert advice.returncode == 0, advice.stderr[-3000:]
-    probes = json.loads((tmp_path / "advice" / "advise.json").read_text())["probes"]
-    assert next(p for p in probes if p["label"] == "sequential")["images_per_s"][0] > 0
+    advised = json.loads((tmp_path / "advice" / "advise.json").read_text())
+    assert next(p for p in advised["probes"] if p["label"] == "sequential")[
+        "images_per_s"][0] > 0
+    assert {r["nodes"] for r in advised["ranking"]} == {2}
 
     plan = tmp_path / "plan.toml"
     plan.write_text(f"""[study]
