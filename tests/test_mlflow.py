@@ -122,7 +122,8 @@ def test_export_is_read_back_through_the_client_and_exporting_again_adds_nothing
         study, tmp_path, capsys):
     uri = f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}"
     assert main(["export", "mlflow", str(study), "--tracking-uri", uri]) == 0
-    assert "4 run(s) exported" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "4 run(s) exported" in said and f"`mlflow ui --backend-store-uri {uri}`" in said
     client = _client(uri)
     by_id, parents = _logged(client, "mlf")
     folders = _folders(study)

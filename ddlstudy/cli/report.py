@@ -103,9 +103,10 @@ def _export_mlflow(args: argparse.Namespace) -> int:
                           "text (no newline or other control character)")
     done = export(args.runs, args.tracking_uri, args.experiment)
     uri = done["uri"]
-    view = f"mlflow ui --backend-store-uri {uri}" if uri.startswith("sqlite:") else uri
+    view = f"open {uri}" if uri.startswith(("http:", "https:")) else \
+        f"view them with `mlflow ui --backend-store-uri {uri}`"
     print(f"{done['runs']} run(s) exported to {uri}, experiment(s) "
-          f"{', '.join(done['experiments'])}; view them with `{view}`")
+          f"{', '.join(done['experiments'])}; {view}")
     return 0
 
 
