@@ -173,11 +173,11 @@ def test_spark_standalone_across_hosts_trains_like_local_spark(tmp_path, dataset
 @pytest.mark.slow
 @needs_hosts
 def test_balance_gives_the_faster_host_the_larger_slice(tmp_path, datasets_dir):
-    """Host 2 may use 0.15 of a core, host 1 a whole one: --balance throughput measures
+    """Host 2 may use 0.3 of a core, host 1 a whole one: --balance throughput measures
     each host's speed and cuts the later global batches in proportion, covering every
     image still; the run learns as the equal split does. (On a busy machine host 1 gets
-    less than its core, so the measured ratio, not 1 : 0.15, is what the shares follow.)"""
-    unequal = hosts.up(2, prefix="dcpu", subnet="10.80.0", cpus=[1.0, 0.15])
+    less than its core, so the measured ratio, not 1 : 0.3, is what the shares follow.)"""
+    unequal = hosts.up(2, prefix="dcpu", subnet="10.80.0", cpus=[1.0, 0.3])
     try:
         runs = {b: _run(tmp_path / b, datasets_dir, "--backend", "mpi", "--nodes", "2",
                         "--hosts", "emulated:dcpu", "--balance", b, "--sample-hz", "0",

@@ -61,10 +61,10 @@ def test_gloo_sync_computes_what_cpu_processes_computes(tmp_path, datasets_dir, 
 def test_allgather_every_step_is_synchronous_sgd(tmp_path, datasets_dir, quick_config):
     """Averaging weights after every step of momentum SGD is averaging the gradients:
     --sync-every 1 follows the 2-process DDP run to float precision."""
-    manifest = _spark(tmp_path, datasets_dir, "--epochs", "2", "--max-steps", "6",
+    manifest = _spark(tmp_path, datasets_dir, "--epochs", "1", "--max-steps", "6",
                       "--spark-sync", "allgather", "--sync-every", "1", "--sample-hz", "0",
                       "--spark-master", "local-cluster[2,1,1024]")
-    local = run(quick_config(strategy="cpu-processes", workers=2, epochs=2, max_steps=6),
+    local = run(quick_config(strategy="cpu-processes", workers=2, epochs=1, max_steps=6),
                 show_progress=False)
     assert manifest["backend"]["sync"] == "allgather"
     assert _losses(manifest["epochs"]) == pytest.approx(_losses(local.manifest["epochs"]),
@@ -100,12 +100,12 @@ def test_allgather_mode_carries_a_model_of_57_million_weights(tmp_path, datasets
     assert count_parameters(build_model(uc.model, 3)) > 50_000_000
     manifest = _spark(tmp_path, datasets_dir, "--usecase", str(usecase), "--data-dir",
                       str(datasets_dir / "synthetic-tiny"), "--epochs", "1", "--max-steps",
-                      "2", "--spark-sync", "allgather", "--sync-every", "1",
+                      "1", "--spark-sync", "allgather", "--sync-every", "1",
                       "--sample-hz", "0", "--spark-master", "local-cluster[2,1,2048]")
     assert manifest["status"] == "completed" and manifest["backend"]["stage_attempts"] == 1
     assert manifest["backend"]["jvm_heap_mib"] == 1792
     (epoch,) = manifest["epochs"]
-    assert epoch["steps"] == 2 and 0 < epoch["train_loss"] < 10
+    assert epoch["steps"] == 1 and 0 < epoch["train_loss"] < 10
 
 
 @pytest.mark.slow
