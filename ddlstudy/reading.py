@@ -76,10 +76,16 @@ def _regular(fd: int, path: Path, what: str) -> os.stat_result:
     if stat.S_ISDIR(st.st_mode):
         raise BadFile(what, path, "is a folder; give the path of a file")
     if not stat.S_ISREG(st.st_mode):
-        kind = ("a FIFO" if stat.S_ISFIFO(st.st_mode) else "a socket"
-                if stat.S_ISSOCK(st.st_mode) else "a device")
-        raise BadFile(what, path, f"is {kind}, not a regular file; give the path of a file")
+        raise BadFile(what, path, f"is {_kind(st.st_mode)}, not a regular file; give the "
+                      "path of a file")
     return st
+
+
+def _kind(mode: int) -> str:
+    """What a file of ``mode`` is, in words."""
+    return ("a folder" if stat.S_ISDIR(mode) else "a file" if stat.S_ISREG(mode)
+            else "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
+            else "a device")
 
 
 def what_is(path: Path | str) -> str:
@@ -95,9 +101,7 @@ def what_is(path: Path | str) -> str:
     except OSError as exc:
         return ("a loop of symbolic links" if exc.errno == errno.ELOOP
                 else f"something that cannot be looked at ({exc.strerror})")
-    return ("a folder" if stat.S_ISDIR(mode) else "a file" if stat.S_ISREG(mode)
-            else "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
-            else "a device")
+    return _kind(mode)
 
 
 def read_bytes(path: Path | str, what: str, cap: int = CAPS["text"]) -> bytes:

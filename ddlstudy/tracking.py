@@ -76,8 +76,8 @@ def resolved(value: str, runs_dir: Path, flag: str = "--mlflow") -> str:
                 check_regular(db, "MLflow store")
             except BadFile as exc:
                 raise ConfigError(flag, str(exc)) from None
-    elif folder_store(value) is not None:  # a folder MLflow keeps its runs in
-        check_folder(flag, folder_store(value))
+    elif (folder := folder_store(value)) is not None:  # a folder MLflow keeps its runs in
+        check_folder(flag, folder)
     return value
 
 

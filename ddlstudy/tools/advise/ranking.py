@@ -143,9 +143,9 @@ def _node_rows(node: Candidate, by_scaling: dict, n: int, where: Setting, batch:
                 # probe + model: an n-node probe's compute, the exchange's alpha-beta;
                 # model: one node's probe and the alpha-beta
                 basis = "probe + model" if everyone else "model"
-            busy = node.busy or any(p.busy for p in [*probes, *([probed] if probed else [])])
             rows.append(_row(node, n, method, speeds, base, train_images, (images, batch),
-                             basis, where, exchange, busy=busy))
+                             basis, where, exchange,
+                             busy=node.busy or any(p.busy for p in probes)))
     return rows
 
 
