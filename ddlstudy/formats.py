@@ -8,10 +8,7 @@ and what it must be. Readers go through ``load`` (or ``check`` for a document al
 parsed) and get the document back as a plain dict, valid. ``reference()`` writes the
 formats' reference from these same models, so the docs cannot drift from the checks.
 
-These are the files ddlstudy writes. The use case and the study plan, which a person
-writes, are checked by the same mechanism (``config.schema``), from their own declarations:
-the use-case dataclasses (``config.usecase``) and the run options (``plan``), with unknown
-keys refused rather than passed.
+A person's use case and study plan are checked by ``config.schema`` (unknown keys refused).
 """
 
 from __future__ import annotations
@@ -86,6 +83,7 @@ class StrategyBlock(_Record):
     devices: Count = 0
     device: str | None = None
     stage_starts: list[Count] | None = None
+    schedule: str | None = None
 
 
 class RankExchange(_Record):
@@ -107,14 +105,17 @@ _PARTS = ("step_s", "forward_s", "backward_s", "comm_s", "wait_s", "optimizer_s"
 StageTime = create_model(
     "StageTime", __base__=_Record, __doc__="A pipeline stage's seconds over the run's steps.",
     rank=(Count, ...), pipeline=(Count, 0), stage=(Count, ...), steps=(Count, ...),
-    **{p: (Seconds, ...) for p in _PARTS}, exchange_s=(Seconds, 0.0), other_s=(Seconds, 0.0))
+    **{p: (Seconds, ...) for p in _PARTS}, exchange_s=(Seconds, 0.0), other_s=(Seconds, 0.0),
+    chunks=(Positive, 1), peak_micro_batches_held=(list[Count], []), activation_bytes=(
+        list[Count], []), peak_activation_bytes=(Count, 0), peak_gpu_bytes=(Count | None, None))
 StageBox = create_model(
     "StageBox", __base__=_Record, __doc__="A micro-batch's pass on a stage, from the step's "
     "start.", stage=(Count, ...), micro_batch=(Count, ...), phase=(Literal["forward",
-    "backward"], ...), start_s=(Seconds, ...), end_s=(Seconds, ...))
+    "backward"], ...), start_s=(Seconds, ...), end_s=(Seconds, ...), chunk=(Count, 0))
 StagesTime = create_model(  # strategies.pipeline.stage_times; older runs have none
     "StagesTime", __base__=_Record, __doc__="What a pipeline run measured of its stages.",
-    per_stage=(list[StageTime], []), timeline=(list[StageBox], []), note=(str | None, None))
+    per_stage=(list[StageTime], []), timeline=(list[StageBox], []), note=(str | None, None),
+    bound_step_s=(Seconds | None, None), of_bound=(float | None, None))
 
 
 class BackendBlock(_Record):
@@ -388,9 +389,8 @@ def _kind(field: dict, defs: dict) -> str:
     kind = field.get("type", "any")
     if kind == "array":
         kind = f"list of {_kind(field.get('items', {}), defs)}"
-    bounds = [f"{op} {field[key]:g}" for key, op in (
-        ("minimum", ">="), ("exclusiveMinimum", ">"), ("maximum", "<="),
-        ("exclusiveMaximum", "<")) if key in field]
+    bounds = [f"{op} {field[key]:g}" for key, op in (("minimum", ">="), ("exclusiveMinimum",
+              ">"), ("maximum", "<="), ("exclusiveMaximum", "<")) if key in field]
     if "pattern" in field:
         bounds.append(f"matching `{field['pattern']}`")
     return " ".join([kind, *bounds])

@@ -249,14 +249,18 @@ def _initial_weights() -> dict:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("node, local", [
-    (("--strategy", "pipeline", "--stages", "2"), {"replicas": 2, "stages": 2}),
-    (("--strategy", "hybrid", "--replicas", "2", "--stages", "2"), {"replicas": 4, "stages": 2}),
-], ids=["pipeline", "hybrid"])
+    (("--strategy", "pipeline", "--stages", "2", "--schedule", "interleaved-1f1b",
+      "--stage-starts", "0,7,16,17"),
+     {"replicas": 2, "stages": 2, "schedule": "interleaved-1f1b", "stage_starts": (0, 7, 16, 17)}),
+    (("--strategy", "hybrid", "--replicas", "2", "--stages", "2", "--stage-starts", "0,16"),
+     {"replicas": 4, "stages": 2, "stage_starts": (0, 16)}),
+], ids=["interleaved pipeline", "hybrid"])
 def test_nodes_of_pipelines_step_like_a_local_hybrid(tmp_path, datasets_dir, quick_config,
                                                      node, local):
     """2 MPI nodes of R pipelines are pipelines r and R + r of a local 2R x S hybrid: the
     same slices, seeds and cuts, so after 3 steps the weights are equal (exactly for one
-    pipeline a node; 1e-6 allows for the order of the 4 replicas' sums)."""
+    pipeline a node; 1e-6 allows for the order of the 4 replicas' sums). Interleaved, each
+    process holds 2 of the 4 stages: 2 ranges of the buffer the node exchanges."""
     import torch
 
     from ddlstudy.runfolder import SNAPSHOT
@@ -264,10 +268,10 @@ def test_nodes_of_pipelines_step_like_a_local_hybrid(tmp_path, datasets_dir, qui
     # Cut where the reference cuts: the cut decides which process draws a dropout mask.
     manifest, folder = _mpi_run(tmp_path, datasets_dir, "--nodes", "2", *node,
                                 "--micro-batches", "2", "--max-steps", "3", "--epochs", "1",
-                                "--stage-starts", "0,16", "--sample-hz", "0", snapshot=True)
-    reference = run(quick_config(strategy="hybrid", micro_batches=2, max_steps=3,
-                                 stage_starts=(0, 16), **local), show_progress=False)
-    assert manifest["strategy"]["stage_starts"] == [0, 16]
+                                "--sample-hz", "0", snapshot=True)
+    reference = run(quick_config(strategy="hybrid", micro_batches=2, max_steps=3, **local),
+                    show_progress=False)
+    assert manifest["strategy"]["stage_starts"] == list(local["stage_starts"])
     assert manifest["strategy"]["processes"] == local["replicas"] // 2 * local["stages"]
     ours = torch.load(folder / SNAPSHOT, weights_only=True)["model"]
     theirs = torch.load(reference.path / SNAPSHOT, weights_only=True)["model"]

@@ -7,29 +7,65 @@ receives what its neighbour finished), never how fast anything ran."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 from test_findings import _manifest
 
 from ddlstudy import formats
 from ddlstudy.config import RunConfig, with_overrides
+from ddlstudy.environment import usable_cores
 from ddlstudy.report import Report, make_figures
 from ddlstudy.report.timeline import plot_timeline
 from ddlstudy.runner import run
-from ddlstudy.strategies.pipeline import stage_times
+from ddlstudy.strategies.pipeline import bound, stage_times
 
 STAGES, MICRO, STEPS = 2, 4, 4
 PARTS = ("forward_s", "backward_s", "comm_s", "wait_s", "optimizer_s")
 
 
-@pytest.fixture(scope="module")
-def piped(tmp_path_factory, datasets_dir, tiny):
-    """One real pipeline run: (its runs folder, its manifest as read back and checked)."""
+def _piped(tmp_path_factory, datasets_dir, tiny, **flags):
+    """One real pipeline run: (its runs folder, its manifest as read back and checked, the
+    lines ddlstudy logged)."""
     runs = tmp_path_factory.mktemp("runs")
     cfg = RunConfig(usecase=with_overrides(tiny, epochs=1), datasets_dir=datasets_dir,
                     runs_dir=runs, sample_hz=0, snapshot=False, strategy="pipeline",
-                    stages=STAGES, micro_batches=MICRO, max_steps=STEPS, max_val_steps=1)
-    folder = run(cfg, show_progress=False)
-    return runs, formats.load(folder.path / "manifest.json", formats.Manifest, "run manifest")
+                    micro_batches=MICRO, max_steps=STEPS, max_val_steps=1,
+                    **{"stages": STAGES, **flags})
+    lines = _Lines()
+    logging.getLogger("ddlstudy").addHandler(lines)
+    try:
+        folder = run(cfg, show_progress=False)
+    finally:
+        logging.getLogger("ddlstudy").removeHandler(lines)
+    manifest = formats.load(folder.path / "manifest.json", formats.Manifest, "run manifest")
+    return runs, manifest, lines.said
+
+
+class _Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.said: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.said.append(record.getMessage())
+
+
+@pytest.fixture(scope="module")
+def piped(tmp_path_factory, datasets_dir, tiny):
+    return _piped(tmp_path_factory, datasets_dir, tiny)[:2]
+
+
+@pytest.fixture(scope="module")
+def three_1f1b(tmp_path_factory, datasets_dir, tiny):
+    """3 stages under 1F1B: on 2 cores, more processes than cores."""
+    return _piped(tmp_path_factory, datasets_dir, tiny, stages=3, schedule="1f1b")
+
+
+@pytest.fixture(scope="module")
+def interleaved(tmp_path_factory, datasets_dir, tiny):
+    """4 stages on 2 processes."""
+    return _piped(tmp_path_factory, datasets_dir, tiny, schedule="interleaved-1f1b")[:2]
 
 
 def _record(manifest: dict) -> dict:
@@ -131,3 +167,56 @@ def test_a_run_recorded_before_the_record_is_read_and_has_no_timeline():
     assert "stages_time" not in old["backend"]
     formats.check(old, formats.Manifest, "manifest.json", "run manifest")
     assert plot_timeline(old, "t") is None
+
+
+def _held(manifest: dict) -> list[list[int]]:
+    return [s["peak_micro_batches_held"] for s in _record(manifest)["per_stage"]]
+
+
+def test_gpipe_holds_every_micro_batch_and_1f1b_one_a_stage_to_come(piped, three_1f1b):
+    """The activations a stage holds at most: GPipe all M micro-batches on every stage;
+    1F1B, stage i of S only S - i (its warm-up forwards) before its first backward. The
+    bytes are what autograd saved for one micro-batch, times those."""
+    assert _held(piped[1]) == [[MICRO]] * STAGES
+    _, manifest, _ = three_1f1b
+    assert manifest["status"] == "completed"
+    assert manifest["strategy"]["schedule"] == "1f1b"
+    assert _held(manifest) == [[3], [2], [1]]
+    for s in _record(manifest)["per_stage"]:
+        assert s["activation_bytes"][0] > 0
+        assert s["peak_activation_bytes"] == s["peak_micro_batches_held"][0] * \
+            s["activation_bytes"][0]
+    # The first stage keeps the same activations for 3 micro-batches, not 4.
+    gpipe_first = _record(piped[1])["per_stage"][0]
+    assert s["activation_bytes"] and gpipe_first["peak_activation_bytes"] == \
+        MICRO * gpipe_first["activation_bytes"][0]
+
+
+def test_1f1b_alternates_on_the_last_stage_and_3_stages_on_2_cores_warn(three_1f1b):
+    _, manifest, said = three_1f1b
+    boxes = [b for b in _record(manifest)["timeline"] if b["stage"] == 2]
+    order = [(b["phase"][0], b["micro_batch"]) for b in sorted(boxes, key=lambda b: b["start_s"])]
+    assert order == [(p, m) for m in range(MICRO) for p in ("f", "b")]
+    if usable_cores() < 3:
+        assert any("3 processes on" in line and "compete" in line for line in said), said
+
+
+def test_the_bound_is_the_record_own_arithmetic(piped, three_1f1b):
+    for manifest, stages in ((piped[1], STAGES), (three_1f1b[1], 3)):
+        record = _record(manifest)
+        assert bound(record["per_stage"], stages, MICRO, 1) == pytest.approx(
+            {k: record[k] for k in ("bound_step_s", "of_bound")})
+        assert 0 < record["bound_step_s"] and 0 < record["of_bound"] < 2
+
+
+def test_interleaved_holds_two_stages_a_process_and_draws_them_hatched(interleaved):
+    _, manifest = interleaved
+    record = _record(manifest)
+    assert len(manifest["strategy"]["stage_starts"]) == 2 * STAGES
+    assert [s["chunks"] for s in record["per_stage"]] == [2] * STAGES
+    assert all(len(s["peak_micro_batches_held"]) == 2 for s in record["per_stage"])
+    chunks = [b["chunk"] for b in record["timeline"]]
+    assert len(chunks) == STAGES * 2 * MICRO * 2 and chunks.count(1) == len(chunks) // 2
+    fig = plot_timeline(manifest, "t")
+    hatched = [p for p in fig.axes[0].patches if p.get_hatch()]
+    assert len(hatched) == chunks.count(1)

@@ -226,14 +226,14 @@ def test_balanced_cuts_minimise_the_slowest_stage():
     assert balanced_cuts([1, 1, 1, 1, 1, 5], 3) == [0, 2, 5]  # stages cost 2, 3, 5
 
 
-def _pipeline_rank(rank, world, port, replicas, micro, out):
-    """One rank of ``replicas`` pipelines (1: a plain pipeline), as the strategy builds it."""
-    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
-
+def _pipeline_rank(rank, world, port, replicas, micro, out, schedule="gpipe"):
+    """One rank of ``replicas`` pipelines (1: a plain pipeline), as the strategy builds it;
+    the last stage of pipeline 0 saves its step's loss, rank 0 the weights."""
     from ddlstudy.models.cuts import Layers
     from ddlstudy.training.stages import (
         _groups,
         balanced_cuts,
+        build_schedule,
         gather_weights,
         pipeline_step,
         replica_exchange,
@@ -243,49 +243,49 @@ def _pipeline_rank(rank, world, port, replicas, micro, out):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)
     stages = world // replicas
+    chunks = 2 if schedule.startswith("interleaved") else 1
     replica, index = divmod(rank, stages)
     pipes, data_groups = _groups(replicas, stages)
     model, images, labels = _setup()
     layers = Layers(model)
-    starts = balanced_cuts([1.0] * len(layers), stages, layers.starts)
-    module = layers.stage(starts, index)
+    starts = balanced_cuts([1.0] * len(layers), stages * chunks, layers.starts)
     mine = next(iter(ShardedBatches([list(range(BATCH))], replica, replicas)))
     x, y = images[mine], labels[mine]
-    example = x[: len(mine) // micro]
-    with torch.no_grad():
-        for earlier in range(index):
-            example = layers.stage(starts, earlier)(example)
-    stage = PipelineStage(module, index, stages, torch.device("cpu"), input_args=(example,),
-                          group=pipes[replica])
-    schedule = ScheduleGPipe(stage, micro, loss_fn=nn.CrossEntropyLoss())
+    sched, _, module = build_schedule(schedule, layers, starts, index, stages, micro,
+                                      x[: len(mine) // micro], torch.device("cpu"),
+                                      pipes[replica])
     average, zero = replica_exchange(model, module, layers, starts, rank, replicas,
                                      data_groups[index])
-    pipeline_step(schedule, _sgd(module), index == 0, index == stages - 1, average,
-                  zero=zero)((x, y))
+    loss, _, n = pipeline_step(sched, _sgd(module), index == 0, index == stages - 1,
+                               average, zero=zero)((x, y))
     if replica == 0:
         gather_weights(model, layers, starts, rank, stages)
     if rank == 0:
         torch.save(_flat(model), out)
+    if rank == stages - 1:
+        torch.save(torch.tensor(loss / n), out.with_suffix(".loss"))
     dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("stages, micro", [(2, 4), (3, 2)])
-def test_pipeline_step_equals_sequential(stages, micro, tmp_path):
+def _sequential_loss() -> float:
+    model, images, labels = _setup()
+    loss, _, n = plain_step(model, _sgd(model), nn.CrossEntropyLoss())((images, labels))
+    return loss / n
+
+
+@pytest.mark.parametrize("stages, micro, schedule", [
+    (2, 4, "gpipe"), (3, 2, "gpipe"), (2, 4, "1f1b"), (2, 4, "interleaved-1f1b")])
+def test_pipeline_step_equals_sequential(stages, micro, schedule, tmp_path):
+    """Every schedule runs the same micro-batches: the same loss and the same update as
+    one sequential step on the whole batch (interleaved: 4 stages on 2 processes)."""
     before, reference = _sequential_update()
     out = tmp_path / "weights.pt"
-    mp.start_processes(_pipeline_rank, args=(stages, free_port(), 1, micro, out),
+    mp.start_processes(_pipeline_rank, args=(stages, free_port(), 1, micro, out, schedule),
                        nprocs=stages, start_method="spawn")
     update = torch.load(out, weights_only=True) - before
     assert _relative_error(update, reference) < TOLERANCE
-
-
-def test_hybrid_step_equals_sequential(tmp_path):
-    before, reference = _sequential_update()
-    out = tmp_path / "weights.pt"
-    mp.start_processes(_pipeline_rank, args=(4, free_port(), 2, 2, out), nprocs=4,
-                       start_method="spawn")
-    update = torch.load(out, weights_only=True) - before
-    assert _relative_error(update, reference) < TOLERANCE
+    loss = torch.load(out.with_suffix(".loss"), weights_only=True).item()
+    assert loss == pytest.approx(_sequential_loss(), rel=1e-5)
 
 
 @pytest.mark.parametrize("k", [2, 3])  # 3 does not divide 16: 6 + 5 + 5 images

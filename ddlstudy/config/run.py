@@ -47,6 +47,12 @@ from ddlstudy.tracking import resolved as tracking_uri
 PRECISIONS = ("fp32", "bf16", "fp16")
 SCALINGS = ("strong", "weak")
 LR_SCALINGS = ("none", "linear")
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
+
+
+def stages_a_process(schedule: str) -> int:
+    """Pipeline stages each process holds under ``schedule``: 2 interleaved, else 1."""
+    return 2 if schedule == "interleaved-1f1b" else 1
 TRANSPORTS = ("auto", "gloo")
 MAX_LOADER_WORKERS = 64
 
@@ -97,8 +103,13 @@ class RunConfig(MpiOptions, SparkOptions):
                                  most=MAX_PROCESSES, why=FORKS)
     stages: int | None = option(None, "pipeline stages (default: one per core)", group=WHAT,
                                 type=int, most=MAX_PROCESSES, why=FORKS)
-    micro_batches: int = option(4, "GPipe micro-batches each global batch is split into",
+    micro_batches: int = option(4, "pipeline micro-batches each global batch is split into",
                                 group=WHAT, type=int, most=4096)
+    schedule: str = option("gpipe", "a pipeline's schedule: gpipe (every micro-batch "
+                           "forward, then every one backward), 1f1b (one forward, one "
+                           "backward: fewer activations held), interleaved-1f1b (two "
+                           "stages a process, a smaller bubble)", group=WHAT,
+                           choices=SCHEDULES, noun="schedule")
     stage_starts: tuple[int, ...] | None = option(
         None, "the layer each pipeline stage starts at, e.g. 0,9 (default: cut where the "
         "measured forward times balance; a replay cuts where the run it replays did)",
@@ -223,9 +234,11 @@ class RunConfig(MpiOptions, SparkOptions):
                 raise ConfigError("--stage-starts", f"{','.join(map(str, starts))}: give the "
                                   "first layer of each stage, starting at 0 and increasing, "
                                   "e.g. 0,9")
-            if self.stages is not None and self.stages != len(starts):
+            per = stages_a_process(self.schedule)
+            if self.stages is not None and self.stages * per != len(starts):
+                each = f" x {per} stages a process under {self.schedule}" if per > 1 else ""
                 raise ConfigError("--stage-starts", f"{len(starts)} stages start there but "
-                                  f"--stages is {self.stages}")
+                                  f"--stages is {self.stages}{each}")
 
     def _check_output(self) -> None:
         if self.snapshot_every is not None and not self.snapshot:

@@ -129,6 +129,57 @@ class Layers:
         return [timer.seconds[n] for n in self.nodes]
 
 
+    def step_costs(self, x: torch.Tensor, micro: int, optimizer, repeats: int = 3
+                   ) -> list[dict[str, float]]:
+        """What each piece between two places a stage may start (``starts``) costs in one
+        pipeline step of ``micro`` micro-batches like ``x``: its forward and backward on a
+        micro-batch (best of ``repeats``, after a first pass that allocates) and its
+        optimizer's step (``optimizer(params)``, once per step), in seconds, with
+        ``step_s`` = micro x (forward + backward) + optimizer: what the cuts balance.
+
+        The model trains (dropout on); the pieces' inputs are the activations the pieces
+        before them give.
+        """
+        pieces = [self.stage(self.starts, k) for k in range(len(self.starts))]
+        out, h = [], x
+        for k, piece in enumerate(pieces):
+            h = h.detach().requires_grad_(k > 0)
+            fwd, bwd, y = _best(piece, h, repeats)
+            params = [p for p in piece.parameters() if p.requires_grad]
+            opt_s = 0.0
+            if params:
+                opt = optimizer(params)
+                opt_s = min(_timed(opt.step) for _ in range(repeats + 1))
+                opt.zero_grad(set_to_none=True)
+            out.append({"forward_s": fwd, "backward_s": bwd, "optimizer_s": opt_s,
+                        "step_s": micro * (fwd + bwd) + opt_s})
+            h = y.detach()
+        return out
+
+
+def _timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def _best(piece: nn.Module, h: torch.Tensor, repeats: int
+          ) -> tuple[float, float, torch.Tensor]:
+    """``piece``'s best forward and backward seconds on ``h`` (the first pass untimed),
+    and its output."""
+    fwd = bwd = float("inf")
+    for i in range(repeats + 1):
+        start = time.perf_counter()
+        y = piece(h)
+        mid = time.perf_counter()
+        if y.requires_grad:
+            y.backward(torch.ones_like(y) / y.numel())
+        end = time.perf_counter()
+        if i:
+            fwd, bwd = min(fwd, mid - start), min(bwd, end - mid)
+    return fwd, bwd, y
+
+
 class _Timed(fx.Interpreter):
     def __init__(self, module: fx.GraphModule, nodes: list[fx.Node], repeats: int) -> None:
         super().__init__(module)

@@ -45,7 +45,13 @@ def _row_label(stage: int, per_stage: list[dict[str, Any]]) -> str:
     ms = split_ms(mine[0])
     parts = " ".join(f"{word} {ms[key]:.1f}" for key, word in PARTS
                      if key != "exchange_s" or ms[key] >= 0.05)  # replicas' only
-    return f"stage {stage}\n{parts}\nms of its {ms['step_s']:.1f} ms steps (means)"
+    held = mine[0].get("peak_activation_bytes")
+    memory = (f"; activations held at most {held / 2**20:.1f} MiB "
+              f"({'+'.join(map(str, mine[0]['peak_micro_batches_held']))} micro-batches)"
+              if held else "")
+    name = (f"rank {stage} ({mine[0]['chunks']} stages)" if mine[0].get("chunks", 1) > 1
+            else f"stage {stage}")
+    return f"{name}\n{parts}\nms of its {ms['step_s']:.1f} ms steps (means){memory}"
 
 
 def plot_timeline(manifest: dict[str, Any], title: str) -> Figure | None:
@@ -62,7 +68,7 @@ def plot_timeline(manifest: dict[str, Any], title: str) -> Figure | None:
     for b in boxes:
         start, width = 1e3 * b["start_s"], 1e3 * (b["end_s"] - b["start_s"])
         ax.barh(b["stage"], width, left=start, height=0.7, color=SHADES[b["phase"]],
-                edgecolor="black", linewidth=0.6)
+                edgecolor="black", linewidth=0.6, hatch="//" if b.get("chunk") else None)
         inside = width > 0.025 * span  # else its number above it
         ax.text(start + width / 2, b["stage"] - (0 if inside else 0.37), str(b["micro_batch"]),
                 ha="center", va="center" if inside else "bottom", fontsize=8,
@@ -74,9 +80,17 @@ def plot_timeline(manifest: dict[str, Any], title: str) -> Figure | None:
     ax.set_xlabel("milliseconds since the step started (the first stage to start it)")
     ax.grid(axis="y", visible=False)
     ax.set_axisbelow(True)
+    chunked = any(b.get("chunk") for b in boxes)
     fig.legend([*(Patch(facecolor=SHADES[p], edgecolor="black") for p in SHADES),
-                Patch(facecolor="white", edgecolor="black")],
+                Patch(facecolor="white", edgecolor="black"),
+                *([Patch(facecolor="white", edgecolor="black", hatch="//")] if chunked
+                  else [])],
                [*(f"{p} of micro-batch n" for p in SHADES), "no box: waiting for a\n"
-                "neighbour, or sending"], loc="outside right upper", fontsize=8)
+                "neighbour, or sending"]
+               + (["hatched: the process's\nsecond stage"] if chunked else []),
+               loc="outside right upper", fontsize=8)
+    if record.get("bound_step_s"):
+        title += (f"; its stage times allow a {1e3 * record['bound_step_s']:.0f} ms step "
+                  f"(compute + bubble): the steps reach {100 * record['of_bound']:.0f} % of it")
     fig.suptitle(title, fontsize=11)
     return fig

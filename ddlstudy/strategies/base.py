@@ -177,6 +177,7 @@ LAYOUT_OPTIONS = {"workers": "sets the replicas, processes or threads",
                   "stages": "sets the pipeline stages",
                   "stage_starts": "cuts a pipeline into stages",
                   "micro_batches": "splits each batch for a pipeline",
+                  "schedule": "orders a pipeline's micro-batches",
                   "replicas": "sets the pipelines of a hybrid",
                   "devices": "sets the GPUs"}
 """RunConfig fields that lay a strategy out, and what each does."""

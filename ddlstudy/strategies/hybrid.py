@@ -13,7 +13,7 @@ from typing import Any
 
 from ddlstudy.config import RunConfig
 from ddlstudy.strategies.base import Probe, register
-from ddlstudy.strategies.pipeline import Pipeline
+from ddlstudy.strategies.pipeline import Pipeline, schedule_note
 
 
 @register
@@ -22,8 +22,8 @@ class Hybrid(Pipeline):
     summary = ("data parallel replicas of a pipeline: --replicas R pipelines of --stages S, "
                "each stage's gradients all-reduced over the replicas; R x S processes")
     flags = ("--replicas R (default 2), --stages S (default 2), --micro-batches M (default "
-             "4), --stage-starts")
-    options = ("stages", "stage_starts", "micro_batches", "replicas")
+             "4), --schedule, --stage-starts")
+    options = ("stages", "stage_starts", "micro_batches", "schedule", "replicas")
 
     def replicas(self, cfg: RunConfig) -> int:
         return cfg.replicas
@@ -32,7 +32,8 @@ class Hybrid(Pipeline):
         return cfg.stages or 2
 
     def label(self, layout: dict[str, Any]) -> str:
-        return f"{self.name} ({layout.get('replicas', '?')} x {layout.get('stages', '?')} stages)"
+        return (f"{self.name} ({layout.get('replicas', '?')} x {layout.get('stages', '?')} "
+                f"stages{schedule_note(layout)})")
 
     def probes(self, cores: int, gpus: int) -> list[Probe]:
         return [Probe("hybrid (2 x 2 stages)",

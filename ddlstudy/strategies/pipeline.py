@@ -1,15 +1,22 @@
-"""pipeline: the model cut into stages, one process each, a batch run as GPipe micro-batches.
+"""pipeline: the model cut into stages, one process each, a batch run as micro-batches.
 
-The network is cut into ``--stages`` contiguous stages whose measured forward time is as
-even as possible (on node 0, once: ``prepare``); each process trains one stage with
-torch.distributed.pipelining's ScheduleGPipe (``training.stages``). With equal
-micro-batches one step is exactly the baseline's step on the same global batch: that is
-why the global batch must be a multiple of ``--micro-batches`` and an epoch's last, smaller
-batch is dropped. Stages run on one GPU each (NCCL) when the machine has a GPU for every
-stage, on CPU processes (gloo) otherwise.
+The network is cut into ``--stages`` contiguous stages whose measured cost of a step is as
+even as possible (on node 0, once: ``prepare``): each piece's forward and backward on a
+micro-batch, times the micro-batches, plus its optimizer step. Each process trains its
+stage under torch.distributed.pipelining's schedule ``--schedule`` (``training.stages``):
+GPipe (every micro-batch forward, then every one backward), 1F1B (after a warm-up, one
+forward then one backward: stage i of S holds S - i micro-batches' activations, not M) or
+interleaved 1F1B (two stages a process, stage q on process q mod S: a bubble half as
+long). With equal micro-batches one step is exactly the baseline's step on the same
+global batch whatever the schedule: that is why the global batch must be a multiple of
+``--micro-batches`` and an epoch's last, smaller batch is dropped. Stages run on one GPU
+each (NCCL) when the machine has a GPU for every stage, on CPU processes (gloo)
+otherwise.
 
-Every stage times its steps' phases and its micro-batches' passes; the run records them as
-``backend.stages_time`` (``stage_times``), which the report draws as a schedule timeline.
+Every process times its steps' phases and its micro-batches' passes and counts the
+activations it holds; the run records them as ``backend.stages_time`` (``stage_times``),
+with the step its own stage times allow (``bound``), which the report draws as a schedule
+timeline.
 
 ``hybrid`` (strategies/hybrid.py) is the same worker with R > 1 replicas.
 """
@@ -21,6 +28,7 @@ import math
 from typing import Any
 
 from ddlstudy.config import RunConfig
+from ddlstudy.config.run import stages_a_process
 from ddlstudy.environment import usable_cores
 from ddlstudy.errors import ConfigError
 from ddlstudy.strategies.base import Layout, Probe, Strategy, register, warn_if_oversubscribed
@@ -34,9 +42,10 @@ class Pipeline(Strategy):
     name = "pipeline"
     summary = ("model parallel: the network cut into --stages processes balanced by measured "
                "cost, each batch run as --micro-batches GPipe micro-batches")
-    flags = "--stages S (default: usable cores), --micro-batches M (default 4), --stage-starts"
+    flags = ("--stages S (default: usable cores), --micro-batches M (default 4), --schedule "
+             "gpipe|1f1b|interleaved-1f1b, --stage-starts")
     table = 2
-    options = ("stages", "stage_starts", "micro_batches")
+    options = ("stages", "stage_starts", "micro_batches", "schedule")
 
     def replicas(self, cfg: RunConfig) -> int:
         return 1
@@ -45,24 +54,30 @@ class Pipeline(Strategy):
         return self.replicas(cfg)
 
     def stages(self, cfg: RunConfig) -> int:
+        """Processes a pipeline (each holds ``chunks`` stages)."""
         if cfg.stage_starts is not None:
-            return len(cfg.stage_starts)
+            return max(1, len(cfg.stage_starts) // chunks(cfg))
         return cfg.stages or max(2, usable_cores() // self.replicas(cfg))
 
     def check(self, cfg: RunConfig) -> None:
         from ddlstudy.training.stages import layers_of  # torch: the model's layers
 
-        r, s, m = self.replicas(cfg), self.stages(cfg), cfg.micro_batches
+        r, s, m, v = self.replicas(cfg), self.stages(cfg), cfg.micro_batches, chunks(cfg)
         batch, pipelines = cfg.global_batch, cfg.data_parallel()  # x nodes under MPI
         layers, arch = layers_of(cfg.usecase), cfg.usecase.model.arch
         if s < 2:
             raise ConfigError("--stages", f"a pipeline needs at least 2 stages, got {s}")
-        if s > len(layers.starts):
-            raise ConfigError("--stages", f"{s} stages but {arch} has only "
+        if s * v > len(layers.starts):
+            per = f" ({v} stages a process under {cfg.schedule}: {s * v})" if v > 1 else ""
+            raise ConfigError("--stages", f"{s} stages{per} but {arch} has only "
                               f"{len(layers.starts)} layers a stage can start at (of "
-                              f"{len(layers)}); use at most {len(layers.starts)}, or a "
-                              f"data-parallel strategy")
+                              f"{len(layers)}); use at most {len(layers.starts) // v}, or "
+                              f"a data-parallel strategy")
         if cfg.stage_starts is not None:
+            if len(cfg.stage_starts) % v:
+                raise ConfigError("--stage-starts", f"{cfg.schedule} runs {v} stages a "
+                                  f"process: give {v} x --stages starts, got "
+                                  f"{len(cfg.stage_starts)}")
             if cfg.stage_starts[-1] >= len(layers):
                 raise ConfigError("--stage-starts", f"the last stage starts at layer "
                                   f"{cfg.stage_starts[-1]} but {arch} has layers 0 to "
@@ -73,6 +88,15 @@ class Pipeline(Strategy):
             raise ConfigError("--micro-batches", f"the batch of {batch} does not split into "
                               f"{nodes}{r} replica(s) x {m} equal micro-batches; choose "
                               f"sizes whose product divides {batch}")
+        if cfg.schedule != "gpipe" and m < s:
+            raise ConfigError("--micro-batches", f"{cfg.schedule} needs at least one micro-"
+                              f"batch a stage: {m} for {s} stages; use --micro-batches {s} "
+                              f"or more, or --schedule gpipe")
+        rounds = max(1, m // s)
+        if v > 1 and m % rounds:
+            raise ConfigError("--micro-batches", f"interleaved-1f1b runs micro-batches in "
+                              f"rounds of {s} (the stages): {m} is not a multiple of "
+                              f"{rounds} rounds; use a multiple of {s}")
         if self.device_type(cfg) == "cpu":
             warn_if_oversubscribed(r * s)
 
@@ -87,26 +111,29 @@ class Pipeline(Strategy):
                       threads_per_process=1 if cuda else max(1, usable_cores() // (r * s)),
                       replicas=r, stages=s, micro_batches=cfg.micro_batches,
                       device=self.device_type(cfg), collectives="nccl" if cuda else "gloo",
-                      schedule="GPipe")
+                      schedule=cfg.schedule)
 
     def label(self, layout: dict[str, Any]) -> str:
         return (f"{self.name} ({layout.get('stages', '?')} stages x "
-                f"{layout.get('micro_batches', '?')} mb)")
+                f"{layout.get('micro_batches', '?')} mb{schedule_note(layout)})")
 
     def probes(self, cores: int, gpus: int) -> list[Probe]:
-        return [Probe(f"pipeline (2 stages x {mb} mb)",
-                      {"strategy": self.name, "stages": 2, "micro_batches": mb}, 2)
-                for mb in (2, 4)]
+        """2 stages x 4 micro-batches under GPipe, then under 1F1B (the same bubble, fewer
+        activations held; the one ``bench all`` times)."""
+        return [Probe(f"pipeline (2 stages x 4 mb{note})",
+                      {"strategy": self.name, "stages": 2, "micro_batches": 4,
+                       **({"schedule": schedule} if note else {})}, 2)
+                for schedule, note in (("gpipe", ""), ("1f1b", ", 1f1b"))]
 
     def prepare(self, job) -> dict[str, Any]:
         """Where each stage starts, from the layers' measured forward times (recorded)."""
         from ddlstudy.training.stages import cuts  # torch: measures the model
 
         cfg = job.cfg
-        r, s = self.replicas(cfg), self.stages(cfg)
-        starts = cuts(job, s, cfg.global_batch // cfg.data_parallel() // cfg.micro_batches)
-        log.info("%s: %d replica(s) of %d stages starting at layers %s", self.name, r, s,
-                 starts)
+        r, s, v = self.replicas(cfg), self.stages(cfg), chunks(cfg)
+        starts = cuts(job, s * v, cfg.micro_batches, self.layout(cfg).threads_per_process)
+        log.info("%s: %d replica(s) of %d stages starting at layers %s (%s)", self.name, r,
+                 s * v, starts, cfg.schedule)
         return {"starts": starts}
 
     def worker(self, job, link, device) -> None:
@@ -115,7 +142,7 @@ class Pipeline(Strategy):
 
         stages = self.stages(job.cfg)
         clock = train_stage(job, link, device, job.plan["starts"], job.cfg.micro_batches,
-                            self.replicas(job.cfg))
+                            self.replicas(job.cfg), job.cfg.schedule)
         # Every stage's times on worker 0, recorded beside the MPI exchange's (the section
         # of the manifest a run takes from its workers): backend.stages_time.
         everyone = link.gather(clock.report(link.rank))  # a collective
@@ -123,38 +150,95 @@ class Pipeline(Strategy):
             record(job, "stages_time", stage_times(everyone, stages))
 
 
+def chunks(cfg: RunConfig) -> int:
+    """Stages a pipeline process holds: 2 under an interleaved schedule, else 1."""
+    return stages_a_process(cfg.schedule)
+
+
+def schedule_note(layout: dict[str, Any]) -> str:
+    """The schedule in a label, where it is not GPipe (older runs record 'GPipe')."""
+    schedule = str(layout.get("schedule") or "gpipe")
+    return "" if schedule.lower() == "gpipe" else f", {schedule}"
+
+
 NOTE = ("seconds over the steps but each process's first (since its last resume). comm: "
         "sending and receiving activations and gradients; wait: for a neighbour (a "
         "receive before it sent, a send before it was ready to receive: the bubble, and "
         "any imbalance); exchange: the replicas' or nodes' gradient exchange; other: the "
-        "schedule's own work. timeline: pipeline 0's last step, from its earliest start")
+        "schedule's own work. peak_activation_bytes: the most micro-batches a stage held at "
+        "once (forward done, backward not yet) x the bytes autograd saved for one. Under an "
+        "interleaved schedule, whose receives are posted ahead and waited for inside the "
+        "schedule, wait holds the transfers, the waits and the schedule's own work. "
+        "timeline: pipeline 0's last step, from its earliest start")
 
 
 def stage_times(everyone: list[dict], stages: int) -> dict[str, Any]:
     """The record ``stages_time`` from every process's ``StageClock.report`` (rank =
-    pipeline x stages + stage): per stage its phases' seconds, the time of its receives
+    pipeline x stages + stage): per process its phases' seconds, the time of its receives
     and sends split into the wait for a neighbour and the transfer (on the host's clock
-    they share); and pipeline 0's last step, box by box."""
-    rows = {e["rank"]: e["rows"].tolist() for e in everyone}
+    they share), the activations it held at most; and pipeline 0's last step, box by
+    box. Under an interleaved schedule a process holds ``chunks`` stages: stage q of the
+    pipeline's ``stages x chunks`` is chunk q // stages of process q % stages."""
+    by_rank = {e["rank"]: {**e, "rows": e["rows"].tolist()} for e in everyone}
+    micro = {r: (len(e["rows"][0]) - 3) // 6 // e.get("chunks", 1) if e["rows"] else 0
+             for r, e in by_rank.items()}
+
+    def row_of(pipe: int, q: int, chunks: int) -> list[list[float]] | None:
+        """Virtual stage q's rows of pipeline ``pipe`` (None outside the pipeline)."""
+        if not 0 <= q < stages * chunks:
+            return None
+        rank = pipe * stages + q % stages
+        m, v = micro[rank], q // stages
+        return [r[:3] + r[3 + 6 * m * v: 3 + 6 * m * (v + 1)]
+                for r in by_rank[rank]["rows"]]
+
     per_stage = []
-    for e in sorted(everyone, key=lambda e: e["rank"]):
-        pipe, stage = divmod(e["rank"], stages)
-        s, mine = e["sums"], rows[e["rank"]]
-        wait = _waited(mine, *(rows[pipe * stages + peer] if 0 <= peer < stages else None
-                               for peer in (stage - 1, stage + 1)))
+    for rank, e in sorted(by_rank.items()):
+        pipe, stage = divmod(rank, stages)
+        s, chunks = e["sums"], e.get("chunks", 1)
+        mine = e["rows"]
+        wait = sum(_waited(row_of(pipe, q, chunks), row_of(pipe, q - 1, chunks),
+                           row_of(pipe, q + 1, chunks))
+                   for q in range(stage, stages * chunks, stages))
+        if chunks > 1:  # receives posted ahead, waited for inside the schedule: together
+            wait, s = s["recv"] + s["send"] + s["other"], {**s, "recv": 0.0, "send": 0.0,
+                                                          "other": 0.0}
+        held = e.get("peak_held") or [0] * chunks
+        saved = e.get("saved_bytes") or [0] * chunks
         per_stage.append({
-            "rank": e["rank"], "pipeline": pipe, "stage": stage, "steps": len(mine),
+            "rank": rank, "pipeline": pipe, "stage": stage, "steps": len(mine),
             "step_s": sum(r[1] - r[0] for r in mine), "forward_s": s["forward"],
             "backward_s": s["backward"], "comm_s": max(0.0, s["recv"] + s["send"] - wait),
             "wait_s": wait, "exchange_s": s["exchange"], "optimizer_s": s["optimizer"],
-            "other_s": s["other"]})
+            "other_s": s["other"], "chunks": chunks, "peak_micro_batches_held": held,
+            "activation_bytes": saved,
+            "peak_activation_bytes": sum(h * b for h, b in zip(held, saved, strict=True)),
+            **({"peak_gpu_bytes": e["peak_gpu_bytes"]} if e.get("peak_gpu_bytes") else {})})
     first = sorted((e for e in everyone if e["rank"] < stages), key=lambda e: e["rank"])
     origin = min(e["origin"] for e in first)
-    timeline = [{"stage": e["rank"], "micro_batch": int(m),
-                 "phase": "backward" if backward else "forward",
-                 "start_s": start - origin, "end_s": end - origin}
-                for e in first for m, backward, start, end in e["boxes"]]
-    return {"per_stage": per_stage, "timeline": timeline, "note": NOTE}
+    timeline = [{"stage": e["rank"], "micro_batch": int(box[0]),
+                 "phase": "backward" if box[1] else "forward",
+                 "start_s": box[2] - origin, "end_s": box[3] - origin,
+                 "chunk": int(box[4]) if len(box) > 4 else 0}
+                for e in first for box in e["boxes"]]
+    return {"per_stage": per_stage, "timeline": timeline, "note": NOTE,
+            **bound(per_stage, stages, micro[0], by_rank[0].get("chunks", 1))}
+
+
+def bound(per_stage: list[dict], stages: int, micro: int, chunks: int) -> dict[str, float]:
+    """The step the first pipeline's own stage times allow, and the share of it its
+    measured step reaches: the slowest stage's compute (forward, backward, optimizer) plus
+    the bubble, (stages - 1) of its (stages x chunks x micro) forward-backward slices
+    (GPipe's and 1F1B's fill and drain; an interleaved schedule's slices are smaller)."""
+    mine = [p for p in per_stage if p["pipeline"] == 0 and p["steps"]]
+    if not mine:
+        return {}
+    steps = mine[0]["steps"]
+    passes = max(p["forward_s"] + p["backward_s"] for p in mine) / steps
+    slowest = max(p["forward_s"] + p["backward_s"] + p["optimizer_s"] for p in mine) / steps
+    ideal = slowest + (stages - 1) * passes / (chunks * micro)
+    measured = max(p["step_s"] for p in mine) / steps
+    return {"bound_step_s": ideal, "of_bound": ideal / measured if measured else 0.0}
 
 
 def _waited(mine: list[list[float]], before: list[list[float]] | None,

@@ -1,28 +1,28 @@
-"""The worker of pipeline and hybrid: a stage of a GPipe pipeline, one process each.
+"""The worker of pipeline and hybrid: the stages of a pipeline, one process each (two
+under an interleaved schedule).
 
 The network is traced into its layers (``models.cuts``: any model torch.fx can trace) and
-cut, where one activation flows on, into stages whose measured forward time is as even as
-possible (``cuts``, on node 0).
-torch.distributed.pipelining's ScheduleGPipe runs every micro-batch forward through the
-stages, then every one backward (fill-drain), over gloo on CPU processes (NCCL on GPUs).
-The loss is the mean over a micro-batch and the schedule divides the gradients by the
-number of micro-batches, so with equal micro-batches one step is exactly the baseline's
-step on the same global batch.
+cut, where one activation flows on, into stages whose measured cost of a step (forward and
+backward of every micro-batch, and the optimizer's step) is as even as possible (``cuts``,
+on node 0). A torch.distributed.pipelining schedule (``SCHEDULES``: GPipe, 1F1B,
+interleaved 1F1B) runs the micro-batches through the stages over gloo on CPU processes
+(NCCL on GPUs). The loss is the mean over a micro-batch and the schedule divides the
+gradients by the number of micro-batches, so with equal micro-batches one step is exactly
+the baseline's step on the same global batch.
 
 The first stage reads the images, the last one only the labels (same seeded order). After
 each epoch the stages send their weights to rank 0, which validates the whole model and
 writes the run folder. R replicas of the pipeline (hybrid) average each stage's gradients
 over the replicas that hold it (``replica_exchange``); a node among others (an MPI rank
 leading R x S processes) also averages the whole model's gradients with the other nodes
-through its leader (``node_exchange``). Each stage times its step's phases and its
-micro-batches' passes (``StageClock``): the manifest's ``backend.stages_time``.
+through its leader (``node_exchange``). Each process times its step's phases and its
+micro-batches' passes (``stageclock.StageClock``): the manifest's
+``backend.stages_time``.
 """
 
 from __future__ import annotations
 
 import logging
-import math
-import time
 from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING
@@ -38,11 +38,12 @@ from ddlstudy.models.cuts import Layers
 from ddlstudy.training.flat import average, check_views, flat_gradients, param_ranges
 from ddlstudy.training.job import Job, Link
 from ddlstudy.training.loaders import image_dataset, train_loader, val_loader
+from ddlstudy.training.stageclock import StageClock
 from ddlstudy.training.steps import Batch, StepFn
 from ddlstudy.training.worker import new_model, new_optimizer, train_worker
 
 if TYPE_CHECKING:  # 3 s of imports (torch._dynamo, DTensor): only in a pipeline's ranks
-    from torch.distributed.pipelining import ScheduleGPipe
+    from torch.distributed.pipelining.schedules import _PipelineSchedule
 
 log = logging.getLogger("ddlstudy")
 
@@ -91,7 +92,7 @@ class _Labels(Dataset):
         return torch.empty(0), self.items[i][1]
 
 
-def pipeline_step(schedule: ScheduleGPipe, optimizer: torch.optim.Optimizer, first: bool,
+def pipeline_step(schedule: _PipelineSchedule, optimizer: torch.optim.Optimizer, first: bool,
                   last: bool, average: Callable[[], None] = lambda: None,
                   device: torch.device | None = None,
                   zero: Callable[[], None] | None = None,
@@ -130,99 +131,9 @@ def pipeline_step(schedule: ScheduleGPipe, optimizer: torch.optim.Optimizer, fir
     return step
 
 
-PHASES = ("forward", "backward", "recv", "send", "exchange", "optimizer", "other")
-
-
-class StageClock:
-    """A stage's steps split into ``PHASES`` (each second in one) by timestamps taken
-    where the schedule calls into its stage (``watch``: nothing rewritten, nothing waits)
-    on ``time.perf_counter``, the host's monotonic clock: a pipeline's processes share it.
-
-    ``sums``: seconds per phase over the steps but the first (it meets the neighbours);
-    ``rows``: those steps' start, end, end of the wait for its gradients' sends, then per
-    micro-batch the start and end of its activation's receive and its send's issue, the
-    same for its gradient (the strategy tells a wait for a neighbour from a transfer with
-    them); ``boxes``: the last step's forward and backward of each micro-batch,
-    [micro-batch, 0 | 1, start, end].
-    """
-
-    def __init__(self, micro: int) -> None:
-        self.micro, self.sums = micro, dict.fromkeys(PHASES, 0.0)
-        self.rows: list[list[float]] = []
-        self.row: list[float] = []
-        self.boxes: list[list[float]] = []
-        self.phase, self.last, self.origin, self.steps = "other", 0.0, 0.0, 0
-
-    def mark(self, phase: str) -> float:
-        """``phase`` from now on; the time since the last mark was the last phase's."""
-        now = time.perf_counter()
-        if self.row and self.steps:  # the first step is not counted
-            self.sums[self.phase] += now - self.last
-        self.phase, self.last = phase, now
-        return now
-
-    def start(self) -> None:
-        self.row, self.boxes = [math.nan] * (3 + 6 * self.micro), []
-        self.row[0] = self.last = self.origin = time.perf_counter()
-        self.phase = "optimizer"  # zeroing the gradients
-
-    def end(self) -> None:
-        self.row[1] = self.mark("other")
-        self.rows += [self.row] if self.steps else []
-        self.row, self.steps = [], self.steps + 1
-
-    def _at(self, column: int, now: float) -> float:
-        if self.row:
-            self.row[column] = now
-        return now
-
-    def watch(self, schedule: ScheduleGPipe, stage) -> None:
-        """Timestamps at the schedule's calls into ``stage`` (instance attributes that
-        shadow their methods), the loss counted in the forward pass."""
-        def wrap(obj, name: str, before: Callable, after: Callable) -> None:
-            inner = getattr(obj, name)
-
-            def timed(*args, **kwargs):
-                before(*args)
-                out = inner(*args, **kwargs)
-                after(*args)
-                return out
-            setattr(obj, name, timed)
-
-        def begin(phase: str, column: int, box: bool = False) -> Callable:
-            def at(i: int, *_) -> None:
-                now = self._at(3 + 6 * i + column, self.mark(phase))
-                if box:
-                    self.boxes.append([i, phase == "backward", now, now])
-            return at
-
-        def close(*_) -> None:
-            self.boxes[-1][3] = self.mark("other")
-
-        def loss_end(stage_, *_) -> None:
-            now = self.mark("send")  # then the waits for the forward sends
-            if stage_.is_last and self.boxes:
-                self.boxes[-1][3] = now
-
-        for way, phase, recv in (("fwd", "forward", 0), ("bwd", "backward", 3)):
-            wrap(stage, f"get_{way}_recv_ops", begin("recv", recv), lambda *_: None)
-            wrap(stage, f"{phase}_one_chunk", begin(phase, recv + 1, box=True), close)
-            wrap(stage, f"get_{way}_send_ops", lambda *_: self.mark("send"),
-                 lambda i, *_, c=recv + 2: self._at(3 + 6 * i + c, time.perf_counter()))
-        wrap(schedule, "_maybe_compute_loss", lambda *_: self.mark("forward"), loss_end)
-        wrap(stage, "perform_reduce_grad", lambda *_: self._at(2, self.mark("backward")),
-             lambda *_: self.mark("other"))
-
-    def report(self, rank: int) -> dict:
-        """What the run's writer needs of this stage (``strategies.pipeline``)."""
-        return {"rank": rank, "sums": self.sums, "boxes": self.boxes, "origin": self.origin,
-                "rows": torch.tensor(self.rows, dtype=torch.float64).reshape(
-                    -1, 3 + 6 * self.micro)}
-
-
 def replica_exchange(full: nn.Module, module: nn.Module, layers: Layers,
-                     starts: list[int], rank: int, replicas: int,
-                     data_group) -> tuple[Callable[[], None], Callable[[], None] | None]:
+                     starts: list[int], rank: int, replicas: int, data_group,
+                     stages: int = 0) -> tuple[Callable[[], None], Callable[[], None] | None]:
     """A stage alone on its node: its replicas average its gradients, one collective on
     one buffer of which every gradient is a view."""
     if replicas == 1 or not list(module.parameters()):
@@ -235,17 +146,17 @@ def gather_weights(full: nn.Module | None, layers: Layers, starts: list[int],
                    rank: int, world: int) -> None:
     """Send every stage's parameters and floating-point buffers (BatchNorm's running
     statistics: each stage owns its own) to rank 0, which loads them into its whole
-    model."""
-    for stage in range(1, world):
-        module = layers.stage(starts, stage)
+    model (``world``: the pipeline's ranks; each sends all of its stages')."""
+    for other in range(1, world):
+        module = rank_module(layers, starts, other, world)
         state = [*module.parameters(), *(b for b in module.buffers() if b.is_floating_point())]
-        if not state or rank not in (0, stage):
+        if not state or rank not in (0, other):
             continue
         flat = torch.cat([t.detach().flatten() for t in state])
-        if rank == stage:
+        if rank == other:
             dist.send(flat, dst=0)
         else:
-            dist.recv(flat, src=stage)
+            dist.recv(flat, src=other)
             with torch.no_grad():
                 torch._foreach_copy_(state, [part.view_as(t) for part, t in zip(
                     flat.split([t.numel() for t in state]), state, strict=True)])
@@ -267,31 +178,90 @@ def layers_of(uc: UseCase) -> Layers:
     return Layers(shapes_only(uc.model, len(uc.classes))[0], str(uc.model.arch))
 
 
-def cuts(job: Job, stages: int, micro_batch: int) -> list[int]:
-    """Where each of ``stages`` stages starts: --stage-starts, or where the layers'
-    measured forward times on a micro-batch balance (recorded in the manifest)."""
+def cuts(job: Job, stages: int, micro: int, threads: int) -> list[int]:
+    """Where each of ``stages`` stages starts: --stage-starts, or where the pieces'
+    measured cost of a step balances (``Layers.step_costs``: ``micro`` micro-batches'
+    forward and backward and the optimizer's step, on the stages' ``threads``); recorded
+    in the manifest."""
     cfg = job.cfg
+    micro_batch = cfg.global_batch // cfg.data_parallel() // micro
     if cfg.stage_starts is not None:  # given: nothing measured
         starts, costs = list(cfg.stage_starts), None
     else:
-        log.info("measuring each layer's forward time to balance %d stages ...", stages)
+        log.info("measuring each layer's forward, backward and optimizer time to balance %d "
+                 "stages ...", stages)
         uc = cfg.usecase
         torch.manual_seed(0)
-        layers = Layers(build_model(uc.model, len(uc.classes)).eval(), str(uc.model.arch))
-        costs = layers.costs(torch.randn(micro_batch, 3, uc.train.image_size,
-                                         uc.train.image_size))
-        starts = balanced_cuts(costs, stages, layers.starts)
+        layers = Layers(build_model(uc.model, len(uc.classes)).train(), str(uc.model.arch))
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            costs = layers.step_costs(torch.randn(micro_batch, 3, uc.train.image_size,
+                                                  uc.train.image_size), micro,
+                                      lambda params: new_optimizer(params, cfg))
+        finally:
+            torch.set_num_threads(before)
+        pieces = balanced_cuts([c["step_s"] for c in costs], stages)
+        starts = [layers.starts[k] for k in pieces]
+        costs = [{"start": start, **c} for start, c in zip(layers.starts, costs, strict=True)]
     if job.folder is not None:
-        job.folder.manifest["strategy"].update(stage_starts=starts, layer_costs_s=costs)
+        job.folder.manifest["strategy"].update(stage_starts=starts, piece_costs=costs)
         job.folder.write_manifest()
     return starts
 
 
+SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B",
+             "interleaved-1f1b": "ScheduleInterleaved1F1B"}
+"""--schedule: torch.distributed.pipelining's schedule class of each."""
+
+
+def rank_module(layers: Layers, starts: list[int], rank: int, stages: int) -> nn.Module:
+    """What pipeline rank ``rank`` of ``stages`` trains: stage ``rank`` of the model cut at
+    ``starts``, or under an interleaved schedule (more starts than ranks) each stage
+    ``rank``, ``rank + stages``, ... (a ModuleList)."""
+    mine = range(rank, len(starts), stages)
+    if len(mine) == 1:
+        return layers.stage(starts, rank)
+    return nn.ModuleList(layers.stage(starts, q) for q in mine)
+
+
+def build_schedule(name: str, layers: Layers, starts: list[int], rank: int, stages: int,
+                   micro: int, micro_input: torch.Tensor, device: torch.device, group
+                   ) -> tuple[_PipelineSchedule, list, nn.Module]:
+    """Rank ``rank``'s part of a ``stages``-process pipeline of ``micro`` micro-batches run
+    by schedule ``name`` (``SCHEDULES``): its PipelineStages (one, or one a chunk when
+    interleaved), the schedule over them and the module they train (moved to
+    ``device``). ``micro_input``: a micro-batch of images, run through the stages before
+    each (on the CPU, in eval mode) to give its input's shape."""
+    from torch.distributed import pipelining
+
+    mine = list(range(rank, len(starts), stages))
+    examples, example = {}, micro_input
+    training = layers.model.training
+    with torch.no_grad():  # in eval mode: no running statistics moved by this
+        layers.model.eval()
+        for q in range(mine[-1] + 1):
+            examples[q] = example
+            if q < mine[-1]:
+                example = layers.stage(starts, q)(example)
+        layers.model.train(training)
+    module = rank_module(layers, starts, rank, stages).to(device)
+    parts = list(module) if isinstance(module, nn.ModuleList) else [module]
+    made = [pipelining.PipelineStage(part, q, len(starts), device,
+                                     input_args=(examples[q].to(device),), group=group)
+            for part, q in zip(parts, mine, strict=True)]
+    cls = getattr(pipelining, SCHEDULES[name])
+    schedule = cls(made if name.startswith("interleaved") else made[0], micro,
+                   loss_fn=nn.CrossEntropyLoss())
+    return schedule, made, module
+
+
 def train_stage(job: Job, link: Link, device: torch.device, starts: list[int], micro: int,
-                replicas: int) -> StageClock:
+                replicas: int, schedule_name: str = "gpipe") -> StageClock:
     """Stage ``rank % stages`` of replica ``rank // stages`` of this node's process group
-    (``rank`` its rank in the group); ``link``: this process among every process of the
-    run (the group's alone; among several nodes, its ``between`` on the node's rank 0).
+    (``rank`` its rank in the group; under an interleaved schedule, its stages); ``link``:
+    this process among every process of the run (the group's alone; among several nodes,
+    its ``between`` on the node's rank 0).
 
     What the stage does with its gradients before each step: alone, the replicas of a
     stage average them (``replica_exchange``); a node among others exchanges the whole
@@ -307,28 +277,21 @@ def train_stage(job: Job, link: Link, device: torch.device, starts: list[int], m
     pipelines = nodes * replicas  # each takes its slice of every global batch
     full = new_model(cfg)  # the same weights on every rank
     layers = Layers(full, str(cfg.usecase.model.arch))
-    module = layers.stage(starts, index)
+    size = cfg.usecase.train.image_size
+    schedule, made, module = build_schedule(
+        schedule_name, layers, starts, index, stages, micro,
+        torch.zeros(cfg.global_batch // pipelines // micro, 3, size, size), device,
+        pipes[replica])
     first, last = index == 0, index == stages - 1
-    example = torch.zeros(cfg.global_batch // pipelines // micro, 3,
-                          cfg.usecase.train.image_size, cfg.usecase.train.image_size)
-    with torch.no_grad():  # in eval mode: no running statistics moved by this
-        full.eval()
-        for earlier in range(index):
-            example = layers.stage(starts, earlier)(example)
-        full.train()
-    example = example.to(device)
     # Rank 0 also validates the whole model; in an MPI node every rank's stage is a part of
     # the buffer of the whole model's gradients.
-    (full if rank == 0 or nodes > 1 else module).to(device)
-    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
-
-    stage = PipelineStage(module, index, stages, device, input_args=(example,),
-                          group=pipes[replica])
-    schedule = ScheduleGPipe(stage, micro, loss_fn=nn.CrossEntropyLoss())
-    clock = StageClock(micro)
-    clock.watch(schedule, stage)
+    if rank == 0 or nodes > 1:
+        full.to(device)
+    clock = StageClock(micro, len(made), device)
+    clock.watch(schedule, made)
     optimizer = new_optimizer(module.parameters(), cfg)
-    average, zero = exchange(full, module, layers, starts, rank, replicas, data_groups[index])
+    average, zero = exchange(full, module, layers, starts, rank, replicas, data_groups[index],
+                             stages)
     train = _train_loader(cfg, job, first, (node_index * replicas + replica, pipelines))
     val = val_loader(cfg, job.data) if link.rank == 0 else []  # rank 0 validates it all
 
@@ -352,48 +315,55 @@ def _train_loader(cfg: RunConfig, job: Job, first: bool, shard: tuple[int, int])
 
 
 def node_exchange(node: Link, full: nn.Module, module: nn.Module, layers: Layers,
-                  starts: list[int], rank: int, replicas: int,
-                  data_group) -> tuple[Callable[[], None], Callable[[], None]]:
+                  starts: list[int], rank: int, replicas: int, data_group, stages: int
+                  ) -> tuple[Callable[[], None], Callable[[], None]]:
     """An MPI node's exchange after every step's backward passes, and the zeroing of this
-    stage's gradients before them. Every gradient is a view of one buffer of the whole
-    model's, where each stage's part is one contiguous range (parameters in layer order).
+    rank's gradients before them. Every gradient is a view of one buffer of the whole
+    model's, where each stage's part is one contiguous range (parameters in layer order);
+    a rank of ``stages`` holds one stage, or under an interleaved schedule several.
 
-    The replicas of this stage average its range; the first pipeline's stages send theirs
-    to the leader (stage 0 of pipeline 0), which averages the whole buffer between the
-    nodes and sends each range back; the replicas then take it from the first pipeline.
+    The replicas of this rank average its ranges; the first pipeline's ranks send theirs
+    to the leader (rank 0 of pipeline 0), which averages the whole buffer between the
+    nodes and sends each range back; the replicas then take them from the first pipeline.
     """
-    stages = len(starts)
     replica, index = divmod(rank, stages)
     flat = flat_gradients(full)
     offsets = param_ranges(full)
     ranges = []
-    for s in range(stages):
+    for s in range(len(starts)):
         spans = sorted(offsets[id(p)] for p in layers.stage(starts, s).parameters())
         lo, hi = (spans[0][0], spans[-1][1]) if spans else (0, 0)
         if sum(b - a for a, b in spans) != hi - lo:
             raise RuntimeError(f"stage {s}'s parameters are not one range of the buffer")
         ranges.append((lo, hi))
-    mine = flat[slice(*ranges[index])]
+    mine = [flat[lo:hi] for lo, hi in ranges[index::stages] if hi > lo]
+    others = [(q % stages, flat[lo:hi]) for q, (lo, hi) in enumerate(ranges)
+              if q % stages and hi > lo]
     count = 0
 
     def exchange() -> None:
         nonlocal count
         if count == 0:
             check_views(full, flat)
-        if replicas > 1 and mine.numel():
-            average(mine, data_group, replicas)  # this stage over the node's replicas
+        for part in mine if replicas > 1 else ():
+            average(part, data_group, replicas)  # this rank's over the node's replicas
         if node.between is not None:  # the leader
-            others = [(s, flat[lo:hi]) for s, (lo, hi) in enumerate(ranges) if s and hi > lo]
-            for s, part in others:
-                dist.recv(part, src=s)
+            for source, part in others:
+                dist.recv(part, src=source)
             node.between(flat, count)
-            for s, part in others:
-                dist.send(part, dst=s)
-        elif replica == 0 and mine.numel():
-            dist.send(mine, dst=0)
-            dist.recv(mine, src=0)
-        if replicas > 1 and mine.numel():
-            dist.broadcast(mine, src=index, group=data_group)  # from pipeline 0's stage
+            for source, part in others:
+                dist.send(part, dst=source)
+        elif replica == 0:
+            for part in mine:
+                dist.send(part, dst=0)
+            for part in mine:
+                dist.recv(part, src=0)
+        for part in mine if replicas > 1 else ():
+            dist.broadcast(part, src=index, group=data_group)  # from pipeline 0's rank
         count += 1
 
-    return exchange, mine.zero_
+    def zero() -> None:
+        for part in mine:
+            part.zero_()
+
+    return exchange, zero
