@@ -220,6 +220,19 @@ CASES = [
           "{tmp}/secret-two"], "--spark-secret-file: {tmp}/secret-two must hold one secret"),
     (R + ["--spark-secret-file", "{tmp}/afile"], "--spark-secret-file: needs --backend spark"),
     (R + ["--micro-batches", "100000"], "--micro-batches: 100000 is above the limit"),
+    (R + ["--strategy", "pipeline", "--schedule", "zigzag"], "--schedule: unknown schedule "
+                                                            "'zigzag'"),
+    (R + ["--strategy", "pipeline", "--stages", "2", "--schedule", "1f1b",
+          "--micro-batches", "1"], "--micro-batches: 1f1b needs at least one micro-batch a "
+                                   "stage: 1 for 2 stages"),
+    (R + ["--strategy", "pipeline", "--schedule", "interleaved-1f1b", "--stage-starts",
+          "0,16"], "--stage-starts: 2 starts make 1 process under interleaved-1f1b"),
+    (R + ["--strategy", "pipeline", "--schedule", "interleaved-1f1b", "--stage-starts",
+          "0,7,16"], "--stage-starts: 3 starts for 1 process(es) (2 a process under "
+                    "interleaved-1f1b): give a multiple of 2"),
+    (R + ["--strategy", "cpu-processes", "--schedule", "1f1b"], "--schedule: orders a "
+                                                               "pipeline's micro-batches: "
+                                                               "cpu-processes has none"),
     (R + ["--accumulate", "0"], "--accumulate: must be a positive int"),
     (R + ["--snapshot-every", "0"], "--snapshot-every: must be a positive int"),
     (R + ["--max-restarts", "-1"], "--max-restarts: must be 0 or more"),

@@ -186,10 +186,8 @@ def test_gpipe_holds_every_micro_batch_and_1f1b_one_a_stage_to_come(piped, three
         assert s["activation_bytes"][0] > 0
         assert s["peak_activation_bytes"] == s["peak_micro_batches_held"][0] * \
             s["activation_bytes"][0]
-    # The first stage keeps the same activations for 3 micro-batches, not 4.
-    gpipe_first = _record(piped[1])["per_stage"][0]
-    assert s["activation_bytes"] and gpipe_first["peak_activation_bytes"] == \
-        MICRO * gpipe_first["activation_bytes"][0]
+    for s in _record(piped[1])["per_stage"]:  # GPipe: all MICRO at once
+        assert s["peak_activation_bytes"] == MICRO * s["activation_bytes"][0] > 0
 
 
 def test_1f1b_alternates_on_the_last_stage_and_3_stages_on_2_cores_warn(three_1f1b):
@@ -201,12 +199,20 @@ def test_1f1b_alternates_on_the_last_stage_and_3_stages_on_2_cores_warn(three_1f
         assert any("3 processes on" in line and "compete" in line for line in said), said
 
 
-def test_the_bound_is_the_record_own_arithmetic(piped, three_1f1b):
-    for manifest, stages in ((piped[1], STAGES), (three_1f1b[1], 3)):
-        record = _record(manifest)
-        assert bound(record["per_stage"], stages, MICRO, 1) == pytest.approx(
-            {k: record[k] for k in ("bound_step_s", "of_bound")})
-        assert 0 < record["bound_step_s"] and 0 < record["of_bound"] < 2
+def test_the_bound_is_the_slowest_stage_plus_the_bubble(piped):
+    """Two stages over 10 steps: stage 1 is the slowest (forward 2, backward 4, optimizer 1
+    a step: 7 s); the bubble is 1 of its 4 micro-batches' slices of 6 s of passes (1.5 s),
+    or of 8 (0.75 s) with two stages a process; the steps took 10 s."""
+    def stage(i, fwd, bwd, opt):
+        return {"pipeline": 0, "stage": i, "steps": 10, "forward_s": 10 * fwd,
+                "backward_s": 10 * bwd, "optimizer_s": 10 * opt, "step_s": 100.0}
+    per_stage = [stage(0, 1, 2, 0), stage(1, 2, 4, 1)]
+    assert bound(per_stage, 2, 4, 1) == pytest.approx({"bound_step_s": 8.5, "of_bound": 0.85})
+    assert bound(per_stage, 2, 4, 2) == pytest.approx({"bound_step_s": 7.75,
+                                                       "of_bound": 0.775})
+    record = _record(piped[1])  # and the run's record is that arithmetic on its own times
+    assert bound(record["per_stage"], STAGES, MICRO, 1) == pytest.approx(
+        {k: record[k] for k in ("bound_step_s", "of_bound")})
 
 
 def test_interleaved_holds_two_stages_a_process_and_draws_them_hatched(interleaved):

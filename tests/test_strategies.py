@@ -288,6 +288,15 @@ def test_pipeline_step_equals_sequential(stages, micro, schedule, tmp_path):
     assert loss == pytest.approx(_sequential_loss(), rel=1e-5)
 
 
+def test_hybrid_step_equals_sequential(tmp_path):
+    before, reference = _sequential_update()
+    out = tmp_path / "weights.pt"
+    mp.start_processes(_pipeline_rank, args=(4, free_port(), 2, 2, out), nprocs=4,
+                       start_method="spawn")
+    update = torch.load(out, weights_only=True) - before
+    assert _relative_error(update, reference) < TOLERANCE
+
+
 @pytest.mark.parametrize("k", [2, 3])  # 3 does not divide 16: 6 + 5 + 5 images
 def test_accumulated_micro_batches_step_equals_the_whole_batch(k):
     before, reference = _sequential_update()

@@ -112,7 +112,7 @@ class RunConfig(MpiOptions, SparkOptions):
                            choices=SCHEDULES, noun="schedule")
     stage_starts: tuple[int, ...] | None = option(
         None, "the layer each pipeline stage starts at, e.g. 0,9 (default: cut where the "
-        "measured forward times balance; a replay cuts where the run it replays did)",
+        "measured cost of a step balances; a replay cuts where the run it replays did)",
         group=WHAT, metavar="L0,L1,...", parse="layers")
     replicas: int = option(2, "data-parallel replicas of the pipeline, for hybrid",
                            group=WHAT, type=int, most=MAX_PROCESSES, why=FORKS)

@@ -90,7 +90,7 @@ def plot_timeline(manifest: dict[str, Any], title: str) -> Figure | None:
                + (["hatched: the process's\nsecond stage"] if chunked else []),
                loc="outside right upper", fontsize=8)
     if record.get("bound_step_s"):
-        title += (f"; its stage times allow a {1e3 * record['bound_step_s']:.0f} ms step "
-                  f"(compute + bubble): the steps reach {100 * record['of_bound']:.0f} % of it")
+        title += (f"\nits stage times allow a {1e3 * record['bound_step_s']:.0f} ms step "
+                  f"(compute + bubble): its steps reach {100 * record['of_bound']:.0f} % of it")
     fig.suptitle(title, fontsize=11)
     return fig

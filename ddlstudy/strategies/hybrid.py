@@ -13,7 +13,7 @@ from typing import Any
 
 from ddlstudy.config import RunConfig
 from ddlstudy.strategies.base import Probe, register
-from ddlstudy.strategies.pipeline import Pipeline, schedule_note
+from ddlstudy.strategies.pipeline import Pipeline, chunks, schedule_note
 
 
 @register
@@ -29,6 +29,8 @@ class Hybrid(Pipeline):
         return cfg.replicas
 
     def stages(self, cfg: RunConfig) -> int:
+        if cfg.stages is None and cfg.stage_starts is not None:
+            return max(1, len(cfg.stage_starts) // chunks(cfg))
         return cfg.stages or 2
 
     def label(self, layout: dict[str, Any]) -> str:

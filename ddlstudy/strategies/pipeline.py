@@ -41,7 +41,7 @@ log = logging.getLogger("ddlstudy")
 class Pipeline(Strategy):
     name = "pipeline"
     summary = ("model parallel: the network cut into --stages processes balanced by measured "
-               "cost, each batch run as --micro-batches GPipe micro-batches")
+               "cost, each batch run as --micro-batches micro-batches under --schedule")
     flags = ("--stages S (default: usable cores), --micro-batches M (default 4), --schedule "
              "gpipe|1f1b|interleaved-1f1b, --stage-starts")
     table = 2
@@ -65,7 +65,17 @@ class Pipeline(Strategy):
         r, s, m, v = self.replicas(cfg), self.stages(cfg), cfg.micro_batches, chunks(cfg)
         batch, pipelines = cfg.global_batch, cfg.data_parallel()  # x nodes under MPI
         layers, arch = layers_of(cfg.usecase), cfg.usecase.model.arch
+        if cfg.stage_starts is not None and len(cfg.stage_starts) != s * v:
+            each = f" ({v} a process under {cfg.schedule})" if v > 1 else ""
+            fix = (f"give {s * v}, or set --stages to match" if cfg.stages is not None
+                   else f"give a multiple of {v}")
+            raise ConfigError("--stage-starts", f"{len(cfg.stage_starts)} starts for {s} "
+                              f"process(es){each}: {fix}")
         if s < 2:
+            if cfg.stages is None and cfg.stage_starts is not None:
+                raise ConfigError("--stage-starts", f"{len(cfg.stage_starts)} starts make {s} "
+                                  f"process under {cfg.schedule}; a pipeline needs at least "
+                                  f"2: give {2 * v} or more")
             raise ConfigError("--stages", f"a pipeline needs at least 2 stages, got {s}")
         if s * v > len(layers.starts):
             per = f" ({v} stages a process under {cfg.schedule}: {s * v})" if v > 1 else ""
@@ -74,10 +84,6 @@ class Pipeline(Strategy):
                               f"{len(layers)}); use at most {len(layers.starts) // v}, or "
                               f"a data-parallel strategy")
         if cfg.stage_starts is not None:
-            if len(cfg.stage_starts) % v:
-                raise ConfigError("--stage-starts", f"{cfg.schedule} runs {v} stages a "
-                                  f"process: give {v} x --stages starts, got "
-                                  f"{len(cfg.stage_starts)}")
             if cfg.stage_starts[-1] >= len(layers):
                 raise ConfigError("--stage-starts", f"the last stage starts at layer "
                                   f"{cfg.stage_starts[-1]} but {arch} has layers 0 to "
@@ -88,7 +94,7 @@ class Pipeline(Strategy):
             raise ConfigError("--micro-batches", f"the batch of {batch} does not split into "
                               f"{nodes}{r} replica(s) x {m} equal micro-batches; choose "
                               f"sizes whose product divides {batch}")
-        if cfg.schedule != "gpipe" and m < s:
+        if cfg.schedule == "1f1b" and m < s:
             raise ConfigError("--micro-batches", f"{cfg.schedule} needs at least one micro-"
                               f"batch a stage: {m} for {s} stages; use --micro-batches {s} "
                               f"or more, or --schedule gpipe")
@@ -126,12 +132,15 @@ class Pipeline(Strategy):
                 for schedule, note in (("gpipe", ""), ("1f1b", ", 1f1b"))]
 
     def prepare(self, job) -> dict[str, Any]:
-        """Where each stage starts, from the layers' measured forward times (recorded)."""
+        """Where each stage starts, from the pieces' measured cost of a step (recorded),
+        measured on the threads a stage will have (every usable core for GPU stages)."""
         from ddlstudy.training.stages import cuts  # torch: measures the model
 
         cfg = job.cfg
         r, s, v = self.replicas(cfg), self.stages(cfg), chunks(cfg)
-        starts = cuts(job, s * v, cfg.micro_batches, self.layout(cfg).threads_per_process)
+        layout = self.layout(cfg)
+        threads = usable_cores() if layout.device_type == "cuda" else layout.threads_per_process
+        starts = cuts(job, s * v, cfg.micro_batches, threads)
         log.info("%s: %d replica(s) of %d stages starting at layers %s (%s)", self.name, r,
                  s * v, starts, cfg.schedule)
         return {"starts": starts}
@@ -212,7 +221,7 @@ def stage_times(everyone: list[dict], stages: int) -> dict[str, Any]:
             "wait_s": wait, "exchange_s": s["exchange"], "optimizer_s": s["optimizer"],
             "other_s": s["other"], "chunks": chunks, "peak_micro_batches_held": held,
             "activation_bytes": saved,
-            "peak_activation_bytes": sum(h * b for h, b in zip(held, saved, strict=True)),
+            "peak_activation_bytes": e.get("peak_bytes", 0),
             **({"peak_gpu_bytes": e["peak_gpu_bytes"]} if e.get("peak_gpu_bytes") else {})})
     first = sorted((e for e in everyone if e["rank"] < stages), key=lambda e: e["rank"])
     origin = min(e["origin"] for e in first)
@@ -228,8 +237,9 @@ def stage_times(everyone: list[dict], stages: int) -> dict[str, Any]:
 def bound(per_stage: list[dict], stages: int, micro: int, chunks: int) -> dict[str, float]:
     """The step the first pipeline's own stage times allow, and the share of it its
     measured step reaches: the slowest stage's compute (forward, backward, optimizer) plus
-    the bubble, (stages - 1) of its (stages x chunks x micro) forward-backward slices
-    (GPipe's and 1F1B's fill and drain; an interleaved schedule's slices are smaller)."""
+    the bubble, (stages - 1) of its forward-backward slices
+    (GPipe's and 1F1B's fill and drain), a slice being 1/(chunks x micro) of a stage's
+    passes (an interleaved schedule's slices are half as big)."""
     mine = [p for p in per_stage if p["pipeline"] == 0 and p["steps"]]
     if not mine:
         return {}

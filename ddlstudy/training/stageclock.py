@@ -29,15 +29,17 @@ class SavedBytes:
 
     def __init__(self, module: torch.nn.Module) -> None:
         self.params = {p.data_ptr() for p in module.parameters()}
-        self.seen: set[int] = set()
+        self.seen: set[tuple[int, int]] = set()
         self.bytes = 0
         self.hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
-        ptr = t.untyped_storage().data_ptr()
-        if ptr not in self.params and ptr not in self.seen:
-            self.seen.add(ptr)
-            self.bytes += t.untyped_storage().nbytes()
+        # A view (a micro-batch is a slice of the batch) counts its own elements, not the
+        # storage it views; each (start, size) once.
+        key = (t.data_ptr(), t.numel())
+        if t.untyped_storage().data_ptr() not in self.params and key not in self.seen:
+            self.seen.add(key)
+            self.bytes += t.numel() * t.element_size()
         return t
 
     def __enter__(self) -> SavedBytes:
@@ -59,9 +61,9 @@ class StageClock:
 
     Memory: ``held`` counts the micro-batches whose activations a stage holds (forward
     done, backward not yet), ``peak_held`` its most over the steps; ``saved`` the bytes
-    autograd saved in each stage's first forward (``SavedBytes``): the schedule's peak of
-    activation memory is their product. On a GPU ``peak_gpu`` also reads the allocator's
-    own peak over the counted steps.
+    autograd saved in each stage's first forward (``SavedBytes``); ``peak_bytes`` the most
+    the process held at once, the sum over its stages of held x saved. On a GPU the
+    report also reads the allocator's own peak over the counted steps.
     """
 
     def __init__(self, micro: int, chunks: int = 1, device: torch.device | None = None
@@ -76,6 +78,7 @@ class StageClock:
         self.held = [0] * chunks
         self.peak_held = [0] * chunks
         self.saved = [0] * chunks
+        self.peak_bytes = 0
 
     def mark(self, phase: str) -> float:
         """``phase`` from now on; the time since the last mark was the last phase's."""
@@ -128,6 +131,8 @@ class StageClock:
                 self.boxes[-1][3] = self.mark("other")
                 self.held[chunk] += step
                 self.peak_held[chunk] = max(self.peak_held[chunk], self.held[chunk])
+                held = sum(h * b for h, b in zip(self.held, self.saved, strict=True))
+                self.peak_bytes = max(self.peak_bytes, held)
             return at
 
         for way, phase, recv, step in (("fwd", "forward", 0, 1), ("bwd", "backward", 3, -1)):
@@ -157,6 +162,7 @@ class StageClock:
                     if self.device is not None else None)
         return {"rank": rank, "sums": self.sums, "boxes": self.boxes, "origin": self.origin,
                 "chunks": self.chunks, "peak_held": self.peak_held, "saved_bytes": self.saved,
+                "peak_bytes": self.peak_bytes,
                 "peak_gpu_bytes": peak_gpu,
                 "rows": torch.tensor(self.rows, dtype=torch.float64).reshape(-1, self.width)}
 

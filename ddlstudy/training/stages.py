@@ -97,7 +97,8 @@ def pipeline_step(schedule: _PipelineSchedule, optimizer: torch.optim.Optimizer,
                   device: torch.device | None = None,
                   zero: Callable[[], None] | None = None,
                   clock: StageClock | None = None) -> StepFn:
-    """One GPipe step; only the last stage knows the loss and the predictions.
+    """One pipeline step under ``schedule``; only the last stage knows the loss and the
+    predictions.
 
     ``average`` runs between the backward passes and the optimizer step: the hybrid's
     all-reduce of this stage's gradients over the replicas (or an MPI node's exchange).
@@ -289,7 +290,9 @@ def train_stage(job: Job, link: Link, device: torch.device, starts: list[int], m
         full.to(device)
     clock = StageClock(micro, len(made), device)
     clock.watch(schedule, made)
-    optimizer = new_optimizer(module.parameters(), cfg)
+    # A stage of only functions (a pooling, a flatten) has nothing to update: its optimizer
+    # holds an empty placeholder, since SGD refuses an empty parameter list.
+    optimizer = new_optimizer(list(module.parameters()) or [nn.Parameter(torch.zeros(0))], cfg)
     average, zero = exchange(full, module, layers, starts, rank, replicas, data_groups[index],
                              stages)
     train = _train_loader(cfg, job, first, (node_index * replicas + replica, pipelines))
