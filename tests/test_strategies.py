@@ -229,6 +229,7 @@ def test_balanced_cuts_minimise_the_slowest_stage():
 def _pipeline_rank(rank, world, port, replicas, micro, out, schedule="gpipe"):
     """One rank of ``replicas`` pipelines (1: a plain pipeline), as the strategy builds it;
     the last stage of pipeline 0 saves its step's loss, rank 0 the weights."""
+    from ddlstudy.config.run import stages_a_process
     from ddlstudy.models.cuts import Layers
     from ddlstudy.training.stages import (
         _groups,
@@ -243,7 +244,7 @@ def _pipeline_rank(rank, world, port, replicas, micro, out, schedule="gpipe"):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)
     stages = world // replicas
-    chunks = 2 if schedule.startswith("interleaved") else 1
+    chunks = stages_a_process(schedule)
     replica, index = divmod(rank, stages)
     pipes, data_groups = _groups(replicas, stages)
     model, images, labels = _setup()

@@ -121,14 +121,6 @@ class Layers:
                 unit.inplace = False
         return fx.GraphModule(self.graph, graph)
 
-    def costs(self, x: torch.Tensor, repeats: int = 3) -> list[float]:
-        """Seconds each layer takes forward on ``x`` (best of ``repeats``)."""
-        timer = _Timed(self.graph, self.nodes, repeats)
-        with torch.no_grad():
-            timer.run(x)
-        return [timer.seconds[n] for n in self.nodes]
-
-
     def step_costs(self, x: torch.Tensor, micro: int, optimizer, repeats: int = 3
                    ) -> list[dict[str, float]]:
         """What each piece between two places a stage may start (``starts``) costs in one
@@ -178,21 +170,3 @@ def _best(piece: nn.Module, h: torch.Tensor, repeats: int
         if i:
             fwd, bwd = min(fwd, mid - start), min(bwd, end - mid)
     return fwd, bwd, y
-
-
-class _Timed(fx.Interpreter):
-    def __init__(self, module: fx.GraphModule, nodes: list[fx.Node], repeats: int) -> None:
-        super().__init__(module)
-        self.timed, self.repeats = set(nodes), repeats
-        self.seconds: dict[fx.Node, float] = {}
-
-    def run_node(self, node: fx.Node):
-        if node not in self.timed:
-            return super().run_node(node)
-        best = float("inf")
-        for _ in range(self.repeats):
-            start = time.perf_counter()
-            out = super().run_node(node)
-            best = min(best, time.perf_counter() - start)
-        self.seconds[node] = best
-        return out

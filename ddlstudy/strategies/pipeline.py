@@ -174,8 +174,9 @@ NOTE = ("seconds over the steps but each process's first (since its last resume)
         "sending and receiving activations and gradients; wait: for a neighbour (a "
         "receive before it sent, a send before it was ready to receive: the bubble, and "
         "any imbalance); exchange: the replicas' or nodes' gradient exchange; other: the "
-        "schedule's own work. peak_activation_bytes: the most micro-batches a stage held at "
-        "once (forward done, backward not yet) x the bytes autograd saved for one. Under an "
+        "schedule's own work. peak_activation_bytes: the most activation bytes a process held "
+        "at once: micro-batches whose forward is done and backward not yet, x the bytes "
+        "autograd saved for one (peak_micro_batches_held: each stage's most). Under an "
         "interleaved schedule, whose receives are posted ahead and waited for inside the "
         "schedule, wait holds the transfers, the waits and the schedule's own work. "
         "timeline: pipeline 0's last step, from its earliest start")
@@ -186,30 +187,22 @@ def stage_times(everyone: list[dict], stages: int) -> dict[str, Any]:
     pipeline x stages + stage): per process its phases' seconds, the time of its receives
     and sends split into the wait for a neighbour and the transfer (on the host's clock
     they share), the activations it held at most; and pipeline 0's last step, box by
-    box. Under an interleaved schedule a process holds ``chunks`` stages: stage q of the
-    pipeline's ``stages x chunks`` is chunk q // stages of process q % stages."""
+    box. Under an interleaved schedule a process holds ``chunks`` stages, whose receives
+    are waited for inside torch's runtime: its transfers and waits are counted together."""
     by_rank = {e["rank"]: {**e, "rows": e["rows"].tolist()} for e in everyone}
-    micro = {r: (len(e["rows"][0]) - 3) // 6 // e.get("chunks", 1) if e["rows"] else 0
-             for r, e in by_rank.items()}
 
-    def row_of(pipe: int, q: int, chunks: int) -> list[list[float]] | None:
-        """Virtual stage q's rows of pipeline ``pipe`` (None outside the pipeline)."""
-        if not 0 <= q < stages * chunks:
-            return None
-        rank = pipe * stages + q % stages
-        m, v = micro[rank], q // stages
-        return [r[:3] + r[3 + 6 * m * v: 3 + 6 * m * (v + 1)]
-                for r in by_rank[rank]["rows"]]
+    def rows(pipe: int, stage: int) -> list[list[float]] | None:
+        """Stage ``stage``'s rows of pipeline ``pipe`` (None outside the pipeline)."""
+        return by_rank[pipe * stages + stage]["rows"] if 0 <= stage < stages else None
 
     per_stage = []
     for rank, e in sorted(by_rank.items()):
         pipe, stage = divmod(rank, stages)
         s, chunks = e["sums"], e.get("chunks", 1)
         mine = e["rows"]
-        wait = sum(_waited(row_of(pipe, q, chunks), row_of(pipe, q - 1, chunks),
-                           row_of(pipe, q + 1, chunks))
-                   for q in range(stage, stages * chunks, stages))
-        if chunks > 1:  # receives posted ahead, waited for inside the schedule: together
+        if chunks == 1:
+            wait = _waited(mine, rows(pipe, stage - 1), rows(pipe, stage + 1))
+        else:  # receives posted ahead, waited for inside the schedule: together
             wait, s = s["recv"] + s["send"] + s["other"], {**s, "recv": 0.0, "send": 0.0,
                                                           "other": 0.0}
         held = e.get("peak_held") or [0] * chunks
@@ -231,7 +224,13 @@ def stage_times(everyone: list[dict], stages: int) -> dict[str, Any]:
                  "chunk": int(box[4]) if len(box) > 4 else 0}
                 for e in first for box in e["boxes"]]
     return {"per_stage": per_stage, "timeline": timeline, "note": NOTE,
-            **bound(per_stage, stages, micro[0], by_rank[0].get("chunks", 1))}
+            **bound(per_stage, stages, *_micro_chunks(by_rank[0]))}
+
+
+def _micro_chunks(e: dict) -> tuple[int, int]:
+    """A process's micro-batches and stages, from its report's row width."""
+    chunks = e.get("chunks", 1)
+    return (len(e["rows"][0]) - 3) // 6 // chunks if e["rows"] else 0, chunks
 
 
 def bound(per_stage: list[dict], stages: int, micro: int, chunks: int) -> dict[str, float]:

@@ -252,7 +252,8 @@ def build_schedule(name: str, layers: Layers, starts: list[int], rank: int, stag
                                      input_args=(examples[q].to(device),), group=group)
             for part, q in zip(parts, mine, strict=True)]
     cls = getattr(pipelining, SCHEDULES[name])
-    schedule = cls(made if name.startswith("interleaved") else made[0], micro,
+    multi = issubclass(cls, pipelining.schedules.PipelineScheduleMulti)  # takes a list
+    schedule = cls(made if multi else made[0], micro,
                    loss_fn=nn.CrossEntropyLoss())
     return schedule, made, module
 
