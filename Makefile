@@ -2,6 +2,8 @@
 #            speedup tables and figures (runs/demo/report/).
 # make test: .venv if missing, ruff, the import contracts (lint-imports), the whole test suite
 #            (tests/test_docs.py builds the documentation site strictly).
+# make paper: the paper's Tables 1-3 on both of its use cases, a few steps a cell
+#            (usecases/paper-quick.toml, under 45 minutes on 2 cores), and the findings.
 # make docs: the reference pages regenerated from the code (docs/reference/), then the
 #            documentation site built with mkdocs --strict into site/.
 PYTHON ?= python3
@@ -12,7 +14,7 @@ DEMO   := runs/demo
 RUNS   ?= $(DEMO)
 TORCH_NOTE := 2.14.1 is a CUDA build of about 5.5 GB even on a CPU-only machine: a few minutes
 
-.PHONY: install demo test lint docs clean-demo notebook notebook-run gpu-check
+.PHONY: install demo paper test lint docs clean-demo notebook notebook-run gpu-check
 
 $(STAMP): pyproject.toml setup.py
 	@echo "installing ddlstudy and its dependencies into $(VENV): torch $(TORCH_NOTE)"
@@ -26,6 +28,9 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/ddlstudy dataset make --usecase tiny
 	$(BIN)/ddlstudy study usecases/demo.toml --resume
+
+paper: $(STAMP)
+	$(BIN)/ddlstudy study paper-quick --resume
 
 notebook: $(STAMP)
 	$(BIN)/pip install --quiet -e '.[dev,notebook]'

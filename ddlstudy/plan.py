@@ -47,6 +47,9 @@ class Plan:
     runs_dir: Path = DEFAULT_RUNS_DIR
     description: str = ""
     settings: dict[str, Any] = field(default_factory=dict)
+    usecase_settings: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """``[settings.<use case>]``: what differs for one use case (a VGG16 step takes 20
+    times an AlexNet one: fewer --max-steps), between [settings] and the cells."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,6 +68,9 @@ class StudyTable:
     repeat: int = DEFAULT_REPEAT
     """Runs of every cell (interleaved: every cell once, then again), for a median and a
     95 % interval; ``--repeat`` overrides it."""
+    cells_from: str | None = None
+    """Run the [[cells]] of another plan (a shipped plan's name, or a file beside this
+    one) instead of listing them: a quick variant of a plan keeps exactly its cells."""
     runs_dir: str | None = None
     """Where the runs and the report go (``--runs-dir`` overrides it; default runs/<name>);
     a relative path is taken from DDLSTUDY_HOME."""
@@ -157,8 +163,11 @@ def load_plan(path: Path, repeat: int | None = None, runs_dir: Path | None = Non
                          f"`ddlstudy run --usecase {path}`")
     _keys("plan", raw, {"study", "settings", "cells"})
     study = _checked(TypeAdapter(StudyTable), raw.get("study", {}), "study", STUDY_KEYS)
-    settings = raw.get("settings", {})
-    cells = raw.get("cells", [])
+    settings, own = _usecase_settings(raw.get("settings", {}), study.usecases)
+    cells = _cells_from(study.cells_from, path.parent) if study.cells_from else \
+        raw.get("cells", [])
+    if study.cells_from and "cells" in raw:
+        raise ConfigError("study.cells_from", "the plan lists [[cells]] too; keep one of them")
     if not isinstance(cells, list) or not cells:
         raise ConfigError("[[cells]]", "the plan needs at least one [[cells]] table with a "
                           "strategy")
@@ -177,8 +186,34 @@ def load_plan(path: Path, repeat: int | None = None, runs_dir: Path | None = Non
         if not runs_dir.is_absolute():
             runs_dir = HOME / runs_dir
     return Plan(name=name, path=path, usecases=usecases, cells=cells, repeat=repeat,
-                runs_dir=runs_dir, description=study.description,
-                settings=settings)
+                runs_dir=runs_dir, description=study.description, settings=settings,
+                usecase_settings={_beside(u, path.parent): v for u, v in own.items()})
+
+
+def _cells_from(name: str, folder: Path) -> Any:
+    """The [[cells]] of the plan ``name`` (its own cells_from is not followed)."""
+    beside = folder / name
+    try:
+        path = _plan_path(beside if beside.is_file() else Path(name))
+    except UsageError as exc:
+        raise ConfigError("study.cells_from", f"{exc}; name a shipped plan (demo, paper) or "
+                          "a plan file beside this one") from None
+    return read_toml(path, "study plan").get("cells", [])
+
+
+def _usecase_settings(settings: Any, usecases: list[str]) -> tuple[Any, dict[str, dict]]:
+    """[settings] without its tables, and those tables (``[settings.<use case>]``), each
+    checked: named after one of the plan's use cases, holding settings."""
+    if not isinstance(settings, dict):
+        return settings, {}  # refused by _check_cells as any bad [settings]
+    own = {k: v for k, v in settings.items() if isinstance(v, dict)}
+    for name, values in own.items():
+        if name not in usecases:
+            raise ConfigError(f"[settings.{name}]", f"{name!r} is not one of this plan's use "
+                              f"cases ({', '.join(usecases)}); a table in [settings] holds "
+                              "what differs for one of them")
+        _checked(_cell(True), values, f"[settings.{name}]", CELL_KEYS - {"strategy"})
+    return {k: v for k, v in settings.items() if k not in own}, own
 
 
 def _check_cells(settings: dict[str, Any], cells: list, where_cells: str) -> None:
@@ -240,10 +275,11 @@ def configs(plan: Plan, overrides: dict[str, Any]) -> list[tuple[str, dict, RunC
     is refused naming the plan, the use case and the cell."""
     specs = []
     for uc in plan.usecases:
-        cells = [dict(plan.settings) | c | overrides for c in plan.cells]
+        settings = dict(plan.settings) | plan.usecase_settings.get(uc, {})
+        cells = [settings | c | overrides for c in plan.cells]
         if not any(c.get("strategy") == "sequential" and c.get("backend", "local") == "local"
                    and not set(c) - {"strategy", "backend", "nodes"} for c in plan.cells):
-            cells.insert(0, dict(plan.settings) | {"strategy": "sequential"} | overrides)
+            cells.insert(0, settings | {"strategy": "sequential"} | overrides)
         specs += [(uc, c) for c in cells]
     out = []
     for uc, flags in specs:

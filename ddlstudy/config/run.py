@@ -170,9 +170,14 @@ class RunConfig(MpiOptions, SparkOptions):
                                    "(quick measurements)", group=OUTPUT, type=int,
                                    most=most("steps"), why=why("steps"))
     max_val_steps: int | None = option(None, "validate on at most this many batches each "
-                                       "epoch (quick measurements: advise's probes)",
+                                       "epoch, spread over the validation set (quick "
+                                       "measurements: advise's probes)",
                                        group=OUTPUT, type=int, metavar="N",
                                        most=most("steps"), why=why("steps"))
+    warmup_steps: int = option(2, "steps at the start of each epoch left out of its steady "
+                               "images/s (allocator and cache warm-up; 1 where a step takes "
+                               "seconds, as VGG16's on a CPU)", group=OUTPUT, type=int,
+                               metavar="N", most=most("steps"), why=why("steps"))
     snapshot: bool = option(True, "do not write snapshot.pt after each epoch", group=OUTPUT,
                             type=bool, negate=True)
     tensorboard: bool = option(False, "also write the metrics and resource samples as "

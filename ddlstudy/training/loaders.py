@@ -140,13 +140,15 @@ def train_loader(dataset: Dataset, cfg: RunConfig, *, shard: tuple[int, int] | N
 
 def val_loader(cfg: RunConfig, data: DataPlan, shard: tuple[int, int] | None = None,
                loader_workers: int | None = None) -> DataLoader:
-    """The validation images in order (``shard``: this rank's share of them; only the
-    first --max-val-steps batches of it when given)."""
+    """The validation images in order (``shard``: this rank's share of them; with
+    --max-val-steps, that many batches of them spread evenly over the whole: the images
+    are in class order, and the first batches alone would hold one class)."""
     items = data.val
     if shard is not None:
         items = [items[i] for i in np.array_split(np.arange(len(items)), shard[1])[shard[0]]]
-    if cfg.max_val_steps:
-        items = items[:cfg.max_val_steps * cfg.usecase.train.batch_size]
+    kept = (cfg.max_val_steps or 0) * cfg.usecase.train.batch_size
+    if 0 < kept < len(items):
+        items = [items[i] for i in np.linspace(0, len(items) - 1, kept).round().astype(int)]
     workers = cfg.loader_workers if loader_workers is None else loader_workers
     dataset = image_dataset(cfg, data, items, False)
     return DataLoader(dataset, batch_size=cfg.usecase.train.batch_size,

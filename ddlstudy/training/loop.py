@@ -24,7 +24,8 @@ from ddlstudy.training.steps import Batch, StepFn
 log = logging.getLogger("ddlstudy")
 
 WARMUP_STEPS = 2
-"""Steps left out of the steady-state throughput: allocator and cache warm-up."""
+"""Steps left out of the steady-state throughput by default: allocator and cache warm-up
+(a run's ``--warmup-steps``)."""
 
 
 
@@ -40,7 +41,7 @@ class EpochResult:
     train_time_s: float
     images_per_s: float
     steady_images_per_s: float
-    """Images per second after the first WARMUP_STEPS steps of the epoch."""
+    """Images per second after the first warm-up steps of the epoch."""
     val_time_s: float
     epoch_time_s: float
     first_step_s: float | None = None
@@ -74,6 +75,7 @@ class Trainer:
 
     def __init__(self, model: nn.Module, step: StepFn, train_loader: Iterable[Batch],
                  val_loader: Iterable[Batch], *, max_steps: int | None = None,
+                 warmup_steps: int = WARMUP_STEPS,
                  show_progress: bool = True, sync: Callable[[], None] = lambda: None,
                  reduce: Callable[..., list[float]] | None = None,
                  before_eval: Callable[[], None] = lambda: None,
@@ -83,6 +85,7 @@ class Trainer:
         self.train_loader = train_loader
         self.val_loader = val_loader
         self.max_steps = max_steps
+        self.warmup_steps = warmup_steps
         self.show_progress = show_progress
         self.sync = sync  # e.g. torch.cuda.synchronize: the clock is read after the device
         # Data-parallel ranks each see a slice: ``reduce`` sums their counts (all-reduce).
@@ -110,7 +113,7 @@ class Trainer:
 
     def _timing(self) -> tuple[float, int, float]:
         """(train time, steady images, steady time) of the epoch so far, earlier attempts of
-        a resumed epoch included; each attempt's first WARMUP_STEPS are not steady."""
+        a resumed epoch included; each attempt's first warm-up steps are not steady."""
         now = time.perf_counter()
         start, steady_start, steady_from = self._clock
         sums = self.sums
@@ -173,7 +176,7 @@ class Trainer:
             sums["correct"] += batch_correct
             sums["images"] += n
             sums["steps"] += 1
-            if sums["steps"] - resumed == WARMUP_STEPS:
+            if sums["steps"] - resumed == self.warmup_steps:
                 self.sync()
                 self._clock = (start, time.perf_counter(), sums["images"])
             self.after_step(epoch, sums["steps"])

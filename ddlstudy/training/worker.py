@@ -62,6 +62,7 @@ def train_worker(job: Job, link: Link, model: nn.Module, optimizer: torch.optim.
         own()
 
     trainer = Trainer(model, step, train, val, max_steps=job.cfg.max_steps,
+                      warmup_steps=job.cfg.warmup_steps,
                       show_progress=job.show_progress and link.rank == 0, reduce=link.sum,
                       before_eval=before_eval, device=device,
                       sync=torch.cuda.synchronize if cuda else (lambda: None))
