@@ -318,16 +318,18 @@ def test_one_mpi_launch_times_every_reducer_and_compressor_on_two_sizes():
         assert all(len(t) == 2 and all(x > 0 for x in t) for t in by_method.values())
 
 
-def test_max_val_steps_validates_on_the_first_batches_only(quick_config):
+def test_max_val_steps_validates_on_batches_spread_over_every_class(quick_config):
     from ddlstudy.data import prepare_data
     from ddlstudy.training import val_loader
 
-    cfg = quick_config(max_val_steps=2)
+    cfg = quick_config(max_val_steps=1)
     loader = val_loader(cfg, prepare_data(cfg))
-    assert len(loader) == 2
-    for _ in range(2):  # each validation starts again from the first batch
-        sizes = [labels.numel() for _, labels in loader]
-        assert sizes == [16, 16]
+    assert len(loader) == 1
+    for _ in range(2):  # each validation takes the same images again
+        (labels,) = [labels for _, labels in loader]
+        assert labels.numel() == 16
+        # The validation images come in class order: the first 16 alone are one class.
+        assert set(labels.tolist()) == {0, 1, 2}
     full = val_loader(quick_config(), prepare_data(cfg))
     assert sum(labels.numel() for _, labels in full) == 60
 

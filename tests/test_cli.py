@@ -21,6 +21,8 @@ from ddlstudy.report import config_label, speedup_table
     (["run", "--on-bad-image", "ignore"], "unknown policy 'ignore'; choose one of: fail, skip"),
     (["run", "--sample-hz", "-1"], "--sample-hz: must be between 0"),
     (["run", "--max-steps", "0"], "--max-steps: must be a positive"),
+    (["run", "--warmup-steps", "0"], "--warmup-steps: must be a positive"),
+    (["report", "--project", "32cores"], "--project: '32cores'; give CORES@LINK"),
     (["run", "--data-dir", "/no/such/dir"], "--data-dir: /no/such/dir is not a folder"),
     (["dataset", "make", "--usecase", "nope"], "unknown use case 'nope'"),
     (["run", "--strategy", "cpu-processes", "--workers", "4", "--batch-size", "2"],

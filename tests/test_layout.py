@@ -24,7 +24,7 @@ RUN_FLAGS = [
     "--spark-master",
     "--spark-secret-file", "--spark-sync", "--spark-ui", "--stage-starts", "--stages",
     "--strategy", "--sync-every", "--target-accuracy", "--tensorboard", "--transport",
-    "--usecase", "--workers",
+    "--usecase", "--warmup-steps", "--workers",
 ]
 
 

@@ -302,7 +302,8 @@ def test_buckets_start_during_backward_and_train_like_one_allreduce(tmp_path, da
     parameters, closed at 0.25 MiB (the 9 MiB classifier weight is a bucket of its own),
     each started by its last gradient's hook while backward runs on (after the last
     micro-batch only), and the training is the one whole-buffer Allreduce gives."""
-    flags = ["--nodes", "3", "--epochs", "2", "--sample-hz", "0", "--accumulate", accumulate]
+    flags = ["--nodes", "3", "--epochs", "2", "--max-steps", "4", "--sample-hz", "0",
+             "--accumulate", accumulate]
     bucketed, _ = _mpi_run(tmp_path / "a", datasets_dir, *flags, "--bucket-mb", "0.25")
     whole, _ = _mpi_run(tmp_path / "b", datasets_dir, *flags, "--reduce", "allreduce")
     assert bucketed["backend"]["reduce"] == whole["backend"]["reduce"] == "allreduce"

@@ -152,6 +152,13 @@ def test_the_notebook_runs_on_a_study(study_dir, tmp_path):
      "--workers: must be a positive"),
     ("[study\n", "is not valid TOML"),
     ("[study]\nusecases = []\n[[cells]]\nstrategy = 'sequential'\n", "at least one use case"),
+    ("[study]\nusecases = ['tiny']\n[settings.tinny]\nmax_steps = 2\n[[cells]]\n"
+     "strategy = 'sequential'\n", "[settings.tinny]: 'tinny' is not one of this plan's use"),
+    ("[study]\nusecases = ['tiny']\n[settings.tiny]\nmax_step = 2\n[[cells]]\n"
+     "strategy = 'sequential'\n", "[settings.tiny].max_step: unknown key"),
+    ("[study]\nusecases = ['tiny']\ncells_from = 'nope'\n", "study.cells_from: study plan nope"),
+    ("[study]\nusecases = ['tiny']\ncells_from = 'demo'\n[[cells]]\nstrategy = 'sequential'\n",
+     "lists [[cells]] too"),
 ])
 def test_a_bad_plan_is_refused_before_anything_runs(tmp_path, capsys, plan, message):
     path = tmp_path / "plan.toml"
@@ -169,13 +176,22 @@ def test_a_use_case_is_not_a_plan_and_a_plan_is_not_a_use_case(capsys):
 
 
 def test_the_shipped_plans_are_valid():
-    for name in ("demo", "efficiency", "paper"):
+    cells = {}
+    for name in ("demo", "efficiency", "paper", "paper-quick"):
         plan = load_plan(REPO_ROOT / "usecases" / f"{name}.toml")
-        cells = expand(plan, {})
-        assert all(c.cfg is not None for c in cells)
-    paper = {(c.usecase, c.cfg.strategy, c.cfg.backend) for c in cells}
+        cells[name] = expand(plan, {})
+        assert all(c.cfg is not None for c in cells[name])
+    paper = {(c.usecase, c.cfg.strategy, c.cfg.backend) for c in cells["paper"]}
     assert ("simple-big", "hybrid", "local") in paper and ("complex-small", "sequential",
                                                            "spark") in paper
+    # paper-quick: the paper's cells (cells_from), on both use cases, each with its steps.
+    quick = cells["paper-quick"]
+    assert [c.label for c in quick if c.repeat == 1] == [c.label for c in cells["paper"]]
+    assert {c.repeat for c in quick} == {1, 2}
+    steps = {(c.usecase, c.cfg.max_steps, c.cfg.warmup_steps, c.cfg.max_val_steps)
+             for c in quick}
+    assert steps == {("complex-small", 2, 1, 1), ("simple-big", 8, 1, 1)}
+    assert all(c.cfg.usecase.train.epochs == 10 for c in cells["paper"])
 
 
 def test_latex_tables_escape_what_latex_would_misread():

@@ -240,7 +240,10 @@ def plan_page() -> str:
               "Every `ddlstudy run` flag but `--usecase` and `--runs-dir` (the study sets "
               "those), its dashes written as underscores: `micro_batches = 4`, "
               "`no_snapshot = true`. A cell's key overrides the same key of `[settings]`; "
-              "`strategy` is a cell's only (one without it runs `sequential`). Every cell "
+              "`strategy` is a cell's only (one without it runs `sequential`). A table "
+              "`[settings.<use case>]` holds what differs for one of the plan's use cases "
+              "(`[settings.complex-small]` `max_steps = 2`): it overrides `[settings]`, and "
+              "a cell overrides it. Every cell "
               "is checked as `ddlstudy run` checks its flags before the first one starts.",
               ""]
     lines += table(("key", "default", "meaning"),

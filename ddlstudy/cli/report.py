@@ -24,6 +24,10 @@ def register(sub) -> None:
                    "(other processes used their host) in medians, speedups and the findings "
                    "(without it they are shown only for a configuration with no quiet run, "
                    "marked noisy, and left out of the findings)")
+    p.add_argument("--project", default="32@10gbit", metavar="CORES@LINK",
+                   help="project each finding onto nodes of CORES cores joined by a LINK of "
+                   "this rate (a model fitted to the runs, marked as one), or 'none' "
+                   "(default: 32@10gbit)")
     p.set_defaults(func=cmd_report)
     p = sub.add_parser("export", help="runs in other tools' formats")
     esub = p.add_subparsers(dest="export_command", required=True, metavar="FORMAT")
@@ -58,10 +62,13 @@ def cmd_report(args: argparse.Namespace) -> int:
     from ddlstudy.config import DEFAULT_RUNS_DIR
     from ddlstudy.files import check_folder
     from ddlstudy.report import Report
+    from ddlstudy.report.projection import Hardware
 
+    project = None if args.project == "none" else Hardware.parse(args.project)
     if args.out:
         check_folder("--out", args.out)
-    report = Report(args.runs or DEFAULT_RUNS_DIR, include_noisy=args.include_noisy)
+    report = Report(args.runs or DEFAULT_RUNS_DIR, include_noisy=args.include_noisy,
+                    project=project)
     print(report.text(args.format))
     if args.out:
         paths = report.write(args.out, args.format, figures=not args.no_figures)

@@ -22,6 +22,10 @@ from torch import fx, nn
 from ddlstudy.errors import ConfigError
 
 CALLS = ("call_module", "call_function", "call_method")
+LONG_PASS_S = 0.25
+"""A piece's pass (or optimizer step) this long is timed once, not ``repeats`` times: its
+spread between repeats is a few per cent, and VGG16's pieces on one core would spend half
+a minute on repeats before the pipeline's first step."""
 
 
 def unit_names(model: nn.Module) -> list[str]:
@@ -125,7 +129,8 @@ class Layers:
                    ) -> list[dict[str, float]]:
         """What each piece between two places a stage may start (``starts``) costs in one
         pipeline step of ``micro`` micro-batches like ``x``: its forward and backward on a
-        micro-batch (best of ``repeats``, after a first pass that allocates) and its
+        micro-batch (best of ``repeats``, after a first pass that allocates; one pass where
+        it takes ``LONG_PASS_S`` or more) and its
         optimizer's step (``optimizer(params)``, once per step), in seconds, with
         ``step_s`` = micro x (forward + backward) + optimizer: what the cuts balance.
 
@@ -141,7 +146,11 @@ class Layers:
             opt_s = 0.0
             if params:
                 opt = optimizer(params)
-                opt_s = min(_timed(opt.step) for _ in range(repeats + 1))
+                opt_s = _timed(opt.step)  # the first allocates the momentum buffers
+                for _ in range(repeats):
+                    opt_s = min(opt_s, _timed(opt.step))
+                    if opt_s >= LONG_PASS_S:
+                        break
                 opt.zero_grad(set_to_none=True)
             out.append({"forward_s": fwd, "backward_s": bwd, "optimizer_s": opt_s,
                         "step_s": micro * (fwd + bwd) + opt_s})
@@ -157,8 +166,8 @@ def _timed(fn) -> float:
 
 def _best(piece: nn.Module, h: torch.Tensor, repeats: int
           ) -> tuple[float, float, torch.Tensor]:
-    """``piece``'s best forward and backward seconds on ``h`` (the first pass untimed),
-    and its output."""
+    """``piece``'s best forward and backward seconds on ``h`` (the first pass untimed, one
+    timed pass where it is long), and its output."""
     fwd = bwd = float("inf")
     for i in range(repeats + 1):
         start = time.perf_counter()
@@ -169,4 +178,6 @@ def _best(piece: nn.Module, h: torch.Tensor, repeats: int
         end = time.perf_counter()
         if i:
             fwd, bwd = min(fwd, mid - start), min(bwd, end - mid)
+            if fwd + bwd >= LONG_PASS_S:
+                break
     return fwd, bwd, y

@@ -22,7 +22,13 @@ strategy's. (b) compares the paper's own use cases, so it is judged only on a fo
 holds one of them; (a), (c) and (d) are judged on each use case of the folder.
 
 Each comparison also gives both sides' time to the use case's target accuracy, and says so
-where the side faster per image reaches the target later, or not at all.
+where the side faster per image reaches the target later, or not at all (not where
+neither reached it in runs cut to a few steps by --max-steps: that says nothing). Where a verdict is
+not the paper's (which confirms all four), the finding says so with the measured reasons.
+Each is also projected onto nodes of many cores (``Report.project``, ``--project``: 32-core
+nodes joined by 10 Gbit/s by default) with the model of ``report.projection``, marked as a
+projection: on a 2-core host every "node" shares the same two cores, and a verdict there
+need not be the verdict on the paper's kind of machine.
 """
 
 from __future__ import annotations
@@ -31,12 +37,14 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pandas as pd
+import numpy as np
 
 from ddlstudy.errors import UsageError
 from ddlstudy.report.formats import wrapped
-from ddlstudy.report.runs import KEY, LOCAL, is_baseline
-from ddlstudy.report.tables import Report, interval, only_main, spread_of
+from ddlstudy.report.projection import Hardware
+from ddlstudy.report.runs import KEY, is_baseline
+from ddlstudy.report.sides import Best, Side, cpu, local_cpu
+from ddlstudy.report.tables import BOOTSTRAP, Report, interval, only_main
 from ddlstudy.runfolder import SAMPLES
 from ddlstudy.sampler import IDENTITY, read_samples
 
@@ -47,20 +55,6 @@ PAPER = ("Lerat, Mahmoudi & Mahmoudi, \"Distributed Deep Learning: From Single-N
 PAPER_USECASES = ("simple-big", "complex-small")
 
 
-@dataclass(frozen=True)
-class Side:
-    """The best configuration of one side of a comparison."""
-
-    label: str
-    images_per_s: float
-    speedup: float | None
-    spread: list[float]
-    runs: pd.DataFrame  # its counted runs (rows of Report.runs)
-    target: float | None = None  # its use case's target validation accuracy
-    reached: str = ""  # how many of its runs reached it ('1/2'), '' without a target
-    tta_s: float | None = None  # the median time to it, when every run reached it
-
-
 @dataclass
 class Finding:
     letter: str
@@ -68,26 +62,25 @@ class Finding:
     verdict: str = "not measured"
     lines: list[str] = field(default_factory=list)
     """The evidence, one line per use case (or per comparison)."""
-
-
-def _cpu(t: pd.DataFrame) -> pd.Series:
-    return t.gpus == 0
-
-
-def _local_cpu(t: pd.DataFrame) -> pd.Series:
-    return (t.backend == LOCAL) & (t.gpus == 0)
+    differs: list[str] = field(default_factory=list)
+    """Where the verdict is not the paper's: why, from what the runs measured."""
+    projected: list[str] = field(default_factory=list)
+    """The verdict projected onto ``hardware``, one line per use case (a model)."""
+    hardware: Hardware | None = None
+    verdicts: dict[str, str] = field(default_factory=dict)
+    """Each use case's verdict, where the finding judges each on its own."""
 
 
 COMPARISONS = {
     "a": ("CPU multi-process data parallelism is faster than one process",
-          (lambda t: _local_cpu(t) & (t.table == 1) & (t.processes > 1),
+          (lambda t: local_cpu(t) & (t.table == 1) & (t.processes > 1),
            "multi-process data-parallel run"),
-          (lambda t: _local_cpu(t) & (t.processes == 1), "one-process run")),
-    "c": ("Spark is slower than local parallelism", (_local_cpu, "local run"),
-          (lambda t: (t.backend == "spark") & _cpu(t), "Spark run")),
-    "d": ("MPI gives the best speedup on CPU", (lambda t: (t.backend == "mpi") & _cpu(t),
+          (lambda t: local_cpu(t) & (t.processes == 1), "one-process run")),
+    "c": ("Spark is slower than local parallelism", (local_cpu, "local run"),
+          (lambda t: (t.backend == "spark") & cpu(t), "Spark run")),
+    "d": ("MPI gives the best speedup on CPU", (lambda t: (t.backend == "mpi") & cpu(t),
                                                 "MPI run"),
-          (lambda t: (t.backend != "mpi") & _cpu(t), "CPU run without MPI")),
+          (lambda t: (t.backend != "mpi") & cpu(t), "CPU run without MPI")),
 }
 """(a), (c), (d): the claim, then its claimed side and the other, each a mask of the
 summary's rows and what a run of it is called."""
@@ -100,46 +93,43 @@ def findings(report: Report) -> list[Finding]:
     rows = rows[(rows.status.str.startswith("ok") | rows.noisy) & rows.images_per_s.notna()]
     left_out = rows.noisy & (not report.include_noisy)
     runs = {k: g[g.counted] for k, g in report.runs.groupby(KEY, dropna=False)}
-    best = _Best(rows[~left_out], runs, rows[left_out])
+    best = Best(rows[~left_out], runs, rows[left_out], report.by_id)
     usecases = list(dict.fromkeys(report.table.usecase))
     out = [_compare(report, best, usecases, letter) for letter in COMPARISONS]
     if set(usecases) & set(PAPER_USECASES):
-        out.insert(1, _gains(best, usecases))
+        out.insert(1, _gains(report, best, usecases))
     return out
 
 
-def _compare(report: Report, best: _Best, usecases: list[str], letter: str) -> Finding:
+def _compare(report: Report, best: Best, usecases: list[str], letter: str) -> Finding:
     """One of ``COMPARISONS`` judged on each use case."""
     claim, (claimed, what), (other, others) = COMPARISONS[letter]
-    return _per_usecase(letter, claim, usecases, lambda uc: _claim(
-        report, best(uc, claimed), best(uc, other), best.missing(uc, claimed, what),
-        best.missing(uc, other, others)))
+    sides = {uc: (best(uc, claimed), best(uc, other)) for uc in usecases}
+    finding = _per_usecase(letter, claim, usecases, lambda uc: _claim(
+        *sides[uc], best.missing(uc, claimed, what), best.missing(uc, other, others)))
+    for uc, verdict in finding.verdicts.items():
+        if verdict not in ("confirmed", "not measured"):
+            finding.differs.append(f"{uc}: " + "; ".join(_why(report, *sides[uc])))
+    finding.hardware = report.project
+    if report.project is not None:
+        finding.projected = [_projection(best, uc, claimed, other, report.project)
+                             for uc in usecases]
+    return finding
 
 
-class _Best:
-    """The fastest configuration of a use case among the rows a mask picks (``noisy``:
-    the rows left out for their noisy runs, to say so where a side has no other)."""
-
-    def __init__(self, rows: pd.DataFrame, runs: dict, noisy: pd.DataFrame) -> None:
-        self.rows, self.runs, self.noisy = rows, runs, noisy
-
-    def __call__(self, usecase: str, mask) -> Side | None:
-        t = self.rows[self.rows.usecase == usecase]
-        t = t[mask(t)]
-        if t.empty:
-            return None
-        r = t.loc[t.images_per_s.idxmax()]
-        mine = self.runs.get(tuple(r[k] for k in KEY), pd.DataFrame())
-        return Side(r.config, float(r.images_per_s),
-                    None if pd.isna(r.speedup) else float(r.speedup), spread_of(mine), mine,
-                    _number(r.target), r.reached or "", _number(r.time_to_target_s))
-
-    def missing(self, usecase: str, mask, what: str) -> str:
-        """Why a side of ``usecase`` has no figures: no completed run, or only noisy ones."""
-        t = self.noisy[self.noisy.usecase == usecase]
-        noisy = int(t[mask(t)].runs.sum())
-        return f"no completed {what}" + (f" on a quiet host ({noisy} noisy left out)"
-                                         if noisy else "")
+def _projection(best: Best, uc: str, claimed, other, hardware: Hardware) -> str:
+    """A comparison on ``uc`` projected onto ``hardware``: each side's best projected."""
+    speeds = best.speeds(uc)
+    if speeds is None:
+        return (f"{uc}: not projected: it needs the sequential baseline and a cpu-intraop run "
+                "(how a process's speed grows with its threads)")
+    a, b = best.projected(uc, claimed, speeds, hardware), \
+        best.projected(uc, other, speeds, hardware)
+    if a is None or b is None:
+        return f"{uc}: not projected: a side has no run to project"
+    verdict = "confirmed" if a[1] > b[1] else "refuted"
+    return (f"{uc}: {verdict}: {a[0]} {a[1]:.1f} img/s against {b[0]} {b[1]:.1f} img/s, "
+            f"ratio {a[1] / b[1]:.2f} (serial share {speeds.serial:.2f})")
 
 
 def _per_usecase(letter: str, claim: str, usecases: list[str], judge) -> Finding:
@@ -148,6 +138,7 @@ def _per_usecase(letter: str, claim: str, usecases: list[str], judge) -> Finding
     for uc in usecases:
         verdict, line = judge(uc)
         verdicts.append(verdict)
+        finding.verdicts[uc] = verdict
         finding.lines.append(f"{uc}: {line}")
     measured = [v for v in verdicts if v != "not measured"]
     if measured:
@@ -157,7 +148,7 @@ def _per_usecase(letter: str, claim: str, usecases: list[str], judge) -> Finding
     return finding
 
 
-def _claim(report: Report, claimed: Side | None, other: Side | None, no_claimed: str,
+def _claim(claimed: Side | None, other: Side | None, no_claimed: str,
            no_other: str) -> tuple[str, str]:
     """Whether ``claimed`` is faster than ``other``, and the figures that say so."""
     if claimed is None or other is None:
@@ -173,10 +164,7 @@ def _claim(report: Report, claimed: Side | None, other: Side | None, no_claimed:
         spread = f" (95 % interval {bounds[0]:.2f}-{bounds[1]:.2f})"
     line = (f"{verdict}: {claimed.label} {claimed.images_per_s:.1f} img/s against "
             f"{other.label} {other.images_per_s:.1f} img/s, ratio {ratio:.2f}{spread}")
-    line += _accuracy(claimed, other)
-    if verdict == "refuted":
-        line += "; " + "; ".join(_why(report, claimed, other))
-    return verdict, line
+    return verdict, line + _accuracy(claimed, other)
 
 
 def _accuracy(claimed: Side, other: Side) -> str:
@@ -185,6 +173,8 @@ def _accuracy(claimed: Side, other: Side) -> str:
     use case sets no target or the sides were held to different ones."""
     if not (claimed.reached and other.reached) or claimed.target != other.target:
         return ""
+    if all(s.reached.startswith("0/") and s.cut_short for s in (claimed, other)):
+        return ""  # runs of a few steps (--max-steps): not reaching it says nothing
 
     def one(side: Side) -> str:
         if side.tta_s is not None:
@@ -202,16 +192,14 @@ def _accuracy(claimed: Side, other: Side) -> str:
     return text
 
 
-def _number(value) -> float | None:
-    return None if value is None or pd.isna(value) else float(value)
-
-
-def _gains(best: _Best, usecases: list[str]) -> Finding:
-    """(b): the best CPU speedup of SimpleBig against that of ComplexSmall."""
-    finding = Finding("b", "SimpleBig gains more from CPU parallelism than ComplexSmall")
+def _gains(report: Report, best: Best, usecases: list[str]) -> Finding:
+    """(b): the best CPU speedup of SimpleBig against that of ComplexSmall, with the 95 %
+    interval of their ratio (each side's runs and its baseline's resampled)."""
+    finding = Finding("b", "SimpleBig gains more from CPU parallelism than ComplexSmall",
+                      hardware=report.project)
     quiet = set(best.rows[is_baseline(best.rows)].usecase)  # a noisy one's speedups are not
-    sides = {uc: best(uc, lambda t: _local_cpu(t) & ~is_baseline(t) & t.speedup.notna())
-             if uc in quiet else None for uc in PAPER_USECASES}
+    parallel = lambda t: local_cpu(t) & ~is_baseline(t) & t.speedup.notna()  # noqa: E731
+    sides = {uc: best(uc, parallel) if uc in quiet else None for uc in PAPER_USECASES}
     missing = [uc for uc, s in sides.items() if s is None]
     if missing:
         have = ", ".join(usecases) or "none"
@@ -220,11 +208,64 @@ def _gains(best: _Best, usecases: list[str]) -> Finding:
                              f"(this folder has: {have})")
         return finding
     big, small = sides["simple-big"], sides["complex-small"]
-    finding.verdict = "confirmed" if big.speedup > small.speedup else "refuted"
+    bases = [best(uc, is_baseline).spread for uc in ("simple-big", "complex-small")]
+    bounds = _ratio_interval(big.spread, bases[0], small.spread, bases[1])
+    ratio = big.speedup / small.speedup
+    if bounds is None:
+        finding.verdict = "confirmed" if ratio > 1 else "refuted"
+        spread = "one measurement a side: no interval"
+    else:
+        finding.verdict = "confirmed" if bounds[0] > 1 else "refuted" if bounds[1] < 1 else \
+            "inconclusive"
+        spread = f"95 % interval {bounds[0]:.2f}-{bounds[1]:.2f}"
     finding.lines.append(f"{finding.verdict}: simple-big's best, {big.label}, "
                          f"{big.speedup:.2f}x against complex-small's best, {small.label}, "
-                         f"{small.speedup:.2f}x")
+                         f"{small.speedup:.2f}x: ratio {ratio:.2f} ({spread})")
+    if finding.verdict != "confirmed":
+        finding.differs.append(_serial_shares(best) + "; ".join(_why(report, big, small)))
+    if report.project is not None:
+        finding.projected.append(_gains_projected(best, parallel, report.project))
     return finding
+
+
+def _ratio_interval(big: list[float], big_base: list[float], small: list[float],
+                    small_base: list[float]) -> tuple[float, float] | None:
+    """The 95 % bootstrap interval of (big / big_base) / (small / small_base), each a
+    median of its values resampled; None with fewer than 2 values in any."""
+    if min(map(len, (big, big_base, small, small_base))) < 2:
+        return None
+    rng = np.random.default_rng(0)
+
+    def median(values: list[float]) -> np.ndarray:
+        return np.median(rng.choice(values, (BOOTSTRAP, len(values))), axis=1)
+
+    ratios = median(big) / median(big_base) / (median(small) / median(small_base))
+    low, high = np.quantile(ratios, [0.025, 0.975])
+    return float(low), float(high)
+
+
+def _serial_shares(best: Best) -> str:
+    """How each paper use case's process speeds up with its threads (Amdahl)."""
+    shares = {uc: best.speeds(uc) for uc in PAPER_USECASES}
+    if None in shares.values():
+        return ""
+    return ("serial share of a process's step (Amdahl, from cpu-intraop): " + ", ".join(
+        f"{uc} {s.serial:.2f}" for uc, s in shares.items()) + "; ")
+
+
+def _gains_projected(best: Best, parallel, hardware: Hardware) -> str:
+    """(b) projected: each paper use case's best projected speedup over its baseline."""
+    gains = {}
+    for uc in PAPER_USECASES:
+        speeds = best.speeds(uc)
+        side = speeds and best.projected(uc, parallel, speeds, hardware)
+        if not side:
+            return ("not projected: both use cases need the sequential baseline and a "
+                    "cpu-intraop run (how a process's speed grows with its threads)")
+        gains[uc] = (side[0], side[1] / speeds.r1)
+    (big, g_big), (small, g_small) = gains["simple-big"], gains["complex-small"]
+    return (f"{'confirmed' if g_big > g_small else 'refuted'}: simple-big's best, {big}, "
+            f"{g_big:.2f}x against complex-small's best, {small}, {g_small:.2f}x")
 
 
 def _why(report: Report, claimed: Side, other: Side) -> list[str]:
@@ -235,10 +276,10 @@ def _why(report: Report, claimed: Side, other: Side) -> list[str]:
         if m is None:
             continue
         exchange = ((m.get("backend") or {}).get("exchange") or {}).get("per_rank") or []
-        if exchange:
+        per_step = [r["exchange_s"] / max(r["steps"], 1) for r in exchange]
+        if per_step and max(per_step) >= 0.5e-3:  # Spark's allgather syncs between steps
             shares = [r["exchange_s"] / max(r["exchange_s"] + r["compute_s"], 1e-9)
                       for r in exchange]
-            per_step = [r["exchange_s"] / max(r["steps"], 1) for r in exchange]
             reasons.append(f"{side.label}'s ranks spent {min(shares):.0%}-{max(shares):.0%} "
                            f"of each step in the gradient exchange "
                            f"({min(per_step) * 1e3:.0f}-{max(per_step) * 1e3:.0f} ms a step)")
@@ -307,4 +348,10 @@ def render_findings(found: list[Finding], notes: list[str] = ()) -> str:
     for f in found:
         lines.append(wrapped(f"- ({f.letter}) {f.claim}: **{f.verdict}**", "  "))
         lines += [wrapped(f"  - {line}", "    ") for line in f.lines]
+        lines += [wrapped(f"  - not the paper's verdict (it confirms this), measured here: "
+                          f"{line}", "    ") for line in f.differs]
+        if f.projected:
+            lines.append(wrapped(f"  - projected to {f.hardware} (a model fitted to these "
+                                 "runs, not a measurement):", "    "))
+            lines += [wrapped(f"    - {line}", "      ") for line in f.projected]
     return "\n".join(lines)

@@ -2,28 +2,28 @@
 
 The findings are measured on the folder's hosts (here often one host of 2 cores that every
 "node" shares); the paper's came from a cluster. Each run is projected onto nodes of
-``cores`` cores joined by ``link`` (``--project 32@10gbit``: the default) with a model of
-three parts, each taken from the folder's own runs of the use case:
+``cores`` cores joined by ``link`` (``--project 32@10gbit``, the default) with a model of
+two parts, each taken from the folder's own runs of the use case:
 
 - **compute**: one process of ``c`` cores trains at ``r1 * A(c)`` images/s, where ``r1`` is
   the sequential baseline's speed (one thread) and ``A(c) = 1 / (f + (1 - f) / c)``
   Amdahl's law, its serial share ``f`` fitted to the cpu-intraop run (``t`` threads at
-  ``s`` times the baseline: ``f = (t / s - 1) / (t - 1)``). Below one core a process runs
-  at ``r1 * c`` (processes sharing cores, as emulated nodes on one host do). A step's
-  compute is a data-parallel worker's share of the batch at that speed; a pipeline of
-  ``S`` stages and ``M`` micro-batches splits it in ``S`` and pays GPipe's bubble,
-  ``(M + S - 1) / M``.
-- **the rest, as measured**: a run's measured step minus its modelled compute on the
-  folder's host (the processes' cores there: their threads, at most the host's cores
-  shared among all of them) is the exchange over shared memory or loopback, Spark's
-  scheduling and serialisation, the pipeline's transfers: kept as measured.
-- **the link**: runs of several nodes add their gradient exchange over ``link``, with the
-  reducer's messages and bytes (``ddlstudy.reducers.terms``), ``alpha`` = 50 us a message
-  and 8 / rate a byte (Spark: gloo's ring; its allgather: every node's gradient, once
-  every ``sync_every`` steps).
+  ``s`` times the baseline: ``f = (t / s - 1) / (t - 1)``); below one core (processes
+  sharing cores, as emulated nodes on one host do) at ``r1 * c``. A run's compute is its
+  measured step less the gradient exchange it measured (``backend.exchange``), scaled by
+  ``A(c here) / A(c there)``: its processes' cores on the folder's host (their threads, at
+  most the host's cores shared among all of them) against the projected node's. What
+  the run spent besides (a pipeline's bubble and transfers, Spark's scheduling) is taken
+  as part of its compute and scales with it.
+- **the exchange**: within one node, as measured (shared memory); a run of several nodes
+  exchanges its gradient over ``link`` instead, with the reducer's messages and bytes
+  (``ddlstudy.reducers.terms``), ``alpha`` = 50 us a message and 8 / rate a byte (Spark:
+  gloo's ring; its allgather: every node's gradient, once every ``sync_every`` steps).
 
-A projected node keeps the run's layout (its processes, stages, replicas and nodes) and
-gives each process ``cores / processes`` cores. The projection is a model, marked as one
+A projected node keeps the run's layout (its processes, stages, replicas and nodes): where
+the run's processes took every core of its host (cpu-intraop, cpu-processes, a pipeline's
+stages), each takes ``cores / processes`` of the projected node's; where they set fewer
+(sequential: one thread), they keep that many. The projection is a model, marked as one
 wherever it is shown: it says which way a verdict could go on the paper's kind of machine,
 not what such a machine measures.
 """
@@ -31,15 +31,15 @@ not what such a machine measures.
 from __future__ import annotations
 
 import re
+import statistics
 from dataclasses import dataclass
 
 from ddlstudy.errors import ConfigError
 from ddlstudy.hosts import rate_bits
-from ddlstudy.reducers import terms
+from ddlstudy.reducers import REGISTRY, terms
 
 ALPHA_S = 50e-6
 """Latency of one message between nodes (TCP over Ethernet, tens of microseconds)."""
-DEFAULT = "32@10gbit"
 
 
 @dataclass(frozen=True)
@@ -64,6 +64,11 @@ class Hardware:
         return f"nodes of {self.cores} cores joined by {self.link}"
 
 
+DEFAULT_HARDWARE = Hardware(32, "10gbit")
+"""What findings are projected onto where no one says: the issue's example of nodes like
+the paper's cluster (its core count is not stated), 32 cores, 10 Gbit/s Ethernet."""
+
+
 @dataclass(frozen=True)
 class Speeds:
     """A use case's measured speeds the projection starts from."""
@@ -85,25 +90,14 @@ def serial_share(threads: int, speedup: float) -> float:
     return min(max((threads / speedup - 1) / (threads - 1), 0.0), 1.0)
 
 
-def _layout(manifest: dict) -> tuple[int, int, int, int, int]:
-    """(processes a node, threads each, data-parallel workers, stages, micro-batches)."""
+def _layout(manifest: dict) -> tuple[int, int]:
+    """(processes that compute a node, threads each)."""
     s = manifest.get("strategy") or {}
     processes = int(s.get("processes") or 1)
     threads = int(s.get("intraop_threads") or s.get("threads_per_process") or 1)
-    workers_a_node = processes
     if processes == 1 and s.get("replicas") and not s.get("stages"):
-        workers_a_node = int(s["replicas"])  # cpu-threads: replicas share one process
-    dp = int((manifest.get("effective") or {}).get("data_parallel_workers") or 1)
-    return (workers_a_node, threads, dp, int(s.get("stages") or 1),
-            int(s.get("micro_batches") or 1))
-
-
-def _compute_s(manifest: dict, speeds: Speeds, cores_each: float) -> float:
-    """A step's compute with ``cores_each`` cores a process."""
-    _, _, dp, stages, micro = _layout(manifest)
-    batch = (manifest.get("effective") or {})["global_batch"]
-    seconds = batch / dp / speeds.rate(cores_each)
-    return seconds if stages == 1 else seconds / stages * (micro + stages - 1) / micro
+        return int(s["replicas"]), threads  # cpu-threads: replicas share one process
+    return processes, threads
 
 
 def _link_s(manifest: dict, hardware: Hardware) -> float:
@@ -119,9 +113,17 @@ def _link_s(manifest: dict, hardware: Hardware) -> float:
             every = max(int(config.get("sync_every") or 1), 1)
             return ((nodes - 1) * ALPHA_S + (nodes - 1) * nbytes * per_byte) / every
         messages, sizes = terms("ring-allreduce", nodes)
-    else:
-        messages, sizes = terms(config.get("reduce") or "allreduce", nodes)
+    else:  # the reducer the run resolved (auto: by size), a plugin's as a ring
+        reducer = manifest["backend"].get("reduce") or config.get("reduce")
+        messages, sizes = terms(reducer if reducer in REGISTRY else "ring-allreduce", nodes)
     return messages * ALPHA_S + sizes * nbytes * per_byte
+
+
+def _exchange_s(manifest: dict) -> float:
+    """The gradient exchange a step of the run measured: its ranks' median."""
+    ranks = ((manifest["backend"].get("exchange") or {}).get("per_rank") or [])
+    per_step = [r["exchange_s"] / r["steps"] for r in ranks if r.get("steps")]
+    return statistics.median(per_step) if per_step else 0.0
 
 
 def project(manifest: dict, images_per_s: float, speeds: Speeds,
@@ -129,7 +131,7 @@ def project(manifest: dict, images_per_s: float, speeds: Speeds,
     """The images/s a run measured at ``images_per_s`` would train at on ``hardware``
     (None where its manifest lacks the batch or layout to model it)."""
     try:
-        workers, threads, _, _, _ = _layout(manifest)
+        workers, threads = _layout(manifest)
         batch = manifest["effective"]["global_batch"]
         nodes = int(manifest["backend"].get("nodes") or 1)
         cores = int(manifest["host"].get("usable_cores") or 1)
@@ -137,7 +139,8 @@ def project(manifest: dict, images_per_s: float, speeds: Speeds,
     except (KeyError, TypeError, ValueError):
         return None
     here_each = min(threads, cores * hosts / (workers * nodes))
-    rest = max(batch / images_per_s - _compute_s(manifest, speeds, here_each), 0.0)
-    step = (_compute_s(manifest, speeds, hardware.cores / workers) + rest
-            + _link_s(manifest, hardware))
-    return batch / step
+    there_each = hardware.cores / workers if threads * workers >= cores else threads
+    exchange = _exchange_s(manifest)
+    compute = max(batch / images_per_s - exchange, 0.0)
+    compute *= speeds.rate(here_each) / speeds.rate(there_each)
+    return batch / (compute + (_link_s(manifest, hardware) if nodes > 1 else exchange))

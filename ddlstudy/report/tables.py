@@ -29,6 +29,7 @@ import pandas as pd
 
 from ddlstudy.files import atomic_write_text
 from ddlstudy.report.formats import FORMATS, _fmt, fitted_markdown, render, wrapped
+from ddlstudy.report.projection import DEFAULT_HARDWARE, Hardware
 from ddlstudy.report.runs import (
     KEY,
     _median,
@@ -298,9 +299,12 @@ INTERVAL = ("95 % interval: of the speedup, over the repeats (one run: over its 
 class Report:
     """Everything ``ddlstudy report`` shows, computed once from a runs folder."""
 
-    def __init__(self, runs_dir: Path, include_noisy: bool = False) -> None:
+    def __init__(self, runs_dir: Path, include_noisy: bool = False,
+                 project: Hardware | None = DEFAULT_HARDWARE) -> None:
         self.runs_dir = Path(runs_dir)
         self.include_noisy = include_noisy
+        self.project = project
+        """The nodes the findings are projected onto (None: no projection)."""
         self.manifests = load_runs(self.runs_dir)
         self.by_id = {m.get("id"): m for m in self.manifests}
         self.planned = load_planned(self.runs_dir)

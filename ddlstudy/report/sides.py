@@ -1,0 +1,99 @@
+"""The sides of the findings' comparisons: the fastest configuration of a use case among
+the rows a mask picks (``Best``), as measured (``Side``) and as projected onto other
+hardware (``Best.projected``, with ``report.projection``'s model)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+
+from ddlstudy.report.projection import Hardware, Speeds, project, serial_share
+from ddlstudy.report.runs import KEY, LOCAL, is_baseline
+from ddlstudy.report.tables import spread_of
+
+
+@dataclass(frozen=True)
+class Side:
+    """The best configuration of one side of a comparison."""
+
+    label: str
+    images_per_s: float
+    speedup: float | None
+    spread: list[float]
+    runs: pd.DataFrame  # its counted runs (rows of Report.runs)
+    target: float | None = None  # its use case's target validation accuracy
+    reached: str = ""  # how many of its runs reached it ('1/2'), '' without a target
+    tta_s: float | None = None  # the median time to it, when every run reached it
+    cut_short: bool = False  # its runs stopped their epochs early (--max-steps)
+
+
+def cpu(t: pd.DataFrame) -> pd.Series:
+    return t.gpus == 0
+
+
+def local_cpu(t: pd.DataFrame) -> pd.Series:
+    return (t.backend == LOCAL) & (t.gpus == 0)
+
+
+class Best:
+    """The fastest configuration of a use case among the rows a mask picks (``noisy``:
+    the rows left out for their noisy runs, to say so where a side has no other)."""
+
+    def __init__(self, rows: pd.DataFrame, runs: dict, noisy: pd.DataFrame,
+                 by_id: dict[str, dict]) -> None:
+        self.rows, self.runs, self.noisy, self.by_id = rows, runs, noisy, by_id
+
+    def __call__(self, usecase: str, mask) -> Side | None:
+        t = self.rows[self.rows.usecase == usecase]
+        t = t[mask(t)]
+        if t.empty:
+            return None
+        r = t.loc[t.images_per_s.idxmax()]
+        mine = self.runs.get(tuple(r[k] for k in KEY), pd.DataFrame())
+        cut = bool(((self.manifest(r) or {}).get("config") or {}).get("max_steps"))
+        return Side(r.config, float(r.images_per_s),
+                    None if pd.isna(r.speedup) else float(r.speedup), spread_of(mine), mine,
+                    number(r.target), r.reached or "", number(r.time_to_target_s), cut)
+
+    def manifest(self, row: pd.Series) -> dict | None:
+        """The manifest of a configuration's first counted run."""
+        runs = self.runs.get(tuple(row[k] for k in KEY))
+        return self.by_id.get(runs.run.iloc[0]) if runs is not None and len(runs) else None
+
+    def speeds(self, usecase: str) -> Speeds | None:
+        """What projections of ``usecase`` start from: its baseline's images/s and the
+        serial share its cpu-intraop run shows (None without both)."""
+        t = self.rows[self.rows.usecase == usecase]
+        base, intra = t[is_baseline(t)], t[(t.strategy == "cpu-intraop") & local_cpu(t)]
+        if base.empty or intra.empty:
+            return None
+        row = intra.loc[intra.images_per_s.idxmax()]
+        threads = ((self.manifest(row) or {}).get("strategy") or {}).get(
+            "threads_per_process") or 1
+        r1 = float(base.images_per_s.iloc[0])
+        return Speeds(r1, serial_share(int(threads), float(row.images_per_s) / r1))
+
+    def projected(self, usecase: str, mask, speeds: Speeds,
+                  hardware: Hardware) -> tuple[str, float] | None:
+        """The configuration (among those ``mask`` picks) fastest on ``hardware``, and its
+        projected images/s."""
+        t = self.rows[self.rows.usecase == usecase]
+        out = None
+        for _, row in t[mask(t)].iterrows():
+            m = self.manifest(row)
+            rate = project(m, float(row.images_per_s), speeds, hardware) if m else None
+            if rate and (out is None or rate > out[1]):
+                out = (row.config, rate)
+        return out
+
+    def missing(self, usecase: str, mask, what: str) -> str:
+        """Why a side of ``usecase`` has no figures: no completed run, or only noisy ones."""
+        t = self.noisy[self.noisy.usecase == usecase]
+        noisy = int(t[mask(t)].runs.sum())
+        return f"no completed {what}" + (f" on a quiet host ({noisy} noisy left out)"
+                                         if noisy else "")
+
+
+def number(value) -> float | None:
+    return None if value is None or pd.isna(value) else float(value)
