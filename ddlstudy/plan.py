@@ -198,7 +198,11 @@ def _cells_from(name: str, folder: Path) -> Any:
     except UsageError as exc:
         raise ConfigError("study.cells_from", f"{exc}; name a shipped plan (demo, paper) or "
                           "a plan file beside this one") from None
-    return read_toml(path, "study plan").get("cells", [])
+    cells = read_toml(path, "study plan").get("cells")
+    if not cells:
+        raise ConfigError("study.cells_from", f"{path} lists no [[cells]] of its own (a "
+                          "plan's cells_from is not followed): name a plan that lists them")
+    return cells
 
 
 def _usecase_settings(settings: Any, usecases: list[str]) -> tuple[Any, dict[str, dict]]:
@@ -211,7 +215,8 @@ def _usecase_settings(settings: Any, usecases: list[str]) -> tuple[Any, dict[str
         if name not in usecases:
             raise ConfigError(f"[settings.{name}]", f"{name!r} is not one of this plan's use "
                               f"cases ({', '.join(usecases)}); a table in [settings] holds "
-                              "what differs for one of them")
+                              "what differs for one of them (a use case given as a path: "
+                              "quote it, [settings.\"uc/x.toml\"])")
         _checked(_cell(True), values, f"[settings.{name}]", CELL_KEYS - {"strategy"})
     return {k: v for k, v in settings.items() if k not in own}, own
 

@@ -278,20 +278,29 @@ def test_a_run_is_projected_onto_nodes_of_many_cores():
     assert project(_laid_out("sequential", 20.0), 20.0, speeds, node) == pytest.approx(20.0)
     # 2 MPI nodes of 2 threads that shared 2 cores here (one core each), 1.0 s a step, the
     # ranks' exchange 0.15 s of it (median of 0.1 and 0.2). Projected: 32 cores a node
-    # (20 / (0.1 + 0.9 / 32) = 156.1 img/s), and in place of the measured exchange MPICH's
-    # allreduce of 4 MB between 2 nodes: 2 messages of 50 us, 4e6 bytes at 10 Gbit/s.
+    # (20 / (0.1 + 0.9 / 32) = 156.1 img/s), and the longer of the measured exchange and
+    # MPICH's allreduce of 4 MB between 2 nodes: 2 messages of 50 us and 4e6 bytes, at
+    # 10 Gbit/s (0.0033 s: the measured 0.15 s stands) or at 100 Mbit/s (0.32 s).
     mpi = _laid_out("cpu-intraop", 32.0, threads=2, workers=2, nodes=2, backend="mpi",
                     reduce="allreduce", hosts=["h", "h"], exchange=RANKS)
     compute = 0.85 * 20 / (20 / (0.1 + 0.9 / 32))
-    link = 2 * 50e-6 + 4e6 * 8 / 10e9
-    assert project(mpi, 32.0, speeds, node) == pytest.approx(32 / (compute + link))
+    link = 2 * 50e-6 + 4e6 * 8 / 100e6
+    assert project(mpi, 32.0, speeds, node) == pytest.approx(32 / (compute + 0.15))
+    slow = Hardware.parse("32@100mbit")
+    assert project(mpi, 32.0, speeds, slow) == pytest.approx(32 / (compute + link))
+    # Emulated hosts name themselves but share the machine's 2 cores: the same projection.
+    emulated = json.loads(json.dumps(mpi))
+    emulated["backend"]["hosts"], emulated["config"]["hosts"] = ["e1", "e2"], "emulated:e"
+    assert project(emulated, 32.0, speeds, slow) == pytest.approx(32 / (compute + link))
+    emulated["config"]["hosts"] = None  # two real hosts: each node had 2 cores, 32 add less
+    assert project(emulated, 32.0, speeds, slow) < 32 / (compute + link)
     # 4 processes of a hybrid on 2 cores had half a core each; on 32 cores they have 8.
     hybrid = _laid_out("hybrid", 8.0, processes=4, replicas=2, stages=2)
     assert project(hybrid, 8.0, speeds, node) == pytest.approx(8.0 * speeds.rate(8) / 10)
     assert project({"strategy": {}}, 10.0, speeds, node) is None  # too old to model
 
 
-@pytest.mark.parametrize("text", ["32", "0@10gbit", "32@fast", "x@1gbit"])
+@pytest.mark.parametrize("text", ["32", "0@10gbit", "32@fast", "x@1gbit", "32@0gbit"])
 def test_a_projection_spec_is_cores_at_a_link_rate(text):
     from ddlstudy.errors import ConfigError
     from ddlstudy.report.projection import Hardware
@@ -308,7 +317,8 @@ def test_every_finding_is_projected_and_says_it_is_a_model(tmp_path):
         _laid_out("cpu-intraop", 36.0, threads=2),
         _laid_out("cpu-processes", 30.0, processes=2, workers=2),
         _laid_out("cpu-intraop", 32.0, threads=2, workers=2, nodes=2, backend="mpi",
-                  reduce="allreduce", hosts=["h", "h"], exchange=RANKS),
+                  reduce="allreduce", hosts=["h", "h"],
+                  exchange=[r | {"exchange_s": r["exchange_s"] / 10} for r in RANKS]),
         _laid_out("sequential", 12.0, workers=2, nodes=2, backend="spark", hosts=["h", "h"])])
     found = _by_letter(report)
     assert found["d"].verdict == "refuted"
@@ -317,7 +327,8 @@ def test_every_finding_is_projected_and_says_it_is_a_model(tmp_path):
     text = " ".join(report.findings_text().split())  # its lines wrapped to fit a terminal
     assert "projected to nodes of 32 cores joined by 10gbit (a model fitted to these runs, " \
         "not a measurement):" in text
-    assert all(f.projected for f in found.values())
+    assert all(f.projected and not any(line.startswith(("u: not", "not")) for line in
+                                       f.projected) for f in found.values())
     assert "- u: " in text.split("(a) CPU multi-process")[1]
     plain = Report(tmp_path, project=None)
     assert "projected" not in plain.findings_text()

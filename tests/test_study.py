@@ -157,6 +157,8 @@ def test_the_notebook_runs_on_a_study(study_dir, tmp_path):
     ("[study]\nusecases = ['tiny']\n[settings.tiny]\nmax_step = 2\n[[cells]]\n"
      "strategy = 'sequential'\n", "[settings.tiny].max_step: unknown key"),
     ("[study]\nusecases = ['tiny']\ncells_from = 'nope'\n", "study.cells_from: study plan nope"),
+    ("[study]\nusecases = ['tiny']\ncells_from = 'paper-quick'\n",
+     "paper-quick.toml lists no [[cells]] of its own"),
     ("[study]\nusecases = ['tiny']\ncells_from = 'demo'\n[[cells]]\nstrategy = 'sequential'\n",
      "lists [[cells]] too"),
 ])

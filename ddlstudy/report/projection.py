@@ -15,15 +15,19 @@ two parts, each taken from the folder's own runs of the use case:
   most the host's cores shared among all of them) against the projected node's. What
   the run spent besides (a pipeline's bubble and transfers, Spark's scheduling) is taken
   as part of its compute and scales with it.
-- **the exchange**: within one node, as measured (shared memory); a run of several nodes
-  exchanges its gradient over ``link`` instead, with the reducer's messages and bytes
-  (``ddlstudy.reducers.terms``), ``alpha`` = 50 us a message and 8 / rate a byte (Spark:
-  gloo's ring; its allgather: every node's gradient, once every ``sync_every`` steps).
+- **the exchange**: within one node, as measured (shared memory); between nodes, the
+  longer of what it measured (its software: Spark's allgather through the JVMs takes
+  seconds where the bytes take tenths) and what ``link`` needs for the reducer's messages
+  and bytes (``ddlstudy.reducers.terms``), ``alpha`` = 50 us a message and 8 / rate a
+  byte (Spark: gloo's ring; its allgather: every node's gradient, once every
+  ``sync_every`` steps; ``--compress``: the bytes it sent).
 
-A projected node keeps the run's layout (its processes, stages, replicas and nodes): where
-the run's processes took every core of its host (cpu-intraop, cpu-processes, a pipeline's
-stages), each takes ``cores / processes`` of the projected node's; where they set fewer
-(sequential: one thread), they keep that many. The projection is a model, marked as one
+A projected node keeps the run's layout (its processes, stages, replicas and nodes). A
+run whose processes took every core of its host (cpu-intraop, cpu-processes, a pipeline's
+stages; MPI or Spark nodes that shared the host between them, as emulated nodes do) fills
+each projected node: a process takes ``cores / processes`` of its node's cores, as the
+paper's nodes used theirs. The sequential baseline keeps its one thread, and a run that
+left cores idle keeps its threads. The projection is a model, marked as one
 wherever it is shown: it says which way a verdict could go on the paper's kind of machine,
 not what such a machine measures.
 """
@@ -35,7 +39,7 @@ import statistics
 from dataclasses import dataclass
 
 from ddlstudy.errors import ConfigError
-from ddlstudy.hosts import rate_bits
+from ddlstudy.hosts import emulated_prefix, rate_bits
 from ddlstudy.reducers import REGISTRY, terms
 
 ALPHA_S = 50e-6
@@ -54,10 +58,10 @@ class Hardware:
         """``CORES@LINK`` (``32@10gbit``): cores a node, the tc rate of the link between
         nodes; a ConfigError naming ``flag`` otherwise."""
         found = re.fullmatch(r"(\d+)@(\S+)", text.strip())
-        if not found or not 0 < int(found.group(1)) <= 4096:
+        if not found or not 0 < int(found.group(1)) <= 4096 or \
+                not rate_bits(found.group(2), flag) > 0:
             raise ConfigError(flag, f"{text!r}; give CORES@LINK, cores a node (1-4096) and "
-                              "the link's rate, e.g. 32@10gbit")
-        rate_bits(found.group(2), flag)
+                              "the link's rate above 0, e.g. 32@10gbit, or none")
         return cls(int(found.group(1)), found.group(2))
 
     def __str__(self) -> str:
@@ -106,7 +110,8 @@ def _link_s(manifest: dict, hardware: Hardware) -> float:
     if nodes < 2:
         return 0.0
     config = manifest.get("config") or {}
-    nbytes = 4 * int((manifest.get("model") or {}).get("parameters") or 0)
+    compress = (manifest["backend"].get("compress") or {}).get("factor") or 1.0
+    nbytes = 4 * int((manifest.get("model") or {}).get("parameters") or 0) / compress
     per_byte = 8 / rate_bits(hardware.link)
     if manifest["backend"].get("name") == "spark":
         if config.get("spark_sync") == "allgather":
@@ -117,6 +122,14 @@ def _link_s(manifest: dict, hardware: Hardware) -> float:
         reducer = manifest["backend"].get("reduce") or config.get("reduce")
         messages, sizes = terms(reducer if reducer in REGISTRY else "ring-allreduce", nodes)
     return messages * ALPHA_S + sizes * nbytes * per_byte
+
+
+def _hosts(manifest: dict) -> int:
+    """The machines a run's ranks had: its distinct hosts, one for emulated hosts (each
+    names itself, all share one machine's cores)."""
+    if emulated_prefix((manifest.get("config") or {}).get("hosts")):
+        return 1
+    return max(len(set(manifest["backend"].get("hosts") or [])), 1)
 
 
 def _exchange_s(manifest: dict) -> float:
@@ -135,12 +148,16 @@ def project(manifest: dict, images_per_s: float, speeds: Speeds,
         batch = manifest["effective"]["global_batch"]
         nodes = int(manifest["backend"].get("nodes") or 1)
         cores = int(manifest["host"].get("usable_cores") or 1)
-        hosts = max(len(set(manifest["backend"].get("hosts") or [])), 1)
-    except (KeyError, TypeError, ValueError):
+        hosts = _hosts(manifest)
+    except (AttributeError, KeyError, TypeError, ValueError):
         return None
     here_each = min(threads, cores * hosts / (workers * nodes))
-    there_each = hardware.cores / workers if threads * workers >= cores else threads
+    baseline = nodes == 1 and (manifest.get("strategy") or {}).get("name") == "sequential"
+    filled = threads * workers * nodes >= cores * hosts and not baseline
+    there_each = hardware.cores / workers if filled else threads
     exchange = _exchange_s(manifest)
     compute = max(batch / images_per_s - exchange, 0.0)
     compute *= speeds.rate(here_each) / speeds.rate(there_each)
-    return batch / (compute + (_link_s(manifest, hardware) if nodes > 1 else exchange))
+    if nodes > 1:
+        exchange = max(exchange, _link_s(manifest, hardware))
+    return batch / (compute + exchange)

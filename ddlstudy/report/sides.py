@@ -69,10 +69,11 @@ class Best:
         if base.empty or intra.empty:
             return None
         row = intra.loc[intra.images_per_s.idxmax()]
-        threads = ((self.manifest(row) or {}).get("strategy") or {}).get(
-            "threads_per_process") or 1
-        r1 = float(base.images_per_s.iloc[0])
-        return Speeds(r1, serial_share(int(threads), float(row.images_per_s) / r1))
+        m = self.manifest(row) or {}
+        threads = int((m.get("strategy") or {}).get("threads_per_process") or 1)
+        cores = int((m.get("host") or {}).get("usable_cores") or threads)
+        r1 = float(base.images_per_s.iloc[0])  # threads beyond the cores add none
+        return Speeds(r1, serial_share(min(threads, cores), float(row.images_per_s) / r1))
 
     def projected(self, usecase: str, mask, speeds: Speeds,
                   hardware: Hardware) -> tuple[str, float] | None:

@@ -14,7 +14,8 @@ from ddlstudy.tools.advise.output import _figure
 from ddlstudy.tools.advise.probes import fastest
 from ddlstudy.tools.advise.ranking import finite
 
-NOT_THE_CONFIGURATION = {"datasets_dir", "epochs", "max_steps", "max_val_steps"}
+NOT_THE_CONFIGURATION = {"datasets_dir", "epochs", "max_steps", "max_val_steps",
+                         "warmup_steps"}
 """A study cell's flags that say how long it trains or where its data is, not what it
 runs: left out when matching cells to the advice's rows."""
 
