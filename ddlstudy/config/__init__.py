@@ -20,7 +20,7 @@ from ddlstudy.config.paths import (
     REPO_ROOT,
     USECASES_DIR,
 )
-from ddlstudy.config.run import PRECISIONS, Effective, RunConfig
+from ddlstudy.config.run import PRECISIONS, WARMUP_STEPS, Effective, RunConfig
 from ddlstudy.config.spark import SPARK_SYNCS, spark_slots
 from ddlstudy.config.usecase import (
     Arch,
@@ -31,7 +31,7 @@ from ddlstudy.config.usecase import (
     UseCase,
 )
 
-__all__ = ["DEFAULT_DATASETS_DIR", "DEFAULT_RUNS_DIR", "HOME", "PRECISIONS",
+__all__ = ["DEFAULT_DATASETS_DIR", "DEFAULT_RUNS_DIR", "HOME", "PRECISIONS", "WARMUP_STEPS",
            "REPO_ROOT", "SPARK_SYNCS", "USECASES_DIR", "Arch", "BadImagePolicy", "DataSpec",
            "Effective", "ModelSpec", "RunConfig", "TrainSpec", "UseCase",
            "available_usecases", "load_usecase", "resolve_usecase_path", "spark_slots",

@@ -57,6 +57,11 @@ TRANSPORTS = ("auto", "gloo")
 MAX_LOADER_WORKERS = 64
 
 
+WARMUP_STEPS = 2
+"""Steps at the start of each epoch left out of its steady images/s by default (allocator
+and cache warm-up): ``--warmup-steps``."""
+
+
 @dataclass(frozen=True)
 class Effective:
     """What a run really does, once its strategy and backend are known: the data-parallel
@@ -174,9 +179,9 @@ class RunConfig(MpiOptions, SparkOptions):
                                        "measurements: advise's probes)",
                                        group=OUTPUT, type=int, metavar="N",
                                        most=most("steps"), why=why("steps"))
-    warmup_steps: int = option(2, "steps at the start of each epoch left out of its steady "
-                               "images/s (allocator and cache warm-up; 1 where a step takes "
-                               "seconds, as VGG16's on a CPU)", group=OUTPUT, type=int,
+    warmup_steps: int = option(WARMUP_STEPS, "steps at the start of each epoch left out of "
+                               "its steady images/s (allocator and cache warm-up; 1 where a "
+                               "step takes seconds, as VGG16's on a CPU)", group=OUTPUT, type=int,
                                metavar="N", most=most("steps"), why=why("steps"))
     snapshot: bool = option(True, "do not write snapshot.pt after each epoch", group=OUTPUT,
                             type=bool, negate=True)

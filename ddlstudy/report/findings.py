@@ -37,14 +37,12 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
 from ddlstudy.errors import UsageError
 from ddlstudy.report.formats import wrapped
 from ddlstudy.report.projection import Hardware
 from ddlstudy.report.runs import KEY, is_baseline
 from ddlstudy.report.sides import Best, Side, cpu, local_cpu
-from ddlstudy.report.tables import BOOTSTRAP, Report, interval, only_main
+from ddlstudy.report.tables import Report, interval, only_main, quotient_interval
 from ddlstudy.runfolder import SAMPLES
 from ddlstudy.sampler import IDENTITY, read_samples
 
@@ -134,17 +132,13 @@ def _projection(best: Best, uc: str, claimed, other, hardware: Hardware) -> str:
 
 def _per_usecase(letter: str, claim: str, usecases: list[str], judge) -> Finding:
     finding = Finding(letter, claim)
-    verdicts = []
     for uc in usecases:
-        verdict, line = judge(uc)
-        verdicts.append(verdict)
-        finding.verdicts[uc] = verdict
+        finding.verdicts[uc], line = judge(uc)
         finding.lines.append(f"{uc}: {line}")
-    measured = [v for v in verdicts if v != "not measured"]
+    measured = [v for v in finding.verdicts.values() if v != "not measured"]
     if measured:
         finding.verdict = measured[0] if len(set(measured)) == 1 else \
-            "mixed (" + ", ".join(f"{uc} {v}" for uc, v in zip(usecases, verdicts,
-                                                                strict=True)) + ")"
+            "mixed (" + ", ".join(f"{uc} {v}" for uc, v in finding.verdicts.items()) + ")"
     return finding
 
 
@@ -209,7 +203,8 @@ def _gains(report: Report, best: Best, usecases: list[str]) -> Finding:
         return finding
     big, small = sides["simple-big"], sides["complex-small"]
     bases = [best(uc, is_baseline).spread for uc in ("simple-big", "complex-small")]
-    bounds = _ratio_interval(big.spread, bases[0], small.spread, bases[1])
+    bounds = quotient_interval((big.spread, 1), (bases[0], -1), (small.spread, -1),
+                               (bases[1], 1))  # (big / its baseline) / (small / its)
     ratio = big.speedup / small.speedup
     if bounds is None:
         finding.verdict = "confirmed" if ratio > 1 else "refuted"
@@ -226,22 +221,6 @@ def _gains(report: Report, best: Best, usecases: list[str]) -> Finding:
     if report.project is not None:
         finding.projected.append(_gains_projected(best, parallel, report.project))
     return finding
-
-
-def _ratio_interval(big: list[float], big_base: list[float], small: list[float],
-                    small_base: list[float]) -> tuple[float, float] | None:
-    """The 95 % bootstrap interval of (big / big_base) / (small / small_base), each a
-    median of its values resampled; None with fewer than 2 values in any."""
-    if min(map(len, (big, big_base, small, small_base))) < 2:
-        return None
-    rng = np.random.default_rng(0)
-
-    def median(values: list[float]) -> np.ndarray:
-        return np.median(rng.choice(values, (BOOTSTRAP, len(values))), axis=1)
-
-    ratios = median(big) / median(big_base) / (median(small) / median(small_base))
-    low, high = np.quantile(ratios, [0.025, 0.975])
-    return float(low), float(high)
 
 
 def _serial_shares(best: Best) -> str:

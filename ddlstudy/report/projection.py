@@ -104,11 +104,8 @@ def _layout(manifest: dict) -> tuple[int, int]:
     return processes, threads
 
 
-def _link_s(manifest: dict, hardware: Hardware) -> float:
-    """A step's gradient exchange between nodes over the projected link."""
-    nodes = int((manifest.get("backend") or {}).get("nodes") or 1)
-    if nodes < 2:
-        return 0.0
+def _link_s(manifest: dict, nodes: int, hardware: Hardware) -> float:
+    """A step's gradient exchange between ``nodes`` nodes over the projected link."""
     config = manifest.get("config") or {}
     compress = (manifest["backend"].get("compress") or {}).get("factor") or 1.0
     nbytes = 4 * int((manifest.get("model") or {}).get("parameters") or 0) / compress
@@ -159,5 +156,5 @@ def project(manifest: dict, images_per_s: float, speeds: Speeds,
     compute = max(batch / images_per_s - exchange, 0.0)
     compute *= speeds.rate(here_each) / speeds.rate(there_each)
     if nodes > 1:
-        exchange = max(exchange, _link_s(manifest, hardware))
+        exchange = max(exchange, _link_s(manifest, nodes, hardware))
     return batch / (compute + exchange)

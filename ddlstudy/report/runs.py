@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ddlstudy.config import RunConfig
+from ddlstudy.config import WARMUP_STEPS
 from ddlstudy.errors import UsageError
 from ddlstudy.formats import Cell, Study, check, load
 from ddlstudy.reading import what_is
@@ -172,8 +172,7 @@ def setting(manifest: dict) -> str:
     parts = [f"{train.get('epochs', '?')} epochs"]
     if config.get("max_steps"):
         parts.append(f"{config['max_steps']} steps")
-    warmup = RunConfig.__dataclass_fields__["warmup_steps"].default
-    if config.get("warmup_steps", warmup) != warmup:  # the steps images/s leave out
+    if config.get("warmup_steps", WARMUP_STEPS) != WARMUP_STEPS:  # what images/s leave out
         parts.append(f"{config['warmup_steps']} warm-up")
     parts += [f"batch {train.get('batch_size', '?')}", f"{train.get('image_size', '?')} px",
               f"data {str((manifest.get('data') or {}).get('fingerprint') or '?')[:8]}",

@@ -51,7 +51,8 @@ class Best:
             return None
         r = t.loc[t.images_per_s.idxmax()]
         mine = self.runs.get(tuple(r[k] for k in KEY), pd.DataFrame())
-        cut = bool(((self.manifest(r) or {}).get("config") or {}).get("max_steps"))
+        first = self.by_id.get(mine.run.iloc[0]) if len(mine) else None
+        cut = bool(((first or {}).get("config") or {}).get("max_steps"))
         return Side(r.config, float(r.images_per_s),
                     None if pd.isna(r.speedup) else float(r.speedup), spread_of(mine), mine,
                     number(r.target), r.reached or "", number(r.time_to_target_s), cut)

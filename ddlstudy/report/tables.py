@@ -118,13 +118,22 @@ def spread_of(g: pd.DataFrame) -> list[float]:
 def interval(mine: list[float], base: list[float] | None = None) -> tuple[float, float] | None:
     """The 95 % bootstrap interval of the median of ``mine`` (divided by the median of
     ``base``, resampled alike, for a speedup); None with fewer than 2 values a side."""
-    if len(mine) < 2 or (base is not None and len(base) < 2):
+    return quotient_interval((mine, 1), *([] if base is None else [(base, -1)]))
+
+
+def quotient_interval(*parts: tuple[list[float], int]) -> tuple[float, float] | None:
+    """The 95 % bootstrap interval of a product of medians, each of a part's values
+    resampled (in the order given) and multiplied in (power 1) or divided out (-1);
+    None with fewer than 2 values in any part."""
+    if min(len(values) for values, _ in parts) < 2:
         return None
     rng = np.random.default_rng(0)
-    values = np.median(rng.choice(mine, (BOOTSTRAP, len(mine))), axis=1)
-    if base is not None:
-        values = values / np.median(rng.choice(base, (BOOTSTRAP, len(base))), axis=1)
-    low, high = np.quantile(values, [0.025, 0.975])
+    product = None
+    for values, power in parts:
+        median = np.median(rng.choice(values, (BOOTSTRAP, len(values))), axis=1)
+        product = median if product is None else \
+            product * median if power > 0 else product / median
+    low, high = np.quantile(product, [0.025, 0.975])
     return float(low), float(high)
 
 

@@ -17,15 +17,13 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ddlstudy.config import WARMUP_STEPS
 from ddlstudy.environment import seconds_since_command
 from ddlstudy.progress import progress
 from ddlstudy.training.steps import Batch, StepFn
 
 log = logging.getLogger("ddlstudy")
 
-WARMUP_STEPS = 2
-"""Steps left out of the steady-state throughput by default: allocator and cache warm-up
-(a run's ``--warmup-steps``)."""
 
 
 
