@@ -13,11 +13,16 @@ STAMP  := $(VENV)/.installed
 DEMO   := runs/demo
 RUNS   ?= $(DEMO)
 TORCH_NOTE := 2.14.1 is a CUDA build of about 5.5 GB even on a CPU-only machine: a few minutes
+NEED_GB    := 7
 
 .PHONY: install demo paper test lint docs clean-demo notebook notebook-run gpu-check
 
 $(STAMP): pyproject.toml setup.py
 	@echo "installing ddlstudy and its dependencies into $(VENV): torch $(TORCH_NOTE)"
+	@free=$$(df -Pk . | awk 'NR == 2 {print int($$4 / 1048576)}'); \
+	if [ ! -x $(BIN)/python ] && [ "$$free" -lt $(NEED_GB) ]; then \
+	    echo "make: $(VENV) needs about $(NEED_GB) GB of disk and $$free GB are free here:" \
+	         "free some (older clones' .venv folders?), then run make again" >&2; exit 2; fi
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)

@@ -31,6 +31,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import statistics
 import subprocess
 import sys
 import time
@@ -39,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from ddlstudy.backends import get_backend
-from ddlstudy.config import RunConfig
+from ddlstudy.config import RunConfig, TrainSpec
 from ddlstudy.config.run import jsonable
 from ddlstudy.environment import usable_cores
 from ddlstudy.errors import Unavailable, UsageError
@@ -88,13 +89,20 @@ def config_key(config: dict[str, Any]) -> str:
     """Hash of what defines a run, from its config as a manifest records it: the use case
     and every setting that differs from its default (not where the folder goes). Settings
     that a later version adds with a default leave the key of older runs unchanged."""
-    defaults = {f.name: jsonable(f.default) for f in dataclasses.fields(RunConfig)
-                if f.default is not dataclasses.MISSING}
-    key = {k: v for k, v in config.items()
-           if k != "runs_dir" and not (k in defaults and defaults[k] == v)}
+    key = _not_default(config, RunConfig)
+    key.pop("runs_dir", None)
     key["usecase"] = {k: v for k, v in config["usecase"].items() if k != "source"}
+    if isinstance(key["usecase"].get("train"), dict):  # lr_warmup_epochs came later
+        key["usecase"]["train"] = _not_default(key["usecase"]["train"], TrainSpec)
     text = json.dumps(key, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def _not_default(values: dict[str, Any], spec: type) -> dict[str, Any]:
+    """``values`` less those equal to the default of ``spec``'s field of the same name."""
+    defaults = {f.name: jsonable(f.default) for f in dataclasses.fields(spec)
+                if f.default is not dataclasses.MISSING}
+    return {k: v for k, v in values.items() if not (k in defaults and defaults[k] == v)}
 
 
 def expand(plan: Plan, overrides: dict[str, Any]) -> list[Cell]:
@@ -231,7 +239,7 @@ class Study:
             code = max(code, self._run_cell(cell))
             self.save()
             elapsed = time.monotonic() - start
-            left = elapsed / i * (len(todo) - i)
+            left = time_left(todo[:i], todo[i:])
             log.info("[%d/%d] %s on %s, repeat %d: %s in %.1f s | elapsed %s, about %s left",
                      i, len(todo), cell.label, cell.usecase, cell.repeat, cell.status,
                      cell.seconds, _clock(elapsed), _clock(left))
@@ -309,3 +317,16 @@ def _check_advice(plan: Plan) -> None:
     atomic_write_text(out / "advice-check.md", text + "\n")
     print()
     print(text)
+
+
+def time_left(done: list[Cell], rest: list[Cell]) -> float:
+    """Seconds the cells of ``rest`` should take: each what its earlier repeat took, else
+    the mean of its use case's cells done (a VGG16 cell takes minutes where an AlexNet
+    one takes seconds), else the mean of all done."""
+    took = {c.id: c.seconds for c in done}
+    per_usecase: dict[str, list[float]] = {}
+    for c in done:
+        per_usecase.setdefault(c.usecase, []).append(c.seconds)
+    mean = sum(took.values()) / len(took) if took else 0.0
+    return sum(took.get(c.id) or statistics.fmean(per_usecase.get(c.usecase) or [mean])
+               for c in rest)

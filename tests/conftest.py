@@ -48,7 +48,8 @@ def imagefolder(tmp_path, datasets_dir, tiny) -> Path:
 @pytest.fixture
 def quick_config(tmp_path, datasets_dir, tiny):
     def make(**kwargs) -> RunConfig:
-        train = {k: kwargs.pop(k) for k in ("epochs", "batch_size", "seed", "lr") if k in kwargs}
+        train = {k: kwargs.pop(k) for k in ("epochs", "batch_size", "seed", "lr",
+                                            "lr_warmup_epochs") if k in kwargs}
         usecase = with_overrides(tiny, **({"epochs": 1} | train))
         base = {"usecase": usecase, "datasets_dir": datasets_dir, "runs_dir": tmp_path / "runs",
                 "sample_hz": 0}

@@ -44,6 +44,31 @@ def test_bench_all_writes_every_ratio_with_its_spread(tmp_path, datasets_dir, ca
     assert "| strategies | cpu-processes / sequential |" in capsys.readouterr().out
 
 
+@pytest.mark.slow
+def test_bench_all_pipeline_sets_each_schedule_against_the_baseline_and_its_bound(
+        tmp_path, datasets_dir, monkeypatch):
+    from ddlstudy.tools import bench_all
+
+    # Two of its six layouts (each one run takes a few seconds here): one the pipeline
+    # model predicts, one it does not model.
+    layouts = ["pipeline 2 stages, 4 mb, interleaved-1f1b", "hybrid 2 x 2 stages, 4 mb, 1f1b"]
+    monkeypatch.setattr(bench_all, "PIPELINES", {k: bench_all.PIPELINES[k] for k in layouts})
+    out = tmp_path / "bench"
+    assert main(["bench", "all", "--only", "pipeline", "--steps", "3", "--repeats", "1",
+                 "--datasets-dir", str(datasets_dir), "--out", str(out)]) == 0
+    figures = json.loads((out / "bench.json").read_text())["figures"]
+    assert [f["name"] for f in figures] == [
+        f"{layouts[0]} / sequential", f"{layouts[0]}: the step its stage times allow / its step",
+        f"{layouts[1]} / sequential", f"{layouts[1]}: the step its stage times allow / its step",
+        f"{layouts[1]}: predicted step / measured step"]
+    assert {f["group"] for f in figures} == {"pipeline"}
+    assert all(f["repeats"] == 1 and f["a"][0] > 0 and f["b"][0] > 0 for f in figures)
+    # One sequential run is every layout's baseline in a repeat; the measured step the
+    # model is set against is the hybrid run's own (its batch of 16 / its images/s).
+    assert figures[0]["b"] == figures[2]["b"]
+    assert figures[4]["b"][0] == pytest.approx(16 / figures[2]["a"][0], abs=1e-3)
+
+
 @pytest.mark.parametrize("args, message", [
     (["--only", "overhead,warp"], "unknown group(s) warp"),
     (["--usecase", "nope"], "nope"),

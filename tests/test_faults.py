@@ -107,12 +107,14 @@ def _reference(tmp_path, datasets_dir, *extra: str) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("extra, victim", [
-    ((), "run"),
+    # A warm-up of 4 of the 6 epochs: killed in it, or after it, the resumed LinearLR
+    # must give the rates the uninterrupted run had.
+    (("--lr-warmup-epochs", "4"), "run"),
     (("--strategy", "cpu-processes", "--workers", "2"), "worker-1"),
     (("--backend", "mpi", "--nodes", "2"), "mpi-rank-1"),
     (("--backend", "mpi", "--nodes", "2", "--strategy", "cpu-processes", "--workers", "2"),
      "node-1-worker"),
-], ids=["sequential", "cpu-processes", "mpi", "mpi-nodes-of-processes"])
+], ids=["sequential-warmup", "cpu-processes", "mpi", "mpi-nodes-of-processes"])
 def test_killed_then_resumed_ends_bit_identical(tmp_path, datasets_dir, extra, victim):
     runs = tmp_path / "runs"
     code, seconds, folder = run_and_kill(_args(runs, datasets_dir, *extra), runs, victim)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 
 from ddlstudy.runfolder import MANIFEST, SAMPLES
 from ddlstudy.runner import run
@@ -79,12 +80,30 @@ def test_exact_reducers_train_like_allreduce_on_three_nodes(tmp_path, datasets_d
 
 
 @pytest.mark.slow
-def test_step_wise_trains(tmp_path, datasets_dir):
-    manifest, _ = _mpi_run(tmp_path, datasets_dir, "--nodes", "2", "--reduce", "step-wise",
-                           "--sample-hz", "0")
+def test_step_wise_trains_and_validates_rank_0s_model_on_the_whole_set(tmp_path, datasets_dir,
+                                                                        quick_config):
+    """Step-wise leaves each node its own weights: the run's model is rank 0's (the one its
+    snapshot holds), and its accuracy is that model's on every validation image, not a mix
+    of each rank's model on its half (in class order, a half misses a class)."""
+    from torch import nn
+
+    from ddlstudy.data import prepare_data
+    from ddlstudy.models import build_model
+    from ddlstudy.runfolder import SNAPSHOT
+    from ddlstudy.runner import resolve
+    from ddlstudy.training import evaluate, val_loader
+
+    manifest, folder = _mpi_run(tmp_path, datasets_dir, "--nodes", "2", "--reduce",
+                                "step-wise", "--sample-hz", "0", snapshot=True)
     accuracies = [e["val_accuracy"] for e in manifest["epochs"]]
     assert manifest["status"] == "completed" and len(accuracies) == 10
     assert max(accuracies) >= 0.45  # chance is 1/3
+    cfg = resolve(quick_config())
+    model = build_model(cfg.usecase.model, len(cfg.usecase.classes))
+    model.load_state_dict(torch.load(folder / SNAPSHOT, weights_only=True)["model"])
+    _, correct, seen = evaluate(model, val_loader(cfg, prepare_data(cfg)),
+                                nn.CrossEntropyLoss())
+    assert seen == 60 and accuracies[-1] == correct / seen
 
 
 def test_a_killed_rank_ends_the_job_and_is_named(tmp_path, datasets_dir):

@@ -42,6 +42,25 @@ def test_strong_scaling_saturates_where_the_exchange_dominates():
     assert overlapped > speedups[1]
 
 
+def test_the_pipeline_model_gives_the_gpipe_bubble_and_shares_the_cores():
+    from ddlstudy.tools.pipeline_model import Stages, order, step_s
+
+    equal = Stages(forward_s=[1.0, 1.0], backward_s=[2.0, 2.0], optimizer_s=[0.5, 0.5])
+    # A core a stage: (M + S - 1) passes of forward and backward, then the optimizer.
+    assert step_s(equal, 4, "gpipe", cores=2) == pytest.approx(5 * 3 + 0.5)
+    assert step_s(equal, 4, "1f1b", cores=2) == pytest.approx(5 * 3 + 0.5)  # same bubble
+    # One core: never idle, so the step is all the work (2 stages x 4 x 3 s + 2 x 0.5 s).
+    assert step_s(equal, 4, "gpipe", cores=1) == pytest.approx(25)
+    # Two pipelines on two cores share them as one does one core.
+    assert step_s(equal, 4, "gpipe", replicas=2, cores=2) == pytest.approx(25)
+    # 1F1B holds at most S - s micro-batches on stage s; GPipe all of them.
+    assert order(0, 2, 4, "1f1b") == [("F", 0), ("F", 1), ("B", 0), ("F", 2), ("B", 1),
+                                       ("F", 3), ("B", 2), ("B", 3)]
+    # A slow last stage: the others wait for it, and the bubble grows with it.
+    slow = Stages(forward_s=[1.0, 2.0], backward_s=[2.0, 4.0], optimizer_s=[0.0, 0.0])
+    assert step_s(slow, 4, "gpipe", cores=2) == pytest.approx(1 + 4 * 6 + 2)
+
+
 @pytest.mark.slow
 def test_predict_from_real_runs_checks_itself_against_them(tmp_path, datasets_dir):
     runs = tmp_path / "runs"
@@ -52,6 +71,12 @@ def test_predict_from_real_runs_checks_itself_against_them(tmp_path, datasets_di
                               "--no-snapshot", "--quiet", "--sample-hz", "0"],
                              capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, out.stderr[-2000:]
+    out = subprocess.run([sys.executable, "-m", "ddlstudy", "run", "--usecase", "tiny",
+                          "--datasets-dir", str(datasets_dir), "--runs-dir", str(runs),
+                          "--strategy", "pipeline", "--stages", "2", "--epochs", "2",
+                          "--no-snapshot", "--quiet", "--sample-hz", "0"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
     out = subprocess.run([sys.executable, "-m", "ddlstudy", "predict", str(runs),
                           "--repeats", "2", "--nodes", "1,2,4,256", "--links", "10gbit"],
                          capture_output=True, text=True, timeout=300)
@@ -68,6 +93,10 @@ def test_predict_from_real_runs_checks_itself_against_them(tmp_path, datasets_di
     assert rows[-1]["efficiency"] < rows[1]["efficiency"]
     assert result["costs"]["allreduce"]["beta_s_per_byte"] > 0
     assert "| ResNet-101 | 90% |" in out.stdout
+    (pipe,) = result["pipelines"]  # the pipeline run, predicted from its piece costs
+    assert pipe["schedule"] == "gpipe" and pipe["measured_step_s"] > 0
+    assert pipe["predicted_step_s"] > 0 and set(pipe["other_schedules"]) == {"1f1b"}
+    assert f"| {pipe['run']} | 2 stages x 4 mb, gpipe |" in out.stdout
 
 
 @pytest.mark.parametrize("args, message", [

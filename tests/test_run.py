@@ -62,6 +62,30 @@ def test_same_seed_same_metrics_other_seed_differs(quick_config):
     assert not a[cols].equals(c[cols])
 
 
+def test_the_warm_up_raises_the_learning_rate_linearly_then_holds_it():
+    from ddlstudy.training.job import warmup
+    weight = torch.nn.Parameter(torch.zeros(1))
+    optimizer = torch.optim.SGD([weight], lr=0.1, momentum=0.9)
+    schedule = warmup(optimizer, 1.5, 4)  # 6 steps
+    seen = []
+    for _ in range(9):
+        seen.append(optimizer.param_groups[0]["lr"])
+        weight.grad = torch.ones(1)
+        optimizer.step()
+        schedule.step()
+    assert seen == pytest.approx([0.1 * s / 6 for s in range(1, 7)] + [0.1] * 3)
+    assert warmup(optimizer, 0, 4) is None and warmup(optimizer, 0.25, 4) is None
+
+
+def test_a_warm_up_changes_the_first_epoch_and_is_recorded(quick_config):
+    plain, warm = (run(quick_config(epochs=2, lr_warmup_epochs=w, max_steps=4, snapshot=False),
+                       show_progress=False) for w in (0, 1))
+    a, b = _metrics(plain), _metrics(warm)
+    assert a["train_loss"][0] != b["train_loss"][0]
+    train = json.loads((warm.path / MANIFEST).read_text())["config"]["usecase"]["train"]
+    assert train["lr_warmup_epochs"] == 1
+
+
 def test_max_steps_cuts_epochs_short(quick_config):
     folder = run(quick_config(epochs=1, max_steps=3, snapshot=False), show_progress=False)
     assert _metrics(folder)["steps"].tolist() == [3]

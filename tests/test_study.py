@@ -266,5 +266,24 @@ def test_runs_recorded_before_a_setting_existed_still_match(quick_config):
     config = quick_config().to_dict()
     older = {k: v for k, v in config.items() if k not in ("spark_sync", "sync_every")}
     assert config_key(older) == config_key(config)  # a later version's defaults
+    train = {k: v for k, v in config["usecase"]["train"].items() if k != "lr_warmup_epochs"}
+    older = config | {"usecase": config["usecase"] | {"train": train}}
+    assert config_key(older) == config_key(config)  # ... in the use case's task too
+    warm = config | {"usecase": config["usecase"] | {"train": train | {"lr_warmup_epochs": 1}}}
+    assert config_key(warm) != config_key(config)
     assert config_key(config | {"workers": 2}) != config_key(config)
     assert config_key(config | {"runs_dir": "/elsewhere"}) == config_key(config)
+
+
+def test_time_left_counts_each_cell_as_its_earlier_repeat_or_its_use_cases_cells():
+    from ddlstudy.study import Cell, time_left
+
+    def cell(usecase: str, id: str, seconds: float = 0.0) -> Cell:
+        return Cell(usecase=usecase, flags={}, repeat=1, id=id, seconds=seconds)
+
+    done = [cell("complex-small", "a", 100.0), cell("complex-small", "b", 60.0),
+            cell("simple-big", "c", 10.0)]
+    rest = [cell("simple-big", "d"), cell("complex-small", "a"), cell("tiny", "e")]
+    # d: simple-big's mean (10); a: its first repeat (100); e: the mean of all (170 / 3)
+    assert time_left(done, rest) == pytest.approx(10 + 100 + 170 / 3)
+

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from ddlstudy.errors import ConfigError
 
-BENCH_GROUPS = ("overhead", "ceiling", "sampler", "loader", "strategies", "reducers",
-                "transport", "mpi", "spark")
+BENCH_GROUPS = ("overhead", "ceiling", "sampler", "loader", "strategies", "pipeline",
+                "reducers", "transport", "mpi", "spark")
 """What ``bench all --only`` takes."""
 
 

@@ -238,6 +238,11 @@ class TrainSpec:
         "help": "learning rate (see --lr-scaling)", "type": float})
     momentum: float = 0.9
     """SGD's momentum."""
+    lr_warmup_epochs: float = field(default=0, metadata={
+        "help": "epochs over which the learning rate rises linearly to lr, from lr / W at "
+                "the first of their W steps (torch's LinearLR; 0: none; not --warmup-steps, "
+                "the steps left out of images/s)",
+        "type": float})
     seed: int = field(default=0, metadata={
         "help": "seed of the weights, the shuffling and the augmentation", "type": int})
     val_fraction: float = 0.2
@@ -253,6 +258,9 @@ class TrainSpec:
         _positive("train.epochs", self.epochs, most=most("epochs"))
         _positive("train.lr", self.lr, float, most=most("lr"), why=why("lr"))
         _number("train.momentum", self.momentum, 0, 1, high_open=True)
+        # Longer than the run is allowed (its rate never reaches lr): tools that shorten
+        # runs to an epoch or two (bench, advise, study --epochs) keep the use case's.
+        _number("train.lr_warmup_epochs", self.lr_warmup_epochs, 0, most("epochs"))
         _number("train.val_fraction", self.val_fraction, 0, 1, high_open=True)
         if self.val_fraction == 0:
             raise ConfigError("train.val_fraction", "must be above 0: a run validates")

@@ -71,6 +71,10 @@ def _shape(snap: dict) -> str | None:
                 f"{len(position['sums'])} ranks' positions")
     if not isinstance(snap["model"], dict) or not isinstance(snap["optimizer"], dict):
         return "its model or optimizer is not a state dict"
+    schedule = snap.get("scheduler")
+    if schedule is not None and not (isinstance(schedule, dict) and
+                                     isinstance(schedule.get("last_epoch"), int)):
+        return "its learning-rate schedule is not a state dict"
     return None
 
 

@@ -13,6 +13,10 @@ per repeat, then summarised as min / median / max:
               loop, each / the same batches as in-memory tensors
 - strategies: each local strategy / the sequential baseline (steady images/s of real
   ``ddlstudy run`` processes, a few steps each)
+- pipeline:   pipeline (2 stages: GPipe and 1F1B at 4 micro-batches, 1F1B at 2,
+              interleaved 1F1B at 4) and hybrid (2 x 2 stages: GPipe and 1F1B) / the
+              sequential baseline (steady images/s), each one's step against the bound
+              of its own stage times, and the pipeline model's prediction against it
 - reducers:   each reducer / MPI's own Allreduce on the use case's gradient (time)
 - transport:  cpu-processes (2) averaging through this host's shared memory / the same
               over gloo's TCP (plain DDP), steady images/s
@@ -177,6 +181,52 @@ def strategies(what: What, steps: int, repeats: int, runs: Path) -> list[Ratio]:
     return [*speed.values(), *start.values()]
 
 
+_PIPE = ["--strategy", "pipeline", "--stages", "2"]
+_HYBRID = ["--strategy", "hybrid", "--replicas", "2", "--stages", "2"]
+PIPELINES = {
+    "pipeline 2 stages, 4 mb, gpipe": [*_PIPE, "--micro-batches", "4", "--schedule", "gpipe"],
+    "pipeline 2 stages, 4 mb, 1f1b": [*_PIPE, "--micro-batches", "4", "--schedule", "1f1b"],
+    "pipeline 2 stages, 2 mb, 1f1b": [*_PIPE, "--micro-batches", "2", "--schedule", "1f1b"],
+    "pipeline 2 stages, 4 mb, interleaved-1f1b": [*_PIPE, "--micro-batches", "4",
+                                                  "--schedule", "interleaved-1f1b"],
+    "hybrid 2 x 2 stages, 4 mb, gpipe": [*_HYBRID, "--micro-batches", "4", "--schedule",
+                                         "gpipe"],
+    "hybrid 2 x 2 stages, 4 mb, 1f1b": [*_HYBRID, "--micro-batches", "4", "--schedule",
+                                        "1f1b"]}
+"""The pipeline group's layouts: 2 stages under each schedule, and hybrid's 2 replicas."""
+
+
+def pipelines(what: What, steps: int, repeats: int, runs: Path) -> list[Ratio]:
+    """Each repeat runs the baseline once, then every layout of PIPELINES: each one's
+    images/s against the baseline's, its step against the step its own stage times allow
+    (``of_bound``), and the pipeline model's predicted step (GPipe and 1F1B) against the
+    measured one."""
+    from ddlstudy.tools.pipeline_model import validate
+
+    ratios: dict[str, list[Ratio]] = {name: [
+        Ratio("pipeline", f"{name} / sequential", "images/s"),
+        Ratio("pipeline", f"{name}: the step its stage times allow / its step", "s")]
+        for name in PIPELINES}
+    predicted = {name: Ratio("pipeline", f"{name}: predicted step / measured step", "s")
+                 for name in PIPELINES if "interleaved" not in name}
+    for _ in range(repeats):
+        baseline = _run(runs, what, steps)
+        for name, flags in PIPELINES.items():
+            run = _run(runs, what, steps, *flags)
+            speed, bound = ratios[name]
+            speed.a.append(_steady(run))
+            speed.b.append(_steady(baseline))
+            timed = run["backend"].get("stages_time") or {}
+            if timed.get("of_bound"):  # none where no step but each process's first ran
+                bound.a.append(timed["bound_step_s"])
+                bound.b.append(timed["bound_step_s"] / timed["of_bound"])
+            for row in validate([run]) if name in predicted else []:  # none on GPUs
+                predicted[name].a.append(row["predicted_step_s"])
+                predicted[name].b.append(row["measured_step_s"])
+    return [r for pair in ratios.values() for r in pair if r.a] + \
+        [r for r in predicted.values() if r.a]
+
+
 def reducers(what: What, repeats: int, hosts: str | None) -> list[Ratio]:
     from ddlstudy.models import parameter_count
     from ddlstudy.tools.predict import measure_reducers
@@ -246,6 +296,8 @@ def bench_all(what: What, steps: int, repeats: int, groups: list[str],
                 results += loader(what, steps, repeats)
             elif group == "strategies":
                 results += strategies(what, steps, repeats, runs)
+            elif group == "pipeline":
+                results += pipelines(what, steps, repeats, runs)
             elif group == "reducers":
                 results += reducers(what, repeats, hosts)
             elif group in joined:

@@ -31,6 +31,9 @@ follows the backward pass (as every reducer does without ``--bucket-mb``); ``ove
 gives the other bound, where it hides behind the backward pass (2/3 of the compute), and
 is what runs with ``--bucket-mb`` are checked against. Links other than the measured one
 keep the fitted alpha and take beta = 8 / rate.
+
+Pipeline and hybrid runs in the folder are checked against the pipeline's own model
+(``pipeline_model``: their stages' passes in schedule order on shared cores).
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ from ddlstudy.backends.mpi.leftovers import Leftovers
 from ddlstudy.config.limits import most
 from ddlstudy.errors import ConfigError, UsageError
 from ddlstudy.reducers import terms
+from ddlstudy.tools import pipeline_model
 
 REDUCERS = tuple(reducers.REGISTRY)
 DEFAULT_NODES = (1, 2, 3, 4, 8, 16, 32, 64, 128, 256)
@@ -258,7 +262,8 @@ def predict(runs_dir: Path, hosts: str | None, nodes: list[int], links: list[str
             "costs": {r: {"alpha_s": c.alpha, "beta_s_per_byte": c.beta,
                           "bandwidth_gbit_s": 8e-9 / c.beta if c.beta else None}
                       for r, c in costs.items()},
-            "hosts": hosts, "validation": validate(node, costs, manifests), "table": table}
+            "hosts": hosts, "validation": validate(node, costs, manifests), "table": table,
+            "pipelines": pipeline_model.validate(manifests)}
 
 
 def published() -> list[dict]:
@@ -301,6 +306,7 @@ def markdown(result: dict, nodes_shown: tuple[int, ...] = (1, 2, 3, 4, 16, 64, 2
                          f"{' (buckets, overlap bound)' if v['overlap'] else ''} | "
                          f"{v['measured_images_per_s']} | {v['predicted_images_per_s']} | "
                          f"{v['error_percent']:+.1f} % |")
+    lines += pipeline_model.markdown(result.get("pipelines") or [])
     shown = [n for n in nodes_shown if any(r["nodes"] == n for r in result["table"])]
     lines += ["", "predicted efficiency (no overlap), batch "
               f"{node['batch']}:", "| link | reducer | " + " | ".join(map(str, shown)) + " |",

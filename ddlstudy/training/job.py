@@ -4,6 +4,7 @@ epoch loop every strategy shares (``train_epochs``): resume, record, snapshot.""
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -78,6 +79,14 @@ class Link:
     attach: Callable[[nn.Module, torch.Tensor, Any], Any] = _untimed
     settle: Callable[[nn.Module, int | None], None] | None = None
     broadcast: Callable[[torch.Tensor], None] | None = None
+    same_weights: bool = True
+    """Whether every worker holds the same weights after each step (an exact exchange).
+    Where not (MPI's step-wise), worker 0's model is the run's (the one it saves): the
+    workers that hold its weights (``peers``) validate it on the whole validation set, and
+    the others validate nothing."""
+    peers: tuple[int, int] | None = (0, 1)
+    """Where the weights differ: this worker's place among the workers that hold worker
+    0's weights (index, count: the processes of MPI node 0), None for the others."""
 
     @classmethod
     def alone(cls) -> Link:
@@ -105,18 +114,9 @@ def train_epochs(job: Job, trainer: Trainer, optimizer: torch.optim.Optimizer, *
     """
     cfg = job.cfg
     trainer.precision = cfg.precision
-    first = 1
-    if job.resume is not None:
-        # A private copy: spawned ranks receive the snapshot's tensors in shared memory, and
-        # the optimizer adopts its momentum buffers as they are; shared, every rank would
-        # update the same buffers.
-        snap = copy.deepcopy(job.resume)
-        trainer.model.load_state_dict(snap["model"])
-        optimizer.load_state_dict(snap["optimizer"])
-        set_rng_state(snap["rng"][rank])
-        trainer.resume_epoch({"generator": snap["position"]["generator"],
-                              "sums": snap["position"]["sums"][rank]})
-        first = snap["epoch"] + 1
+    epochs = cfg.usecase.train.lr_warmup_epochs
+    schedule = warmup(optimizer, epochs, trainer.steps_per_epoch) if epochs else None
+    first = 1 if job.resume is None else resume(job.resume, trainer, optimizer, schedule, rank)
 
     def snapshot(epochs_done: int, position: dict) -> None:
         # Every rank's own random states and running sums (each sums its slice).
@@ -126,17 +126,20 @@ def train_epochs(job: Job, trainer: Trainer, optimizer: torch.optim.Optimizer, *
                 "format": SNAPSHOT_FORMAT, "epoch": epochs_done,
                 "step": position["sums"]["steps"], "model": trainer.model.state_dict(),
                 "optimizer": optimizer.state_dict(),
+                "scheduler": None if schedule is None else schedule.state_dict(),
                 "position": {"generator": position["generator"],
                              "sums": [r["sums"] for r in ranks]},
                 "rng": [r["rng"] for r in ranks]})
 
     every = cfg.snapshot_every if cfg.snapshot else None
-    if every:
-        def after_step(epoch: int, step: int) -> None:
-            if step % every == 0:
-                snapshot(epoch - 1, trainer.position())
 
-        trainer.after_step = after_step
+    def after_step(epoch: int, step: int) -> None:
+        if schedule is not None:
+            schedule.step()
+        if every and step % every == 0:
+            snapshot(epoch - 1, trainer.position())
+
+    trainer.after_step = after_step
     for epoch in range(first, cfg.usecase.train.epochs + 1):
         result = trainer.train_epoch(epoch)
         # The epoch's record and its snapshot land together: a Ctrl-C or SIGTERM between
@@ -149,6 +152,36 @@ def train_epochs(job: Job, trainer: Trainer, optimizer: torch.optim.Optimizer, *
                 snapshot(epoch, {"generator": trainer.generator.get_state(),
                                  "sums": dict(trainer.sums)})
         barrier()
+
+
+def resume(snapshot: dict, trainer: Trainer, optimizer: torch.optim.Optimizer,
+           schedule: torch.optim.lr_scheduler.LRScheduler | None, rank: int) -> int:
+    """Continue from ``snapshot``: weights, optimizer, learning-rate schedule, this rank's
+    random states and the position in the epoch. Returns the epoch to train first."""
+    # A private copy: spawned ranks receive the snapshot's tensors in shared memory, and
+    # the optimizer adopts its momentum buffers as they are; shared, every rank would
+    # update the same buffers.
+    snap = copy.deepcopy(snapshot)
+    trainer.model.load_state_dict(snap["model"])
+    optimizer.load_state_dict(snap["optimizer"])
+    if schedule is not None and snap.get("scheduler") is not None:
+        schedule.load_state_dict(snap["scheduler"])
+    set_rng_state(snap["rng"][rank])
+    trainer.resume_epoch({"generator": snap["position"]["generator"],
+                          "sums": snap["position"]["sums"][rank]})
+    return snap["epoch"] + 1
+
+
+def warmup(optimizer: torch.optim.Optimizer, epochs: float, steps_per_epoch: int
+           ) -> torch.optim.lr_scheduler.LinearLR | None:
+    """The linear warm-up of the learning rate over ``epochs`` (``train.lr_warmup_epochs``):
+    its W = ceil(epochs x steps an epoch) first steps run at lr x s / W for step s, then
+    at lr (Goyal et al. 2017's gradual warm-up). None when there is none (W <= 1)."""
+    steps = math.ceil(epochs * steps_per_epoch)
+    if steps <= 1:
+        return None
+    return torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=1 / steps,
+                                             total_iters=steps - 1)
 
 
 def job_epoch(job: Job, result: EpochResult, steps: list[tuple] = ()) -> None:

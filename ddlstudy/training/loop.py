@@ -109,6 +109,12 @@ class Trainer:
         """The generator that shuffles the training batches."""
         return getattr(self.train_loader, "generator", None)
 
+    @property
+    def steps_per_epoch(self) -> int:
+        """The optimizer steps of an epoch (``max_steps`` at most)."""
+        total = len(self.train_loader)
+        return min(total, self.max_steps) if self.max_steps else total
+
     def _timing(self) -> tuple[float, int, float]:
         """(train time, steady images, steady time) of the epoch so far, earlier attempts of
         a resumed epoch included; each attempt's first warm-up steps are not steady."""
@@ -150,9 +156,7 @@ class Trainer:
         self.epoch_start_generator = gen.get_state() if gen is not None else None
         sums = self.sums
         resumed = sums["steps"]  # > 0 when resume_epoch set up a partial epoch
-        total = len(self.train_loader) if hasattr(self.train_loader, "__len__") else None
-        if self.max_steps and total:
-            total = min(total, self.max_steps)
+        total = self.steps_per_epoch
         start = time.perf_counter()
         self._clock = (start, None, 0)
         batches = progress(self.train_loader, total=total, desc=f"epoch {epoch}", unit="batch",

@@ -14,6 +14,7 @@ from ddlstudy.config import RunConfig
 from ddlstudy.models import build_model
 from ddlstudy.models.trained import load_initial
 from ddlstudy.training.job import Job, Link, train_epochs
+from ddlstudy.training.loaders import val_loader
 from ddlstudy.training.loop import Trainer
 from ddlstudy.training.steps import Batch, StepFn, seed_everything
 
@@ -49,8 +50,12 @@ def train_worker(job: Job, link: Link, model: nn.Module, optimizer: torch.optim.
     weights (``link.settle``) they are averaged, and where every worker holds the whole
     model (``whole``: not a pipeline's stages) worker 0's buffers become everyone's
     (``same_buffers``); a step that times its exchange has its figures recorded once
-    training ends (``record_exchange``)."""
+    training ends (``record_exchange``). Where the workers' weights differ
+    (``link.same_weights``), ``val`` gives way to worker 0's model on the whole
+    validation set, split among the workers that hold its weights (``link.peers``)."""
     cuda = device is not None and device.type == "cuda"
+    if whole and not link.same_weights:  # each worker's own weights: worker 0's validated
+        val = [] if link.peers is None else val_loader(job.cfg, job.data, link.peers)
     own, settle = before_eval, link.settle
     buffers = [b for b in model.buffers() if b.is_floating_point()]
 

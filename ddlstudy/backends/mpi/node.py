@@ -25,7 +25,7 @@ from ddlstudy import wire
 from ddlstudy.backends.mpi import launch, messages
 from ddlstudy.config import RunConfig
 from ddlstudy.models import facts
-from ddlstudy.reducers import AUTO, choose, get_reducer
+from ddlstudy.reducers import AUTO, choose, get, get_reducer
 from ddlstudy.reducers.compress import parse as parse_compress
 from ddlstudy.strategies import Layout, Strategy
 from ddlstudy.training import ShardedBatches
@@ -162,9 +162,10 @@ def on_host(tensor: torch.Tensor, act) -> None:
         tensor.copy_(host)
 
 
-def node_link(comm, reducer, hooks: NodeHooks | None = None) -> Link:
+def node_link(comm, reducer, hooks: NodeHooks | None = None, exact: bool = True) -> Link:
     """One process per node: the reducer averages between the MPI ranks (or the buckets
-    ``hooks`` started during backward, where there are)."""
+    ``hooks`` started during backward, where there are); ``exact``: it leaves every rank
+    the same average (step-wise does not)."""
 
     def exchange(flat: torch.Tensor, step: int) -> None:
         if hooks is not None and hooks.buckets is not None:
@@ -178,7 +179,8 @@ def node_link(comm, reducer, hooks: NodeHooks | None = None) -> Link:
     return Link(comm.Get_rank(), comm.Get_size(), exchange, sum_over_nodes,
                 functools.partial(gather_tensors, comm), comm.Barrier,
                 attach=hooks.attach if hooks is not None else Link.attach,
-                broadcast=lambda tensor: on_host(tensor, lambda a: comm.Bcast(a, root=0)))
+                broadcast=lambda tensor: on_host(tensor, lambda a: comm.Bcast(a, root=0)),
+                same_weights=exact, peers=(0, 1) if comm.Get_rank() == 0 else None)
 
 
 def gather_tensors(comm, obj: object) -> list | None:
@@ -222,8 +224,9 @@ def fit(job: Job, comm, strategy: Strategy, layout: Layout) -> list[dict]:
     torch.set_num_threads(layout.torch_threads)
     compressor = parse_compress(cfg.compress)
     hooks = NodeHooks(cfg, comm)
-    link = node_link(comm, compressor or get_reducer(reducer_name(cfg, comm.Get_size())),
-                     hooks)
+    name = reducer_name(cfg, comm.Get_size())
+    link = node_link(comm, compressor or get_reducer(name), hooks,
+                     exact=compressor is not None or get(name).exact)
     gpus = torch.cuda.device_count() if layout.device_type == "cuda" else 1
     strategy.worker(job, link, device_of(layout.device_type, launch.local_rank() % gpus))
     hooks.record(job)

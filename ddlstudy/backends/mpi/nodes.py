@@ -39,7 +39,7 @@ import torch.distributed as dist
 
 from ddlstudy.backends.mpi import messages
 from ddlstudy.backends.mpi.node import gather_tensors, on_host, record_compression, reducer_name
-from ddlstudy.reducers import get_reducer
+from ddlstudy.reducers import get, get_reducer
 from ddlstudy.reducers.compress import parse as parse_compress
 from ddlstudy.sampler import ResourceSampler, read_rows
 from ddlstudy.strategies import Layout, Strategy
@@ -61,10 +61,11 @@ log = logging.getLogger("ddlstudy")
 
 
 def node_link(comm, reducer, node: int, nodes: int, local: int, k: int,
-              device: torch.device, spread: int) -> Link:
+              device: torch.device, spread: int, exact: bool = True) -> Link:
     """Process ``local`` of node ``node``'s ``k``; ``comm`` and ``reducer`` on the leader
     only. ``spread``: the node's processes whose gradients are of the same weights (its
-    data-parallel workers, or its pipelines' replicas), whose sum the leader divides by."""
+    data-parallel workers, or its pipelines' replicas), whose sum the leader divides by;
+    ``exact``: the reducer leaves every node the same average (step-wise does not)."""
     leader = local == 0
 
     def between(flat: torch.Tensor, step: int) -> None:
@@ -104,16 +105,19 @@ def node_link(comm, reducer, node: int, nodes: int, local: int, k: int,
         dist.barrier()
 
     return Link(node * k + local, nodes * k, exchange, total, gather, barrier,
-                between if leader else None, broadcast=broadcast)
+                between if leader else None, broadcast=broadcast, same_weights=exact,
+                peers=(local, k) if node == 0 else None)
 
 
 def _spawned(index: int, k: int, port: int, job: Job, work: Work, threads: int, level: int,
-             device_type: str, node: int, nodes: int, spread: int, drop: Path) -> None:
+             device_type: str, node: int, nodes: int, spread: int, exact: bool,
+             drop: Path) -> None:
     """A node's process 1..K-1, spawned by its leader: the strategy's worker."""
     local = index + 1
     with spawned_rank(local, k, port, job, threads, level, device_type,
                       tag=node * k + local, drop=drop) as device:
-        work(job, node_link(None, None, node, nodes, local, k, device, spread), device)
+        work(job, node_link(None, None, node, nodes, local, k, device, spread, exact),
+             device)
 
 
 def fit(job: Job, comm, strategy: Strategy, layout: Layout) -> list[dict]:
@@ -124,7 +128,9 @@ def fit(job: Job, comm, strategy: Strategy, layout: Layout) -> list[dict]:
     k, threads, device_type = layout.processes, layout.threads_per_process, layout.device_type
     node, nodes = comm.Get_rank(), comm.Get_size()
     compressor = parse_compress(cfg.compress)
-    reducer = compressor or get_reducer(reducer_name(cfg, nodes))
+    name = reducer_name(cfg, nodes)
+    reducer = compressor or get_reducer(name)
+    exact = compressor is not None or get(name).exact
     # The node's processes whose gradients are of the same weights: their sum is divided
     # by this many (its data-parallel workers, or its pipelines' replicas).
     spread = strategy.data_parallel(cfg)
@@ -133,13 +139,13 @@ def fit(job: Job, comm, strategy: Strategy, layout: Layout) -> list[dict]:
     with node_folder() as tmp:
         drop = Path(tmp)
         context = spawn(_spawned, k - 1, (k, port, job, strategy.worker, threads, level,
-                                           device_type, node, nodes, spread, drop))
+                                           device_type, node, nodes, spread, exact, drop))
         torch.set_num_threads(threads)
         sampler = ResourceSampler(cfg.sample_hz, rank=node * k, scope="worker").start()
         try:
             with process_group(0, k, port, device_type) as device:
                 strategy.worker(job, node_link(comm, reducer, node, nodes, 0, k, device,
-                                               spread), device)
+                                               spread, exact), device)
             while not context.join():  # the others end on their own after the last epoch
                 pass
         except Exception as exc:
