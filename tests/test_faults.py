@@ -181,7 +181,9 @@ def test_snapshots_load_without_pickle_and_hold_the_whole_state(quick_config):
     folder = run(quick_config(epochs=2, max_steps=5, snapshot_every=2), show_progress=False)
     snap = torch.load(folder.path / SNAPSHOT, weights_only=True)
     assert (snap["epoch"], snap["step"], snap["format"]) == (2, 0, 1)
-    assert set(snap) == {"format", "epoch", "step", "model", "optimizer", "position", "rng"}
+    assert set(snap) == {"format", "epoch", "step", "model", "optimizer", "scheduler",
+                         "position", "rng"}
+    assert snap["scheduler"] is None  # no --lr-warmup-epochs: no learning-rate schedule
     assert set(snap["rng"][0]) == {"torch", "numpy", "python"}
     assert snap["position"]["generator"].dtype == torch.uint8
     assert all(v["momentum_buffer"].shape for v in snap["optimizer"]["state"].values())
