@@ -327,6 +327,6 @@ def time_left(done: list[Cell], rest: list[Cell]) -> float:
     per_usecase: dict[str, list[float]] = {}
     for c in done:
         per_usecase.setdefault(c.usecase, []).append(c.seconds)
-    mean = sum(took.values()) / len(took) if took else 0.0
-    return sum(took.get(c.id) or statistics.fmean(per_usecase.get(c.usecase) or [mean])
+    everyone = [c.seconds for c in done] or [0.0]
+    return sum(took.get(c.id) or statistics.fmean(per_usecase.get(c.usecase) or everyone)
                for c in rest)

@@ -48,6 +48,7 @@ from ddlstudy.plan import cell_flags
 from ddlstudy.report import BASELINE
 from ddlstudy.runfolder import load_manifest
 from ddlstudy.strategies import REGISTRY as STRATEGIES
+from ddlstudy.tools import pipeline_model
 from ddlstudy.tools.bench import (
     Ratio,
     What,
@@ -201,8 +202,6 @@ def pipelines(what: What, steps: int, repeats: int, runs: Path) -> list[Ratio]:
     images/s against the baseline's, its step against the step its own stage times allow
     (``of_bound``), and the pipeline model's predicted step (GPipe and 1F1B) against the
     measured one."""
-    from ddlstudy.tools.pipeline_model import validate
-
     ratios: dict[str, list[Ratio]] = {name: [
         Ratio("pipeline", f"{name} / sequential", "images/s"),
         Ratio("pipeline", f"{name}: the step its stage times allow / its step", "s")]
@@ -220,7 +219,7 @@ def pipelines(what: What, steps: int, repeats: int, runs: Path) -> list[Ratio]:
             if timed.get("of_bound"):  # none where no step but each process's first ran
                 bound.a.append(timed["bound_step_s"])
                 bound.b.append(timed["bound_step_s"] / timed["of_bound"])
-            for row in validate([run]) if name in predicted else []:  # none on GPUs
+            for row in pipeline_model.validate([run]) if name in predicted else []:  # GPU: none
                 predicted[name].a.append(row["predicted_step_s"])
                 predicted[name].b.append(row["measured_step_s"])
     return [r for pair in ratios.values() for r in pair if r.a] + \

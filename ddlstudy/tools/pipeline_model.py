@@ -66,7 +66,7 @@ def step_s(stages: Stages, micro: int, schedule: str, *, replicas: int = 1,
     count = len(stages.forward_s)
     ops = [order(s, count, micro, schedule) for s in range(count)]
     cost = {"F": stages.forward_s, "B": stages.backward_s}
-    done: dict[tuple[str, int, int], float] = {}
+    done: set[tuple[str, int, int]] = set()
     position, left = [0] * count, [None] * count
     ended = [0.0] * count
     now = 0.0
@@ -85,7 +85,7 @@ def step_s(stages: Stages, micro: int, schedule: str, *, replicas: int = 1,
             left[s] -= dt * speed
             if left[s] <= 1e-12:
                 kind, m = ops[s][position[s]]
-                done[(kind, s, m)] = now
+                done.add((kind, s, m))
                 position[s] += 1
                 left[s] = None
                 if position[s] == len(ops[s]):
@@ -98,7 +98,7 @@ def step_s(stages: Stages, micro: int, schedule: str, *, replicas: int = 1,
     return max(e + o / speed for e, o in zip(ended, stages.optimizer_s, strict=True))
 
 
-def _ready(stage: int, op: tuple[str, int], count: int, done: dict) -> bool:
+def _ready(stage: int, op: tuple[str, int], count: int, done: set) -> bool:
     kind, m = op
     if kind == "F":
         return stage == 0 or ("F", stage - 1, m) in done

@@ -25,8 +25,6 @@ from ddlstudy.training.steps import Batch, StepFn
 log = logging.getLogger("ddlstudy")
 
 
-
-
 @dataclass(frozen=True)
 class EpochResult:
     epoch: int

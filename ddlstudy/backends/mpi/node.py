@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -26,6 +27,7 @@ from ddlstudy.backends.mpi import launch, messages
 from ddlstudy.config import RunConfig
 from ddlstudy.models import facts
 from ddlstudy.reducers import AUTO, choose, get, get_reducer
+from ddlstudy.reducers.compress import Compressor
 from ddlstudy.reducers.compress import parse as parse_compress
 from ddlstudy.strategies import Layout, Strategy
 from ddlstudy.training import ShardedBatches
@@ -153,6 +155,17 @@ def reducer_name(cfg: RunConfig, ranks: int) -> str:
     return choose(facts(cfg.usecase.model, len(cfg.usecase.classes)).gradient_bytes, ranks)
 
 
+def averaging(cfg: RunConfig, nodes: int) -> tuple[Callable, Compressor | None, bool]:
+    """What averages the gradient between ``nodes`` nodes: ``--compress``'s compressor in
+    place of the reducer, else the reducer; the compressor (None without); and whether
+    every node ends with the same average (compressors and every reducer but step-wise)."""
+    compressor = parse_compress(cfg.compress)
+    if compressor is not None:
+        return compressor, compressor, True
+    name = reducer_name(cfg, nodes)
+    return get_reducer(name), None, get(name).exact
+
+
 def on_host(tensor: torch.Tensor, act) -> None:
     """``act`` on ``tensor``'s numpy view: its own memory on the CPU (hence every .grad
     that is a view of it), a copy brought back on a GPU."""
@@ -222,11 +235,9 @@ def fit(job: Job, comm, strategy: Strategy, layout: Layout) -> list[dict]:
     the node has no other processes."""
     cfg = job.cfg
     torch.set_num_threads(layout.torch_threads)
-    compressor = parse_compress(cfg.compress)
+    reducer, compressor, exact = averaging(cfg, comm.Get_size())
     hooks = NodeHooks(cfg, comm)
-    name = reducer_name(cfg, comm.Get_size())
-    link = node_link(comm, compressor or get_reducer(name), hooks,
-                     exact=compressor is not None or get(name).exact)
+    link = node_link(comm, reducer, hooks, exact=exact)
     gpus = torch.cuda.device_count() if layout.device_type == "cuda" else 1
     strategy.worker(job, link, device_of(layout.device_type, launch.local_rank() % gpus))
     hooks.record(job)

@@ -38,9 +38,7 @@ import torch
 import torch.distributed as dist
 
 from ddlstudy.backends.mpi import messages
-from ddlstudy.backends.mpi.node import gather_tensors, on_host, record_compression, reducer_name
-from ddlstudy.reducers import get, get_reducer
-from ddlstudy.reducers.compress import parse as parse_compress
+from ddlstudy.backends.mpi.node import averaging, gather_tensors, on_host, record_compression
 from ddlstudy.sampler import ResourceSampler, read_rows
 from ddlstudy.strategies import Layout, Strategy
 from ddlstudy.training.distributed import (
@@ -127,10 +125,7 @@ def fit(job: Job, comm, strategy: Strategy, layout: Layout) -> list[dict]:
     cfg = job.cfg
     k, threads, device_type = layout.processes, layout.threads_per_process, layout.device_type
     node, nodes = comm.Get_rank(), comm.Get_size()
-    compressor = parse_compress(cfg.compress)
-    name = reducer_name(cfg, nodes)
-    reducer = compressor or get_reducer(name)
-    exact = compressor is not None or get(name).exact
+    reducer, compressor, exact = averaging(cfg, nodes)
     # The node's processes whose gradients are of the same weights: their sum is divided
     # by this many (its data-parallel workers, or its pipelines' replicas).
     spread = strategy.data_parallel(cfg)
