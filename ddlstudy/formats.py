@@ -8,8 +8,7 @@ and what it must be. Readers go through ``load`` (or ``check`` for a document al
 parsed) and get the document back as a plain dict, valid. ``reference()`` writes the
 formats' reference from these same models, so the docs cannot drift from the checks.
 
-A person's use case and study plan are checked by ``config.schema`` (unknown keys refused).
-"""
+A person's use case and study plan: ``config.schema`` (unknown keys refused)."""
 
 from __future__ import annotations
 
@@ -115,7 +114,8 @@ StageBox = create_model(
 StagesTime = create_model(  # strategies.pipeline.stage_times; older runs have none
     "StagesTime", __base__=_Record, __doc__="What a pipeline run measured of its stages.",
     per_stage=(list[StageTime], []), timeline=(list[StageBox], []), note=(str | None, None),
-    bound_step_s=(Seconds | None, None), of_bound=(float | None, None))
+    bound_step_s=(Seconds | None, None), of_bound=(float | None, None), transport=(
+        str | None, None), replicas_transport=(str | None, None))
 
 
 class BackendBlock(_Record):

@@ -202,8 +202,8 @@ CASES = [
     (R + ["--batch-size", "100000000"], "--batch-size: 100000000 is above the limit"),
     (R + ["--epochs", "100000000000"], "--epochs: 100000000000 is above the limit"),
     (R + ["--strategy", "cpu-processes", "--workers", "100000"], "--workers: 100000 is above"),
-    (R + ["--transport", "gloo"], "--transport: chooses how DDP's processes average "
-                                  "gradients: it needs --strategy cpu-processes"),
+    (R + ["--transport", "gloo"], "--transport: chooses how a node's processes talk: it "
+                                  "needs --strategy cpu-processes (one node), pipeline"),
     (R + ["--strategy", "cpu-processes", "--transport", "tcp"], "--transport: unknown "
                                                                 "transport 'tcp'; choose one "
                                                                 "of: auto, gloo"),

@@ -49,9 +49,10 @@ def test_bench_all_pipeline_sets_each_schedule_against_the_baseline_and_its_boun
         tmp_path, datasets_dir, monkeypatch):
     from ddlstudy.tools import bench_all
 
-    # Two of its six layouts (each one run takes a few seconds here): one the pipeline
-    # model predicts, one it does not model.
-    layouts = ["pipeline 2 stages, 4 mb, interleaved-1f1b", "hybrid 2 x 2 stages, 4 mb, 1f1b"]
+    # Three of its eight layouts (each one run takes a few seconds here): interleaved (two
+    # stages a process), hybrid, and hybrid's twin through gloo.
+    layouts = ["pipeline 2 stages, 4 mb, interleaved-1f1b", "hybrid 2 x 2 stages, 4 mb, 1f1b",
+               "hybrid 2 x 2 stages, 4 mb, 1f1b, gloo"]
     monkeypatch.setattr(bench_all, "PIPELINES", {k: bench_all.PIPELINES[k] for k in layouts})
     out = tmp_path / "bench"
     assert main(["bench", "all", "--only", "pipeline", "--steps", "3", "--repeats", "1",
@@ -60,13 +61,19 @@ def test_bench_all_pipeline_sets_each_schedule_against_the_baseline_and_its_boun
     assert [f["name"] for f in figures] == [
         f"{layouts[0]} / sequential", f"{layouts[0]}: the step its stage times allow / its step",
         f"{layouts[1]} / sequential", f"{layouts[1]}: the step its stage times allow / its step",
-        f"{layouts[1]}: predicted step / measured step"]
+        f"{layouts[2]} / sequential", f"{layouts[2]}: the step its stage times allow / its step",
+        f"{layouts[0]}: predicted step / measured step",
+        f"{layouts[1]}: predicted step / measured step",
+        f"{layouts[2]}: predicted step / measured step",
+        f"{layouts[1]}: shared memory / gloo"]
     assert {f["group"] for f in figures} == {"pipeline"}
     assert all(f["repeats"] == 1 and f["a"][0] > 0 and f["b"][0] > 0 for f in figures)
     # One sequential run is every layout's baseline in a repeat; the measured step the
     # model is set against is the hybrid run's own (its batch of 16 / its images/s).
     assert figures[0]["b"] == figures[2]["b"]
-    assert figures[4]["b"][0] == pytest.approx(16 / figures[2]["a"][0], abs=1e-3)
+    assert figures[7]["b"][0] == pytest.approx(16 / figures[2]["a"][0], abs=1e-3)
+    # The twins: the shared-memory run's images/s over the gloo run's, each as recorded.
+    assert (figures[9]["a"], figures[9]["b"]) == (figures[2]["a"], figures[4]["a"])
 
 
 @pytest.mark.parametrize("args, message", [

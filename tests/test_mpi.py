@@ -269,7 +269,7 @@ def _initial_weights() -> dict:
 @pytest.mark.slow
 @pytest.mark.parametrize("node, local", [
     (("--strategy", "pipeline", "--stages", "2", "--schedule", "interleaved-1f1b",
-      "--stage-starts", "0,7,16,17"),
+      "--stage-starts", "0,7,16,17", "--transport", "gloo"),
      {"replicas": 2, "stages": 2, "schedule": "interleaved-1f1b", "stage_starts": (0, 7, 16, 17)}),
     (("--strategy", "hybrid", "--replicas", "2", "--stages", "2", "--stage-starts", "0,16"),
      {"replicas": 4, "stages": 2, "stage_starts": (0, 16)}),
@@ -279,7 +279,9 @@ def test_nodes_of_pipelines_step_like_a_local_hybrid(tmp_path, datasets_dir, qui
     """2 MPI nodes of R pipelines are pipelines r and R + r of a local 2R x S hybrid: the
     same slices, seeds and cuts, so after 3 steps the weights are equal (exactly for one
     pipeline a node; 1e-6 allows for the order of the 4 replicas' sums). Interleaved, each
-    process holds 2 of the 4 stages: 2 ranges of the buffer the node exchanges."""
+    process holds 2 of the 4 stages: 2 ranges of the buffer the node exchanges. The nodes
+    of interleaved pipelines talk over gloo, the nodes of hybrids and the reference through
+    this host's shared memory: the three ways give the same weights."""
     import torch
 
     from ddlstudy.runfolder import SNAPSHOT
@@ -292,6 +294,11 @@ def test_nodes_of_pipelines_step_like_a_local_hybrid(tmp_path, datasets_dir, qui
                     show_progress=False)
     assert manifest["strategy"]["stage_starts"] == list(local["stage_starts"])
     assert manifest["strategy"]["processes"] == local["replicas"] // 2 * local["stages"]
+    through = "gloo" if "--transport" in node else "shared-memory"
+    timed = manifest["backend"]["stages_time"]
+    assert (timed["transport"], timed["replicas_transport"]) == (through, through)
+    assert reference.manifest["backend"]["stages_time"]["replicas_transport"] == \
+        "shared-memory"
     ours = torch.load(folder / SNAPSHOT, weights_only=True)["model"]
     theirs = torch.load(reference.path / SNAPSHOT, weights_only=True)["model"]
     assert _relative_gap(ours, _initial_weights()) > 1e-3

@@ -54,11 +54,42 @@ def test_the_pipeline_model_gives_the_gpipe_bubble_and_shares_the_cores():
     # Two pipelines on two cores share them as one does one core.
     assert step_s(equal, 4, "gpipe", replicas=2, cores=2) == pytest.approx(25)
     # 1F1B holds at most S - s micro-batches on stage s; GPipe all of them.
-    assert order(0, 2, 4, "1f1b") == [("F", 0), ("F", 1), ("B", 0), ("F", 2), ("B", 1),
-                                       ("F", 3), ("B", 2), ("B", 3)]
+    assert [(k, m) for k, _, m in order(0, 2, 4, "1f1b")] == [
+        ("F", 0), ("F", 1), ("B", 0), ("F", 2), ("B", 1), ("F", 3), ("B", 2), ("B", 3)]
     # A slow last stage: the others wait for it, and the bubble grows with it.
     slow = Stages(forward_s=[1.0, 2.0], backward_s=[2.0, 4.0], optimizer_s=[0.0, 0.0])
     assert step_s(slow, 4, "gpipe", cores=2) == pytest.approx(1 + 4 * 6 + 2)
+    # Interleaved: 4 equal stages on 2 processes, each half of a stage above. A core a
+    # process runs every pass of its two stages (2 x 4 x 1.5 s) plus a bubble of one
+    # chunk's forward and backward (1.5 s: half of GPipe's 3 s with stages twice as long),
+    # then its two optimizer steps (2 x 0.25 s).
+    quarter = Stages(forward_s=[0.5] * 4, backward_s=[1.0] * 4, optimizer_s=[0.25] * 4)
+    assert step_s(quarter, 4, "interleaved-1f1b", cores=2, chunks=2) == pytest.approx(
+        12 + 1.5 + 0.5)
+
+
+@pytest.mark.parametrize("processes, micro, chunks", [(2, 4, 2), (2, 2, 2), (3, 6, 2),
+                                                      (4, 8, 3)])
+def test_the_interleaved_order_is_torchs(processes, micro, chunks):
+    """The model's order of each process equals ScheduleInterleaved1F1B's pipeline_order
+    (its idle slots left out)."""
+    from torch.distributed.pipelining.schedules import (
+        FORWARD,
+        ScheduleInterleaved1F1B,
+        _Action,
+    )
+
+    from ddlstudy.tools.pipeline_model import order
+
+    class Shape:  # what the schedule's order reads of itself
+        n_local_stages, pp_group_size, _n_microbatches = chunks, processes, micro
+        microbatches_per_round = micro // max(1, micro // processes)
+
+    for p in range(processes):
+        theirs = ScheduleInterleaved1F1B._calculate_single_rank_operations(Shape(), p)
+        assert order(p, processes, micro, "interleaved-1f1b", chunks) == [
+            ("F" if a.computation_type == FORWARD else "B", a.stage_index, a.microbatch_index)
+            for a in theirs if isinstance(a, _Action)]
 
 
 @pytest.mark.slow

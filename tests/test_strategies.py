@@ -226,18 +226,24 @@ def test_balanced_cuts_minimise_the_slowest_stage():
     assert balanced_cuts([1, 1, 1, 1, 1, 5], 3) == [0, 2, 5]  # stages cost 2, 3, 5
 
 
-def _pipeline_rank(rank, world, port, replicas, micro, out, schedule="gpipe"):
-    """One rank of ``replicas`` pipelines (1: a plain pipeline), as the strategy builds it;
-    the last stage of pipeline 0 saves its step's loss, rank 0 the weights."""
+def _pipeline_rank(rank, world, port, replicas, micro, out, schedule="gpipe", shared=True):
+    """One rank of ``replicas`` pipelines (1: a plain pipeline), as the strategy builds it
+    (``shared``: stages and replicas through this host's shared memory, else gloo); the
+    last stage of pipeline 0 saves its step's loss, rank 0 the weights."""
     from ddlstudy.config.run import stages_a_process
     from ddlstudy.models.cuts import Layers
+    from ddlstudy.training import hostpipes
+    from ddlstudy.training.stage_exchange import (
+        exchange_transport,
+        gather_weights,
+        replica_exchange,
+    )
     from ddlstudy.training.stages import (
         _groups,
         balanced_cuts,
         build_schedule,
-        gather_weights,
         pipeline_step,
-        replica_exchange,
+        stage_inputs,
     )
 
     torch.set_num_threads(1)
@@ -246,17 +252,23 @@ def _pipeline_rank(rank, world, port, replicas, micro, out, schedule="gpipe"):
     stages = world // replicas
     chunks = stages_a_process(schedule)
     replica, index = divmod(rank, stages)
-    pipes, data_groups = _groups(replicas, stages)
+    if shared:
+        hostpipes.register()
+    pipes, data_groups = _groups(replicas, stages,
+                                 hostpipes.PipesOptions(1 << 20) if shared else None)
+    assert isinstance(pipes[replica], hostpipes.HostPipes) == shared
     model, images, labels = _setup()
     layers = Layers(model)
     starts = balanced_cuts([1.0] * len(layers), stages * chunks, layers.starts)
     mine = next(iter(ShardedBatches([list(range(BATCH))], replica, replicas)))
     x, y = images[mine], labels[mine]
     sched, _, module = build_schedule(schedule, layers, starts, index, stages, micro,
-                                      x[: len(mine) // micro], torch.device("cpu"),
-                                      pipes[replica])
+                                      stage_inputs(layers, starts, x[: len(mine) // micro]),
+                                      torch.device("cpu"), pipes[replica])
     average, zero = replica_exchange(model, module, layers, starts, rank, replicas,
-                                     data_groups[index])
+                                     data_groups[index], stages, shared=shared)
+    if replicas > 1:  # the replicas average through what was asked for
+        assert exchange_transport(average) == ("shared-memory" if shared else "gloo")
     loss, _, n = pipeline_step(sched, _sgd(module), index == 0, index == stages - 1,
                                average, zero=zero)((x, y))
     if replica == 0:
@@ -274,14 +286,17 @@ def _sequential_loss() -> float:
     return loss / n
 
 
-@pytest.mark.parametrize("stages, micro, schedule", [
-    (2, 4, "gpipe"), (3, 2, "gpipe"), (2, 4, "1f1b"), (2, 4, "interleaved-1f1b")])
-def test_pipeline_step_equals_sequential(stages, micro, schedule, tmp_path):
+@pytest.mark.parametrize("stages, micro, schedule, shared", [
+    (2, 4, "gpipe", False), (3, 2, "gpipe", True), (2, 4, "1f1b", True),
+    (2, 4, "interleaved-1f1b", True)])
+def test_pipeline_step_equals_sequential(stages, micro, schedule, shared, tmp_path):
     """Every schedule runs the same micro-batches: the same loss and the same update as
-    one sequential step on the whole batch (interleaved: 4 stages on 2 processes)."""
+    one sequential step on the whole batch (interleaved: 4 stages on 2 processes),
+    through gloo and through shared memory."""
     before, reference = _sequential_update()
     out = tmp_path / "weights.pt"
-    mp.start_processes(_pipeline_rank, args=(stages, free_port(), 1, micro, out, schedule),
+    mp.start_processes(_pipeline_rank, args=(stages, free_port(), 1, micro, out, schedule,
+                                             shared),
                        nprocs=stages, start_method="spawn")
     update = torch.load(out, weights_only=True) - before
     assert _relative_error(update, reference) < TOLERANCE

@@ -131,10 +131,12 @@ class RunConfig(MpiOptions, SparkOptions):
                                "machine (leave out under your own mpiexec); with spark: "
                                "barrier tasks", group=NODES, type=int, most=MAX_PROCESSES,
                                why=FORKS)
-    transport: str = option("auto", "how DDP's processes (cpu-processes, Spark's gloo "
-                            "mode) average gradients: auto: through this host's shared "
-                            "memory when every process runs on it, else gloo; gloo: "
-                            "gloo's TCP always, as plain DDP does", group=NODES,
+    transport: str = option("auto", "how a node's processes talk: DDP's (cpu-processes, "
+                            "Spark's gloo mode) average gradients, a pipeline's stages "
+                            "send activations and gradients, hybrid's replicas average "
+                            "them; auto: through this host's shared memory when every "
+                            "process runs on it, else gloo; gloo: gloo's TCP always, as "
+                            "plain DDP and torch's pipelining do", group=NODES,
                             choices=TRANSPORTS, noun="transport")
     scaling: str = option("strong", "strong: --batch-size is the global batch, split over "
                           "the workers; weak: each worker's batch, so the global batch grows "
@@ -217,11 +219,12 @@ class RunConfig(MpiOptions, SparkOptions):
         self.check_mpi()
         self.check_spark()
         ddp = (self.backend, self.strategy) == ("local", "cpu-processes") or \
-            (self.backend, self.spark_sync) == ("spark", "gloo")
+            (self.backend, self.spark_sync) == ("spark", "gloo") or \
+            self.strategy in ("pipeline", "hybrid")
         if self.transport != "auto" and not ddp:
-            raise ConfigError("--transport", "chooses how DDP's processes average gradients: "
-                              "it needs --strategy cpu-processes (one node) or --backend "
-                              "spark with --spark-sync gloo")
+            raise ConfigError("--transport", "chooses how a node's processes talk: it needs "
+                              "--strategy cpu-processes (one node), pipeline or hybrid, or "
+                              "--backend spark with --spark-sync gloo")
         self._check_output()
 
     def _use_model(self) -> None:

@@ -156,7 +156,7 @@ class Pipeline(Strategy):
         # of the manifest a run takes from its workers): backend.stages_time.
         everyone = link.gather(clock.report(link.rank))  # a collective
         if everyone is not None and link.rank == 0:
-            record(job, "stages_time", stage_times(everyone, stages))
+            record(job, "stages_time", {**stage_times(everyone, stages), **clock.transport})
 
 
 def chunks(cfg: RunConfig) -> int:

@@ -16,7 +16,8 @@ per repeat, then summarised as min / median / max:
 - pipeline:   pipeline (2 stages: GPipe and 1F1B at 4 micro-batches, 1F1B at 2,
               interleaved 1F1B at 4) and hybrid (2 x 2 stages: GPipe and 1F1B) / the
               sequential baseline (steady images/s), each one's step against the bound
-              of its own stage times, and the pipeline model's prediction against it
+              of its own stage times, and the pipeline model's prediction against it;
+              1F1B's pipeline and hybrid through shared memory / the same through gloo
 - reducers:   each reducer / MPI's own Allreduce on the use case's gradient (time)
 - transport:  cpu-processes (2) averaging through this host's shared memory / the same
               over gloo's TCP (plain DDP), steady images/s
@@ -183,6 +184,9 @@ def strategies(what: What, steps: int, repeats: int, runs: Path) -> list[Ratio]:
 
 
 _PIPE = ["--strategy", "pipeline", "--stages", "2"]
+TWIN = ", gloo"
+"""The suffix of a layout run with --transport gloo (its twin without runs through shared
+memory)."""
 _HYBRID = ["--strategy", "hybrid", "--replicas", "2", "--stages", "2"]
 PIPELINES = {
     "pipeline 2 stages, 4 mb, gpipe": [*_PIPE, "--micro-batches", "4", "--schedule", "gpipe"],
@@ -194,24 +198,30 @@ PIPELINES = {
                                          "gpipe"],
     "hybrid 2 x 2 stages, 4 mb, 1f1b": [*_HYBRID, "--micro-batches", "4", "--schedule",
                                         "1f1b"]}
-"""The pipeline group's layouts: 2 stages under each schedule, and hybrid's 2 replicas."""
+PIPELINES.update({f"{name}{TWIN}": [*PIPELINES[name], "--transport", "gloo"] for name in (
+    "pipeline 2 stages, 4 mb, 1f1b", "hybrid 2 x 2 stages, 4 mb, 1f1b")})
+"""The pipeline group's layouts: 2 stages under each schedule, hybrid's 2 replicas, and
+two of them through gloo instead of this host's shared memory."""
 
 
 def pipelines(what: What, steps: int, repeats: int, runs: Path) -> list[Ratio]:
     """Each repeat runs the baseline once, then every layout of PIPELINES: each one's
     images/s against the baseline's, its step against the step its own stage times allow
-    (``of_bound``), and the pipeline model's predicted step (GPipe and 1F1B) against the
-    measured one."""
+    (``of_bound``), the pipeline model's predicted step against the measured one, and a
+    layout through shared memory against its twin through gloo."""
     ratios: dict[str, list[Ratio]] = {name: [
         Ratio("pipeline", f"{name} / sequential", "images/s"),
         Ratio("pipeline", f"{name}: the step its stage times allow / its step", "s")]
         for name in PIPELINES}
     predicted = {name: Ratio("pipeline", f"{name}: predicted step / measured step", "s")
-                 for name in PIPELINES if "interleaved" not in name}
+                 for name in PIPELINES}
+    twins = {name: Ratio("pipeline", f"{name[:-len(TWIN)]}: shared memory / gloo", "images/s")
+             for name in PIPELINES if name.endswith(TWIN) and name[:-len(TWIN)] in PIPELINES}
     for _ in range(repeats):
         baseline = _run(runs, what, steps)
+        done = {}
         for name, flags in PIPELINES.items():
-            run = _run(runs, what, steps, *flags)
+            run = done[name] = _run(runs, what, steps, *flags)
             speed, bound = ratios[name]
             speed.a.append(_steady(run))
             speed.b.append(_steady(baseline))
@@ -222,8 +232,11 @@ def pipelines(what: What, steps: int, repeats: int, runs: Path) -> list[Ratio]:
             for row in pipeline_model.validate([run]) if name in predicted else []:  # GPU: none
                 predicted[name].a.append(row["predicted_step_s"])
                 predicted[name].b.append(row["measured_step_s"])
+        for name, twin in twins.items():
+            twin.a.append(_steady(done[name[:-len(TWIN)]]))
+            twin.b.append(_steady(done[name]))
     return [r for pair in ratios.values() for r in pair if r.a] + \
-        [r for r in predicted.values() if r.a]
+        [r for r in predicted.values() if r.a] + list(twins.values())
 
 
 def reducers(what: What, repeats: int, hosts: str | None) -> list[Ratio]:

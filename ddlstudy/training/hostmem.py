@@ -60,13 +60,13 @@ def _create(size: int) -> tuple[Path, str]:
     return path, token
 
 
-def _send_name(text: str, src: int = 0) -> str:
-    """A short text from ``src`` to every rank, as a tensor (no pickle)."""
+def _send_name(text: str, group=None) -> str:
+    """A short text from ``group``'s rank 0 to its every rank, as a tensor (no pickle)."""
     data = torch.zeros(NAME_BYTES, dtype=torch.uint8)
     raw = text.encode()[:NAME_BYTES]
     if raw:
         data[:len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
-    dist.broadcast(data, src)
+    dist.broadcast(data, group=group, group_src=0)
     return bytes(data.tolist()).rstrip(b"\0").decode()
 
 
@@ -89,25 +89,29 @@ def _map(path: Path, token: str, size: int) -> mmap.mmap | None:
 
 class HostMemory:
     """The ranks' shared file, mapped: ``buffer`` is this rank's slot (make it the flat
-    gradient buffer), ``average`` makes every slot the mean of them all."""
+    gradient buffer), ``average`` makes every slot the mean of them all. Both need a slot
+    a rank; with fewer (``join(slots=...)``) the caller decides who writes where."""
 
-    def __init__(self, rank: int, world: int, mm: mmap.mmap, count: int, slot: int) -> None:
-        self.rank, self.world = rank, world
+    def __init__(self, rank: int, world: int, mm: mmap.mmap, count: int, slot: int,
+                 group=None, slots: int | None = None) -> None:
+        self.rank, self.world, self.group = rank, world, group
         self._mm = mm
         self.slots = [torch.frombuffer(mm, dtype=torch.float32, count=count,
-                                       offset=HEADER + i * slot) for i in range(world)]
+                                       offset=HEADER + i * slot) for i in range(slots or world)]
 
     @property
     def buffer(self) -> torch.Tensor:
         return self.slots[self.rank]
 
     @classmethod
-    def join(cls, rank: int, world: int, count: int) -> HostMemory | None:
-        """Every rank of the default process group, for float32 buffers of ``count``: the
-        mapped file, or None where some rank could not map it (another host, no /dev/shm,
-        not enough room)."""
+    def join(cls, rank: int, world: int, count: int, group=None,
+             slots: int | None = None) -> HostMemory | None:
+        """Every rank of ``group`` (default: the default process group; ``rank`` of
+        ``world`` in it), for ``slots`` (default: a rank each) float32 buffers of
+        ``count``: the mapped file, or None where some rank could not map it (another
+        host, no /dev/shm, not enough room)."""
         slot = -(-4 * count // 64) * 64
-        size = HEADER + world * slot
+        size = HEADER + (slots or world) * slot
         name, why, mm = "", "", None
         if rank == 0:
             try:
@@ -116,12 +120,12 @@ class HostMemory:
             except OSError as exc:
                 why = f"{SHM_DIR}: {exc.strerror or exc} ({size / 2**20:.0f} MiB wanted)"
         try:
-            name = _send_name(name)
+            name = _send_name(name, group)
             if name:
                 path, token = name.split("\n")
                 mm = _map(Path(path), token, size)
             ok = torch.tensor([1 if mm is not None else 0])
-            dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+            dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=group)
         finally:
             if rank == 0 and name:  # every rank has it mapped, or gave up
                 Path(name.split("\n")[0]).unlink(missing_ok=True)
@@ -136,11 +140,11 @@ class HostMemory:
                 log.info("gradients through gloo: not every rank could map this host's "
                          "shared memory (ranks on several hosts)")
             return None
-        return cls(rank, world, mm, count, slot)
+        return cls(rank, world, mm, count, slot, group, slots)
 
     def average(self) -> None:
         """Every rank's slot replaced by the mean of all slots; a collective."""
-        dist.barrier()  # every rank's backward has filled its slot
+        dist.barrier(self.group)  # every rank's backward has filled its slot
         n = self.slots[0].numel()
         share = -(-n // self.world)
         lo, hi = self.rank * share, min(n, (self.rank + 1) * share)
@@ -153,7 +157,7 @@ class HostMemory:
             for i, other in enumerate(self.slots):
                 if i != self.rank:
                     other[lo:hi].copy_(mine)
-        dist.barrier()  # every share is in every slot
+        dist.barrier(self.group)  # every share is in every slot
 
     def close(self) -> None:
         """Unmap, unless gradients still view the slots (then the process's end does)."""

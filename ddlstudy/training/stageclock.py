@@ -79,6 +79,7 @@ class StageClock:
         self.peak_held = [0] * chunks
         self.saved = [0] * chunks
         self.peak_bytes = 0
+        self.transport: dict[str, str] = {}  # how the stages and the replicas talked
 
     def mark(self, phase: str) -> float:
         """``phase`` from now on; the time since the last mark was the last phase's."""

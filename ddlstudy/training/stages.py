@@ -5,19 +5,20 @@ The network is traced into its layers (``models.cuts``: any model torch.fx can t
 cut, where one activation flows on, into stages whose measured cost of a step (forward and
 backward of every micro-batch, and the optimizer's step) is as even as possible (``cuts``,
 on node 0). A torch.distributed.pipelining schedule (``SCHEDULES``: GPipe, 1F1B,
-interleaved 1F1B) runs the micro-batches through the stages over gloo on CPU processes
-(NCCL on GPUs). The loss is the mean over a micro-batch and the schedule divides the
+interleaved 1F1B) runs the micro-batches through the stages: on CPU processes through
+this host's shared memory (``hostpipes``; gloo with --transport gloo or where it cannot),
+NCCL on GPUs. The loss is the mean over a micro-batch and the schedule divides the
 gradients by the number of micro-batches, so with equal micro-batches one step is exactly
 the baseline's step on the same global batch.
 
 The first stage reads the images, the last one only the labels (same seeded order). After
 each epoch the stages send their weights to rank 0, which validates the whole model and
 writes the run folder. R replicas of the pipeline (hybrid) average each stage's gradients
-over the replicas that hold it (``replica_exchange``); a node among others (an MPI rank
-leading R x S processes) also averages the whole model's gradients with the other nodes
-through its leader (``node_exchange``). Each process times its step's phases and its
-micro-batches' passes (``stageclock.StageClock``): the manifest's
-``backend.stages_time``.
+over the replicas that hold it (``stage_exchange.replica_exchange``: through shared memory
+too); a node among others (an MPI rank leading R x S processes) also averages the whole
+model's gradients with the other nodes through its leader (``node_exchange``: in shared
+memory too). Each process times its step's phases and its micro-batches' passes
+(``stageclock.StageClock``): the manifest's ``backend.stages_time``.
 """
 
 from __future__ import annotations
@@ -35,9 +36,17 @@ from torch.utils.data import Dataset
 from ddlstudy.config import RunConfig, UseCase
 from ddlstudy.models import build_model, shapes_only
 from ddlstudy.models.cuts import Layers
-from ddlstudy.training.flat import average, check_views, flat_gradients, param_ranges
+from ddlstudy.training import hostpipes
 from ddlstudy.training.job import Job, Link
 from ddlstudy.training.loaders import image_dataset, train_loader, val_loader
+from ddlstudy.training.stage_exchange import (
+    exchange_transport,
+    gather_weights,
+    node_exchange,
+    rank_module,
+    replica_exchange,
+    transport_of,
+)
 from ddlstudy.training.stageclock import StageClock
 from ddlstudy.training.steps import Batch, StepFn
 from ddlstudy.training.worker import new_model, new_optimizer, train_worker
@@ -132,46 +141,32 @@ def pipeline_step(schedule: _PipelineSchedule, optimizer: torch.optim.Optimizer,
     return step
 
 
-def replica_exchange(full: nn.Module, module: nn.Module, layers: Layers,
-                     starts: list[int], rank: int, replicas: int, data_group,
-                     stages: int = 0) -> tuple[Callable[[], None], Callable[[], None] | None]:
-    """A stage alone on its node: its replicas average its gradients, one collective on
-    one buffer of which every gradient is a view."""
-    if replicas == 1 or not list(module.parameters()):
-        return (lambda: None), None
-    flat = flat_gradients(module)
-    return (lambda: average(flat, data_group, replicas)), flat.zero_
-
-
-def gather_weights(full: nn.Module | None, layers: Layers, starts: list[int],
-                   rank: int, world: int) -> None:
-    """Send every stage's parameters and floating-point buffers (BatchNorm's running
-    statistics: each stage owns its own) to rank 0, which loads them into its whole
-    model (``world``: the pipeline's ranks; each sends all of its stages')."""
-    for other in range(1, world):
-        module = rank_module(layers, starts, other, world)
-        state = [*module.parameters(), *(b for b in module.buffers() if b.is_floating_point())]
-        if not state or rank not in (0, other):
-            continue
-        flat = torch.cat([t.detach().flatten() for t in state])
-        if rank == other:
-            dist.send(flat, dst=0)
-        else:
-            dist.recv(flat, src=other)
-            with torch.no_grad():
-                torch._foreach_copy_(state, [part.view_as(t) for part, t in zip(
-                    flat.split([t.numel() for t in state]), state, strict=True)])
-
-
-def _groups(replicas: int, stages: int):
-    """Process groups: one pipeline per replica, one data-parallel group per stage index.
+def _groups(replicas: int, stages: int, pipes: hostpipes.PipesOptions | None = None):
+    """Process groups: one pipeline per replica (through this host's shared memory where
+    ``pipes`` is given, else the default backend), one data-parallel group per stage index.
 
     Global rank = replica * stages + stage. Every rank creates every group, in one order.
     """
-    pipes = [dist.new_group(list(range(r * stages, (r + 1) * stages)))
-             for r in range(replicas)]
+    kind = {} if pipes is None else {"backend": hostpipes.BACKEND, "pg_options": pipes}
+    pipe_groups = [dist.new_group(list(range(r * stages, (r + 1) * stages)), **kind)
+                   for r in range(replicas)]
     data = [dist.new_group(list(range(s, replicas * stages, stages))) for s in range(stages)]
-    return pipes, data
+    return pipe_groups, data
+
+
+def _pipes(cfg: RunConfig, device: torch.device, examples: list[torch.Tensor], micro: int,
+           stages: int) -> hostpipes.PipesOptions | None:
+    """Rings for the stages' activations and gradients in this host's shared memory
+    (--transport auto, on CPUs), room for every micro-batch each stage has in flight."""
+    why = "--transport gloo" if cfg.transport != "auto" else \
+        "stages on GPUs" if device.type != "cpu" else hostpipes.usable()
+    if why:
+        log.info("pipeline stages send through %s: %s", dist.get_backend(), why)
+        return None
+    hostpipes.register()
+    largest = max(e.numel() * e.element_size() for e in examples[1:])
+    return hostpipes.PipesOptions(hostpipes.ring_bytes(
+        largest, micro * len(examples) // stages + 1))
 
 
 def layers_of(uc: UseCase) -> Layers:
@@ -216,36 +211,33 @@ SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B",
 """--schedule: torch.distributed.pipelining's schedule class of each."""
 
 
-def rank_module(layers: Layers, starts: list[int], rank: int, stages: int) -> nn.Module:
-    """What pipeline rank ``rank`` of ``stages`` trains: stage ``rank`` of the model cut at
-    ``starts``, or under an interleaved schedule (more starts than ranks) each stage
-    ``rank``, ``rank + stages``, ... (a ModuleList)."""
-    mine = range(rank, len(starts), stages)
-    if len(mine) == 1:
-        return layers.stage(starts, rank)
-    return nn.ModuleList(layers.stage(starts, q) for q in mine)
+def stage_inputs(layers: Layers, starts: list[int], micro_input: torch.Tensor
+                 ) -> list[torch.Tensor]:
+    """The input of each stage of ``layers`` cut at ``starts`` for ``micro_input``, a
+    micro-batch of images (run through the stages on the CPU, in eval mode: no running
+    statistics move), which gives each stage its input's shape."""
+    examples, example = [], micro_input
+    training = layers.model.training
+    with torch.no_grad():
+        layers.model.eval()
+        for q in range(len(starts)):
+            examples.append(example)
+            if q < len(starts) - 1:
+                example = layers.stage(starts, q)(example)
+        layers.model.train(training)
+    return examples
 
 
 def build_schedule(name: str, layers: Layers, starts: list[int], rank: int, stages: int,
-                   micro: int, micro_input: torch.Tensor, device: torch.device, group
+                   micro: int, examples: list[torch.Tensor], device: torch.device, group
                    ) -> tuple[_PipelineSchedule, list, nn.Module]:
     """Rank ``rank``'s part of a ``stages``-process pipeline of ``micro`` micro-batches run
     by schedule ``name`` (``SCHEDULES``): its PipelineStages (one, or one a chunk when
     interleaved), the schedule over them and the module they train (moved to
-    ``device``). ``micro_input``: a micro-batch of images, run through the stages before
-    each (on the CPU, in eval mode) to give its input's shape."""
+    ``device``). ``examples``: each stage's input (``stage_inputs``)."""
     from torch.distributed import pipelining
 
     mine = list(range(rank, len(starts), stages))
-    examples, example = {}, micro_input
-    training = layers.model.training
-    with torch.no_grad():  # in eval mode: no running statistics moved by this
-        layers.model.eval()
-        for q in range(mine[-1] + 1):
-            examples[q] = example
-            if q < mine[-1]:
-                example = layers.stage(starts, q)(example)
-        layers.model.train(training)
     module = rank_module(layers, starts, rank, stages).to(device)
     parts = list(module) if isinstance(module, nn.ModuleList) else [module]
     made = [pipelining.PipelineStage(part, q, len(starts), device,
@@ -273,17 +265,21 @@ def train_stage(job: Job, link: Link, device: torch.device, starts: list[int], m
     rank, world = dist.get_rank(), dist.get_world_size()
     stages = world // replicas
     replica, index = divmod(rank, stages)
-    pipes, data_groups = _groups(replicas, stages)
     node_index, nodes = link.rank // world, link.world // world
-    exchange = replica_exchange if nodes == 1 else partial(node_exchange, link)
+    shared = cfg.transport == "auto" and device.type == "cpu"
+    exchange = partial(replica_exchange, shared=shared) if nodes == 1 else \
+        partial(node_exchange, link, shared=shared)
     pipelines = nodes * replicas  # each takes its slice of every global batch
     full = new_model(cfg)  # the same weights on every rank
     layers = Layers(full, str(cfg.usecase.model.arch))
     size = cfg.usecase.train.image_size
-    schedule, made, module = build_schedule(
-        schedule_name, layers, starts, index, stages, micro,
-        torch.zeros(cfg.global_batch // pipelines // micro, 3, size, size), device,
-        pipes[replica])
+    examples = stage_inputs(layers, starts, torch.zeros(
+        cfg.global_batch // pipelines // micro, 3, size, size))
+    pipes, data_groups = _groups(replicas, stages,
+                                 _pipes(cfg, device, examples, micro, stages))
+    schedule, made, module = build_schedule(schedule_name, layers, starts, index, stages,
+                                            micro, examples, device, pipes[replica])
+    del examples  # every stage's input: its shape is all the stages needed
     first, last = index == 0, index == stages - 1
     # Rank 0 also validates the whole model; in an MPI node every rank's stage is a part of
     # the buffer of the whole model's gradients.
@@ -291,11 +287,14 @@ def train_stage(job: Job, link: Link, device: torch.device, starts: list[int], m
         full.to(device)
     clock = StageClock(micro, len(made), device)
     clock.watch(schedule, made)
+    clock.transport["transport"] = transport_of(pipes[replica])
     # A stage of only functions (a pooling, a flatten) has nothing to update: its optimizer
     # holds an empty placeholder, since SGD refuses an empty parameter list.
     optimizer = new_optimizer(list(module.parameters()) or [nn.Parameter(torch.zeros(0))], cfg)
     average, zero = exchange(full, module, layers, starts, rank, replicas, data_groups[index],
                              stages)
+    if zero is not None:  # replicas average this stage's gradients, or a node its model's
+        clock.transport["replicas_transport"] = exchange_transport(average)
     train = _train_loader(cfg, job, first, (node_index * replicas + replica, pipelines))
     val = val_loader(cfg, job.data) if link.rank == 0 else []  # rank 0 validates it all
 
@@ -316,58 +315,3 @@ def _train_loader(cfg: RunConfig, job: Job, first: bool, shard: tuple[int, int])
                else _Labels(job.data.train))
     return train_loader(dataset, cfg, shard=shard, drop_last=True,
                         loader_workers=None if first else 0)
-
-
-def node_exchange(node: Link, full: nn.Module, module: nn.Module, layers: Layers,
-                  starts: list[int], rank: int, replicas: int, data_group, stages: int
-                  ) -> tuple[Callable[[], None], Callable[[], None]]:
-    """An MPI node's exchange after every step's backward passes, and the zeroing of this
-    rank's gradients before them. Every gradient is a view of one buffer of the whole
-    model's, where each stage's part is one contiguous range (parameters in layer order);
-    a rank of ``stages`` holds one stage, or under an interleaved schedule several.
-
-    The replicas of this rank average its ranges; the first pipeline's ranks send theirs
-    to the leader (rank 0 of pipeline 0), which averages the whole buffer between the
-    nodes and sends each range back; the replicas then take them from the first pipeline.
-    """
-    replica, index = divmod(rank, stages)
-    flat = flat_gradients(full)
-    offsets = param_ranges(full)
-    ranges = []
-    for s in range(len(starts)):
-        spans = sorted(offsets[id(p)] for p in layers.stage(starts, s).parameters())
-        lo, hi = (spans[0][0], spans[-1][1]) if spans else (0, 0)
-        if sum(b - a for a, b in spans) != hi - lo:
-            raise RuntimeError(f"stage {s}'s parameters are not one range of the buffer")
-        ranges.append((lo, hi))
-    mine = [flat[lo:hi] for lo, hi in ranges[index::stages] if hi > lo]
-    others = [(q % stages, flat[lo:hi]) for q, (lo, hi) in enumerate(ranges)
-              if q % stages and hi > lo]
-    count = 0
-
-    def exchange() -> None:
-        nonlocal count
-        if count == 0:
-            check_views(full, flat)
-        for part in mine if replicas > 1 else ():
-            average(part, data_group, replicas)  # this rank's over the node's replicas
-        if node.between is not None:  # the leader
-            for source, part in others:
-                dist.recv(part, src=source)
-            node.between(flat, count)
-            for source, part in others:
-                dist.send(part, dst=source)
-        elif replica == 0:
-            for part in mine:
-                dist.send(part, dst=0)
-            for part in mine:
-                dist.recv(part, src=0)
-        for part in mine if replicas > 1 else ():
-            dist.broadcast(part, src=index, group=data_group)  # from pipeline 0's rank
-        count += 1
-
-    def zero() -> None:
-        for part in mine:
-            part.zero_()
-
-    return exchange, zero
