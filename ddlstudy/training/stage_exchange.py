@@ -107,7 +107,6 @@ def node_exchange(node: Link, full: nn.Module, module: nn.Module, layers: Layers
         dist.barrier()  # every rank zeroed its replica's whole slot before any backward
     mine = [flat[lo:hi] for lo, hi in ranges[index::stages] if hi > lo]
 
-
     def zero() -> None:
         for part in mine:
             part.zero_()
