@@ -348,6 +348,8 @@ CASES = [
     (["advise", "--link", "1gbit", "--hosts", "a,b"], "--link: give --hosts"),
     (["advise", "--nodes", "0"], "--nodes: '0'; every value must be positive"),
     (["advise", "--nodes", "two"], "--nodes: 'two'"),
+    (["advise", "--strategies", "cpu-threads,warp"],
+     "--strategies: unknown strategy 'warp'; choose one of: sequential, cpu-intraop"),
     (["advise", "--rounds", "0"], "--rounds: must be a positive integer"),
     (["advise", "--usecase", "nope"], "nope"),
     (["advise", "--runs", "{tmp}/nothing"], "does not exist"),

@@ -162,11 +162,17 @@ nodes = 2
     assert "| local-nodes 2 nodes: sequential |" in table_3
     out = tmp_path / "advise"
     advice = cli(plugin, "advise", "--usecase", "tiny", "--nodes", "1", "--rounds", "1",
-                 "--steps", "4", "--budget", "10m", "--datasets-dir", str(datasets_dir),
-                 "--out", str(out), "--quiet")
+                 "--steps", "4", "--budget", "10m", "--strategies", "cpu-loaders",
+                 "--datasets-dir", str(datasets_dir), "--out", str(out), "--quiet")
     assert advice.returncode == 0, advice.stderr[-2000:]
     probed = {c["label"]: c for c in json.loads((out / "advise.json").read_text())["probes"]}
     assert probed["cpu-loaders"]["images_per_s"][0] > 0
+    assert probed["sequential"]["images_per_s"][0] > 0  # the baseline, always
+    # the others were not asked for: named, never run
+    others = [c for label, c in probed.items() if label not in ("cpu-loaders", "sequential")]
+    assert others and all("images_per_s" not in c for c in others)
+    assert "cpu-processes is not among --strategies cpu-loaders" in \
+        probed["cpu-processes (2 processes)"]["skipped"]
 
 
 @pytest.mark.slow

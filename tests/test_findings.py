@@ -332,3 +332,24 @@ def test_every_finding_is_projected_and_says_it_is_a_model(tmp_path):
     assert "- u: " in text.split("(a) CPU multi-process")[1]
     plain = Report(tmp_path, project=None)
     assert "projected" not in plain.findings_text()
+
+
+def test_runs_at_another_learning_rate_are_not_repeats_and_have_their_own_baseline():
+    """The learning rate (and its warm-up) changes what a run learns: runs at 0.01 are
+    their own rows, each against the baseline at 0.01, never averaged with those at 0.003."""
+    def at(strategy, rate, lr, warmup=0, **kw):
+        m = _manifest(strategy, [rate], tta=10.0 if lr > 0.005 else 30.0, **kw)
+        m["config"]["usecase"]["train"] = {"lr": lr, "lr_warmup_epochs": warmup}
+        m["id"] += f"-{lr}-{warmup}"
+        return m
+    runs = [at("sequential", 20.0, 0.003), at("sequential", 20.0, 0.01),
+            at("cpu-intraop", 40.0, 0.003, threads=2), at("cpu-intraop", 30.0, 0.01, threads=2),
+            at("cpu-intraop", 30.0, 0.01, 1, threads=2)]
+    table = speedup_table(runs)
+    low, high = (f"? epochs, batch ?, lr {lr}, ? px, data ?, host h" for lr in ("0.003", "0.01"))
+    warm = high.replace("0.01,", "0.01, lr warm-up 1 epochs,")
+    assert sorted(table.setting) == [low, low, high, high, warm]
+    rows = table.set_index(["setting", "strategy"])
+    assert rows.loc[(low, "cpu-intraop"), "speedup"] == pytest.approx(2.0)
+    assert rows.loc[(high, "cpu-intraop"), "speedup"] == pytest.approx(1.5)
+    assert (table.runs == 1).all()

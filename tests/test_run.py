@@ -294,10 +294,12 @@ def test_half_precision_trains_tiny_within_a_few_points_of_fp32(quick_config):
 
 def test_fp16_scaler_skips_an_overflowing_step_and_lowers_its_scale():
     """A loss scale of 2^40 overflows float16 in backward: the step leaves the weights as
-    they were and halves the scale; at a sane scale the next step moves them."""
+    they were and halves the scale, and the learning-rate warm-up does not count it; at a
+    sane scale the next step moves them and the warm-up."""
     from torch import nn
 
     from ddlstudy.training import plain_step
+    from ddlstudy.training.job import advance, warmup
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
@@ -305,15 +307,22 @@ def test_fp16_scaler_skips_an_overflowing_step_and_lowers_its_scale():
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 40)
     step = plain_step(model, optimizer, nn.CrossEntropyLoss(), scaler=scaler)
     batch = (torch.randn(4, 8), torch.tensor([0, 1, 2, 0]))
+    schedule = warmup(optimizer, 1.5, 4)  # 6 steps from lr 0.1 / 6
     before = [p.detach().clone() for p in model.parameters()]
     with torch.autocast("cpu", dtype=torch.float16):
         step(batch)
+    advance(schedule, optimizer)
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
     assert scaler.get_scale() == 2.0 ** 39
+    # the skipped step is not one of the warm-up's: its learning rate is still the first
+    assert optimizer.skipped_step and optimizer.param_groups[0]["lr"] == pytest.approx(0.1 / 6)
     scaler.update(2.0 ** 8)
     with torch.autocast("cpu", dtype=torch.float16):
         step(batch)
+    advance(schedule, optimizer)
     assert not all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    assert not optimizer.skipped_step
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.1 * 2 / 6)
 
 
 @pytest.mark.parametrize("kwargs, message", [

@@ -73,13 +73,14 @@ def test_allgather_every_step_is_synchronous_sgd(tmp_path, datasets_dir, quick_c
 
 @pytest.mark.slow
 def test_allgather_every_k_steps_still_learns(tmp_path, datasets_dir, tiny_20):
-    """Against the first 10 of 20 epochs of the same 2 processes run locally (no schedule:
-    the same as a 10-epoch run), shared with the strategies' learning test."""
-    manifest = _spark(tmp_path, datasets_dir, "--epochs", "10", "--spark-sync", "allgather",
+    """Against the first 7 of 20 epochs of the same 2 processes run locally (no schedule:
+    the same as a 7-epoch run), shared with the strategies' learning test. Measured here:
+    0.65 against 0.58 (chance 0.33)."""
+    manifest = _spark(tmp_path, datasets_dir, "--epochs", "7", "--spark-sync", "allgather",
                       "--sync-every", "5", "--sample-hz", "0")
     local = tiny_20("cpu-processes", workers=2)
     best = max(e["val_accuracy"] for e in manifest["epochs"])
-    local_best = max(e["val_accuracy"] for e in local.manifest["epochs"][:10])
+    local_best = max(e["val_accuracy"] for e in local.manifest["epochs"][:7])
     assert best >= 0.45 and best >= local_best - 0.15, (best, local_best)
 
 
@@ -169,6 +170,18 @@ def test_bad_spark_flags(tmp_path, capsys, args, message):
     assert main(["run", "--runs-dir", str(tmp_path / "runs"), *args]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()
+
+
+def test_allgather_steps_that_never_average_are_warned_of(quick_config):
+    from ddlstudy.backends.spark.driver import unsynced
+
+    def said(**flags) -> str:
+        return unsynced(quick_config(backend="spark", nodes=2, **flags))
+    assert said(spark_sync="allgather", sync_every=4, max_steps=2).startswith(
+        "--max-steps 2 is under --sync-every 4: the tasks average their weights only at")
+    assert said(spark_sync="allgather", sync_every=2, max_steps=2) == ""
+    assert said(spark_sync="allgather", sync_every=4) == ""  # whole epochs
+    assert said(max_steps=2) == ""  # gloo: every step
 
 
 def test_spark_without_java_is_refused(tmp_path, capsys, monkeypatch):

@@ -234,7 +234,6 @@ def _pipeline_rank(rank, world, port, replicas, micro, out, schedule="gpipe", sh
     from ddlstudy.models.cuts import Layers
     from ddlstudy.training import hostpipes
     from ddlstudy.training.stage_exchange import (
-        exchange_transport,
         gather_weights,
         replica_exchange,
     )
@@ -265,10 +264,10 @@ def _pipeline_rank(rank, world, port, replicas, micro, out, schedule="gpipe", sh
     sched, _, module = build_schedule(schedule, layers, starts, index, stages, micro,
                                       stage_inputs(layers, starts, x[: len(mine) // micro]),
                                       torch.device("cpu"), pipes[replica])
-    average, zero = replica_exchange(model, module, layers, starts, rank, replicas,
-                                     data_groups[index], stages, shared=shared)
+    average, zero, how = replica_exchange(model, module, layers, starts, rank, replicas,
+                                          data_groups[index], stages, shared=shared)
     if replicas > 1:  # the replicas average through what was asked for
-        assert exchange_transport(average) == ("shared-memory" if shared else "gloo")
+        assert how == ("shared-memory" if shared else "gloo")
     loss, _, n = pipeline_step(sched, _sgd(module), index == 0, index == stages - 1,
                                average, zero=zero)((x, y))
     if replica == 0:

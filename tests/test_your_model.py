@@ -28,11 +28,11 @@ SETUPS = {
     "spark-allgather": ["--backend", "spark", "--nodes", "2", "--spark-sync", "allgather",
                         "--sync-every", "2"],
 }
-# One network of one's own under every setup; each torchvision network under three.
-CASES = [*((OWN_NET, s) for s in SETUPS),
-         ("resnet18", "sequential"), ("resnet18", "pipeline"), ("resnet18", "mpi"),
-         ("mobilenet_v3_small", "cpu-processes"), ("mobilenet_v3_small", "hybrid"),
-         ("mobilenet_v3_small", "spark")]
+# One network of one's own under every setup. MPI nodes and Spark tasks run the strategy's
+# own worker, so what a torchvision network adds is where it is cut into stages: each one
+# under the strategy that cuts it.
+CASES = [*((OWN_NET, s) for s in SETUPS), ("resnet18", "pipeline"),
+         ("mobilenet_v3_small", "hybrid")]
 
 
 def ddlstudy(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:

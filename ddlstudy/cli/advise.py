@@ -27,6 +27,9 @@ def register(sub) -> None:
     p.add_argument("--runs", type=path_arg, help="earlier runs of the use case: rank by "
                    "predicted time to its target accuracy, weighing what changes "
                    "convergence by the epochs it took there (default: none, rank by images/s)")
+    p.add_argument("--strategies", help="probe only these strategies' layouts, "
+                   "comma-separated (default: every installed strategy; sequential, the "
+                   "baseline, is always probed: speedups are against it)")
     p.add_argument("--rounds", type=int, default=3, help="most probe rounds")
     p.add_argument("--steps", type=int, default=24, help="steady steps a probe times")
     p.add_argument("--wait-quiet", action="store_true", help="before each probe, wait until "
@@ -62,6 +65,7 @@ def cmd_advise(args: argparse.Namespace) -> int:
         from ddlstudy.report.runs import runs_folder
 
         runs_folder(args.runs)
+    strategies = _strategies(args.strategies) if args.strategies is not None else None
     out = args.out or DEFAULT_RUNS_DIR / "advise" / uc.name
     check_folder("--out", out)  # before the probes run, not after
     count = None
@@ -77,8 +81,20 @@ def cmd_advise(args: argparse.Namespace) -> int:
     result = advise.advise(usecase, nodes, args.hosts, args.link, budget, out,
                            runs=args.runs, rounds=args.rounds, steps=args.steps,
                            datasets_dir=args.datasets_dir, host_count=count,
-                           wait=args.wait_quiet, data=data)
+                           wait=args.wait_quiet, data=data, strategies=strategies)
     print(advise.markdown(result))
     for path in advise.write(result, out):
         print(f"wrote {path}")
     return 0
+
+
+def _strategies(text: str) -> list[str]:
+    """--strategies: installed strategies' names (plugins' too), each once."""
+    from ddlstudy.registry import refuse_unknown
+    from ddlstudy.strategies import REGISTRY
+
+    names = [n.strip() for n in text.split(",")]
+    for name in names:
+        if name not in REGISTRY.loaded():
+            refuse_unknown("--strategies", "strategy", name, REGISTRY)
+    return list(dict.fromkeys(names))

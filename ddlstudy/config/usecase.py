@@ -240,8 +240,9 @@ class TrainSpec:
     """SGD's momentum."""
     lr_warmup_epochs: float = field(default=0, metadata={
         "help": "epochs over which the learning rate rises linearly to lr, from lr / W at "
-                "the first of their W steps (torch's LinearLR; 0: none; not --warmup-steps, "
-                "the steps left out of images/s)",
+                "the first of their W steps (torch's LinearLR; a step fp16's scaler skipped "
+                "does not count; 0: none; not --warmup-steps, the steps left out of "
+                "images/s)",
         "type": float})
     seed: int = field(default=0, metadata={
         "help": "seed of the weights, the shuffling and the augmentation", "type": int})

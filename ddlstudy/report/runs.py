@@ -164,9 +164,9 @@ def config_label(manifest: dict) -> str:
 
 def setting(manifest: dict) -> str:
     """What a run measured apart from its parallelism: epochs (and --max-steps), the
-    per-run batch, the image size, the data (its fingerprint) and the host. Runs of
-    different settings are never repeats of each other, and a speedup divides by the
-    baseline of the same setting."""
+    per-run batch, the learning rate given (and its warm-up), the image size, the data (its
+    fingerprint) and the host. Runs of different settings are never repeats of each other,
+    and a speedup divides by the baseline of the same setting."""
     config = manifest.get("config") or {}
     train = (config.get("usecase") or {}).get("train") or {}
     parts = [f"{train.get('epochs', '?')} epochs"]
@@ -174,7 +174,12 @@ def setting(manifest: dict) -> str:
         parts.append(f"{config['max_steps']} steps")
     if config.get("warmup_steps", WARMUP_STEPS) != WARMUP_STEPS:  # what images/s leave out
         parts.append(f"{config['warmup_steps']} warm-up")
-    parts += [f"batch {train.get('batch_size', '?')}", f"{train.get('image_size', '?')} px",
+    parts.append(f"batch {train.get('batch_size', '?')}")
+    if "lr" in train:  # a learning rate changes the accuracy, not the speed
+        parts.append(f"lr {train['lr']:g}")
+    if train.get("lr_warmup_epochs"):
+        parts.append(f"lr warm-up {train['lr_warmup_epochs']:g} epochs")
+    parts += [f"{train.get('image_size', '?')} px",
               f"data {str((manifest.get('data') or {}).get('fingerprint') or '?')[:8]}",
               f"host {(manifest.get('host') or {}).get('hostname', '?')}"]
     return ", ".join(parts)

@@ -43,20 +43,26 @@ HEADER = 4096
 NAME_BYTES = 256
 
 
-def _create(size: int) -> tuple[Path, str]:
-    """Rank 0's file, its space reserved (a full tmpfs fails here, not mid-step), and
-    the token written at its start."""
-    token = secrets.token_hex(16)
-    path = SHM_DIR / f"ddlstudy-{os.getpid()}-{token[:8]}.shm"
+def reserve(path: Path, size: int, head: bytes = b"") -> None:
+    """A new file of ``size`` bytes at ``path`` (never an existing one), its room reserved
+    (a full tmpfs fails here, not mid-step) and ``head`` at its start; nothing is left
+    where that fails (``hostpipes`` makes its rings' file with it too)."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         os.posix_fallocate(fd, 0, size)
-        os.pwrite(fd, token.encode(), 0)
+        os.pwrite(fd, head, 0)
     except OSError:
-        os.close(fd)
         path.unlink(missing_ok=True)
         raise
-    os.close(fd)
+    finally:
+        os.close(fd)
+
+
+def _create(size: int) -> tuple[Path, str]:
+    """Rank 0's file, with the token written at its start."""
+    token = secrets.token_hex(16)
+    path = SHM_DIR / f"ddlstudy-{os.getpid()}-{token[:8]}.shm"
+    reserve(path, size, token.encode())
     return path, token
 
 
@@ -149,15 +155,24 @@ class HostMemory:
         share = -(-n // self.world)
         lo, hi = self.rank * share, min(n, (self.rank + 1) * share)
         if lo < hi:
-            mine = self.buffer[lo:hi]
-            for i, other in enumerate(self.slots):
-                if i != self.rank:
-                    mine.add_(other[lo:hi])
-            mine.div_(self.world)
-            for i, other in enumerate(self.slots):
-                if i != self.rank:
-                    other[lo:hi].copy_(mine)
+            self.mean_into(self.rank, lo, hi)
+            self.copy_out(self.rank, lo, hi)
         dist.barrier(self.group)  # every share is in every slot
+
+    def mean_into(self, slot: int, lo: int, hi: int) -> None:
+        """Elements [lo, hi) of slot ``slot`` become their mean over every slot (one
+        rank's share: no other touches those elements until a barrier)."""
+        mine = self.slots[slot][lo:hi]
+        for i, other in enumerate(self.slots):
+            if i != slot:
+                mine.add_(other[lo:hi])
+        mine.div_(len(self.slots))
+
+    def copy_out(self, slot: int, lo: int, hi: int) -> None:
+        """Elements [lo, hi) of slot ``slot`` copied into every other slot."""
+        for i, other in enumerate(self.slots):
+            if i != slot:
+                other[lo:hi].copy_(self.slots[slot][lo:hi])
 
     def close(self) -> None:
         """Unmap, unless gradients still view the slots (then the process's end does)."""

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ddlstudy.training.hostmem import HEADER, SHM_DIR
+from ddlstudy.training.hostmem import HEADER, SHM_DIR, reserve
 
 log = logging.getLogger("ddlstudy")
 
@@ -276,15 +276,11 @@ def _paths(base: Path | str, size: int) -> list[Path]:
 
 
 def _make(base: Path, total: int, size: int) -> None:
-    """Rank 0's file of ``total`` bytes, its room reserved (a full tmpfs fails here, not
-    mid-step), and the doorbells; nothing left behind where that fails."""
+    """Rank 0's file of ``total`` bytes (``hostmem.reserve``) and the doorbells; nothing
+    left behind where that fails."""
     file, *bells = _paths(base, size)
     try:
-        fd = os.open(file, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            os.posix_fallocate(fd, 0, total)
-        finally:
-            os.close(fd)
+        reserve(file, total)
         for bell in bells:
             os.mkfifo(bell, 0o600)
     except OSError:

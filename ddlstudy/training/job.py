@@ -135,7 +135,7 @@ def train_epochs(job: Job, trainer: Trainer, optimizer: torch.optim.Optimizer, *
 
     def after_step(epoch: int, step: int) -> None:
         if schedule is not None:
-            schedule.step()
+            advance(schedule, optimizer)
         if every and step % every == 0:
             snapshot(epoch - 1, trainer.position())
 
@@ -182,6 +182,14 @@ def warmup(optimizer: torch.optim.Optimizer, epochs: float, steps_per_epoch: int
         return None
     return torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=1 / steps,
                                              total_iters=steps - 1)
+
+
+def advance(schedule: torch.optim.lr_scheduler.LRScheduler,
+            optimizer: torch.optim.Optimizer) -> None:
+    """The warm-up's next step, unless fp16's scaler skipped the optimizer's (an overflow,
+    ``steps.optimizer_step``): the warm-up counts the steps that moved the weights."""
+    if not getattr(optimizer, "skipped_step", False):
+        schedule.step()
 
 
 def job_epoch(job: Job, result: EpochResult, steps: list[tuple] = ()) -> None:

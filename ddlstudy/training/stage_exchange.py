@@ -7,6 +7,7 @@ it can), an MPI node's stages hand the whole model's to its leader and back
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -28,30 +29,33 @@ def rank_module(layers: Layers, starts: list[int], rank: int, stages: int) -> nn
     return nn.ModuleList(layers.stage(starts, q) for q in mine)
 
 
+class Exchange(NamedTuple):
+    """What a stage does with its gradients between its backward passes and its optimizer
+    step: ``run`` the exchange; ``zero`` them before the next step (None: the stage has
+    nothing to exchange, the optimizer zeroes them); ``transport``, how they move within
+    the node (``hostmem.SHARED`` or a group's backend)."""
+    run: Callable[[], None]
+    zero: Callable[[], None] | None = None
+    transport: str | None = None
+
+
 def replica_exchange(full: nn.Module, module: nn.Module, layers: Layers,
                      starts: list[int], rank: int, replicas: int, data_group,
-                     stages: int = 0, shared: bool = False
-                     ) -> tuple[Callable[[], None], Callable[[], None] | None]:
+                     stages: int = 0, shared: bool = False) -> Exchange:
     """A stage alone on its node: its replicas average its gradients, one buffer of which
     every gradient is a view, through this host's shared memory where ``shared`` and
     every replica maps it (``hostmem``), else one all-reduce over ``data_group``."""
     params = list(module.parameters())
     if replicas == 1 or not params:
-        return (lambda: None), None
+        return Exchange(lambda: None)
     memory = hostmem.HostMemory.join(rank // stages, replicas, sum(p.numel() for p in params),
                                      data_group) if shared else None
     if memory is not None:
-        return memory.average, flat_gradients(module, memory.buffer).zero_
+        return Exchange(memory.average, flat_gradients(module, memory.buffer).zero_,
+                        hostmem.SHARED)
     flat = flat_gradients(module)
-    return (lambda: average(flat, data_group, replicas)), flat.zero_
-
-
-def exchange_transport(exchange: Callable[[], None]) -> str:
-    """How ``replica_exchange``'s or ``node_exchange``'s exchange moves gradients within
-    the node: ``hostmem.SHARED`` or the default group's backend."""
-    shared = isinstance(getattr(exchange, "__self__", None), hostmem.HostMemory) or \
-        getattr(exchange, "in_memory", False)
-    return hostmem.SHARED if shared else dist.get_backend()
+    return Exchange(lambda: average(flat, data_group, replicas), flat.zero_,
+                    dist.get_backend(data_group))
 
 
 def transport_of(group) -> str:
@@ -85,7 +89,7 @@ def gather_weights(full: nn.Module | None, layers: Layers, starts: list[int],
 
 def node_exchange(node: Link, full: nn.Module, module: nn.Module, layers: Layers,
                   starts: list[int], rank: int, replicas: int, data_group, stages: int,
-                  shared: bool = False) -> tuple[Callable[[], None], Callable[[], None]]:
+                  shared: bool = False) -> Exchange:
     """An MPI node's exchange after every step's backward passes, and the zeroing of this
     rank's gradients before them. Every gradient is a view of one buffer of the whole
     model's, where each stage's part is one contiguous range (parameters in layer order);
@@ -112,7 +116,8 @@ def node_exchange(node: Link, full: nn.Module, module: nn.Module, layers: Layers
             part.zero_()
 
     if memory is not None:
-        return _through_memory(node, full, memory, ranges[index::stages], replica), zero
+        return Exchange(_through_memory(node, full, memory, ranges[index::stages], replica),
+                        zero, hostmem.SHARED)
     others = [(q % stages, flat[lo:hi]) for q, (lo, hi) in enumerate(ranges)
               if q % stages and hi > lo]
     count = 0
@@ -138,7 +143,7 @@ def node_exchange(node: Link, full: nn.Module, module: nn.Module, layers: Layers
             dist.broadcast(part, src=index, group=data_group)  # from pipeline 0's rank
         count += 1
 
-    return exchange, zero
+    return Exchange(exchange, zero, dist.get_backend())
 
 
 def _stage_ranges(full: nn.Module, layers: Layers, starts: list[int]) -> list[tuple[int, int]]:
@@ -173,19 +178,15 @@ def _through_memory(node: Link, full: nn.Module, memory: hostmem.HostMemory,
         dist.barrier()  # every stage's gradients are in its replica's slot
         if replicas > 1:
             for lo, hi in shares:
-                for other in slots[1:]:
-                    slots[0][lo:hi].add_(other[lo:hi])
-                slots[0][lo:hi].div_(replicas)
+                memory.mean_into(0, lo, hi)
             dist.barrier()
         if node.between is not None:  # the leader
             node.between(slots[0], count)
         dist.barrier()  # slot 0 holds the nodes' mean
         if replicas > 1:
             for lo, hi in shares:
-                for other in slots[1:]:
-                    other[lo:hi].copy_(slots[0][lo:hi])
+                memory.copy_out(0, lo, hi)
             dist.barrier()  # before anyone's next backward writes its slot
         count += 1
 
-    exchange.in_memory = True  # type: ignore[attr-defined]
     return exchange

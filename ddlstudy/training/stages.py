@@ -40,7 +40,6 @@ from ddlstudy.training import hostpipes
 from ddlstudy.training.job import Job, Link
 from ddlstudy.training.loaders import image_dataset, train_loader, val_loader
 from ddlstudy.training.stage_exchange import (
-    exchange_transport,
     gather_weights,
     node_exchange,
     rank_module,
@@ -291,10 +290,10 @@ def train_stage(job: Job, link: Link, device: torch.device, starts: list[int], m
     # A stage of only functions (a pooling, a flatten) has nothing to update: its optimizer
     # holds an empty placeholder, since SGD refuses an empty parameter list.
     optimizer = new_optimizer(list(module.parameters()) or [nn.Parameter(torch.zeros(0))], cfg)
-    average, zero = exchange(full, module, layers, starts, rank, replicas, data_groups[index],
-                             stages)
+    average, zero, how = exchange(full, module, layers, starts, rank, replicas,
+                                  data_groups[index], stages)
     if zero is not None:  # replicas average this stage's gradients, or a node its model's
-        clock.transport["replicas_transport"] = exchange_transport(average)
+        clock.transport["replicas_transport"] = how
     train = _train_loader(cfg, job, first, (node_index * replicas + replica, pipelines))
     val = val_loader(cfg, job.data) if link.rank == 0 else []  # rank 0 validates it all
 

@@ -60,12 +60,16 @@ def make_scaler(precision: str, device_type: str = "cpu") -> torch.amp.GradScale
 
 def optimizer_step(optimizer: torch.optim.Optimizer,
                    scaler: torch.amp.GradScaler | None = None) -> None:
-    """The optimizer's step, through the fp16 scaler when there is one."""
+    """The optimizer's step, through the fp16 scaler when there is one. A step whose
+    gradients overflowed leaves the weights as they were and lowers the scale: the
+    optimizer's ``skipped_step`` says so (the learning-rate warm-up does not count it)."""
     if scaler is None:
         optimizer.step()
     else:
+        scale = scaler.get_scale()
         scaler.step(optimizer)
         scaler.update()
+        optimizer.skipped_step = scaler.get_scale() < scale  # type: ignore[attr-defined]
 
 
 def accumulate_grads(model: nn.Module, loss_fn: nn.Module, images: torch.Tensor,

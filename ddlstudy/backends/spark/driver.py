@@ -72,6 +72,15 @@ def describe(cfg: RunConfig) -> dict[str, Any]:
     return out
 
 
+def unsynced(cfg: RunConfig) -> str:
+    """Why an allgather run's steps never average the weights ("" where they do)."""
+    if cfg.spark_sync != "allgather" or not cfg.max_steps or cfg.max_steps >= cfg.sync_every:
+        return ""
+    return (f"--max-steps {cfg.max_steps} is under --sync-every {cfg.sync_every}: the tasks "
+            "average their weights only at each epoch's end, so images/s leave the "
+            "averaging out")
+
+
 JVM_LOG = "spark.log"
 """The run folder's file of what Spark's JVM printed (its log4j lines, at WARN and above)."""
 
@@ -98,6 +107,8 @@ def _fit(job: Job, n: int, start: float) -> None:
     session_s = time.perf_counter() - start
     log.info("Spark context on %s ready (%.1f s waited for it); %d barrier tasks, sync %s",
              master(cfg), session_s, n, cfg.spark_sync)
+    if unsynced(cfg):
+        log.warning("%s", unsynced(cfg))
     if job.folder is not None:
         job.folder.manifest["backend"].update(session_start_s=round(session_s, 3),
                                               spark_version=sc.version)

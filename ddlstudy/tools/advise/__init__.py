@@ -91,6 +91,17 @@ def say_skipped(cands: list[Candidate]) -> None:
             say(f"  skip {c.label}: {c.skip}")
 
 
+def skip_unasked(cands: list[Candidate], strategies: list[str] | None) -> list[Candidate]:
+    """``cands``, where only the layouts of ``strategies`` (--strategies; None: every one)
+    are probed, and the sequential baseline always (speedups are against it)."""
+    for c in cands:
+        name = c.flags.get("strategy", "sequential")
+        if strategies is not None and not c.skip and name != "sequential" \
+                and name not in strategies:
+            c.skip = f"{name} is not among --strategies {','.join(strategies)}"
+    return cands
+
+
 def skip_non_nodes(cands: list[Candidate], nodes: list[int], where: Setting) -> None:
     """Without 1 in ``nodes`` a local configuration is ranked only as a node of MPI
     nodes: one wider than any node's cores here would spend the budget on a probe that
@@ -109,11 +120,13 @@ def advise(usecase: str, nodes: list[int], hosts: str | None, link: str | None,
            budget: float, out: Path, runs: Path | None = None, rounds: int = 3,
            steps: int = PROBE_STEADY_STEPS, datasets_dir: Path | None = None,
            host_count: int | None = None, wait: bool = False,
-           data: dict[str, Any] | None = None) -> dict:
+           data: dict[str, Any] | None = None, strategies: list[str] | None = None
+           ) -> dict:
     """Probe, measure, predict and rank (see the module's docstring): advise.json's
     content. ``host_count``: how many ``hosts`` there are (MPI probes up to that many);
     ``wait``: each probe waits for a quiet host first; ``data``: run flags of every probe
-    that say what it trains (``data_dir``, ``model``)."""
+    that say what it trains (``data_dir``, ``model``); ``strategies``: the only ones whose
+    layouts are probed (and sequential)."""
     started = time.monotonic()
     deadline = started + budget
     probes_dir = out / "probes"
@@ -124,7 +137,7 @@ def advise(usecase: str, nodes: list[int], hosts: str | None, link: str | None,
     cores, gpus = environment.usable_cores(), len(environment.gpus())
     found = facts(uc.model, len(uc.classes))
     params, gradient = found.parameters, found.gradient_bytes
-    cands = candidates(cores, gpus)
+    cands = skip_unasked(candidates(cores, gpus), strategies)
     check_fit(cands, usecase, params, psutil.virtual_memory().available, probes_dir, given)
     where = Setting(cores, shared=link is None and (hosts is None
                                                    or emulated_prefix(hosts) is not None),
@@ -151,19 +164,18 @@ def advise(usecase: str, nodes: list[int], hosts: str | None, link: str | None,
     rank(rows, conv, max(c.speed for c in cands if c.speeds and c.nodes == 1))
     for r in rows:
         r["command"] = command(usecase, r["flags"])
-    result = {"usecase": uc.name, "nodes": nodes, "hosts": hosts, "link": link,
-              "budget_s": budget, "seconds": round(time.monotonic() - started, 1),
-              "waited_s": round(waited, 1),
-              "rounds": done, "cores": cores, "gpus": gpus, "batch": batch,
-              "gradient_bytes": gradient, "probe_settings": settings,
-              "probes": [c.record() for c in cands],
-              "exchange": where.exchange.record() if where.exchange else None,
-              "convergence": conv | ({"factor": {k: finite(v) for k, v in
-                                                 conv["factor"].items()}}
-                                     if "factor" in conv else {}),
-              "notes": notes, "sureness": sureness(rows),
-              "ranking": rows, "host": environment.host()}
-    return result
+    return {"usecase": uc.name, "nodes": nodes, "hosts": hosts, "link": link,
+            "budget_s": budget, "seconds": round(time.monotonic() - started, 1),
+            "waited_s": round(waited, 1),
+            "rounds": done, "cores": cores, "gpus": gpus, "batch": batch,
+            "gradient_bytes": gradient, "probe_settings": settings,
+            "probes": [c.record() for c in cands],
+            "exchange": where.exchange.record() if where.exchange else None,
+            "convergence": conv | ({"factor": {k: finite(v) for k, v in
+                                               conv["factor"].items()}}
+                                   if "factor" in conv else {}),
+            "notes": notes, "sureness": sureness(rows),
+            "ranking": rows, "host": environment.host()}
 
 
 def _shared(where: Setting, nodes: list[int]) -> list[str]:
