@@ -350,6 +350,8 @@ CASES = [
     (["advise", "--nodes", "two"], "--nodes: 'two'"),
     (["advise", "--strategies", "cpu-threads,warp"],
      "--strategies: unknown strategy 'warp'; choose one of: sequential, cpu-intraop"),
+    (["advise", "--strategies", "cpu-threads,,pipeline"],
+     "--strategies: 'cpu-threads,,pipeline'; give strategy names separated by commas"),
     (["advise", "--rounds", "0"], "--rounds: must be a positive integer"),
     (["advise", "--usecase", "nope"], "nope"),
     (["advise", "--runs", "{tmp}/nothing"], "does not exist"),

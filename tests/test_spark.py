@@ -175,11 +175,15 @@ def test_bad_spark_flags(tmp_path, capsys, args, message):
 def test_allgather_steps_that_never_average_are_warned_of(quick_config):
     from ddlstudy.backends.spark.driver import unsynced
 
-    def said(**flags) -> str:
-        return unsynced(quick_config(backend="spark", nodes=2, **flags))
+    def said(epochs: int = 1, **flags) -> str:
+        return unsynced(quick_config(backend="spark", nodes=2, epochs=epochs, **flags))
     assert said(spark_sync="allgather", sync_every=4, max_steps=2).startswith(
-        "--max-steps 2 is under --sync-every 4: the tasks average their weights only at")
+        "--max-steps 2 x 1 epoch(s) is under --sync-every 4: the tasks average their "
+        "weights only at")
     assert said(spark_sync="allgather", sync_every=2, max_steps=2) == ""
+    # the tasks count steps over the whole run: the 4th is the second epoch's second
+    assert said(2, spark_sync="allgather", sync_every=4, max_steps=2) == ""
+    assert said(2, spark_sync="allgather", sync_every=5, max_steps=2) != ""
     assert said(spark_sync="allgather", sync_every=4) == ""  # whole epochs
     assert said(max_steps=2) == ""  # gloo: every step
 

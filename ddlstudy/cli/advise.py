@@ -94,6 +94,9 @@ def _strategies(text: str) -> list[str]:
     from ddlstudy.strategies import REGISTRY
 
     names = [n.strip() for n in text.split(",")]
+    if not all(names):
+        raise ConfigError("--strategies", f"{text!r}; give strategy names separated by "
+                          "commas, e.g. cpu-processes,pipeline")
     for name in names:
         if name not in REGISTRY.loaded():
             refuse_unknown("--strategies", "strategy", name, REGISTRY)

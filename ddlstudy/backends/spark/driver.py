@@ -73,12 +73,15 @@ def describe(cfg: RunConfig) -> dict[str, Any]:
 
 
 def unsynced(cfg: RunConfig) -> str:
-    """Why an allgather run's steps never average the weights ("" where they do)."""
-    if cfg.spark_sync != "allgather" or not cfg.max_steps or cfg.max_steps >= cfg.sync_every:
+    """Why an allgather run's steps never average the weights ("" where they do): its
+    tasks count steps over the whole run, and it runs fewer than --sync-every."""
+    epochs = cfg.usecase.train.epochs
+    if cfg.spark_sync != "allgather" or not cfg.max_steps or \
+            cfg.max_steps * epochs >= cfg.sync_every:
         return ""
-    return (f"--max-steps {cfg.max_steps} is under --sync-every {cfg.sync_every}: the tasks "
-            "average their weights only at each epoch's end, so images/s leave the "
-            "averaging out")
+    return (f"--max-steps {cfg.max_steps} x {epochs} epoch(s) is under --sync-every "
+            f"{cfg.sync_every}: the tasks average their weights only at each epoch's end, "
+            "so images/s leave the averaging out")
 
 
 JVM_LOG = "spark.log"

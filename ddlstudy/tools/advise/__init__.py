@@ -50,6 +50,7 @@ from typing import Any
 import psutil
 
 from ddlstudy import environment
+from ddlstudy.errors import ConfigError
 from ddlstudy.hosts import emulated_prefix
 from ddlstudy.models import facts
 from ddlstudy.plan import cell_config
@@ -94,6 +95,10 @@ def say_skipped(cands: list[Candidate]) -> None:
 def skip_unasked(cands: list[Candidate], strategies: list[str] | None) -> list[Candidate]:
     """``cands``, where only the layouts of ``strategies`` (--strategies; None: every one)
     are probed, and the sequential baseline always (speedups are against it)."""
+    for name in strategies or []:
+        if not any(c.flags.get("strategy") == name for c in cands):
+            raise ConfigError("--strategies", f"{name} has no layout to probe: its "
+                              "strategy class gives advise none (Strategy.probes)")
     for c in cands:
         name = c.flags.get("strategy", "sequential")
         if strategies is not None and not c.skip and name != "sequential" \
