@@ -110,8 +110,9 @@ def _fit(job: Job, n: int, start: float) -> None:
     session_s = time.perf_counter() - start
     log.info("Spark context on %s ready (%.1f s waited for it); %d barrier tasks, sync %s",
              master(cfg), session_s, n, cfg.spark_sync)
-    if unsynced(cfg):
-        log.warning("%s", unsynced(cfg))
+    why = unsynced(cfg)
+    if why:
+        log.warning("%s", why)
     if job.folder is not None:
         job.folder.manifest["backend"].update(session_start_s=round(session_s, 3),
                                               spark_version=sc.version)

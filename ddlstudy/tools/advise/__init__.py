@@ -95,14 +95,15 @@ def say_skipped(cands: list[Candidate]) -> None:
 def skip_unasked(cands: list[Candidate], strategies: list[str] | None) -> list[Candidate]:
     """``cands``, where only the layouts of ``strategies`` (--strategies; None: every one)
     are probed, and the sequential baseline always (speedups are against it)."""
-    for name in strategies or []:
+    if strategies is None:
+        return cands
+    for name in strategies:
         if not any(c.flags.get("strategy") == name for c in cands):
             raise ConfigError("--strategies", f"{name} has no layout to probe: its "
                               "strategy class gives advise none (Strategy.probes)")
     for c in cands:
         name = c.flags.get("strategy", "sequential")
-        if strategies is not None and not c.skip and name != "sequential" \
-                and name not in strategies:
+        if not c.skip and name != "sequential" and name not in strategies:
             c.skip = f"{name} is not among --strategies {','.join(strategies)}"
     return cands
 
