@@ -35,6 +35,7 @@ def _usecase(replace: dict[str, str] | None = None, prefix: str = "") -> str:
 
 
 PLAN = '[study]\nusecases = ["tiny"]\n'
+OWN_NET = f"{Path(__file__).parent / 'models' / 'own_net.py'}:small_resnet"
 
 FILES = {
     "afile": "not a folder",
@@ -366,6 +367,16 @@ CASES = [
     (["bench", "overhead", "--repeats", "0"], "--repeats: must be a positive integer"),
     (["bench", "sampler", "--hz", "nan"], "--hz: must be a rate above 0 and at most 100"),
     (["bench", "all", "--only", "nope"], "--only: unknown group(s) nope"),
+    (["run", "--strategy", "tensor", "--model", OWN_NET],
+     "tensor parallelism splits pairs of consecutive Linear layers"),
+    (["run", "--strategy", "sharded", "--workers", "2", "--tensor", "3"],
+     "--tensor: 3 does not divide the 2 processes"),
+    (["run", "--strategy", "cpu-processes", "--tensor", "2"],
+     "--tensor: splits Linear pairs over processes inside a mesh: cpu-processes has none"),
+    (["run", "--strategy", "sharded", "--backend", "mpi", "--nodes", "2"],
+     "--backend: sharded runs on one node (--backend local) in this version"),
+    (["run", "--strategy", "tensor", "--workers", "2", "--precision", "fp16"],
+     "--precision: tensor has no fp16 gradient scaler yet"),
     ([], "the following arguments are required: COMMAND"),
     (["frobnicate"], "argument COMMAND: invalid choice: 'frobnicate'"),
 ]

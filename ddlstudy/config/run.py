@@ -54,6 +54,9 @@ def stages_a_process(schedule: str) -> int:
     """Pipeline stages each process holds under ``schedule``: 2 interleaved, else 1."""
     return 2 if schedule == "interleaved-1f1b" else 1
 TRANSPORTS = ("auto", "gloo")
+SHARED_MEMORY = ("cpu-processes", "sharded", "zero", "tensor")
+"""The one-node strategies whose processes talk through this host's shared memory (or
+gloo, with --transport gloo)."""
 MAX_LOADER_WORKERS = 64
 
 
@@ -119,6 +122,15 @@ class RunConfig(MpiOptions, SparkOptions):
         None, "the layer each pipeline stage starts at, e.g. 0,9 (default: cut where the "
         "measured cost of a step balances; a replay cuts where the run it replays did)",
         group=WHAT, metavar="L0,L1,...", parse="layers")
+    reshard_after_forward: bool = option(True, "sharded: keep each block's gathered "
+                                         "parameters from its forward to its backward "
+                                         "(ZeRO-2: more memory, one all-gather a step "
+                                         "fewer) instead of freeing them (ZeRO-3)",
+                                         group=WHAT, type=bool, negate=True)
+    tensor: int | None = option(None, "sharded: split each pair of consecutive Linear "
+                                "layers over this many of the node's processes (a 2-D "
+                                "mesh: tensor parallel inside, FSDP2 across)", group=WHAT,
+                                type=int, most=MAX_PROCESSES, why=FORKS, metavar="T")
     replicas: int = option(2, "data-parallel replicas of the pipeline, for hybrid",
                            group=WHAT, type=int, most=MAX_PROCESSES, why=FORKS)
     devices: int | None = option(None, "GPUs for gpu-data (default: all visible)", group=WHAT,
@@ -218,13 +230,13 @@ class RunConfig(MpiOptions, SparkOptions):
         self._check_layout()
         self.check_mpi()
         self.check_spark()
-        ddp = (self.backend, self.strategy) == ("local", "cpu-processes") or \
+        ddp = (self.backend == "local" and self.strategy in SHARED_MEMORY) or \
             (self.backend, self.spark_sync) == ("spark", "gloo") or \
             self.strategy in ("pipeline", "hybrid")
         if self.transport != "auto" and not ddp:
             raise ConfigError("--transport", "chooses how a node's processes talk: it needs "
-                              "--strategy cpu-processes (one node), pipeline or hybrid, or "
-                              "--backend spark with --spark-sync gloo")
+                              f"--strategy {', '.join(SHARED_MEMORY)} (one node), pipeline or "
+                              "hybrid, or --backend spark with --spark-sync gloo")
         self._check_output()
 
     def _use_model(self) -> None:

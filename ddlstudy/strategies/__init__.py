@@ -5,7 +5,7 @@ torch: a strategy's worker does, when it trains."""
 
 # Imported in the order `ddlstudy strategies` lists them: each registers itself.
 # isort: off
-from ddlstudy.strategies import single, threads, processes, pipeline, hybrid  # noqa: F401
+from ddlstudy.strategies import single, threads, processes, sharded, pipeline, hybrid  # noqa: F401,E501
 # isort: on
 from ddlstudy.strategies.base import REGISTRY, Layout, Probe, Strategy, get_strategy, register
 

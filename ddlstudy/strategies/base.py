@@ -65,6 +65,8 @@ class Layout:
     collectives: str | None = None
     """The torch.distributed backend between the node's processes: gloo or nccl."""
     schedule: str | None = None
+    tensor: int | None = None
+    """The processes each Linear pair is split over (tensor parallelism)."""
 
     def as_dict(self) -> dict[str, Any]:
         out = {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
@@ -179,7 +181,9 @@ LAYOUT_OPTIONS = {"workers": "sets the replicas, processes or threads",
                   "micro_batches": "splits each batch for a pipeline",
                   "schedule": "orders a pipeline's micro-batches",
                   "replicas": "sets the pipelines of a hybrid",
-                  "devices": "sets the GPUs"}
+                  "devices": "sets the GPUs",
+                  "reshard_after_forward": "keeps or frees gathered parameters after forward",
+                  "tensor": "splits Linear pairs over processes inside a mesh"}
 """RunConfig fields that lay a strategy out, and what each does."""
 
 REGISTRY: Registry[type[Strategy]] = Registry("--strategy", "strategy",

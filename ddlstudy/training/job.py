@@ -100,32 +100,55 @@ class Link:
         return None if self.world == 1 else (self.rank, self.world)
 
 
+@dataclass(frozen=True)
+class States:
+    """How a worker's model and optimizer go into a snapshot and come back from one: their
+    own state dicts, or, where each process holds a part (sharded, tensor parallel), the
+    whole gathered on the writer (``model`` and ``optimizer`` are then collectives)."""
+
+    model: Callable[[], dict]
+    optimizer: Callable[[], dict]
+    load: Callable[[dict, dict], None]
+
+    @classmethod
+    def of(cls, model: nn.Module, optimizer: torch.optim.Optimizer) -> States:
+        def load(model_state: dict, optimizer_state: dict) -> None:
+            model.load_state_dict(model_state)
+            optimizer.load_state_dict(optimizer_state)
+
+        return cls(model.state_dict, optimizer.state_dict, load)
+
+
 def train_epochs(job: Job, trainer: Trainer, optimizer: torch.optim.Optimizer, *,
                  rank: int = 0, writer: bool = True,
                  gather: Callable[[Any], list | None] = lambda obj: [obj],
-                 barrier: Callable[[], None] = lambda: None) -> None:
+                 barrier: Callable[[], None] = lambda: None,
+                 states: States | None = None) -> None:
     """The epoch loop every strategy shares.
 
     Continues from ``job.resume`` when given (weights, optimizer, this rank's random
     states, the shuffling generator and the position in the epoch), records every epoch
     (``writer``: the rank that owns the run folder), and snapshots at every epoch end and
     every ``--snapshot-every`` steps. ``gather`` collects every rank's random states on the
-    writer (a collective: every rank calls it at the same step), ``barrier`` ends an epoch.
+    writer (a collective: every rank calls it at the same step), ``barrier`` ends an epoch;
+    ``states``: how the model and optimizer are saved and loaded (default: their own state
+    dicts).
     """
     cfg = job.cfg
     trainer.precision = cfg.precision
     epochs = cfg.usecase.train.lr_warmup_epochs
     schedule = warmup(optimizer, epochs, trainer.steps_per_epoch) if epochs else None
-    first = 1 if job.resume is None else resume(job.resume, trainer, optimizer, schedule, rank)
+    states = states or States.of(trainer.model, optimizer)
+    first = 1 if job.resume is None else resume(job.resume, trainer, states, schedule, rank)
 
     def snapshot(epochs_done: int, position: dict) -> None:
         # Every rank's own random states and running sums (each sums its slice).
         ranks = gather({"rng": rng_state(), "sums": position["sums"]})
+        model, optim = states.model(), states.optimizer()  # every rank: may gather
         if writer and job.folder is not None:
             job.folder.save_snapshot({
                 "format": SNAPSHOT_FORMAT, "epoch": epochs_done,
-                "step": position["sums"]["steps"], "model": trainer.model.state_dict(),
-                "optimizer": optimizer.state_dict(),
+                "step": position["sums"]["steps"], "model": model, "optimizer": optim,
                 "scheduler": None if schedule is None else schedule.state_dict(),
                 "position": {"generator": position["generator"],
                              "sums": [r["sums"] for r in ranks]},
@@ -154,7 +177,7 @@ def train_epochs(job: Job, trainer: Trainer, optimizer: torch.optim.Optimizer, *
         barrier()
 
 
-def resume(snapshot: dict, trainer: Trainer, optimizer: torch.optim.Optimizer,
+def resume(snapshot: dict, trainer: Trainer, states: States,
            schedule: torch.optim.lr_scheduler.LRScheduler | None, rank: int) -> int:
     """Continue from ``snapshot``: weights, optimizer, learning-rate schedule, this rank's
     random states and the position in the epoch. Returns the epoch to train first."""
@@ -162,8 +185,7 @@ def resume(snapshot: dict, trainer: Trainer, optimizer: torch.optim.Optimizer,
     # the optimizer adopts its momentum buffers as they are; shared, every rank would
     # update the same buffers.
     snap = copy.deepcopy(snapshot)
-    trainer.model.load_state_dict(snap["model"])
-    optimizer.load_state_dict(snap["optimizer"])
+    states.load(snap["model"], snap["optimizer"])
     if schedule is not None and snap.get("scheduler") is not None:
         schedule.load_state_dict(snap["scheduler"])
     set_rng_state(snap["rng"][rank])

@@ -14,15 +14,19 @@ the global batch's mean gradient even when the slices differ by an image.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from collections.abc import Callable
 
 import torch
+import torch.distributed as dist
 from torch import nn
+from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel
 
 from ddlstudy.training import hostmem
 from ddlstudy.training.flat import exchange_step, flat_gradients
-from ddlstudy.training.job import Job, Link
+from ddlstudy.training.job import Job, Link, States
 from ddlstudy.training.loaders import make_loaders
 from ddlstudy.training.steps import (
     Batch,
@@ -34,12 +38,14 @@ from ddlstudy.training.steps import (
 from ddlstudy.training.worker import new_model, new_optimizer, train_worker
 
 
-def ddp_step(model: DistributedDataParallel, optimizer: torch.optim.Optimizer,
+def ddp_step(model: nn.Module, optimizer: torch.optim.Optimizer,
              loss_fn: nn.Module, global_batch: int, world: int,
              device: torch.device | None = None, accumulate: int = 1,
-             scaler: torch.amp.GradScaler | None = None) -> StepFn:
+             scaler: torch.amp.GradScaler | None = None,
+             no_sync: Callable[[], contextlib.AbstractContextManager] | None = None) -> StepFn:
     """A rank's slice of the batch (as ``accumulate`` micro-batches, all but the last under
-    ``no_sync``), its loss scaled by world x n / global batch since DDP divides by world."""
+    ``no_sync``: DDP's own unless given, e.g. FSDP's), its loss scaled by world x n /
+    global batch since DDP (and FSDP) divide by world."""
 
     def step(batch: Batch) -> tuple[float, int, int]:
         images, labels = batch
@@ -50,7 +56,8 @@ def ddp_step(model: DistributedDataParallel, optimizer: torch.optim.Optimizer,
         optimizer.zero_grad(set_to_none=True)
         loss_sum, correct = accumulate_grads(model, loss_fn, images, labels, accumulate,
                                              scale=world * n / global_batch,
-                                             no_sync=model.no_sync, scaler=scaler)
+                                             no_sync=no_sync or model.no_sync,
+                                             scaler=scaler)
         optimizer_step(optimizer, scaler)
         return loss_sum, correct, n
 
@@ -58,8 +65,9 @@ def ddp_step(model: DistributedDataParallel, optimizer: torch.optim.Optimizer,
 
 
 def train_one_model(job: Job, link: Link, device: torch.device,
-                    loader_workers: int | None = None) -> None:
-    """Train one model in this process: its slice of every batch, averaged over ``link``."""
+                    loader_workers: int | None = None, zero: bool = False) -> None:
+    """Train one model in this process: its slice of every batch, averaged over ``link``;
+    with ``zero``, its optimizer state sharded over the process group (ZeRO-1)."""
     cfg = job.cfg
     # Alone, the baseline's generator stream; else the same weights, each its own dropout.
     model = new_model(cfg, None if link.world == 1 else link.rank, device)
@@ -75,11 +83,11 @@ def train_one_model(job: Job, link: Link, device: torch.device,
     scaler = make_scaler(cfg.precision, device.type)
     if link.group and shared is None:  # DDP all-reduces buckets during backward
         ddp = DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
-        optimizer = new_optimizer(ddp.parameters(), cfg)
+        optimizer = new_optimizer(ddp.parameters(), cfg, zero)
         step = ddp_step(ddp, optimizer, nn.CrossEntropyLoss(), cfg.global_batch, link.world,
                         device, cfg.accumulate, scaler)
     else:
-        optimizer = new_optimizer(model.parameters(), cfg)
+        optimizer = new_optimizer(model.parameters(), cfg, zero)
         flat = flat_gradients(model, None if shared is None else shared.buffer)
         if shared is not None:
             link = _through(link, shared)
@@ -87,7 +95,8 @@ def train_one_model(job: Job, link: Link, device: torch.device,
         step = exchange_step(model, optimizer, flat, link, cfg.global_batch, cfg.accumulate,
                              timer, scaler=scaler)
     try:
-        train_worker(job, link, model, optimizer, step, train, val, device=device)
+        train_worker(job, link, model, optimizer, step, train, val, device=device,
+                     states=zero_states(model, optimizer) if zero else None)
     finally:
         if shared is not None:
             shared.close()
@@ -98,3 +107,18 @@ def _through(link: Link, shared: hostmem.HostMemory) -> Link:
     gradients of every rank)."""
     return dataclasses.replace(link, exchange=lambda _flat, _step: shared.average())
 
+
+
+def zero_states(model: nn.Module, optimizer: ZeroRedundancyOptimizer) -> States:
+    """ZeRO-1's snapshot: the model as it is (every rank holds it), the optimizer's shards
+    consolidated on rank 0 (a collective) and, from a snapshot, taken back by each rank."""
+
+    def optimizer_state() -> dict:
+        optimizer.consolidate_state_dict(to=0)
+        return optimizer.state_dict() if dist.get_rank() == 0 else {}
+
+    def load(model_state: dict, optimizer_state: dict) -> None:
+        model.load_state_dict(model_state)
+        optimizer.load_state_dict(optimizer_state)
+
+    return States(model.state_dict, optimizer_state, load)

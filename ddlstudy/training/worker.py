@@ -9,11 +9,12 @@ from collections.abc import Callable, Iterable
 
 import torch
 from torch import nn
+from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from ddlstudy.config import RunConfig
 from ddlstudy.models import build_model
 from ddlstudy.models.trained import load_initial
-from ddlstudy.training.job import Job, Link, train_epochs
+from ddlstudy.training.job import Job, Link, States, train_epochs
 from ddlstudy.training.loaders import val_loader
 from ddlstudy.training.loop import Trainer
 from ddlstudy.training.steps import Batch, StepFn, seed_everything
@@ -36,15 +37,22 @@ def new_model(cfg: RunConfig, rank: int | None = None,
     return model
 
 
-def new_optimizer(params: Iterable[nn.Parameter], cfg: RunConfig) -> torch.optim.Optimizer:
-    """The paper's SGD with momentum, at the run's effective learning rate."""
+def new_optimizer(params: Iterable[nn.Parameter], cfg: RunConfig,
+                  zero: bool = False) -> torch.optim.Optimizer:
+    """The paper's SGD with momentum, at the run's effective learning rate; with ``zero``,
+    its state sharded over the default process group (ZeRO-1: each rank steps its share of
+    the weights, then every rank broadcasts its share, one bucket a rank)."""
+    if zero:
+        return ZeroRedundancyOptimizer(params, torch.optim.SGD, parameters_as_bucket_view=True,
+                                       lr=cfg.lr, momentum=cfg.usecase.train.momentum)
     return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.usecase.train.momentum)
 
 
 def train_worker(job: Job, link: Link, model: nn.Module, optimizer: torch.optim.Optimizer,
                  step: StepFn, train: Iterable[Batch], val: Iterable[Batch], *,
                  device: torch.device | None = None,
-                 before_eval: Callable[[], None] = lambda: None, whole: bool = True) -> None:
+                 before_eval: Callable[[], None] = lambda: None, whole: bool = True,
+                 states: States | None = None) -> None:
     """The epochs of one worker (``model``: what it validates); worker 0 shows progress
     and writes the run folder. Before every validation, where the backend averages
     weights (``link.settle``) they are averaged, and where every worker holds the whole
@@ -52,7 +60,8 @@ def train_worker(job: Job, link: Link, model: nn.Module, optimizer: torch.optim.
     (``same_buffers``); a step that times its exchange has its figures recorded once
     training ends (``record_exchange``). Where the workers' weights differ
     (``link.same_weights``), ``val`` gives way to worker 0's model on the whole
-    validation set, split among the workers that hold its weights (``link.peers``)."""
+    validation set, split among the workers that hold its weights (``link.peers``).
+    ``states``: how its model and optimizer are snapshot (``train_epochs``)."""
     cuda = device is not None and device.type == "cuda"
     if whole and not link.same_weights:  # each worker's own weights: worker 0's validated
         val = [] if link.peers is None else val_loader(job.cfg, job.data, link.peers)
@@ -72,7 +81,7 @@ def train_worker(job: Job, link: Link, model: nn.Module, optimizer: torch.optim.
                       before_eval=before_eval, device=device,
                       sync=torch.cuda.synchronize if cuda else (lambda: None))
     train_epochs(job, trainer, optimizer, rank=link.rank, writer=link.rank == 0,
-                 gather=link.gather, barrier=link.barrier)
+                 gather=link.gather, barrier=link.barrier, states=states)
     if link.world > 1 and hasattr(step, "times"):
         record_exchange(job, link, step)
 

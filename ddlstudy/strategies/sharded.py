@@ -1,0 +1,185 @@
+"""sharded, zero and tensor: the node's k processes split the model's memory between them
+instead of each holding all of it.
+
+- ``sharded``: FSDP2 (``torch.distributed.fsdp.fully_shard``), ZeRO-3: parameters,
+  gradients and optimizer state each cut into k shards; a block's parameters are
+  all-gathered for its forward and backward, its gradients reduce-scattered after. With
+  ``--no-reshard-after-forward`` the gathered parameters stay between forward and backward
+  (ZeRO-2's memory, one all-gather a step fewer). ``--tensor T``: a 2-D mesh, tensor
+  parallel inside each group of T processes, FSDP2 over the k / T groups (torchtitan's
+  order).
+- ``zero``: ZeRO-1, cpu-processes with its optimizer state sharded
+  (``ZeroRedundancyOptimizer``): gradients averaged as cpu-processes does, each process
+  steps its share of the weights and hands them to the others.
+- ``tensor``: tensor parallelism over DTensor: consecutive Linear layers split into a
+  column-parallel and a row-parallel half, the rest replicated. Its k processes share one
+  batch (each computes all of it on its half of those layers), so its images/s is per
+  image of the global batch like every other strategy's.
+
+Every data-parallel shard takes its slice of every global batch as cpu-processes' ranks
+do, so ``sharded`` and ``zero`` take cpu-processes' steps; ``tensor`` takes the
+sequential baseline's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ddlstudy.config import RunConfig
+from ddlstudy.environment import usable_cores
+from ddlstudy.errors import ConfigError, Unavailable
+from ddlstudy.strategies.base import (
+    Layout,
+    Probe,
+    register,
+    require_batch_per_worker,
+    warn_if_oversubscribed,
+)
+from ddlstudy.strategies.processes import CpuProcesses
+from ddlstudy.strategies.single import worker_counts
+
+
+class _Sharding(CpuProcesses):
+    """k processes on one node, one process group; what each holds is the subclass's."""
+
+    table = 1
+    shards: str
+    """What it shards, for `ddlstudy strategies` and the report."""
+    crosses_nodes = False
+    """Whether its nodes can be MPI ranks or Spark tasks (its shards averaged between
+    nodes)."""
+
+    def layout(self, cfg: RunConfig) -> Layout:
+        k = self.workers(cfg)
+        return Layout(processes=k, threads_per_process=max(1, usable_cores() // k),
+                      loader_workers=cfg.loader_workers, collectives="gloo",
+                      tensor=self.tensor_degree(cfg))
+
+    def tensor_degree(self, cfg: RunConfig) -> int | None:
+        return None
+
+    def check(self, cfg: RunConfig) -> None:
+        if cfg.backend != "local" and not self.crosses_nodes:
+            raise Unavailable("--backend", f"{self.name} runs on one node (--backend local) "
+                              f"in this version: its processes' shards are not yet averaged "
+                              f"between nodes; across nodes use cpu-processes")
+        if cfg.precision == "fp16":
+            raise ConfigError("--precision", f"{self.name} has no fp16 gradient scaler yet: "
+                              f"use bf16")
+
+    def label(self, layout: dict[str, Any]) -> str:
+        return f"{self.name} ({layout.get('processes', '?')} processes)"
+
+
+@register
+class Sharded(_Sharding):
+    name = "sharded"
+    shards = "parameters, gradients and optimizer state (FSDP2, ZeRO-3)"
+    summary = ("k processes, each holding 1/k of the parameters, gradients and optimizer "
+               "state (FSDP2's fully_shard per block, ZeRO-3; --no-reshard-after-forward: "
+               "ZeRO-2), each a slice of every batch; --tensor T: tensor parallel inside")
+    flags = ("--workers K (processes, default: usable cores), --no-reshard-after-forward, "
+             "--tensor T (a 2-D mesh: tensor parallel over T of the K processes)")
+    options = ("workers", "reshard_after_forward", "tensor")
+    accumulates = True
+
+    def tensor_degree(self, cfg: RunConfig) -> int | None:
+        return cfg.tensor
+
+    def check(self, cfg: RunConfig) -> None:
+        _Sharding.check(self, cfg)
+        k = self.workers(cfg)
+        t = cfg.tensor or 1
+        if k % t:
+            raise ConfigError("--tensor", f"{t} does not divide the {k} processes "
+                              f"(--workers): the mesh is {k} / T data-parallel groups of T")
+        if t > 1:
+            _check_tensor_pairs(cfg)
+        require_batch_per_worker(cfg, k // t, "data-parallel shards")
+        warn_if_oversubscribed(k)
+
+    def data_parallel(self, cfg: RunConfig) -> int:
+        return self.workers(cfg) // (cfg.tensor or 1)
+
+    def label(self, layout: dict[str, Any]) -> str:
+        tensor = layout.get("tensor")
+        inside = f", tensor {tensor}" if tensor else ""
+        return f"{self.name} ({layout.get('processes', '?')} processes{inside})"
+
+    def probes(self, cores: int, gpus: int) -> list[Probe]:
+        return [Probe(f"sharded ({w} processes)", {"strategy": self.name, "workers": w}, w)
+                for w in worker_counts(cores)]
+
+    def worker(self, job, link, device) -> None:
+        from ddlstudy.training.sharding import train_sharded  # torch: in workers only
+
+        train_sharded(job, link, device, self.layout(job.cfg).loader_workers)
+
+
+@register
+class Zero(_Sharding):
+    name = "zero"
+    shards = "optimizer state (ZeRO-1, ZeroRedundancyOptimizer)"
+    summary = ("cpu-processes with the optimizer state split over its k processes (ZeRO-1, "
+               "torch's ZeroRedundancyOptimizer): each steps 1/k of the weights")
+    flags = "--workers K (processes, default: usable cores), --loader-workers, --transport"
+    accumulates = True
+    crosses_nodes = True  # every process holds the whole gradient, averaged as cpu-processes'
+
+    def check(self, cfg: RunConfig) -> None:
+        _Sharding.check(self, cfg)
+        CpuProcesses.check(self, cfg)
+
+    def probes(self, cores: int, gpus: int) -> list[Probe]:
+        return [Probe(f"zero ({w} processes)", {"strategy": self.name, "workers": w}, w,
+                      replicas=w) for w in worker_counts(cores)]
+
+    def worker(self, job, link, device) -> None:
+        from ddlstudy.training.sharding import train_zero  # torch: in workers only
+
+        train_zero(job, link, device, self.layout(job.cfg).loader_workers)
+
+
+@register
+class Tensor(_Sharding):
+    name = "tensor"
+    shards = "the Linear layers' weights (tensor parallel, DTensor)"
+    summary = ("k processes share each batch, every pair of consecutive Linear layers split "
+               "column- then row-wise over them (DTensor's tensor parallelism), the rest "
+               "replicated")
+    flags = "--workers K (processes, default: usable cores), --loader-workers"
+    table = 2
+    accumulates = True
+
+    def check(self, cfg: RunConfig) -> None:
+        _Sharding.check(self, cfg)
+        warn_if_oversubscribed(self.workers(cfg))
+        _check_tensor_pairs(cfg)
+
+    def data_parallel(self, cfg: RunConfig) -> int:
+        return 1
+
+    def tensor_degree(self, cfg: RunConfig) -> int | None:
+        return self.workers(cfg)
+
+    def probes(self, cores: int, gpus: int) -> list[Probe]:
+        return [Probe(f"tensor ({w} processes)", {"strategy": self.name, "workers": w}, w)
+                for w in worker_counts(cores)]
+
+    def worker(self, job, link, device) -> None:
+        from ddlstudy.training.sharding import train_tensor  # torch: in workers only
+
+        train_tensor(job, link, device, self.layout(job.cfg).loader_workers)
+
+
+def _check_tensor_pairs(cfg: RunConfig) -> None:
+    """Refuse a model with no pair of consecutive Linear layers to split (tensor parallel
+    needs one), before anything starts."""
+    from ddlstudy.training.tensor_plan import linear_pairs  # torch: only when asked
+
+    uc = cfg.usecase
+    if not linear_pairs(uc.model, len(uc.classes)):
+        raise ConfigError("--strategy", f"tensor parallelism splits pairs of consecutive "
+                          f"Linear layers (only activations or dropout between them) and "
+                          f"{uc.model.arch} has none; use sharded or zero to split its "
+                          f"memory instead")

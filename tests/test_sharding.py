@@ -1,0 +1,80 @@
+"""sharded, zero and tensor through the command line: they train as their data-parallel
+twins do, resume bit for bit after a killed rank, and a sharded run's snapshot is a plain
+model's weights."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from test_faults import _cli, _identical, _manifest, run_and_kill
+
+from ddlstudy.config import load_usecase
+from ddlstudy.models import build_model
+from ddlstudy.runfolder import MANIFEST, SNAPSHOT
+
+OWN_NET = f"{Path(__file__).parent / 'models' / 'own_net.py'}:small_resnet"
+
+
+def _run(runs: Path, datasets_dir: Path, *extra: str) -> Path:
+    out = _cli("run", "--usecase", "tiny", "--datasets-dir", str(datasets_dir), "--runs-dir",
+               str(runs), "--sample-hz", "0", "--quiet", "--workers", "2", *extra)
+    assert out.returncode == 0, out.stderr[-3000:]
+    (folder,) = runs.glob("*/")
+    return folder
+
+
+def _losses(folder: Path) -> list[float]:
+    return [e["train_loss"] for e in json.loads((folder / MANIFEST).read_text())["epochs"]]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", [None, OWN_NET], ids=["tiny", "own-batchnorm-net"])
+def test_sharded_and_zero_train_as_cpu_processes(model, tmp_path, datasets_dir):
+    """The same slices, dropout masks and averaged gradients: the same losses, epoch by
+    epoch (FSDP2 sums a reduce-scatter where cpu-processes sums its shared slots: float
+    tolerance, not bits)."""
+    extra = ("--epochs", "2", "--max-steps", "4", "--no-snapshot",
+             *(("--model", model) if model else ()))
+    base = _losses(_run(tmp_path / "dp", datasets_dir, "--strategy", "cpu-processes", *extra))
+    for strategy in ("sharded", "zero"):
+        folder = _run(tmp_path / strategy, datasets_dir, "--strategy", strategy, *extra)
+        assert _losses(folder) == pytest.approx(base, rel=1e-5), strategy
+    manifest = _manifest(folder)
+    assert manifest["layout"]["processes"] == 2 or manifest["config"]["workers"] == 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["sharded", "zero", "tensor"])
+def test_killed_then_resumed_ends_bit_identical(strategy, tmp_path, datasets_dir):
+    args = ["run", "--usecase", "tiny", "--epochs", "3", "--max-steps", "5",
+            "--snapshot-every", "2", "--datasets-dir", str(datasets_dir), "--sample-hz", "0",
+            "--quiet", "--strategy", strategy, "--workers", "2"]
+    runs = tmp_path / "runs"
+    code, _, folder = run_and_kill([*args, "--runs-dir", str(runs)], runs, "worker-1",
+                                   after_epochs=1)
+    assert code != 0 and _manifest(folder)["status"] == "failed"
+    assert torch.load(folder / SNAPSHOT, weights_only=True)["epoch"] < 3
+    resumed = _cli("run", "--resume", str(folder), "--quiet")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    reference = _run(tmp_path / "reference", datasets_dir, *args[3:])
+    assert _identical(folder, reference)
+    assert _losses(folder) == _losses(reference)
+
+
+@pytest.mark.slow
+def test_a_sharded_snapshot_exports_into_a_plain_model(tmp_path, datasets_dir):
+    folder = _run(tmp_path / "runs", datasets_dir, "--strategy", "sharded", "--epochs", "1",
+                  "--max-steps", "2")
+    assert _manifest(folder)["backend"]["mesh"]["shard"] == 2
+    out = _cli("export", "model", str(folder), "--out", str(tmp_path / "weights.pt"))
+    assert out.returncode == 0, out.stderr
+    tiny = load_usecase("tiny")
+    plain = build_model(tiny.model, len(tiny.classes))
+    plain.load_state_dict(torch.load(tmp_path / "weights.pt", weights_only=True))  # strict
+    snap = torch.load(folder / SNAPSHOT, weights_only=True)["model"]
+    assert all(torch.equal(plain.state_dict()[k], snap[k]) for k in snap)
+    assert not all(torch.equal(v, build_model(tiny.model, 3).state_dict()[k])
+                   for k, v in snap.items())  # trained weights, not fresh ones
