@@ -317,6 +317,23 @@ def _usecase_name(path: Path, usecase: str) -> str:
         raise UsageError(f"{path}: usecase {exc}") from None
 
 
+def _advised(path: Path, advice: dict[str, Any]) -> str:
+    """The use case an advise.json trained, as ``ddlstudy run --usecase`` takes it: its
+    ``origin`` (a name, or a file's absolute path), else its ``usecase``."""
+    origin = advice.get("origin") or {}
+    if not isinstance(origin, dict):
+        raise UsageError(f"{path}: origin: must be a JSON object (where the advice's use case, "
+                         "data and model came from)")
+    usecase = origin.get("usecase", advice["usecase"])
+    if usecase is None:
+        raise UsageError(f"{path} advises on --data-dir's folder alone, not a use case; write "
+                         "one with `ddlstudy usecase new --data-dir DIR` and advise on it")
+    if not isinstance(usecase, str) or not usecase.strip():
+        raise UsageError(f"{path}: origin.usecase: must be a use case's name or file, got "
+                         f"{usecase!r}")
+    return usecase
+
+
 def advice_plan(path: Path, top: int, repeat: int | None = None,
                 runs_dir: Path | None = None) -> Plan:
     """A study of the ``top`` runnable recommendations of an advise.json (the baseline is
@@ -328,11 +345,7 @@ def advice_plan(path: Path, top: int, repeat: int | None = None,
             if advice["ranking"] and advice.get("link") else ""
         raise UsageError(f"{path} has no recommendation that can run here{why}; run "
                          f"`ddlstudy advise` again")
-    origin = advice.get("origin") or {}
-    usecase = origin.get("usecase", advice["usecase"])
-    if usecase is None:
-        raise UsageError(f"{path} advises on --data-dir's folder alone, not a use case; write "
-                         "one with `ddlstudy usecase new --data-dir DIR` and advise on it")
+    usecase = _advised(path, advice)
     settings = {k: v for k, v in (advice.get("probe_settings") or {}).items()
                 if k in ADVICE_DATA}
     try:  # checked as a plan's cells are: an advise.json is a file anyone can edit
