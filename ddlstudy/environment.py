@@ -21,6 +21,20 @@ STARTED_ENV = "DDLSTUDY_STARTED_AT"
 process, inherited by every rank, worker and task it starts."""
 
 
+SAFE_PATH_ENV = {"PYTHONSAFEPATH": "1"}
+"""The environment of a Python that ddlstudy does not start itself (Spark's workers): the
+working directory is not put first on its path (``python_module``'s ``-P``)."""
+
+
+def python_module(module: str, *argv: str) -> list[str]:
+    """``python -P -m module argv`` with this interpreter: how ddlstudy starts every Python
+    of its own (study cells, advise probes, MPI ranks, bench runs). ``-P`` keeps the working
+    directory off the child's path, so that a ``ddlstudy/`` folder there (a clone's root,
+    a project of one's own) cannot hide the installed package; PYTHONPATH still comes
+    first, as the tests' checkout does."""
+    return [sys.executable, "-P", "-m", module, *argv]
+
+
 def mark_command_start(from_command_line: bool, launched: bool) -> None:
     """Note when the user's command started: this process's start where it is the command
     (the CLI's own process), now where Python called the CLI; a process ddlstudy

@@ -14,6 +14,7 @@ from pydantic import Field, PlainValidator, TypeAdapter, ValidationError, create
 
 from ddlstudy.config import DEFAULT_RUNS_DIR, HOME, USECASES_DIR, RunConfig
 from ddlstudy.config.limits import most, why
+from ddlstudy.config.loading import is_usecase_path, load_usecase
 from ddlstudy.config.options import (
     cell_keys,
     config_from_args,
@@ -232,7 +233,7 @@ def _check_cells(settings: dict[str, Any], cells: list, where_cells: str) -> Non
 def _beside(usecase: str, folder: Path) -> str:
     """A plan's use case given as a path: found beside the plan (else, as any path, from
     the working directory); a name stays a name."""
-    if ("/" in usecase or usecase.endswith(".toml")) and not Path(usecase).is_absolute() \
+    if is_usecase_path(usecase) and not Path(usecase).is_absolute() \
             and (folder / usecase).is_file():
         return str((folder / usecase).resolve())
     return usecase
@@ -304,6 +305,35 @@ def load_advice(path: Path) -> dict[str, Any]:
     return load(path, Advice, "advise.json")
 
 
+ADVICE_DATA = ("data_dir", "model", "datasets_dir")
+"""The probe settings of an advise.json that say what it trained: its study trains that."""
+
+
+def _usecase_name(path: Path, usecase: str) -> str:
+    """The name of the use case an advise.json names by its file (written there by hand)."""
+    try:
+        return load_usecase(usecase).name
+    except UsageError as exc:
+        raise UsageError(f"{path}: usecase {exc}") from None
+
+
+def _advised(path: Path, advice: dict[str, Any]) -> str:
+    """The use case an advise.json trained, as ``ddlstudy run --usecase`` takes it: its
+    ``origin`` (a name, or a file's absolute path), else its ``usecase``."""
+    origin = advice.get("origin") or {}
+    if not isinstance(origin, dict):
+        raise UsageError(f"{path}: origin: must be a JSON object (where the advice's use case, "
+                         "data and model came from)")
+    usecase = origin.get("usecase", advice["usecase"])
+    if usecase is None:
+        raise UsageError(f"{path} advises on --data-dir's folder alone, not a use case; write "
+                         "one with `ddlstudy usecase new --data-dir DIR` and advise on it")
+    if not isinstance(usecase, str) or not usecase.strip():
+        raise UsageError(f"{path}: origin.usecase: must be a use case's name or file, got "
+                         f"{usecase!r}")
+    return usecase
+
+
 def advice_plan(path: Path, top: int, repeat: int | None = None,
                 runs_dir: Path | None = None) -> Plan:
     """A study of the ``top`` runnable recommendations of an advise.json (the baseline is
@@ -315,16 +345,19 @@ def advice_plan(path: Path, top: int, repeat: int | None = None,
             if advice["ranking"] and advice.get("link") else ""
         raise UsageError(f"{path} has no recommendation that can run here{why}; run "
                          f"`ddlstudy advise` again")
+    usecase = _advised(path, advice)
     settings = {k: v for k, v in (advice.get("probe_settings") or {}).items()
-                if k == "datasets_dir"}
+                if k in ADVICE_DATA}
     try:  # checked as a plan's cells are: an advise.json is a file anyone can edit
         _checked(_cell(True), settings, "probe_settings", CELL_KEYS - {"strategy"})
         _check_cells({}, [r["flags"] for r in rows], "ranking")
     except ConfigError as exc:
         raise UsageError(f"{path}: {exc}") from None
     repeat = _checked_repeat(repeat if repeat is not None else DEFAULT_REPEAT)
-    return Plan(name=f"advice-{advice['usecase']}", path=Path(path),
-                usecases=[advice["usecase"]], cells=[r["flags"] for r in rows],
+    name = advice["usecase"] if PLAIN_NAME.fullmatch(advice["usecase"]) else \
+        _usecase_name(path, advice["usecase"])
+    return Plan(name=f"advice-{name}", path=Path(path),
+                usecases=[usecase], cells=[r["flags"] for r in rows],
                 repeat=repeat, runs_dir=runs_dir or Path(path).parent / "confirm",
                 description=f"the top {len(rows)} recommendations of {path}",
                 settings=settings)

@@ -23,7 +23,7 @@ from ddlstudy import tracking
 from ddlstudy.errors import UsageError
 from ddlstudy.files import atomic_write, atomic_write_text
 from ddlstudy.reading import read_json, read_text
-from ddlstudy.sampler import read_samples, samples_frame, write_rows
+from ddlstudy.sampler import TREE_ROOT_ENV, read_samples, samples_frame, write_rows
 
 log = logging.getLogger("ddlstudy")
 
@@ -49,7 +49,7 @@ def run_env(run_id: str, **extra: str) -> dict[str, str]:
     import os
 
     env = os.environ | {RUN_ID_ENV: run_id} | extra
-    for var in (CHILD_ENV, "PMI_RANK", "OMPI_COMM_WORLD_RANK"):
+    for var in (CHILD_ENV, TREE_ROOT_ENV, "PMI_RANK", "OMPI_COMM_WORLD_RANK"):
         env.pop(var, None)
     return env
 

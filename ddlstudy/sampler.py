@@ -12,11 +12,11 @@ rank's own process (multi-process strategies write both).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import numbers
 import os
-import resource
 import socket
 import threading
 import time
@@ -305,26 +305,42 @@ def _busy_cpu_seconds() -> float:
     return total - t.idle - getattr(t, "iowait", 0.0)
 
 
-def _own_cpu_seconds() -> float:
-    """This process's CPU seconds and those of every child it (or they) reaped: a
-    subprocess run to its end, with its own workers and MPI ranks."""
-    me, kids = (resource.getrusage(w) for w in (resource.RUSAGE_SELF,
-                                                   resource.RUSAGE_CHILDREN))
-    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+def _tree_cpu_seconds(root: int) -> float:
+    """The CPU seconds of process ``root`` and of every process below it, each with those
+    of the children it reaped (a process that ended in the span is counted in its
+    parent's): a run's workers, MPI ranks and Spark's JVM as much as a subprocess run to
+    its end."""
+    try:
+        top = psutil.Process(root)
+        tree = [top, *top.children(recursive=True)]
+    except psutil.Error:
+        return 0.0
+    total = 0.0
+    for p in tree:
+        with contextlib.suppress(psutil.Error):
+            t = p.cpu_times()
+            total += t.user + t.system + t.children_user + t.children_system
+    return total
+
+
+TREE_ROOT_ENV = "DDLSTUDY_TREE_ROOT"
+"""The process whose tree holds a run's processes on this host (ddlstudy's own mpiexec
+sets it to the process that started it, above every rank); else the run's own."""
 
 
 class OthersLoad:
     """The cores other processes kept busy on this host over a span: from its creation to
-    ``cores()``, the host's busy CPU seconds less this process's and its reaped
-    children's, per second. For a span that runs a subprocess to its end (its children
-    reaped by it), as advise's probes do."""
+    ``cores()``, the host's busy CPU seconds (/proc/stat) less those of the process tree
+    (``root``'s, else TREE_ROOT_ENV's, else this process's), per second. Needs no sampler:
+    advise's probes and runs without samples (``--sample-hz 0``, Spark) are judged by it."""
 
-    def __init__(self) -> None:
-        self.start = (time.monotonic(), _busy_cpu_seconds(), _own_cpu_seconds())
+    def __init__(self, root: int | None = None) -> None:
+        self.root = root or int(os.environ.get(TREE_ROOT_ENV) or os.getpid())
+        self.start = (time.monotonic(), _busy_cpu_seconds(), _tree_cpu_seconds(self.root))
 
     def cores(self) -> float:
         t0, host0, own0 = self.start
-        t, host, own = time.monotonic(), _busy_cpu_seconds(), _own_cpu_seconds()
+        t, host, own = time.monotonic(), _busy_cpu_seconds(), _tree_cpu_seconds(self.root)
         return max(0.0, ((host - host0) - (own - own0)) / max(t - t0, 1e-6))
 
 

@@ -25,6 +25,7 @@ from typing import Any, TextIO
 
 from ddlstudy.config import RunConfig, spark_slots
 from ddlstudy.config.spark import read_secret
+from ddlstudy.environment import SAFE_PATH_ENV
 from ddlstudy.errors import Unavailable
 
 RPC_MAX_MB = 512
@@ -125,6 +126,7 @@ def settings(cfg: RunConfig, heap_mb: int | None) -> tuple[tuple[str, str], ...]
              "spark.app.name": f"ddlstudy-{cfg.usecase.name}-{cfg.strategy}",
              "spark.ui.enabled": "true" if cfg.spark_ui else "false",
              "spark.pyspark.python": sys.executable,
+             **{f"spark.executorEnv.{k}": v for k, v in SAFE_PATH_ENV.items()},
              "spark.rpc.message.maxSize": str(RPC_MAX_MB),
              "spark.driver.maxResultSize": "0",
              "spark.barrier.sync.timeout": str(BARRIER_TIMEOUT_S),

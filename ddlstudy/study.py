@@ -33,7 +33,6 @@ import json
 import logging
 import statistics
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,7 +41,7 @@ from typing import Any
 from ddlstudy.backends import get_backend
 from ddlstudy.config import RunConfig, TrainSpec
 from ddlstudy.config.run import jsonable
-from ddlstudy.environment import usable_cores
+from ddlstudy.environment import python_module, usable_cores
 from ddlstudy.errors import Unavailable, UsageError
 from ddlstudy.files import atomic_write_text
 from ddlstudy.formats import Study as StudyRecord
@@ -254,7 +253,7 @@ class Study:
         logs.mkdir(exist_ok=True)
         env = run_env(cell.run, DDLSTUDY_STUDY=json.dumps({
             "name": self.plan.name, "cell": cell.id, "repeat": cell.repeat}))
-        cmd = [sys.executable, "-m", "ddlstudy", *cell.argv(runs_dir)]
+        cmd = python_module("ddlstudy", *cell.argv(runs_dir))
         start = time.monotonic()
         with open(logs / f"{cell.run}.log", "w") as out:
             try:

@@ -84,6 +84,11 @@ class Backend(ABC):
     """Why its nodes' processes are not all in the sampled process trees, if they are not
     (a run's host load is then not judged)."""
 
+    def outside_tree(self, cfg: RunConfig) -> str | None:
+        """Why some of the run's processes on this host are outside the process tree of
+        ``sampler.OthersLoad`` (their CPU would count as other processes'), if they are."""
+        return None
+
     def launched(self) -> dict[str, Any]:
         """How this process was started, for the manifest's ``launch`` block: the launcher
         by name and what else says which one ran (a library's version)."""

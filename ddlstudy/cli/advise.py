@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from ddlstudy.cli.common import add_what, check_positive, host_count, seconds, usecase_of
+from ddlstudy.config.loading import is_usecase_path
 from ddlstudy.config.options import path_arg
 from ddlstudy.errors import ConfigError
 from ddlstudy.files import check_folder
@@ -47,9 +49,7 @@ def cmd_advise(args: argparse.Namespace) -> int:
     from ddlstudy.plan import cell_config
     from ddlstudy.tools.predict import parse_list
 
-    data = {k: str(v) for k, v in (("data_dir", args.data_dir), ("model", args.model))
-            if v is not None}
-    usecase = usecase_of(args)
+    usecase, data = _what(args)
     # A use case, folder or model that cannot be trained is refused before anything runs.
     uc = cell_config(usecase, data, DEFAULT_RUNS_DIR).usecase
     budget = seconds("--budget", args.budget)
@@ -86,6 +86,22 @@ def cmd_advise(args: argparse.Namespace) -> int:
     for path in advise.write(result, out):
         print(f"wrote {path}")
     return 0
+
+
+def _what(args: argparse.Namespace) -> tuple[str | None, dict[str, str]]:
+    """The use case and the data flags advise trains, as a study may give them again from
+    any folder: a use case's file, --data-dir and a --model file as absolute paths."""
+    from ddlstudy.config.usecase import ModelSpec
+
+    usecase = usecase_of(args)
+    if usecase is not None and is_usecase_path(usecase):
+        usecase = str(Path(usecase).resolve())
+    data = {}
+    if args.data_dir is not None:
+        data["data_dir"] = str(Path(args.data_dir).resolve())
+    if args.model is not None:
+        data["model"] = str(ModelSpec(arch=args.model).anchored(Path.cwd()).arch)
+    return usecase, data
 
 
 def _strategies(text: str) -> list[str]:

@@ -69,4 +69,6 @@ def usecase_of(args: argparse.Namespace) -> str | None:
     """The use case ``add_what``'s flags name: theirs, none with --data-dir alone (the
     folder's), else tiny."""
     given = getattr(args, "usecase", None)
-    return given or (None if getattr(args, "data_dir", None) else "tiny")
+    if given is not None:
+        return given  # '' too: refused where it is read
+    return None if getattr(args, "data_dir", None) else "tiny"

@@ -11,7 +11,7 @@ import tomllib
 from pathlib import Path
 
 from ddlstudy.config.loading import usecase_from_dict
-from ddlstudy.config.usecase import DataSpec, ModelSpec, UseCase
+from ddlstudy.config.usecase import DataSpec, ModelSpec, TrainSpec, UseCase
 from ddlstudy.errors import ConfigError
 from ddlstudy.reading import what_is
 
@@ -70,7 +70,7 @@ description = {description}
 arch = {model}  # any torchvision classification model (`ddlstudy models`), alexnet or
 # vgg16, path/to/file.py:FUNCTION or package.module:FUNCTION (FUNCTION(num_classes=N)
 # returns an nn.Module), timm:NAME
-# width = 1.0  # alexnet and vgg16 only: their channels and hidden units scaled down
+# width = {width}  # alexnet and vgg16 only: their channels and hidden units scaled down
 
 [data]
 dir = {dir}  # an ImageFolder tree (root/<class>/<image>), relative to this file
@@ -78,14 +78,27 @@ dir = {dir}  # an ImageFolder tree (root/<class>/<image>), relative to this file
 
 [train]
 image_size = {image_size}  # side in pixels the images are scaled to
-# batch_size = 32  # the global batch (see --scaling)
-# epochs = 10
-# lr = 0.001  # SGD's learning rate (see --lr-scaling)
-# momentum = 0.9
-# seed = 0  # of the weights, the shuffling and the augmentation
-# val_fraction = 0.2  # of each class's images, kept for validation
-# target_accuracy = 0.9  # the first epoch at or above it is the run's time to accuracy
+# batch_size = {batch_size}  # the global batch (see --scaling)
+# epochs = {epochs}
+# lr = {lr}  # SGD's learning rate (see --lr-scaling)
+# lr_warmup_epochs = {lr_warmup_epochs}  # epochs the rate rises over to lr (0: none)
+# momentum = {momentum}
+# seed = {seed}  # of the weights, the shuffling and the augmentation
+# val_fraction = {val_fraction}  # of each class's images, kept for validation
+# target_accuracy: none by default (no time to accuracy is measured); set it, e.g. to
+# 0.9, and the first epoch at or above it gives the run's time to accuracy
 """
+STARTER_DEFAULTS = {"width": ModelSpec, "batch_size": TrainSpec, "epochs": TrainSpec,
+                    "lr": TrainSpec, "lr_warmup_epochs": TrainSpec, "momentum": TrainSpec,
+                    "seed": TrainSpec, "val_fraction": TrainSpec}
+"""The keys a starter use case writes commented out, with the real default of each."""
+
+
+def _defaults() -> dict[str, str]:
+    """Each of ``STARTER_DEFAULTS`` as TOML: the default its declaration gives."""
+    fields = {f.name: f for cls in set(STARTER_DEFAULTS.values())
+              for f in dataclasses.fields(cls)}
+    return {k: json.dumps(fields[k].default) for k in STARTER_DEFAULTS}
 
 
 def _toml(text: str) -> str:
@@ -122,6 +135,6 @@ def _starter(folder: Path, model: str, image_size: int, path: Path, name: str | 
     text = STARTER.format(path=path.name, name=_toml(name or data.name), model=_toml(model),
                           description=_toml(f"the images of {folder.name}"),
                           classes=", ".join(_toml(c) for c in classes), dir=_toml(where),
-                          data_name=_toml(data.name), image_size=image_size)
+                          data_name=_toml(data.name), image_size=image_size, **_defaults())
     usecase_from_dict(tomllib.loads(text), source=str(path))  # refused here if bad
     return text

@@ -32,13 +32,21 @@ def _is_usecase_file(path: Path) -> bool:
         return False
 
 
+def is_usecase_path(name_or_path: str) -> bool:
+    """Whether a use case is given as a TOML file's path, not a name from usecases/."""
+    return Path(name_or_path).suffix == ".toml" or "/" in name_or_path
+
+
 def resolve_usecase_path(name_or_path: str) -> Path:
     """A name from usecases/ or a path to a TOML file."""
+    if not name_or_path.strip():
+        raise ConfigError("--usecase", f"{name_or_path!r} is empty; give a use case's name "
+                          f"({', '.join(available_usecases())}) or a TOML file's path")
     path = Path(name_or_path)
     if path.is_dir():
         raise UsageError(f"use case {name_or_path} is a folder; give a use case's TOML file, "
                          "or --data-dir FOLDER to train on a folder of images")
-    if path.suffix == ".toml" or "/" in name_or_path:
+    if is_usecase_path(name_or_path):
         if not path.exists() and not path.is_symlink():  # a link's trouble: the gate says
             raise UsageError(f"use-case file {name_or_path} does not exist")
         return path

@@ -153,7 +153,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     if args.usecase is None and args.data_dir is not None:
         usecase = usecase_of_folder(Path(args.data_dir), FOLDER_MODEL)
     else:
-        usecase = load_usecase(args.usecase or USECASE_DEFAULT)
+        usecase = load_usecase(USECASE_DEFAULT if args.usecase is None else args.usecase)
     overrides = {f.name: getattr(args, f.name) for f in train_options()}
     try:
         usecase = with_overrides(usecase, **overrides)

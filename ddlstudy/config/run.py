@@ -277,7 +277,10 @@ class RunConfig(MpiOptions, SparkOptions):
         check_folder(_named("--runs-dir", self.runs_dir, DEFAULT_RUNS_DIR), self.runs_dir)
         if self.mlflow is not None:  # the store the run logs to, checked and written out
             object.__setattr__(self, "mlflow", tracking_uri(self.mlflow, self.runs_dir))
-        if self.data_dir is None and self.usecase.data.synthetic:
+        if self.data_dir is None and self.usecase.data.synthetic and \
+                not (Path(self.datasets_dir) / self.usecase.data.name).is_dir():
+            # Only a set that must be made needs a writable folder: a complete one on a
+            # read-only mount is read (``data.prepare_data`` checks before it generates).
             check_folder(_named("--datasets-dir", self.datasets_dir, DEFAULT_DATASETS_DIR),
                          self.datasets_dir)
         if self.data_dir is not None and not Path(self.data_dir).is_dir():

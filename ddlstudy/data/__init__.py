@@ -11,6 +11,7 @@ from ddlstudy.data.fingerprint import SUMS_FILE, sha256_file
 from ddlstudy.data.folder import ImageList, scan_imagefolder, stratified_split
 from ddlstudy.data.generate import is_complete, make_dataset, refuse_another_spec
 from ddlstudy.errors import DataError
+from ddlstudy.files import check_folder
 
 log = logging.getLogger("ddlstudy")
 
@@ -73,6 +74,15 @@ def dataset_root(cfg: RunConfig) -> Path:
     return Path(folder) if folder else Path(cfg.datasets_dir) / cfg.usecase.data.name
 
 
+def _same_data(cfg: RunConfig, root: Path, got: str) -> None:
+    """Refuse data whose fingerprint is not the one of the run being replayed."""
+    if cfg.expect_fingerprint and got != cfg.expect_fingerprint:
+        raise DataError(f"the data in {root} has fingerprint {got[:16]}... but the run being "
+                        f"replayed used {cfg.expect_fingerprint[:16]}...: the images changed; "
+                        "regenerate them (ddlstudy dataset make --force) or give the original "
+                        "data with --data-dir")
+
+
 def prepare_data(cfg: RunConfig) -> DataPlan:
     """Generate the synthetic set if it is missing, then scan, check and split the tree."""
     uc = cfg.usecase
@@ -80,20 +90,17 @@ def prepare_data(cfg: RunConfig) -> DataPlan:
     source = "imagefolder" if cfg.data_dir or cfg.usecase.data.dir else "synthetic"
     if source == "synthetic" and not is_complete(root, uc.data):
         refuse_another_spec(root, uc.data, None)
+        check_folder("--datasets-dir", root)  # a set on a read-only mount: said, not OSError
         log.info("synthetic data set %s is missing: generating %d images in %s",
                  uc.data.name, uc.data.images, root)
-        make_dataset(uc.data, root)
+        make_dataset(uc.data, root, expect=lambda got: _same_data(cfg, root, got))
     images = scan_imagefolder(root, uc.classes, cfg.on_bad_image)
     sums = root / SUMS_FILE
     sums_sha = sha256_file(sums) if sums.is_file() else None
     if sums_sha and sums_sha != images.fingerprint:
         log.warning("%s no longer matches its %s: files were changed, added or removed",
                     root, SUMS_FILE)
-    if cfg.expect_fingerprint and images.fingerprint != cfg.expect_fingerprint:
-        raise DataError(f"the data in {root} has fingerprint {images.fingerprint[:16]}... but the "
-                        f"run being replayed used {cfg.expect_fingerprint[:16]}...: the images "
-                        f"changed; regenerate them (ddlstudy dataset make --force) or give the "
-                        f"original data with --data-dir")
+    _same_data(cfg, root, images.fingerprint)
     if images.skipped:
         log.warning("skipping %d unreadable images (listed in the manifest), first: %s",
                     len(images.skipped), images.skipped[0][0])

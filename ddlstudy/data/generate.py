@@ -11,11 +11,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from ddlstudy.config import DataSpec
-from ddlstudy.data.fingerprint import SUMS_FILE, sha256_file, write_sums
+from ddlstudy.data.fingerprint import SUMS_FILE, fingerprint, sha256_file, write_sums
 from ddlstudy.data.synthetic import CLASSES, render_image
 from ddlstudy.errors import UsageError
 from ddlstudy.progress import progress
@@ -88,8 +89,11 @@ def _render_one(job: tuple[Path, int, int, DataSpec]) -> tuple[str, str]:
 
 
 def make_dataset(spec: DataSpec, root: Path, *, shard: tuple[int, int] | None = None,
-                 workers: int | None = None, force: bool = False) -> Path:
-    """Generate ``spec`` under ``root`` (skipped when already complete); returns ``root``."""
+                 workers: int | None = None, force: bool = False,
+                 expect: Callable[[str], None] | None = None) -> Path:
+    """Generate ``spec`` under ``root`` (skipped when already complete); returns ``root``.
+    ``expect`` is given the new set's fingerprint before it is put in place: where it
+    refuses (a replay of other data), nothing is left under ``root``'s folder."""
     if is_complete(root, spec, shard) and not force:
         return root
     if not force:
@@ -100,6 +104,7 @@ def make_dataset(spec: DataSpec, root: Path, *, shard: tuple[int, int] | None = 
     shard_i, shard_n = shard or (0, 1)
     if not 0 <= shard_i < shard_n:
         raise UsageError(f"--shard {shard_i}/{shard_n}: need 0 <= i < n")
+    made_parent = not root.parent.exists()
     root.parent.mkdir(parents=True, exist_ok=True)
     tmp = root.parent / f".{root.name}.partial-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -117,12 +122,17 @@ def make_dataset(spec: DataSpec, root: Path, *, shard: tuple[int, int] | None = 
                                  unit="img"):
                 sums.append(item)
         write_sums(tmp, sums)
+        if expect is not None:
+            expect(fingerprint(sums))
         (tmp / SPEC_FILE).write_text(json.dumps(_spec_record(spec, shard), indent=2) + "\n")
         old = root.parent / f".{root.name}.old-{os.getpid()}"
         if root.exists():
             os.replace(root, old)  # the old set stays whole until the new one is in place
         os.replace(tmp, root)
         shutil.rmtree(old, ignore_errors=True)
-    finally:
+    except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        if made_parent and not any(root.parent.iterdir()):
+            root.parent.rmdir()
+        raise
     return root

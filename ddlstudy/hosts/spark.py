@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+from ddlstudy.environment import SAFE_PATH_ENV
 from ddlstudy.errors import Unavailable
 from ddlstudy.hosts.processes import _kill
 from ddlstudy.hosts.spec import SPARK_PORT, STATE_DIR, Hosts, check_prefix
@@ -50,7 +51,8 @@ def spark_up(hosts: Hosts, cores: int = 1, memory: str = "2g", timeout: float = 
     spark_down(hosts.prefix)
     logs = STATE_DIR / f"{hosts.prefix}-spark"
     properties = _spark_properties(hosts.prefix)
-    env = os.environ | {"PYSPARK_PYTHON": sys.executable, "SPARK_NO_DAEMONIZE": "1"}
+    env = os.environ | SAFE_PATH_ENV | {"PYSPARK_PYTHON": sys.executable,
+                                        "SPARK_NO_DAEMONIZE": "1"}
     master = hosts.spark_master
 
     def start(host: int, what: str, *args: str) -> None:

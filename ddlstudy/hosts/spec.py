@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ddlstudy.errors import ConfigError
+from ddlstudy.reading import what_is
 
 STATE_DIR = Path(os.environ.get("DDLSTUDY_HOSTS_DIR", "/run/ddlstudy"))
 DEFAULT_PREFIX = "ddl"
@@ -96,7 +97,17 @@ def check_prefix(prefix: str) -> str:
 
 
 def _state_file(prefix: str) -> Path:
-    return STATE_DIR / f"{check_prefix(prefix)}.json"
+    return state_dir() / f"{check_prefix(prefix)}.json"
+
+
+def state_dir() -> Path:
+    """Where the sets' records are (DDLSTUDY_HOSTS_DIR): refused where something other
+    than a folder is there, rather than read as a folder that holds no set."""
+    there = what_is(STATE_DIR)
+    if there not in ("", "a folder"):
+        raise ConfigError("DDLSTUDY_HOSTS_DIR", f"{STATE_DIR} is {there}, not a folder; set it "
+                          "to a folder for the emulated hosts' records (default /run/ddlstudy)")
+    return STATE_DIR
 
 
 def validate(count: int, prefix: str, subnet: str, delay: str | None, rate: str | None,

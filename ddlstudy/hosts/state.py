@@ -85,7 +85,7 @@ def read(prefix: str) -> State | None:
 def prefixes() -> list[str]:
     """The sets ddlstudy has a record of."""
     try:
-        files = list(spec.STATE_DIR.glob("*.json"))
+        files = list(spec.state_dir().glob("*.json"))
     except OSError:
         return []
     return sorted(f.stem for f in files if spec._PREFIX.fullmatch(f.stem))

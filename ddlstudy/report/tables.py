@@ -213,7 +213,8 @@ def only_main(table: pd.DataFrame) -> pd.DataFrame:
     """The rows of each use case's main setting (what the paper's tables and the figures
     show; ``left_apart`` names the rest)."""
     main = main_settings(table)
-    return table[[main[uc] == s for uc, s in zip(table.usecase, table.setting, strict=True)]]
+    return table[np.array([main[uc] == s for uc, s in zip(table.usecase, table.setting,
+                                                          strict=True)], dtype=bool)]
 
 
 def left_apart(table: pd.DataFrame) -> list[str]:

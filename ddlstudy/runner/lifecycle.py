@@ -39,7 +39,7 @@ from ddlstudy.runfolder import (
     now_iso,
 )
 from ddlstudy.runner.snapshots import load_snapshot
-from ddlstudy.sampler import NOISY_CORES, ResourceSampler, others_cores
+from ddlstudy.sampler import NOISY_CORES, OthersLoad, ResourceSampler, others_cores
 from ddlstudy.strategies import REGISTRY, Strategy, get_strategy
 from ddlstudy.training import Job
 
@@ -265,6 +265,7 @@ def _run(cfg: RunConfig, show_progress: bool, resume: Path | None) -> RunFolder 
     folder, snapshot = _open_folder(env, resume, described, cfg.usecase)
     if env.rank == 0 and folder is None:
         folder = _create(cfg, strategy, backend, described, data)
+    load = OthersLoad()  # the host's load over the run where no samples say it
     sampler = ResourceSampler(cfg.sample_hz, rank=env.rank).start()
     outcome = Outcome("completed", 0)
     rows_by_node = None
@@ -293,7 +294,7 @@ def _run(cfg: RunConfig, show_progress: bool, resume: Path | None) -> RunFolder 
             rows = [r for node_rows in rows_by_node for r in node_rows] if rows_by_node \
                 else own_rows
             folder.manifest["host_load"] = _host_load(cfg, backend,
-                                                      folder.write_samples(rows))
+                                                      folder.write_samples(rows), load)
             epochs = folder.manifest["epochs"]
             folder.finish(outcome.status, outcome.exit_code, outcome.error,
                           summary=_summary(epochs), time_to_target=time_to_target(
@@ -308,14 +309,17 @@ def _run(cfg: RunConfig, show_progress: bool, resume: Path | None) -> RunFolder 
     return folder
 
 
-def _host_load(cfg: RunConfig, backend: Backend, frame) -> dict:
-    """Whether other processes used the run's hosts (``noisy``), from its samples."""
-    if backend.unsampled:
-        return {"noisy": None, "why": f"not measured: {backend.unsampled}"}
-    others = others_cores(frame, psutil.cpu_count() or 1,
-                          one_machine=str(cfg.hosts or "").startswith("emulated"))
+def _host_load(cfg: RunConfig, backend: Backend, frame, load: OthersLoad) -> dict:
+    """Whether other processes used the run's hosts (``noisy``): from its samples, else
+    (no samples, or a backend whose processes they miss) from this host's CPU over the
+    run less the run's process tree's (``load``), where that tree holds the run."""
+    others = None if backend.unsampled else others_cores(
+        frame, psutil.cpu_count() or 1, one_machine=str(cfg.hosts or "").startswith("emulated"))
     if others is None:
-        return {"noisy": None, "why": "not measured: no samples (--sample-hz 0)"}
+        outside = backend.outside_tree(cfg)
+        if outside:
+            return {"noisy": None, "why": f"not measured: {outside}"}
+        others = {socket.gethostname(): round(load.cores(), 3)}
     noisy = max(others.values()) > NOISY_CORES
     if noisy:
         log.warning("other processes used %s core(s) of this run's host(s) while it ran "

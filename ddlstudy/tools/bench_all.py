@@ -43,7 +43,7 @@ from pathlib import Path
 import torch
 
 from ddlstudy.config.catalog import bench_groups
-from ddlstudy.environment import usable_cores
+from ddlstudy.environment import python_module, usable_cores
 from ddlstudy.errors import ConfigError, UsageError
 from ddlstudy.plan import cell_flags
 from ddlstudy.report import BASELINE
@@ -82,7 +82,7 @@ def _steady(manifest: dict) -> float:
 def _run(runs: Path, what: What, steps: int, *flags: str) -> dict:
     """One real ``ddlstudy run`` of a few steps (validating on one batch); its manifest."""
     before = set(runs.glob("*/manifest.json"))
-    out = subprocess.run([sys.executable, "-m", "ddlstudy", "run", *what.flags(),
+    out = subprocess.run([*python_module("ddlstudy", "run"), *what.flags(),
                           "--runs-dir", str(runs), "--epochs", "1", "--max-steps",
                           str(steps), "--max-val-steps", "1", "--no-snapshot", "--sample-hz",
                           "0", "--quiet", *flags],

@@ -43,7 +43,6 @@ import math
 import os
 import statistics
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,6 +50,7 @@ from ddlstudy import reducers
 from ddlstudy.backends.mpi.launch import placement, require_mpiexec
 from ddlstudy.backends.mpi.leftovers import Leftovers
 from ddlstudy.config.limits import most
+from ddlstudy.environment import python_module
 from ddlstudy.errors import ConfigError, UsageError
 from ddlstudy.reducers import terms
 from ddlstudy.tools import pipeline_model
@@ -97,8 +97,8 @@ def measure_sizes(sizes: list[int], nodes: int, repeats: int, hosts: str | None 
     """``measure_reducers`` on each of ``sizes`` (floats), in one MPI launch."""
     mpiexec = require_mpiexec()
     where, netmod = placement(hosts, nodes)
-    with subprocess.Popen([mpiexec, *where, "-n", str(nodes), sys.executable, "-m",
-                           "ddlstudy.tools.bench_reduce", "--floats",
+    with subprocess.Popen([mpiexec, *where, "-n", str(nodes),
+                           *python_module("ddlstudy.tools.bench_reduce"), "--floats",
                            ",".join(map(str, sizes)), "--repeats", str(repeats), "--compress",
                            ",".join(compress)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True, env=os.environ | netmod) as proc:

@@ -181,6 +181,12 @@ class Mpi(Backend):
         return super().describe(cfg) | {"reduce": node.reducer_name(cfg, self.nodes(cfg))} | (
             {"reduce_asked": cfg.reduce} if cfg.reduce == AUTO else {})
 
+    def outside_tree(self, cfg: RunConfig) -> str | None:
+        if launch.launcher_world() > 1 and launch.CHILD_ENV not in os.environ:
+            return ("the ranks another launcher started are outside this process tree "
+                    "(give --sample-hz to sample them)")
+        return None
+
     def launch(self, cfg: RunConfig, argv: list[str], run_id: str) -> launch.Launched | None:
         if launch.under_mpiexec():
             return None

@@ -21,8 +21,10 @@ from ddlstudy import signals
 from ddlstudy.backends.mpi.leftovers import Leftovers
 from ddlstudy.config.fields import MAX_PROCESSES
 from ddlstudy.config.mpi import check_hosts, read_hostfile
+from ddlstudy.environment import python_module
 from ddlstudy.errors import ConfigError, Unavailable
 from ddlstudy.runfolder import CHILD_ENV, RUN_ID_ENV
+from ddlstudy.sampler import TREE_ROOT_ENV
 
 log = logging.getLogger("ddlstudy")
 
@@ -187,8 +189,9 @@ def launch(argv: list[str], nodes: int, run_id: str,
     check_ranks(nodes)
     mpiexec = require_mpiexec()
     flags, netmod = where  # placement(--hosts, nodes)
-    env = os.environ | netmod | {CHILD_ENV: "1", RUN_ID_ENV: run_id}
-    cmd = [mpiexec, *flags, "-n", str(nodes), sys.executable, "-m", "ddlstudy", *argv]
+    env = os.environ | netmod | {CHILD_ENV: "1", RUN_ID_ENV: run_id,
+                                 TREE_ROOT_ENV: str(os.getpid())}
+    cmd = [mpiexec, *flags, "-n", str(nodes), *python_module("ddlstudy", *argv)]
     log.info("launching %d MPI ranks: %s", nodes, " ".join(cmd))
     ended = Launched(0)
     left = None

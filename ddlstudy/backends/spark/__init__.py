@@ -33,6 +33,7 @@ from ddlstudy.backends.base import Backend, Environment, register
 from ddlstudy.backends.spark import driver
 from ddlstudy.config import RunConfig
 from ddlstudy.errors import Unavailable
+from ddlstudy.sparkjvm import is_local
 from ddlstudy.strategies import Strategy
 from ddlstudy.training import Job
 
@@ -43,6 +44,11 @@ class Spark(Backend):
     summary = ("each Spark barrier task a node of one process running its strategy's "
                "worker; gradients over gloo every step, or weights through allGather")
     unsampled = "Spark's executors run outside the sampled process trees"
+
+    def outside_tree(self, cfg: RunConfig) -> str | None:
+        if is_local(cfg):  # the executors are threads of the JVM this process started
+            return None
+        return "Spark's executors run under the master's workers, outside this process tree"
 
     def launched(self) -> dict[str, Any]:
         return {"launcher": "spark", "java": environment.java_version()}

@@ -50,6 +50,7 @@ from typing import Any
 import psutil
 
 from ddlstudy import environment
+from ddlstudy.config import UseCase
 from ddlstudy.errors import ConfigError
 from ddlstudy.hosts import emulated_prefix
 from ddlstudy.models import facts
@@ -122,7 +123,7 @@ def skip_non_nodes(cands: list[Candidate], nodes: list[int], where: Setting) -> 
                       "--nodes to rank it on its own")
 
 
-def advise(usecase: str, nodes: list[int], hosts: str | None, link: str | None,
+def advise(usecase: str | None, nodes: list[int], hosts: str | None, link: str | None,
            budget: float, out: Path, runs: Path | None = None, rounds: int = 3,
            steps: int = PROBE_STEADY_STEPS, datasets_dir: Path | None = None,
            host_count: int | None = None, wait: bool = False,
@@ -169,10 +170,10 @@ def advise(usecase: str, nodes: list[int], hosts: str | None, link: str | None,
     notes = _shared(where, nodes) + notes
     rank(rows, conv, max(c.speed for c in cands if c.speeds and c.nodes == 1))
     for r in rows:
-        r["command"] = command(usecase, r["flags"])
-    return {"usecase": uc.name, "nodes": nodes, "hosts": hosts, "link": link,
-            "budget_s": budget, "seconds": round(time.monotonic() - started, 1),
-            "waited_s": round(waited, 1),
+        r["command"] = command(usecase, (data or {}) | r["flags"])
+    return {"usecase": uc.name, "origin": origin(usecase, uc, given), "nodes": nodes,
+            "hosts": hosts, "link": link, "budget_s": budget,
+            "seconds": round(time.monotonic() - started, 1), "waited_s": round(waited, 1),
             "rounds": done, "cores": cores, "gpus": gpus, "batch": batch,
             "gradient_bytes": gradient, "probe_settings": settings,
             "probes": [c.record() for c in cands],
@@ -182,6 +183,15 @@ def advise(usecase: str, nodes: list[int], hosts: str | None, link: str | None,
                                    if "factor" in conv else {}),
             "notes": notes, "sureness": sureness(rows),
             "ranking": rows, "host": environment.host()}
+
+
+def origin(usecase: str | None, uc: UseCase, given: dict[str, Any]) -> dict[str, Any]:
+    """Where what advise trained came from, as a run's manifest records it: the use case
+    as given (a name, or its file; None: --data-dir's folder alone), its file, and the
+    data flags (``study --from-advice`` gives them again)."""
+    return {"usecase": usecase, "file": uc.source or None,
+            "data_dir": given.get("data_dir"), "model": given.get("model"),
+            "datasets_dir": given.get("datasets_dir")}
 
 
 def _shared(where: Setting, nodes: list[int]) -> list[str]:

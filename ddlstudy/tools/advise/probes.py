@@ -7,7 +7,6 @@ import logging
 import math
 import statistics
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -16,6 +15,7 @@ from typing import Any
 
 from ddlstudy.config import UseCase
 from ddlstudy.data.folder import IMAGE_EXTENSIONS
+from ddlstudy.environment import python_module
 from ddlstudy.errors import ConfigError, Unavailable, UsageError
 from ddlstudy.plan import cell_config, run_flags
 from ddlstudy.runfolder import MANIFEST, load_manifest, new_run_id, run_env
@@ -144,7 +144,7 @@ def probe(c: Candidate, usecase: str, settings: dict[str, Any], runs_dir: Path) 
     env = run_env(run_id)
     argv = ["run", "--quiet", *run_flags(usecase, settings | c.flags, runs_dir)]
     start, others = time.monotonic(), OthersLoad()
-    out = subprocess.run([sys.executable, "-m", "ddlstudy", *argv], capture_output=True,
+    out = subprocess.run(python_module("ddlstudy", *argv), capture_output=True,
                          text=True, env=env)
     c.seconds.append(time.monotonic() - start)
     load = others.cores()
