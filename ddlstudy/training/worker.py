@@ -14,6 +14,7 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 from ddlstudy.config import RunConfig
 from ddlstudy.models import build_model
 from ddlstudy.models.trained import load_initial
+from ddlstudy.training import memory
 from ddlstudy.training.job import Job, Link, States, train_epochs
 from ddlstudy.training.loaders import val_loader
 from ddlstudy.training.loop import Trainer
@@ -75,6 +76,7 @@ def train_worker(job: Job, link: Link, model: nn.Module, optimizer: torch.optim.
             same_buffers(buffers, link)
         own()
 
+    peak_method = memory.reset_peak()  # set-up done: its peak is not training's
     trainer = Trainer(model, step, train, val, max_steps=job.cfg.max_steps,
                       warmup_steps=job.cfg.warmup_steps,
                       show_progress=job.show_progress and link.rank == 0, reduce=link.sum,
@@ -84,6 +86,24 @@ def train_worker(job: Job, link: Link, model: nn.Module, optimizer: torch.optim.
                  gather=link.gather, barrier=link.barrier, states=states)
     if link.world > 1 and hasattr(step, "times"):
         record_exchange(job, link, step)
+    record_memory(job, link, memory.record(peak_method, model, optimizer))
+
+
+def record_memory(job: Job, link: Link, mine: dict) -> None:
+    """Every worker's peak resident memory and counted bytes on the manifest
+    (``backend.memory``): per process, and summed per host. A collective."""
+    everyone = link.gather({"rank": link.rank, "host": socket.gethostname(), **mine})
+    if everyone is None or link.rank != 0:
+        return
+    hosts: dict[str, int] = {}
+    for row in everyone:
+        hosts[row["host"]] = hosts.get(row["host"], 0) + row["peak_rss_bytes"]
+    record(job, "memory", {
+        "per_rank": everyone, "peak_rss_bytes": max(r["peak_rss_bytes"] for r in everyone),
+        "per_host_bytes": hosts,
+        "note": "peak_rss_bytes: the most any one process held resident while training; "
+                "per_host_bytes: the sum of its processes' peaks (an upper bound: they need "
+                "not peak at once); held_bytes: counted from the process's own tensors"})
 
 
 def same_buffers(buffers: list[torch.Tensor], link: Link) -> None:

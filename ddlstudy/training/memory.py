@@ -1,0 +1,65 @@
+"""What a training process holds: its peak resident memory while training (set-up left
+out) and the bytes its own tensors count.
+
+On Linux the peak is the kernel's high-water mark, ``VmHWM`` in ``/proc/self/status``,
+reset once set-up is done by writing 5 to ``/proc/self/clear_refs``; where that cannot be
+written the peak is ``getrusage``'s ``ru_maxrss``, set-up included (the record says
+which). The counted bytes are this process's part of the model: a sharded parameter,
+gradient or optimizer state counts its local shard (a DTensor's ``_local_tensor``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import resource
+from pathlib import Path
+
+import torch
+from torch import nn
+
+STATUS, CLEAR_REFS = Path("/proc/self/status"), Path("/proc/self/clear_refs")
+HWM = "VmHWM (reset after set-up)"
+RUSAGE = "getrusage ru_maxrss (set-up included)"
+
+
+def reset_peak() -> str:
+    """Start measuring the peak from now; how it is measured (HWM or RUSAGE)."""
+    try:
+        CLEAR_REFS.write_text("5")
+        return HWM
+    except OSError:
+        return RUSAGE
+
+
+def peak_rss() -> int:
+    """The peak resident bytes since ``reset_peak`` (or the process's start)."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in STATUS.read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _bytes(tensors) -> int:
+    total = 0
+    for t in tensors:
+        if isinstance(t, torch.Tensor):
+            local = getattr(t, "_local_tensor", t)  # a DTensor's shard on this process
+            total += local.numel() * local.element_size()
+    return total
+
+
+def held(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+    """Bytes this process's own tensors hold: parameters, gradients, optimizer state and
+    buffers (ZeRO's optimizer: its shard's state)."""
+    params = list(model.parameters())
+    inner = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer's local one
+    state = [v for s in inner.state.values() for v in s.values()]
+    return {"parameters": _bytes(params), "gradients": _bytes(p.grad for p in params),
+            "optimizer_state": _bytes(state), "buffers": _bytes(model.buffers())}
+
+
+def record(peak_method: str, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """This process's figures: its peak, how it was measured, and what it holds."""
+    return {"peak_rss_bytes": peak_rss(), "peak_method": peak_method,
+            "held_bytes": held(model, optimizer)}
