@@ -124,12 +124,25 @@ def client(uri: str):
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
     try:
         with in_turn(uri):  # two processes making one new store: the second waits
-            found = MlflowClient(tracking_uri=uri)
-            found.search_experiments(max_results=1)
+            return _made(MlflowClient, uri)
     except Exception as exc:  # noqa: BLE001 - any store's own kind of failure
         text = " ".join(str(exc).split())
         raise UsageError(f"MLflow cannot use tracking URI {uri}: {text[:300]}") from None
-    return found
+
+
+def _made(MlflowClient, uri: str):
+    """A client that has answered; a new SQLite store that could not be made (a full
+    disk) is not left behind half made."""
+    db = sqlite_file(uri) if urlparse(uri).scheme.split("+")[0] == "sqlite" else None
+    new = db is not None and not db.exists()
+    try:
+        found = MlflowClient(tracking_uri=uri)
+        found.search_experiments(max_results=1)
+        return found
+    except Exception:
+        if new:
+            db.unlink(missing_ok=True)
+        raise
 
 
 def in_turn(uri: str):
