@@ -7,20 +7,43 @@ SIGINT and SIGTERM wait until it is done (``ddlstudy.signals.deferred``).
 from __future__ import annotations
 
 import errno
+import fcntl
 import io
+import json
+import logging
 import os
+import shlex
+import socket
+import stat
+import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import psutil
 
-from ddlstudy.errors import ConfigError
+from ddlstudy.errors import ConfigError, UsageError
+from ddlstudy.redact import redacted
 from ddlstudy.signals import deferred
+
+log = logging.getLogger("ddlstudy")
+
+
+FREE = "free some space, then run it again (a run: `ddlstudy run --resume` it)"
 
 
 class WriteFailed(RuntimeError):
-    """A file could not be written (disk full, file-size limit); the previous one is kept."""
+    """A file could not be written (disk full, file-size limit); the previous one is kept.
+    ``error``: the OSError that said so."""
+
+    error: OSError | None = None
+
+
+def full(exc: BaseException | None) -> bool:
+    """Whether ``exc`` is a disk (or quota, or file-size limit) that is full."""
+    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
 
 
 def atomic_write(path: Path, write: Callable[[io.BufferedWriter], None]) -> None:
@@ -38,16 +61,22 @@ def atomic_write(path: Path, write: Callable[[io.BufferedWriter], None]) -> None
         except BaseException as exc:
             tmp.unlink(missing_ok=True)
             cause = exc if isinstance(exc, OSError) else exc.__cause__ or exc.__context__
-            if isinstance(exc, OSError | RuntimeError) and isinstance(cause, OSError) \
-                    and cause.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
-                raise WriteFailed(f"could not write {path} ({cause.strerror}); "
-                                  f"the previous {path.name}, if any, is kept: free some space "
-                                  f"and resume the run") from exc
+            if isinstance(exc, OSError | RuntimeError) and full(cause):
+                failed = WriteFailed(f"could not write {path} ({cause.strerror}); the "
+                                     f"previous {path.name}, if any, is kept; {FREE}")
+                failed.error = cause
+                raise failed from exc
             raise
 
 
 def atomic_write_text(path: Path, text: str) -> None:
     atomic_write(path, lambda f: f.write(text.encode()))
+
+
+def atomic_write_json(path: Path, record: Any, **dumps: Any) -> None:
+    """A JSON record (a manifest, a study's record) written through ``atomic_write_text``,
+    with the secrets of every URI in it taken out (``ddlstudy.redact``)."""
+    atomic_write_text(path, json.dumps(redacted(record), indent=2, **dumps) + "\n")
 
 
 def sweep_temporaries(folder: Path) -> list[Path]:
@@ -65,6 +94,67 @@ def sweep_temporaries(folder: Path) -> list[Path]:
     return swept
 
 
+LOCK = ".ddlstudy.lock"
+
+
+@contextmanager
+def folder_lock(folder: Path, what: str) -> Iterator[None]:
+    """Hold ``folder``'s lock (``.ddlstudy.lock`` in it) while ``what`` writes there: a
+    second writer is refused (UsageError naming the holder's PID, host and command); a
+    lock its holder left behind when it died (the kernel frees the lock itself) is taken
+    over, and said."""
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UsageError(f"{folder} is in use by another {what}: {_holder(fd)}; wait "
+                             f"until it ends, or give another folder") from None
+        left = _holder(fd, "")
+        if left:
+            log.warning("%s: took over the lock left by %s, which is gone", folder, left)
+        mine = {"pid": os.getpid(), "host": socket.gethostname(), "command": sys.argv}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(redacted(mine)).encode(), 0)
+        yield
+        os.ftruncate(fd, 0)  # a lock released in good order leaves nothing to take over
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def turn(folder: Path) -> Iterator[None]:
+    """Wait for, then hold, ``folder``'s own lock (the folder itself, no file in it): what
+    two processes must not do at once there (make an MLflow store's tables) is done in
+    turn."""
+    folder.mkdir(parents=True, exist_ok=True)
+    key = os.path.realpath(folder)
+    if key in _TURNS:  # held already, further up this process's stack
+        yield
+        return
+    fd = os.open(folder, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        _TURNS.add(key)
+        yield
+    finally:
+        _TURNS.discard(key)
+        os.close(fd)
+
+
+_TURNS: set[str] = set()
+
+
+def _holder(fd: int, unknown: str = "a process that has not said which") -> str:
+    """Who the lock file ``fd`` says holds it."""
+    try:
+        held = json.loads(os.pread(fd, 65536, 0) or b"null")
+        return f"PID {held['pid']} on {held['host']} ({shlex.join(held['command'])[:300]})"
+    except (ValueError, TypeError, KeyError, OSError):
+        return unknown
+
+
 def check_folder(flag: str, path: Path) -> None:
     """The one check of every folder ddlstudy writes into, before anything is measured or
     written: refused (ConfigError naming ``flag``) if its name holds a control character,
@@ -76,11 +166,22 @@ def check_folder(flag: str, path: Path) -> None:
     if any(ord(c) < 32 or ord(c) == 127 for c in str(path)):
         raise ConfigError(flag, f"{str(path)!r:.200} holds a control character (a newline, "
                           "a tab); give a plain path")
+    if not str(path).isascii() and not _utf8(str(path)):
+        raise ConfigError(flag, f"{str(path)!r:.200} is not a UTF-8 name (ddlstudy records "
+                          "paths as UTF-8 text); give a folder whose name is")
     try:
         _check_folder(flag, path)
     except OSError as exc:
         raise ConfigError(flag, f"{str(path):.200} cannot be made: {exc.strerror or exc}; "
                           "give another folder") from None
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode()
+        return True
+    except UnicodeEncodeError:
+        return False
 
 
 def _check_folder(flag: str, path: Path) -> None:
@@ -111,11 +212,17 @@ def _check_folder(flag: str, path: Path) -> None:
 
 def check_output(flag: str, path: Path, force: bool = False) -> Path:
     """Refuse (ConfigError naming ``flag``) a file a command would write where it must not:
-    a folder, a file inside a run folder (its results are never overwritten), an existing
-    file unless ``force``, or a place that cannot be written. Returns the path."""
+    a folder, a device, FIFO or socket (never replaced, even with ``force``), a file inside
+    a run folder (its results are never overwritten), an existing file unless ``force``,
+    or a place that cannot be written. Returns the path."""
     path = Path(path)
     if path.is_dir():
         raise ConfigError(flag, f"{path} is a folder; give a new file's path")
+    kind = _special_kind(path)
+    if kind:
+        raise ConfigError(flag, f"{path} is {kind}, not a file; it is never replaced, even "
+                          "with --force (which replaces only a file or a symbolic link): "
+                          "give a file's path")
     for folder in [path.parent, *path.parent.parents]:
         if (folder / "manifest.json").is_file():
             raise ConfigError(flag, f"{path} is inside run folder {folder}, whose files are "
@@ -124,6 +231,22 @@ def check_output(flag: str, path: Path, force: bool = False) -> Path:
         raise ConfigError(flag, f"{path} exists; give another path, or --force to replace it")
     check_folder(flag, path.parent if str(path.parent) else Path("."))
     return path
+
+
+_KINDS = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"))
+
+
+def _special_kind(path: Path) -> str | None:
+    """What ``path`` is when it is neither missing, a regular file nor a symbolic link
+    (itself, not its target: ``--force`` replaces a link, never what it leads to)."""
+    try:
+        mode = path.lstat().st_mode
+    except OSError:
+        return None
+    if stat.S_ISREG(mode) or stat.S_ISLNK(mode):
+        return None
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
 
 
 def write_outputs(flag: str, texts: dict[Path, Callable[[io.BufferedWriter], None]]) -> None:
@@ -136,8 +259,9 @@ def write_outputs(flag: str, texts: dict[Path, Callable[[io.BufferedWriter], Non
             path.parent.mkdir(parents=True, exist_ok=True)
             atomic_write(path, write)
             written.append(path)
-    except OSError as exc:
-        for path in written:
-            path.unlink(missing_ok=True)
-        raise ConfigError(flag, f"cannot write {exc.filename or path}: {exc.strerror or exc}; "
-                          f"give another path") from None
+    except (OSError, WriteFailed) as exc:
+        for done in written:
+            done.unlink(missing_ok=True)
+        cause = exc.error if isinstance(exc, WriteFailed) else exc
+        raise ConfigError(flag, f"cannot write {path}: {cause.strerror or cause}; give another "
+                          f"path{', or free some space' if full(cause) else ''}") from None

@@ -6,6 +6,8 @@ import logging
 import os
 import sys
 
+from ddlstudy.redact import redact
+
 log = logging.getLogger("ddlstudy")
 
 
@@ -35,10 +37,18 @@ class _Stderr(logging.StreamHandler):
         pass
 
 
+class _Redacting(logging.Formatter):
+    """Every line (a warning that names a tracking URI, an error) without the secrets of
+    the URIs in it (``ddlstudy.redact``)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return redact(super().format(record))
+
+
 def setup_logging(level: int = logging.INFO) -> None:
     handler = _Stderr()
     handler.addFilter(_RankFilter())
-    handler.setFormatter(logging.Formatter("%(asctime)s %(rank)s%(message)s", "%H:%M:%S"))
+    handler.setFormatter(_Redacting("%(asctime)s %(rank)s%(message)s", "%H:%M:%S"))
     log.handlers[:] = [handler]
     log.setLevel(level)
     log.propagate = False

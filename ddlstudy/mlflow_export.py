@@ -122,8 +122,9 @@ def export(runs: Path, uri: str | None = None, experiment: str | None = None,
     with tempfile.TemporaryDirectory(prefix="ddlstudy-mlflow-") as tmp:
         read = read_runs(Path(runs), found)
         studies = read_studies(Path(runs), Path(tmp), report)
-        mlflow = tracking.client(uri)  # the last check: a server that does not answer
-        names = write(mlflow, uri, read, studies, experiment, Path(tmp))
+        with tracking.in_turn(uri):  # two exports into one store: one, then the other
+            mlflow = tracking.client(uri)  # the last check: a server that does not answer
+            names = write(mlflow, uri, read, studies, experiment, Path(tmp))
     return {"uri": uri, "runs": len(read), "experiments": sorted(set(names))}
 
 

@@ -11,17 +11,19 @@ from __future__ import annotations
 import csv
 import datetime as dt
 import io
-import json
 import logging
 import os
 import re
 import secrets
+import socket
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from ddlstudy import tracking
 from ddlstudy.errors import UsageError
-from ddlstudy.files import atomic_write, atomic_write_text
+from ddlstudy.files import atomic_write, atomic_write_json, atomic_write_text
 from ddlstudy.reading import read_json, read_text
 from ddlstudy.sampler import TREE_ROOT_ENV, read_samples, samples_frame, write_rows
 
@@ -57,9 +59,36 @@ def run_env(run_id: str, **extra: str) -> dict[str, str]:
 def load_manifest(file: Path) -> dict[str, Any]:
     """A run's manifest.json through the gate and its schema (``ddlstudy.formats``):
     valid, or a BadFile naming the file and the field."""
+    return settled(_load(file))
+
+
+def _load(file: Path) -> dict[str, Any]:
     from ddlstudy.formats import Manifest, load  # pydantic: only for readers
 
     return load(file, Manifest, "run manifest")
+
+
+def settled(manifest: dict[str, Any]) -> dict[str, Any]:
+    """``manifest`` as it is: a run recorded as running whose process is gone from the
+    host it ran on (killed before it could say) reads as interrupted."""
+    pid, host = manifest.get("pid"), (manifest.get("host") or {}).get("hostname")
+    if manifest.get("status") != "running" or not pid or host != socket.gethostname() \
+            or _alive(pid, manifest):
+        return manifest
+    return manifest | {"status": "interrupted", "error": manifest.get("error") or (
+        f"its process (PID {pid} on {host}) ended without recording how (killed, or the "
+        f"machine stopped)")}
+
+
+def _alive(pid: int, manifest: dict[str, Any]) -> bool:
+    """Whether ``pid`` is still the run's process (not a later one given its number)."""
+    began = max([manifest.get("started_at") or ""] +
+                [r.get("at") or "" for r in manifest.get("resumed") or []])
+    try:
+        created = psutil.Process(pid).create_time()
+        return created <= dt.datetime.fromisoformat(began).timestamp() + 1
+    except (psutil.Error, ValueError):
+        return False
 
 
 def now_iso() -> str:
@@ -81,9 +110,13 @@ def checked_run_id(run_id: str, runs_dir: Path | None = None) -> str:
                          f"must stay inside the runs folder{given}")
     where = Path(runs_dir) / run_id if runs_dir is not None else None
     if where is not None and (where.exists() or where.is_symlink()):
-        raise UsageError(f"{where} already exists; a new run needs a run id of its own "
-                         f"(unset {RUN_ID_ENV}, or --resume that run)")
+        _taken(where)
     return run_id
+
+
+def _taken(where: Path) -> None:
+    raise UsageError(f"{where} already exists; a new run needs a run id of its own "
+                     f"(unset {RUN_ID_ENV}, or --resume that run)")
 
 
 class RunFolder:
@@ -96,21 +129,28 @@ class RunFolder:
     @classmethod
     def create(cls, runs_dir: Path, run_id: str, manifest: dict[str, Any]) -> RunFolder:
         path = Path(runs_dir) / checked_run_id(run_id)
-        path.mkdir(parents=True, exist_ok=False)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            path.mkdir()  # the claim: of two runs given one id, the second is refused here
+        except FileExistsError:
+            _taken(path)
         folder = cls(path, {"schema": SCHEMA_VERSION, "id": run_id, "status": "running",
                             "started_at": now_iso(), "ended_at": None, "exit_code": None,
                             "error": None, **manifest, "epochs": []})
         tracking.start(folder.manifest, path)  # --mlflow: its MLflow run, noted in it
-        folder.write_manifest()
+        try:
+            folder.write_manifest()
+        except BaseException:  # a full disk: no folder without its manifest is left
+            path.rmdir()
+            raise
         return folder
 
     @classmethod
     def open(cls, path: Path) -> RunFolder:
-        return cls(Path(path), load_manifest(Path(path) / MANIFEST))
+        return cls(Path(path), _load(Path(path) / MANIFEST))  # as written: it writes it
 
     def write_manifest(self) -> None:
-        text = json.dumps(self.manifest, indent=2, allow_nan=True, default=str) + "\n"
-        atomic_write_text(self.path / MANIFEST, text)
+        atomic_write_json(self.path / MANIFEST, self.manifest, allow_nan=True, default=str)
 
     def record_epoch(self, result: dict[str, Any]) -> None:
         """Append an epoch's record, with ``elapsed_s``: the training and validation time

@@ -43,7 +43,7 @@ from ddlstudy.config import RunConfig, TrainSpec
 from ddlstudy.config.run import jsonable
 from ddlstudy.environment import python_module, usable_cores
 from ddlstudy.errors import Unavailable, UsageError
-from ddlstudy.files import atomic_write_text
+from ddlstudy.files import atomic_write_json, atomic_write_text, folder_lock
 from ddlstudy.formats import Study as StudyRecord
 from ddlstudy.formats import load
 from ddlstudy.plan import Plan, configs, load_plan, run_flags
@@ -204,7 +204,7 @@ class Study:
                   "description": self.plan.description, "repeat": self.plan.repeat,
                   "started_at": self.started, "updated_at": now_iso(),
                   "cells": [c.record() for c in self.cells]}
-        atomic_write_text(self.plan.runs_dir / STUDY_FILE, json.dumps(record, indent=2) + "\n")
+        atomic_write_json(self.plan.runs_dir / STUDY_FILE, record)
 
     def run(self, resume: bool) -> int:
         """Run every pending cell; 0 when none failed, 1 otherwise (130/143 interrupted)."""
@@ -288,6 +288,11 @@ def study(plan: Plan | Path, *, repeat: int | None = None, resume: bool = False,
     if not isinstance(plan, Plan):
         plan = load_plan(plan, repeat, runs_dir)
     cells = expand(plan, overrides or {})
+    with folder_lock(plan.runs_dir, "study"):  # one study at a time writes into it
+        return _study(plan, cells, resume, fmt, wait_quiet)
+
+
+def _study(plan: Plan, cells: list[Cell], resume: bool, fmt: str, wait_quiet: bool) -> int:
     code = Study(plan, cells, wait_quiet).run(resume)
     report = Report(plan.runs_dir)
     paths = report.write(plan.runs_dir / "report", fmt)
@@ -312,7 +317,7 @@ def _check_advice(plan: Plan) -> None:
     result = check(load_advice(plan.path), plan.runs_dir, record)
     text = check_text(result)
     out = plan.runs_dir / "report"
-    atomic_write_text(out / "advice-check.json", json.dumps(result, indent=2) + "\n")
+    atomic_write_json(out / "advice-check.json", result)
     atomic_write_text(out / "advice-check.md", text + "\n")
     print()
     print(text)

@@ -21,12 +21,13 @@ import math
 import os
 import re
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
 from ddlstudy.errors import ConfigError, UsageError
-from ddlstudy.files import check_folder
+from ddlstudy.files import check_folder, turn
 from ddlstudy.reading import BadFile, check_regular
 
 log = logging.getLogger("ddlstudy")
@@ -122,12 +123,35 @@ def client(uri: str):
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
     try:
-        found = MlflowClient(tracking_uri=uri)
-        found.search_experiments(max_results=1)
+        with in_turn(uri):  # two processes making one new store: the second waits
+            return _made(MlflowClient, uri)
     except Exception as exc:  # noqa: BLE001 - any store's own kind of failure
         text = " ".join(str(exc).split())
         raise UsageError(f"MLflow cannot use tracking URI {uri}: {text[:300]}") from None
-    return found
+
+
+def _made(MlflowClient, uri: str):
+    """A client that has answered; a new SQLite store that could not be made (a full
+    disk) is not left behind half made."""
+    db = sqlite_file(uri) if urlparse(uri).scheme.split("+")[0] == "sqlite" else None
+    new = db is not None and not db.exists()
+    try:
+        found = MlflowClient(tracking_uri=uri)
+        found.search_experiments(max_results=1)
+        return found
+    except Exception:
+        if new:
+            db.unlink(missing_ok=True)
+        raise
+
+
+def in_turn(uri: str):
+    """The lock of a SQLite or folder store's folder, held while its tables are made or
+    an export writes (a server keeps its own order: nothing to hold)."""
+    if urlparse(uri).scheme.split("+")[0] == "sqlite":
+        return turn(sqlite_file(uri).absolute().parent)
+    folder = folder_store(uri)
+    return nullcontext() if folder is None else turn(folder.absolute())
 
 
 def experiment(mlflow, name: str, uri: str) -> str:
@@ -142,7 +166,13 @@ def experiment(mlflow, name: str, uri: str) -> str:
     if urlparse(uri).scheme.split("+")[0] == "sqlite":
         slug = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-") or "experiment"
         where = (sqlite_file(uri).absolute().parent / ARTIFACTS / slug).as_uri()
-    return mlflow.create_experiment(name, artifact_location=where)
+    try:
+        return mlflow.create_experiment(name, artifact_location=where)
+    except Exception:  # another process made it in between
+        found = mlflow.get_experiment_by_name(name)
+        if found is None:
+            raise
+        return found.experiment_id
 
 
 def find_run(mlflow, experiment_id: str, tag: str, value: str):

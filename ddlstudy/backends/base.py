@@ -119,7 +119,8 @@ class Backend(ABC):
         """Train this node; returns the samples of the node's other processes."""
 
 
-REGISTRY: Registry[type[Backend]] = Registry("--backend", "backend", group="ddlstudy.backends")
+REGISTRY: Registry[type[Backend]] = Registry("--backend", "backend", group="ddlstudy.backends",
+                                                base=Backend)
 """The backends by name: ddlstudy's own and those of installed plugins (entry points of the
 group ``ddlstudy.backends``)."""
 register = REGISTRY.register

@@ -40,7 +40,9 @@ from ddlstudy.cli import (
 from ddlstudy.config.options import Parser
 from ddlstudy.config.paths import HOME_PROBLEM
 from ddlstudy.errors import UsageError
+from ddlstudy.files import FREE, WriteFailed, full
 from ddlstudy.logs import setup_logging
+from ddlstudy.redact import redact
 from ddlstudy.runfolder import CHILD_ENV
 
 COMMANDS = (run, dataset, usecase, listing, report, study, advise, hosts, predict, bench)
@@ -77,8 +79,8 @@ def _describe(parser: argparse.ArgumentParser) -> None:
 
 def said(exc: UsageError, most: int = 1000) -> str:
     """A refusal as one line of at most ``most`` characters (a value quoted in it can be
-    any length: a list of 5,000 class names)."""
-    text = " ".join(str(exc).split("\n"))
+    any length: a list of 5,000 class names), a URI's secrets taken out."""
+    text = redact(" ".join(str(exc).split("\n")))
     return text if len(text) <= most else f"{text[:most - 40]}... ({len(text)} characters)"
 
 
@@ -103,3 +105,17 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("ddlstudy: interrupted", file=sys.stderr)
         return 130
+    except (OSError, WriteFailed) as exc:
+        cause = exc.error if isinstance(exc, WriteFailed) else exc
+        if not full(cause):
+            raise
+        print(f"ddlstudy: error: {said(exc) if isinstance(exc, WriteFailed) else disk_full(exc)}",
+              file=sys.stderr)
+        return 2
+
+
+def disk_full(exc: OSError) -> str:
+    """A full disk met outside the files ddlstudy writes whole (a data set's images,
+    MLflow's store), in one line."""
+    where = f" writing {exc.filename}" if exc.filename else ""
+    return f"the disk is full{where} ({exc.strerror}); {FREE}"

@@ -8,6 +8,7 @@ import sys
 
 from ddlstudy.config.options import path_arg
 from ddlstudy.errors import ConfigError, UsageError
+from ddlstudy.redact import redact
 
 log = logging.getLogger("ddlstudy")
 
@@ -109,7 +110,7 @@ def _export_mlflow(args: argparse.Namespace) -> int:
         raise ConfigError("--experiment", f"{args.experiment!r:.200}: give a name of plain "
                           "text (no newline or other control character)")
     done = export(args.runs, args.tracking_uri, args.experiment)
-    uri = done["uri"]
+    uri = redact(done["uri"])
     view = f"open {uri}" if uri.startswith(("http:", "https:")) else \
         f"view them with `mlflow ui --backend-store-uri {uri}`"
     print(f"{done['runs']} run(s) exported to {uri}, experiment(s) "

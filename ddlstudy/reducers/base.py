@@ -26,7 +26,8 @@ class Reducer:
     """Whether every node ends with the exact average (step-wise does not)."""
 
 
-REGISTRY: Registry[Reducer] = Registry("--reduce", "reducer", group="ddlstudy.reducers")
+REGISTRY: Registry[Reducer] = Registry("--reduce", "reducer", group="ddlstudy.reducers",
+                                       base=Reducer, instances=True)
 """The reducers by name: ddlstudy's own and installed plugins' (entry points of the group
 ``ddlstudy.reducers``, each a ``Reducer``)."""
 register = REGISTRY.register

@@ -31,6 +31,7 @@ import seaborn as sns
 from matplotlib.figure import Figure
 
 from ddlstudy.errors import UsageError
+from ddlstudy.files import atomic_write
 from ddlstudy.report.runs import LOCAL
 from ddlstudy.report.tables import Report, only_main
 from ddlstudy.report.timeline import plot_timeline
@@ -43,8 +44,8 @@ log = logging.getLogger("ddlstudy")
 def _save(fig: Figure, out: Path, name: str) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / f"{name}.png", out / f"{name}.svg"]
-    fig.savefig(paths[0], dpi=120, bbox_inches="tight")
-    fig.savefig(paths[1], bbox_inches="tight")
+    atomic_write(paths[0], lambda f: fig.savefig(f, format="png", dpi=120, bbox_inches="tight"))
+    atomic_write(paths[1], lambda f: fig.savefig(f, format="svg", bbox_inches="tight"))
     return paths
 
 

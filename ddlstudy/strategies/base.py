@@ -187,7 +187,7 @@ LAYOUT_OPTIONS = {"workers": "sets the replicas, processes or threads",
 """RunConfig fields that lay a strategy out, and what each does."""
 
 REGISTRY: Registry[type[Strategy]] = Registry("--strategy", "strategy",
-                                              group="ddlstudy.strategies")
+                                              group="ddlstudy.strategies", base=Strategy)
 """The strategies by name: ddlstudy's own (registered as their modules are imported) and
 those of installed plugins (entry points of the group ``ddlstudy.strategies``)."""
 register = REGISTRY.register

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from ddlstudy.files import atomic_write_text
+from ddlstudy.files import atomic_write_json, atomic_write_text
 from ddlstudy.sampler import NOISY_CORES
 from ddlstudy.tools.advise.ranking import CHANGES, SAME
 
@@ -76,7 +75,7 @@ def _table(rows: list[dict], ttt: bool) -> list[str]:
 def write(result: dict, out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / "advise.json", out / "advise.md"]
-    atomic_write_text(paths[0], json.dumps(result, indent=2) + "\n")
+    atomic_write_json(paths[0], result)
     atomic_write_text(paths[1], markdown(result) + "\n")
     return paths
 

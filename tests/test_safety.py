@@ -1,0 +1,368 @@
+"""Safety through the real command line (issue 52): no secret on disk, no device
+overwritten, one writer per folder, plugins that cannot break the rest, stale runs read as
+interrupted, a full disk said in one line."""
+
+from __future__ import annotations
+
+import base64
+import http.server
+import json
+import os
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from test_extend import install
+
+from ddlstudy.runfolder import MANIFEST
+
+PASSWORD = "Pw-s3cr3t-52"
+TOKEN = "Tk-s3cr3t-52"
+QUICK = ("--usecase", "tiny", "--epochs", "1", "--max-steps", "2", "--no-snapshot",
+         "--sample-hz", "0")
+
+
+def cli(*args, cwd: Path | None = None, env: dict | None = None, site: Path | None = None,
+        timeout: int = 600) -> subprocess.CompletedProcess:
+    env = dict(os.environ, **(env or {}))
+    if site is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(site), env.get("PYTHONPATH", "")])
+    return subprocess.run([sys.executable, "-m", "ddlstudy", *args], capture_output=True,
+                          text=True, env=env, timeout=timeout, cwd=cwd)
+
+
+def one_line(out: subprocess.CompletedProcess) -> str:
+    """The refusal: exit 2, one line on stderr, no traceback."""
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert out.returncode == 2 and len(lines) == 1, (out.returncode, out.stderr[-2000:])
+    assert "Traceback" not in out.stderr
+    return lines[0]
+
+
+class _Recorder(http.server.BaseHTTPRequestHandler):
+    """A tracking server that answers nothing but 401, keeping the credentials sent."""
+
+    seen: list[str] = []
+
+    def _answer(self) -> None:
+        self.seen.append(self.headers.get("Authorization") or "")
+        self.send_response(401)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    do_GET = do_POST = _answer
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture
+def server():
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    _Recorder.seen = []
+    yield f"http://someone:{PASSWORD}@127.0.0.1:{httpd.server_address[1]}/?token={TOKEN}"
+    httpd.shutdown()
+
+
+def _holding(root: Path, secret: str) -> list[Path]:
+    return [p for p in root.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
+
+
+def test_a_password_in_a_tracking_uri_is_used_and_never_written(tmp_path, datasets_dir,
+                                                                 server):
+    """A run, a study and an export with a tracking URI holding a password: the run still
+    trains and records the tracking error; MLflow got the credentials; no file written,
+    no output, no uploaded artifact holds the password or the token."""
+    runs = tmp_path / "runs"
+    data = ("--datasets-dir", str(datasets_dir))
+    run = cli("run", *QUICK, *data, "--runs-dir", str(runs), "--mlflow", server)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert base64.b64encode(f"someone:{PASSWORD}".encode()).decode() in " ".join(
+        _Recorder.seen)  # the credentials are what connects
+    (manifest,) = runs.glob(f"*/{MANIFEST}")
+    m = json.loads(manifest.read_text())
+    assert m["status"] == "completed" and "401" in m["mlflow"]["error"]
+    assert m["config"]["mlflow"].startswith("http://127.0.0.1:") and "token=***" in \
+        m["config"]["mlflow"] and any("token=***" in a for a in m["command"])
+    plan = tmp_path / "plan.toml"
+    plan.write_text(f'[study]\nname = "sec"\nusecases = ["tiny"]\n[settings]\nepochs = 1\n'
+                    f'max_steps = 2\nno_snapshot = true\nsample_hz = 0\n'
+                    f'datasets_dir = "{datasets_dir}"\nmlflow = "{server}"\n'
+                    f'[[cells]]\nstrategy = "sequential"\n')
+    study = cli("study", str(plan), "--runs-dir", str(tmp_path / "study"))
+    assert study.returncode == 0, study.stderr[-2000:]
+    assert "MLflow (http://127.0.0.1:" in study.stderr  # the error is said, the URI redacted
+    store = f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}"
+    exported = cli("export", "mlflow", str(runs), "--tracking-uri", store)
+    assert exported.returncode == 0, exported.stderr[-2000:]
+    refused = cli("export", "mlflow", str(runs), "--tracking-uri", server)
+    assert "MLflow cannot use tracking URI http://127.0.0.1:" in one_line(refused)
+    assert list((tmp_path / "store" / "mlartifacts").rglob("run-manifest.json"))  # uploaded
+    for out in (run, study, exported, refused):
+        assert PASSWORD not in out.stdout + out.stderr and TOKEN not in out.stdout + out.stderr
+    assert (tmp_path / "study" / "study.json").is_file() and \
+        list((tmp_path / "study" / "logs").glob("*.log"))
+    for secret in (PASSWORD, TOKEN):
+        assert _holding(tmp_path, secret) == [plan], secret  # only the user's own plan
+
+
+def _special(kind: str, path: Path) -> None:
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "socket":
+        sock = socket.socket(socket.AF_UNIX)
+        sock.bind(str(path))
+        sock.close()
+    elif kind == "device":
+        if os.geteuid() != 0:
+            pytest.skip("making a device node (mknod) needs root")
+        os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, 3))  # /dev/null's numbers
+    else:
+        path.mkdir()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "socket", "device", "folder"])
+def test_force_replaces_no_device_fifo_socket_or_folder(tmp_path, kind):
+    """--force may replace a file or a link, nothing else: export model and usecase new
+    onto each other kind are refused in one line, and it is left as it was."""
+    imgs = tmp_path / "imgs"
+    for cls in ("a", "b"):
+        (imgs / cls).mkdir(parents=True)
+    for name, args in (("model.pt", ["export", "model", str(tmp_path / "no-run"), "--out"]),
+                       ("x.toml", ["usecase", "new", "--data-dir", str(imgs), "--out"])):
+        target = tmp_path / name
+        _special(kind, target)
+        before = target.lstat()
+        said = one_line(cli(*args, str(target), "--force"))
+        assert str(target) in said and ("never replaced" in said or "folder" in said), said
+        after = target.lstat()
+        assert (after.st_mode, after.st_ino, after.st_rdev) == (
+            before.st_mode, before.st_ino, before.st_rdev)
+
+
+def test_a_runs_folder_whose_name_is_not_utf8_is_refused_in_one_line(tmp_path):
+    runs = os.fsencode(tmp_path) + b"/runs-\xff"
+    out = subprocess.run([sys.executable, "-m", "ddlstudy", "run", *QUICK, "--runs-dir",
+                          runs], capture_output=True, text=True, timeout=300)
+    assert "--runs-dir" in one_line(out) and "UTF-8" in out.stderr
+    assert not os.path.exists(runs)
+
+
+BAD_PLUGINS = '''
+from ddlstudy.strategies import Strategy
+
+
+class NoSummary(Strategy):
+    name = "no-summary"
+
+    def worker(self, job, link, device):
+        pass
+
+
+class OnlyName:
+    name = "only-name"
+
+
+def a_function():
+    return None
+'''
+
+
+def test_a_plugin_of_the_wrong_shape_or_that_exits_is_named_and_left_out(tmp_path,
+                                                                          datasets_dir):
+    """Entry points whose object is a function, a class with only a name, or a module
+    whose import raises SystemExit or KeyboardInterrupt: each named in one warning, left
+    out; the listing, a built-in strategy and the good plugin still work."""
+    extra = ("fn = bad_plugins:a_function\nonly-name = bad_plugins:OnlyName\n"
+             "exits = exits_plugin\nstopped = stopped_plugin\n"
+             "no-summary = bad_plugins:NoSummary\n")
+    (tmp_path / "site").mkdir()
+    site = install(tmp_path / "site", extra)
+    (site / "bad_plugins.py").write_text(BAD_PLUGINS)
+    (site / "exits_plugin.py").write_text("raise SystemExit(0)\n")
+    (site / "stopped_plugin.py").write_text("raise KeyboardInterrupt\n")
+    listed = cli("strategies", site=site)
+    assert listed.returncode == 0, listed.stderr
+    warnings = [line for line in listed.stderr.splitlines() if line.strip()]
+    assert len(warnings) == 5 and all("left out" in w for w in warnings), warnings
+    said = "\n".join(warnings)
+    assert "the function a_function, not a subclass of Strategy" in said
+    assert "only-name = bad_plugins:OnlyName" in said and "the class OnlyName, not" in said
+    assert "no-summary = bad_plugins:NoSummary" in said and "its summary is None" in said
+    assert "SystemExit" in said and "KeyboardInterrupt" in said
+    names = [line.split()[0] for line in listed.stdout.splitlines() if line[:1] != " "]
+    assert names[0] == "sequential" and names[-1] == "cpu-loaders" and "only-name" not in names \
+        and "no-summary" not in names
+    runs = tmp_path / "runs"
+    for strategy in (["cpu-processes", "--workers", "2"], ["cpu-loaders"]):
+        ran = cli("run", *QUICK, "--datasets-dir", str(datasets_dir), "--runs-dir", str(runs),
+                  "--strategy", *strategy, site=site)
+        assert ran.returncode == 0, ran.stderr[-2000:]
+    assert len(list(runs.glob(f"*/{MANIFEST}"))) == 2
+    unknown = cli("run", *QUICK, "--strategy", "exits", site=site)
+    assert unknown.returncode == 2 and "unknown strategy 'exits'" in unknown.stderr
+
+
+def _gone_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+STUDY = ('[study]\nname = "one"\nusecases = ["tiny"]\nrepeat = 1\n[settings]\nepochs = {epochs}\n'
+         'no_snapshot = true\nsample_hz = 0\ndatasets_dir = "{data}"\n'
+         '[[cells]]\nstrategy = "sequential"\n')
+
+
+def test_one_study_at_a_time_in_a_folder_and_a_lock_left_by_a_killed_one(tmp_path,
+                                                                          datasets_dir):
+    """A second study on a folder in use is refused, naming the first's PID and command;
+    once the first is killed (SIGKILL: it cannot release its lock), the next takes its
+    lock over and says so."""
+    plan, runs = tmp_path / "plan.toml", tmp_path / "runs"
+    plan.write_text(STUDY.format(epochs=10000, data=datasets_dir))
+    first = subprocess.Popen([sys.executable, "-m", "ddlstudy", "study", str(plan),
+                              "--runs-dir", str(runs), "--quiet"], start_new_session=True,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        lock = runs / ".ddlstudy.lock"
+        while not (lock.is_file() and lock.read_text()):
+            assert first.poll() is None, "the first study ended early"
+            time.sleep(0.2)  # waits for the lock to be taken, asserts no timing
+        said = one_line(cli("study", str(plan), "--runs-dir", str(runs), "--resume"))
+        assert f"PID {first.pid} " in said and "in use by another study" in said
+        assert "study" in said.split("(", 1)[1]  # its command
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait()
+    third = cli("study", str(plan), "--runs-dir", str(runs))  # refused: it holds runs
+    assert f"took over the lock left by PID {first.pid} " in third.stderr
+    assert third.returncode == 2 and "already holds runs of study 'one'" in third.stderr
+
+
+def test_two_runs_given_one_run_id_one_is_refused(tmp_path, datasets_dir):
+    """Two runs started at once with one DDLSTUDY_RUN_ID: one runs, the other is refused
+    in one line (whichever comes second, before or after the other made its folder); two
+    exports into one new MLflow store both succeed, one MLflow run made."""
+    runs = tmp_path / "runs"
+    cmd = [sys.executable, "-m", "ddlstudy", "run", *QUICK, "--datasets-dir",
+           str(datasets_dir), "--runs-dir", str(runs)]
+    env = dict(os.environ, DDLSTUDY_RUN_ID="same-id")
+    both = [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True) for _ in range(2)]
+    ended = sorted((p.wait(timeout=600), p.stderr.read()) for p in both)
+    for p in both:
+        p.stdout.close()
+        p.stderr.close()
+    assert [code for code, _ in ended] == [0, 2], ended
+    assert "same-id already exists" in ended[1][1] and "Traceback" not in ended[1][1]
+    store = f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}"
+    exports = [subprocess.Popen([sys.executable, "-m", "ddlstudy", "export", "mlflow",
+                                 str(runs), "--tracking-uri", store], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=600) + (p.returncode,) for p in exports]
+    assert [code for *_, code in outs] == [0, 0], outs
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=store)
+    (exp,) = [e for e in client.search_experiments() if e.name == "runs"]
+    assert len(client.search_runs([exp.experiment_id])) == 1
+
+
+def test_a_run_whose_process_is_gone_reads_as_interrupted_and_resume_reruns_it(
+        tmp_path, datasets_dir):
+    """A study's run left "running" by a process that is gone: the report counts it
+    interrupted (not running), export logs it KILLED, and study --resume runs its cell
+    again."""
+    plan, runs = tmp_path / "plan.toml", tmp_path / "runs"
+    plan.write_text(STUDY.format(epochs=1, data=datasets_dir))
+    assert cli("study", str(plan), "--runs-dir", str(runs), "--quiet").returncode == 0
+    (file,) = runs.glob(f"*/{MANIFEST}")
+    m = json.loads(file.read_text())
+    m.update(status="running", ended_at=None, exit_code=None, pid=_gone_pid())
+    file.write_text(json.dumps(m))  # as a SIGKILLed run leaves it
+    report = cli("report", str(runs))
+    assert report.returncode == 0 and "running" not in report.stdout, report.stdout
+    assert "interrupted" in report.stdout
+    store = f"sqlite:///{tmp_path / 'store.db'}"
+    assert cli("export", "mlflow", str(runs), "--tracking-uri", store).returncode == 0
+    from mlflow import MlflowClient
+
+    (run,) = MlflowClient(tracking_uri=store).search_runs(
+        [e.experiment_id for e in MlflowClient(tracking_uri=store).search_experiments()],
+        f"tags.ddlstudy_run_id = '{m['id']}'")
+    assert run.info.status == "KILLED"
+    resumed = cli("study", str(plan), "--runs-dir", str(runs), "--resume", "--quiet")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    cells = json.loads((runs / "study.json").read_text())["cells"]
+    assert [c["status"] for c in cells] == ["completed"] and cells[0]["run"] != m["id"]
+    assert json.loads(file.read_text())["status"] == "running"  # read as, not rewritten
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 1 MiB tmpfs inside the test's folder (root only), unmounted after."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1M", "tmpfs", str(mnt)],
+                          capture_output=True, text=True)
+    if made.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {made.stderr.strip()}")
+    yield mnt
+    subprocess.run(["umount", str(mnt)], check=True)
+
+
+def _fill(mnt: Path, leave: int = 0) -> None:
+    """Fill ``mnt`` but ``leave`` bytes."""
+    with open(mnt / "filler", "wb") as f:
+        try:
+            left = os.statvfs(mnt).f_bavail * os.statvfs(mnt).f_frsize - leave
+            f.write(b"\0" * max(left, 0))
+            f.flush()
+        except OSError:
+            pass
+
+
+def _half_written(mnt: Path) -> list[Path]:
+    return [p for p in mnt.rglob("*") if p.name != "filler" and (
+        ".tmp-" in p.name or (p.is_file() and p.stat().st_size == 0))]
+
+
+def test_a_full_disk_outside_run_is_said_in_one_line(tmp_path, datasets_dir, small_disk,
+                                                     tiny):
+    """dataset make, usecase new, export model, report --out and run --mlflow onto a full
+    disk: one line, exit 2, nothing half-written left."""
+    runs = tmp_path / "runs"
+    made = cli("run", "--usecase", "tiny", "--epochs", "1", "--max-steps", "2", "--sample-hz",
+               "0", "--datasets-dir", str(datasets_dir), "--runs-dir", str(runs))
+    assert made.returncode == 0, made.stderr[-2000:]
+    (run,) = runs.glob("*/")
+    said = one_line(cli("dataset", "make", "--usecase", "tiny", "--out",
+                        str(small_disk / "tiny")))  # 1 MiB holds no data set
+    assert "the disk is full" in said and not list(small_disk.iterdir())
+    _fill(small_disk)
+    for args, out in ((["usecase", "new", "--data-dir", str(datasets_dir / tiny.data.name),
+                        "--model", "alexnet", "--image-size", "64", "--out"], "x.toml"),
+                      (["export", "model", str(run), "--out"], "model.pt"),
+                      (["run", *QUICK, "--datasets-dir", str(datasets_dir), "--mlflow",
+                        "--runs-dir"], "runs")):
+        ended = cli(*args, str(small_disk / out))
+        said = ended.stderr.strip().splitlines()[-1]  # run --mlflow: MLflow's warning first
+        assert ended.returncode == 2 and "Traceback" not in ended.stderr, ended.stderr[-2000:]
+        assert "No space left on device" in said and "free some space" in said, said
+        assert not (small_disk / out).exists() or out == "runs" and not list(
+            (small_disk / out).glob("*/")), out  # no run folder without its manifest
+    (small_disk / "filler").unlink()
+    _fill(small_disk, leave=24 * 1024)  # the tables fit, the figures do not
+    report = cli("report", str(runs), "--out", str(small_disk / "report"))
+    assert "No space left on device" in one_line(report)
+    assert not _half_written(small_disk)
