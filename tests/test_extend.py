@@ -72,7 +72,7 @@ def test_a_plugin_is_listed_with_ddlstudys_own(plugin):
     strategies = cli(plugin, "strategies")
     assert strategies.returncode == 0, strategies.stderr
     names = [line.split()[0] for line in strategies.stdout.splitlines() if line[:1] != " "]
-    assert names[0] == "sequential" and names[-1] == "cpu-loaders" and len(names) == 8
+    assert names[0] == "sequential" and names[-1] == "cpu-loaders" and len(names) == 11
     backends = cli(plugin, "backends")
     assert [line.split()[0] for line in backends.stdout.splitlines()] == [
         "local", "mpi", "spark", "local-nodes"]

@@ -19,12 +19,13 @@ RUN_FLAGS = [
     "--image-size", "--init-weights",
     "--loader-workers", "--lr", "--lr-scaling", "--lr-warmup-epochs", "--max-steps",
     "--max-val-steps",
-    "--micro-batches", "--mlflow", "--model", "--no-data-cache",
+    "--micro-batches", "--mlflow", "--model", "--no-data-cache", "--no-reshard-after-forward",
     "--no-snapshot", "--nodes", "--on-bad-image", "--precision", "--reduce", "--replicas",
     "--runs-dir", "--sample-hz", "--scaling", "--schedule", "--seed", "--snapshot-every",
     "--spark-master",
     "--spark-secret-file", "--spark-sync", "--spark-ui", "--stage-starts", "--stages",
-    "--strategy", "--sync-every", "--target-accuracy", "--tensorboard", "--transport",
+    "--strategy", "--sync-every", "--target-accuracy", "--tensor", "--tensorboard",
+    "--transport",
     "--usecase", "--warmup-steps", "--workers",
 ]
 

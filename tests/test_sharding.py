@@ -19,8 +19,9 @@ OWN_NET = f"{Path(__file__).parent / 'models' / 'own_net.py'}:small_resnet"
 
 
 def _run(runs: Path, datasets_dir: Path, *extra: str) -> Path:
+    workers = () if "--workers" in extra else ("--workers", "2")
     out = _cli("run", "--usecase", "tiny", "--datasets-dir", str(datasets_dir), "--runs-dir",
-               str(runs), "--sample-hz", "0", "--quiet", "--workers", "2", *extra)
+               str(runs), "--sample-hz", "0", "--quiet", *workers, *extra)
     assert out.returncode == 0, out.stderr[-3000:]
     (folder,) = runs.glob("*/")
     return folder
@@ -36,7 +37,7 @@ def test_sharded_and_zero_train_as_cpu_processes(model, tmp_path, datasets_dir):
     """The same slices, dropout masks and averaged gradients: the same losses, epoch by
     epoch (FSDP2 sums a reduce-scatter where cpu-processes sums its shared slots: float
     tolerance, not bits)."""
-    extra = ("--epochs", "2", "--max-steps", "4", "--no-snapshot",
+    extra = ("--epochs", "2", "--max-steps", "3", "--no-snapshot",
              *(("--model", model) if model else ()))
     base = _losses(_run(tmp_path / "dp", datasets_dir, "--strategy", "cpu-processes", *extra))
     for strategy in ("sharded", "zero"):
@@ -78,3 +79,25 @@ def test_a_sharded_snapshot_exports_into_a_plain_model(tmp_path, datasets_dir):
     assert all(torch.equal(plain.state_dict()[k], snap[k]) for k in snap)
     assert not all(torch.equal(v, build_model(tiny.model, 3).state_dict()[k])
                    for k, v in snap.items())  # trained weights, not fresh ones
+
+
+@pytest.mark.slow
+def test_under_mpi_each_trains_as_its_local_twin(tmp_path, datasets_dir):
+    """MPI nodes of sharded are HSDP (shards within a node, each averaged between nodes by
+    the reducer), of tensor a tensor-parallel group a node: each takes the steps of one
+    node of as many processes (tensor's twin: the 2-D mesh of sharded --tensor)."""
+    extra = ("--epochs", "1", "--max-steps", "3", "--no-snapshot")
+    mpi = ("--backend", "mpi", "--nodes", "2")
+    pairs = {"sharded": (("--strategy", "sharded", "--workers", "1", *mpi),
+                         ("--strategy", "sharded", "--workers", "2")),
+             "zero": (("--strategy", "zero", "--workers", "1", *mpi),
+                      ("--strategy", "cpu-processes", "--workers", "2")),
+             "tensor": (("--strategy", "tensor", "--workers", "2", *mpi),
+                        ("--strategy", "sharded", "--workers", "4", "--tensor", "2"))}
+    for name, (nodes, local) in pairs.items():
+        a = _run(tmp_path / f"{name}-mpi", datasets_dir, *extra, *nodes)
+        b = _run(tmp_path / f"{name}-local", datasets_dir, *extra, *local)
+        assert _losses(a) == pytest.approx(_losses(b), rel=1e-5), name
+        assert _manifest(a)["backend"]["name"] == "mpi"
+    assert _manifest(a)["backend"]["mesh"] == {"tensor": 2, "nodes": 2, "pairs": [
+        ["classifier.1", "classifier.4"]]}

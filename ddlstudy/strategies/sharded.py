@@ -45,9 +45,6 @@ class _Sharding(CpuProcesses):
     table = 1
     shards: str
     """What it shards, for `ddlstudy strategies` and the report."""
-    crosses_nodes = False
-    """Whether its nodes can be MPI ranks or Spark tasks (its shards averaged between
-    nodes)."""
 
     def layout(self, cfg: RunConfig) -> Layout:
         k = self.workers(cfg)
@@ -59,10 +56,10 @@ class _Sharding(CpuProcesses):
         return None
 
     def check(self, cfg: RunConfig) -> None:
-        if cfg.backend != "local" and not self.crosses_nodes:
-            raise Unavailable("--backend", f"{self.name} runs on one node (--backend local) "
-                              f"in this version: its processes' shards are not yet averaged "
-                              f"between nodes; across nodes use cpu-processes")
+        if cfg.backend == "spark":
+            raise Unavailable("--backend", f"a Spark barrier task is one process, and "
+                              f"{self.name} splits the model over a node's processes; use "
+                              f"--backend mpi, whose ranks lead nodes of several processes")
         if cfg.precision == "fp16":
             raise ConfigError("--precision", f"{self.name} has no fp16 gradient scaler yet: "
                               f"use bf16")
@@ -124,7 +121,6 @@ class Zero(_Sharding):
                "torch's ZeroRedundancyOptimizer): each steps 1/k of the weights")
     flags = "--workers K (processes, default: usable cores), --loader-workers, --transport"
     accumulates = True
-    crosses_nodes = True  # every process holds the whole gradient, averaged as cpu-processes'
 
     def check(self, cfg: RunConfig) -> None:
         _Sharding.check(self, cfg)

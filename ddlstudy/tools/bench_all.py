@@ -18,6 +18,9 @@ per repeat, then summarised as min / median / max:
               sequential baseline (steady images/s), each one's step against the bound
               of its own stage times, and the pipeline model's prediction against it;
               1F1B's pipeline and hybrid through shared memory / the same through gloo
+- sharding:   sharded and zero (2 processes) / cpu-processes (2), tensor (2) /
+              cpu-intraop (2 threads): images/s, peak resident memory of a process, and
+              the bytes its parameters, gradients and optimizer state hold
 - reducers:   each reducer / MPI's own Allreduce on the use case's gradient (time)
 - transport:  cpu-processes (2) averaging through this host's shared memory / the same
               over gloo's TCP (plain DDP), steady images/s
@@ -281,6 +284,40 @@ def exchanges(groups: list[str], what: What, steps: int, repeats: int,
     return [r for key in speed for r in (speed[key], start[key])]
 
 
+SHARDING = {"sharded": "cpu-processes", "zero": "cpu-processes", "tensor": "cpu-intraop"}
+"""The sharding group: each strategy (2 processes) and the layout it is measured against."""
+
+
+def _memory(manifest: dict) -> tuple[float, float]:
+    """A run's peak resident MiB of its largest process, and the MiB that process's own
+    parameters, gradients and optimizer state hold."""
+    rows = manifest["backend"]["memory"]["per_rank"]
+    top = max(rows, key=lambda r: r["peak_rss_bytes"])
+    held = top["held_bytes"]
+    return top["peak_rss_bytes"] / 2**20, sum(held[k] for k in (
+        "parameters", "gradients", "optimizer_state")) / 2**20
+
+
+def sharding(what: What, steps: int, repeats: int, runs: Path) -> list[Ratio]:
+    """Each repeat runs every layout of SHARDING once, alternating: each strategy's
+    images/s, peak memory per process and bytes held per process against its twin's."""
+    ratios = {(s, kind): Ratio("sharding", f"{s} / {twin}{label}", unit)
+              for s, twin in SHARDING.items() for kind, label, unit in (
+                  ("speed", "", "images/s"), ("peak", ": peak resident memory a process",
+                                                  "MiB"),
+                  ("held", ": parameters + gradients + optimizer state a process", "MiB"))}
+    flags = {name: ["--strategy", name, "--workers", "2"] for name in
+             (*SHARDING, *SHARDING.values())}
+    for _ in range(repeats):
+        done = {name: _run(runs, what, steps, *f) for name, f in flags.items()}
+        for s, twin in SHARDING.items():
+            for side, run in (("a", done[s]), ("b", done[twin])):
+                peak, held = _memory(run)
+                for kind, value in (("speed", _steady(run)), ("peak", peak), ("held", held)):
+                    getattr(ratios[s, kind], side).append(value)
+    return list(ratios.values())
+
+
 def bench_all(what: What, steps: int, repeats: int, groups: list[str],
               hosts: str | None = None) -> dict:
     from ddlstudy import environment
@@ -310,6 +347,8 @@ def bench_all(what: What, steps: int, repeats: int, groups: list[str],
                 results += strategies(what, steps, repeats, runs)
             elif group == "pipeline":
                 results += pipelines(what, steps, repeats, runs)
+            elif group == "sharding":
+                results += sharding(what, steps, repeats, runs)
             elif group == "reducers":
                 results += reducers(what, repeats, hosts)
             elif group in joined:

@@ -42,12 +42,16 @@ def ddp_step(model: nn.Module, optimizer: torch.optim.Optimizer,
              loss_fn: nn.Module, global_batch: int, world: int,
              device: torch.device | None = None, accumulate: int = 1,
              scaler: torch.amp.GradScaler | None = None,
-             no_sync: Callable[[], contextlib.AbstractContextManager] | None = None) -> StepFn:
+             no_sync: Callable[[], contextlib.AbstractContextManager] | None = None,
+             between: Callable[[int], None] | None = None) -> StepFn:
     """A rank's slice of the batch (as ``accumulate`` micro-batches, all but the last under
     ``no_sync``: DDP's own unless given, e.g. FSDP's), its loss scaled by world x n /
-    global batch since DDP (and FSDP) divide by world."""
+    global batch since DDP (and FSDP) divide by world; ``between(step)``, where given,
+    averages the gradients between nodes before the optimizer steps."""
+    count = 0
 
     def step(batch: Batch) -> tuple[float, int, int]:
+        nonlocal count
         images, labels = batch
         if device is not None:
             images = images.to(device, non_blocking=True)
@@ -58,6 +62,9 @@ def ddp_step(model: nn.Module, optimizer: torch.optim.Optimizer,
                                              scale=world * n / global_batch,
                                              no_sync=no_sync or model.no_sync,
                                              scaler=scaler)
+        if between is not None:
+            between(count)
+        count += 1
         optimizer_step(optimizer, scaler)
         return loss_sum, correct, n
 

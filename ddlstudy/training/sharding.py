@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+from collections.abc import Callable, Iterator
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -34,7 +36,6 @@ from torch.distributed.tensor.parallel import (
 from ddlstudy.training.job import Job, Link, States
 from ddlstudy.training.loaders import make_loaders
 from ddlstudy.training.one_model import ddp_step, train_one_model
-from ddlstudy.training.steps import plain_step
 from ddlstudy.training.tensor_plan import pairs_in
 from ddlstudy.training.worker import new_model, new_optimizer, record, train_worker
 
@@ -84,12 +85,15 @@ def shard_model(model: nn.Module, mesh: DeviceMesh, precision: str = "fp32",
     return units
 
 
-def mesh_of(link: Link, tensor: int) -> DeviceMesh:
-    """The node's processes as a mesh: ("shard",) or, with ``tensor`` > 1, ("shard",
-    "tensor"), tensor parallel among consecutive ranks."""
-    shape = (link.world // tensor, tensor) if tensor > 1 else (link.world,)
-    names = ("shard", "tensor")[:len(shape)]
-    return init_device_mesh("cpu", shape, mesh_dim_names=names)
+def mesh_of(processes: int, tensor: int) -> DeviceMesh:
+    """The node's ``processes`` (its process group) as a mesh: ("shard",), or ("shard",
+    "tensor") with ``tensor`` > 1, tensor parallel among consecutive ranks, or ("tensor",)
+    where every process is in the tensor group."""
+    if tensor == 1 or tensor == processes:
+        return init_device_mesh("cpu", (processes,),
+                                mesh_dim_names=("shard" if tensor == 1 else "tensor",))
+    return init_device_mesh("cpu", (processes // tensor, tensor),
+                            mesh_dim_names=("shard", "tensor"))
 
 
 def tensor_parallel(model: nn.Module, mesh: DeviceMesh) -> list[tuple[str, str]]:
@@ -127,13 +131,67 @@ def _fsdp_no_sync(model: nn.Module):
         model.set_requires_gradient_sync(True)
 
 
+def between_nodes(link: Link, params: list[nn.Parameter]) -> Callable[[int], None] | None:
+    """Where the run's nodes are several (MPI ranks leading nodes of processes): each
+    process's local gradients (its shards) averaged with the same shards of every other
+    node, HSDP's exchange. The node's shards meet on its leader, which averages them
+    between the leaders by the run's reducer (``link.between``) and hands them back; None
+    on a run of one node."""
+    k = dist.get_world_size()
+    if link.world == k:
+        return None
+    leader = dist.get_rank() == 0
+
+    def exchange(step: int) -> None:
+        local = [getattr(p.grad, "_local_tensor", p.grad) for p in params]
+        flat = torch.cat([g.reshape(-1) for g in local])
+        sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(k)]
+        dist.all_gather(sizes, torch.tensor([flat.numel()]))
+        counts = [int(n) for n in sizes]
+        padded = torch.zeros(max(counts))
+        padded[:flat.numel()] = flat
+        parts = [torch.empty_like(padded) for _ in range(k)] if leader else None
+        dist.gather(padded, parts, dst=0)
+        if leader:  # a node of one process averages through the link's own exchange
+            whole = torch.cat([part[:n] for part, n in zip(parts, counts, strict=True)])
+            (link.between or link.exchange)(whole, step)
+            for part, mine in zip(parts, whole.split(counts), strict=True):
+                part[:mine.numel()] = mine
+        dist.scatter(padded, parts, src=0)
+        torch._foreach_copy_(local, [part.view_as(g) for part, g in zip(
+            padded[:flat.numel()].split([g.numel() for g in local]), local, strict=True)])
+
+    return exchange
+
+
+@contextlib.contextmanager
+def node_group() -> Iterator[None]:
+    """The node's process group, or, for a node of one process (an MPI rank alone, or
+    --workers 1), a group of this process alone: a mesh and a sharded optimizer need one."""
+    if dist.is_initialized():
+        yield
+        return
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
 def train_sharded(job: Job, link: Link, device: torch.device,
                   loader_workers: int | None = None) -> None:
-    """A node's process of ``sharded``: FSDP2 over the node's processes (on the mesh's
-    shard dimension, tensor parallel on the other where --tensor is given)."""
+    with node_group():
+        _train_sharded(job, link, device, loader_workers)
+
+
+def _train_sharded(job: Job, link: Link, device: torch.device,
+                   loader_workers: int | None = None) -> None:
+    """A process of ``sharded``: FSDP2 over its node's processes (on the mesh's shard
+    dimension, tensor parallel on the other where --tensor is given); between nodes,
+    each shard averaged by the run's reducer (HSDP)."""
     cfg = job.cfg
     tensor = cfg.tensor or 1
-    mesh = mesh_of(link, tensor)
+    mesh = mesh_of(dist.get_world_size(), tensor)
     dp_rank, dp = link.rank // tensor, link.world // tensor
     model = new_model(cfg, dp_rank, device)  # a tensor group shares its dropout masks
     if tensor > 1:
@@ -144,9 +202,11 @@ def train_sharded(job: Job, link: Link, device: torch.device,
     train, val = make_loaders(cfg, job.data, shard=(dp_rank, dp) if dp > 1 else None,
                               loader_workers=loader_workers)
     step = ddp_step(model, optimizer, nn.CrossEntropyLoss(), cfg.global_batch, dp, device,
-                    cfg.accumulate, no_sync=lambda: _fsdp_no_sync(model))
+                    cfg.accumulate, no_sync=lambda: _fsdp_no_sync(model),
+                    between=between_nodes(link, list(model.parameters())))
     if link.rank == 0:
-        record(job, "mesh", {"shard": dp, "tensor": tensor, "units": units})
+        record(job, "mesh", {"shard": dist.get_world_size() // tensor, "tensor": tensor,
+                             "nodes": link.world // dist.get_world_size(), "units": units})
     train_worker(job, counted_once(link, tensor), model, optimizer, step, train, val,
                  device=device, states=full_states(model, optimizer))
 
@@ -154,22 +214,33 @@ def train_sharded(job: Job, link: Link, device: torch.device,
 def train_zero(job: Job, link: Link, device: torch.device,
                loader_workers: int | None = None) -> None:
     """A node's process of ``zero``: cpu-processes' worker, its optimizer state sharded."""
-    train_one_model(job, link, device, loader_workers, zero=True)
+    with node_group():
+        train_one_model(job, link, device, loader_workers, zero=True)
 
 
 def train_tensor(job: Job, link: Link, device: torch.device,
                  loader_workers: int | None = None) -> None:
-    """A node's process of ``tensor``: the whole batch, the Linear pairs split over the
-    node's processes, everything else computed alike by each."""
-    cfg = job.cfg
-    mesh = init_device_mesh("cpu", (link.world,), mesh_dim_names=("tensor",))
-    model = new_model(cfg, None, device)  # every process the baseline's dropout stream
-    pairs = tensor_parallel(model, mesh)
-    optimizer = new_optimizer(model.parameters(), cfg)
-    train, val = make_loaders(cfg, job.data, shard=None, loader_workers=loader_workers)
-    step = plain_step(model, optimizer, nn.CrossEntropyLoss(), cfg.accumulate)
-    if link.rank == 0:
-        record(job, "mesh", {"tensor": link.world, "pairs": [list(p) for p in pairs]})
-    train_worker(job, counted_once(link, link.world), model, optimizer, step, train, val,
-                 device=device, states=full_states(model, optimizer))
+    with node_group():
+        _train_tensor(job, link, device, loader_workers)
 
+
+def _train_tensor(job: Job, link: Link, device: torch.device,
+                  loader_workers: int | None = None) -> None:
+    """A process of ``tensor``: its node's slice of every batch (all of it on one node),
+    the Linear pairs split over the node's processes, everything else computed alike by
+    each; between nodes, every process's gradients averaged with its twins'."""
+    cfg = job.cfg
+    k = dist.get_world_size()
+    nodes, node = link.world // k, link.rank // k
+    model = new_model(cfg, None if nodes == 1 else node, device)  # one stream a node
+    pairs = tensor_parallel(model, mesh_of(k, k))
+    optimizer = new_optimizer(model.parameters(), cfg)
+    train, val = make_loaders(cfg, job.data, shard=(node, nodes) if nodes > 1 else None,
+                              loader_workers=loader_workers)
+    step = ddp_step(model, optimizer, nn.CrossEntropyLoss(), cfg.global_batch, nodes, device,
+                    cfg.accumulate, no_sync=contextlib.nullcontext,
+                    between=between_nodes(link, list(model.parameters())))
+    if link.rank == 0:
+        record(job, "mesh", {"tensor": k, "nodes": nodes, "pairs": [list(p) for p in pairs]})
+    train_worker(job, counted_once(link, k), model, optimizer, step, train, val,
+                 device=device, states=full_states(model, optimizer))
