@@ -366,6 +366,8 @@ CASES = [
     (["bench", "overhead", "--repeats", "0"], "--repeats: must be a positive integer"),
     (["bench", "sampler", "--hz", "nan"], "--hz: must be a rate above 0 and at most 100"),
     (["bench", "all", "--only", "nope"], "--only: unknown group(s) nope"),
+    (["bench", "collectives", "--processes", "0"], "--processes: must be a positive integer"),
+    (["bench", "collectives", "--size", "2.5"], "--size: 2.5: give a whole number of floats"),
     ([], "the following arguments are required: COMMAND"),
     (["frobnicate"], "argument COMMAND: invalid choice: 'frobnicate'"),
 ]

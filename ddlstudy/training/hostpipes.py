@@ -19,7 +19,6 @@ group's timeout; a message of a size the receiver did not expect breaks the grou
 
 from __future__ import annotations
 
-import logging
 import mmap
 from collections import deque
 from dataclasses import dataclass
@@ -32,8 +31,6 @@ import torch.distributed as dist
 from ddlstudy.training import hostshm
 from ddlstudy.training.hostmem import HEADER
 from ddlstudy.training.hostshm import usable
-
-log = logging.getLogger("ddlstudy")
 
 BACKEND = "ddlstudy-pipes"
 """The name this module registers with torch.distributed (``new_group(backend=...)``)."""
@@ -238,16 +235,9 @@ def create(store: dist.Store, rank: int, size: int, timeout: timedelta,
     """Every rank of a new group: its HostPipes, or None on every rank where some rank could
     not open the shared file and the doorbells (another host, no /dev/shm, no room)."""
     total = HEADER + len(neighbours(size)) * (CONTROL + ring_bytes)
-    shared, why = hostshm.open_shared(store, rank, size, total, "ddlstudy-pipes")
-    if shared is None:
-        if rank == 0 and why:  # a host whose /dev/shm is missing or too small
-            log.warning("pipeline stages through gloo, not shared memory: %s; give the "
-                        "container more (docker run --shm-size) or pass --transport gloo", why)
-        elif rank == 0:
-            log.info("pipeline stages through gloo: not every stage could open this host's "
-                     "shared memory")
-        return None
-    return HostPipes(rank, size, shared, ring_bytes, timeout)
+    shared = hostshm.open_shared(store, rank, size, total, "ddlstudy-pipes",
+                                 "pipeline stages", " or pass --transport gloo")
+    return None if shared is None else HostPipes(rank, size, shared, ring_bytes, timeout)
 
 
 def _create_backend(options, pipes: PipesOptions | None):

@@ -13,6 +13,7 @@ on its doorbell (``sleep_until``), rung by a peer that did something it may wait
 from __future__ import annotations
 
 import contextlib
+import logging
 import mmap
 import os
 import platform
@@ -26,6 +27,8 @@ from pathlib import Path
 import torch.distributed as dist
 
 from ddlstudy.training.hostmem import SHM_DIR, reserve
+
+log = logging.getLogger("ddlstudy")
 
 TOKEN_BYTES = 32
 """The token's length at the file's start (its first page, ``hostmem.HEADER``, is left to
@@ -73,11 +76,25 @@ def _make(base: Path, total: int, size: int, token: str) -> None:
         raise
 
 
-def open_shared(store: dist.Store, rank: int, size: int, total: int,
-                prefix: str) -> tuple[Shared | None, str]:
+def open_shared(store: dist.Store, rank: int, size: int, total: int, prefix: str,
+                what: str, hint: str = "") -> Shared | None:
     """Every rank of a new group (a collective over ``store``): the file of ``total`` bytes
     (its first page the token's) and the doorbells, or None on every rank where some rank
-    could not open them; and on rank 0, why it could not make them ("" if it could)."""
+    could not open them; then rank 0 logs that ``what`` go through gloo, and why (a
+    full or missing /dev/shm: a warning, with ``hint``)."""
+    shared, why = _open_shared(store, rank, size, total, prefix)
+    if shared is None and rank == 0 and why:  # a host whose /dev/shm is missing or too small
+        log.warning("%s through gloo, not shared memory: %s; give the container more "
+                    "(docker run --shm-size)%s", what, why, hint)
+    elif shared is None and rank == 0:
+        log.info("%s through gloo: not every rank could open this host's shared memory "
+                 "(ranks on several hosts)", what)
+    return shared
+
+
+def _open_shared(store: dist.Store, rank: int, size: int, total: int,
+                 prefix: str) -> tuple[Shared | None, str]:
+    """``open_shared``'s file and doorbells, and on rank 0 why it could not make them."""
     why = ""
     if rank == 0:
         token = secrets.token_hex(TOKEN_BYTES // 2)
