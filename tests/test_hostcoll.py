@@ -34,7 +34,7 @@ def _differences(g, rank) -> list:
     whose results differ."""
     gen = torch.Generator().manual_seed(rank)
     bad = []
-    for dt in (torch.float32, torch.bfloat16, torch.int64):
+    for dt in (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64):
         x = (torch.randn(1000, generator=gen) * 100).to(dt)
         for op in (R.SUM, R.AVG, R.MIN, R.MAX):
             if op == R.AVG and dt == torch.int64:
@@ -151,8 +151,8 @@ def test_collectives_give_gloos_bits_and_gloo_does_the_rest(tmp_path):
         assert r["objects"] == [{"rank": 0}, {"rank": 1}]
         assert r["product"] == [6.0, 6.0]
         assert r["counts"]["gloo allreduce"] == 1  # the product; every other one moved here
-        assert r["counts"]["allreduce"] == 3 * 4 - 1 + 3  # 11 compared, 3 odd shapes
-        assert r["counts"]["allgather"] == 3 + 2  # all_gather_object: sizes, then bytes
+        assert r["counts"]["allreduce"] == 5 * 4 - 1 + 3  # 19 compared, 3 odd shapes
+        assert r["counts"]["allgather"] == 5 + 2  # all_gather_object: sizes, then bytes
         assert not r["huge"] and not r["refused"] and r["refused sum"] == [3.0] * 5
     assert results[1]["got"].tolist() == [0.0, 1.0, 2.0, 3.0]
     assert results[0]["late"].startswith("rank 0 waited 2 s in a collective for rank(s) [1]")

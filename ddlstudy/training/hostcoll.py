@@ -50,6 +50,7 @@ the 2-core development host on 2026-11-27, while other processes kept both cores
 from __future__ import annotations
 
 import logging
+import threading
 from collections import Counter
 from dataclasses import dataclass
 from datetime import timedelta
@@ -132,6 +133,7 @@ class HostColl(hostshm.NamedGroup):
         self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, gloo)
         self._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
         self._slots = Slots(rank, size, shared, slot_bytes, timeout.total_seconds())
+        self._lock = threading.Lock()
         self.counts: Counter[str] = Counter()
         """The collectives this group moved, by method name, and those it left to gloo
         ("gloo <name>"; barrier, send, recv and the like go there uncounted)."""
@@ -143,7 +145,7 @@ class HostColl(hostshm.NamedGroup):
         if how is None or not _cpu(*tensors):
             return self._gloo_does("allreduce", tensors, opts)
         flat = _Flat(tensors[0])
-        with torch.no_grad():
+        with self._lock, torch.no_grad():  # one collective at a time
             self._slots.expect(f"all_reduce of {flat.row.numel()} {flat.row.dtype} ({how})")
             self._slots.allreduce(flat.row, how)
             flat.back()
@@ -155,7 +157,7 @@ class HostColl(hostshm.NamedGroup):
         if (how is None or not _cpu(output, input) or output.dtype != input.dtype
                 or input.numel() != self._size * output.numel()):
             return self._gloo_does("reduce_scatter_single", output, input, opts)
-        with torch.no_grad():
+        with self._lock, torch.no_grad():  # one collective at a time
             blocks = _Flat(input).row.view(self._size, output.numel())
             self._reduce_scatter(list(blocks), output, how)
         return self._moved("reduce_scatter_single", [output])
@@ -168,7 +170,7 @@ class HostColl(hostshm.NamedGroup):
                 or any(t.dtype != outputs[0].dtype or t.numel() != outputs[0].numel()
                        for t in ins)):
             return self._gloo_does("reduce_scatter", outputs, inputs, opts)
-        with torch.no_grad():
+        with self._lock, torch.no_grad():  # one collective at a time
             self._reduce_scatter([_Flat(t).row for t in ins], outputs[0], how)
         return self._moved("reduce_scatter", outputs)
 
@@ -184,7 +186,7 @@ class HostColl(hostshm.NamedGroup):
         if (not _cpu(output, input) or output.dtype != input.dtype
                 or output.numel() != self._size * input.numel()):
             return self._gloo_does("all_gather_single", output, input, opts)
-        with torch.no_grad():
+        with self._lock, torch.no_grad():  # one collective at a time
             out = _Flat(output)
             rows = out.bytes().view(self._size, input.numel() * input.element_size())
             self._gather(input, list(rows))
@@ -199,7 +201,7 @@ class HostColl(hostshm.NamedGroup):
                        for t in outs)):
             return self._gloo_does("allgather", outputs, inputs, opts)
         flats = [_Flat(t) for t in outs]
-        with torch.no_grad():
+        with self._lock, torch.no_grad():  # one collective at a time
             self._gather(inputs[0], [f.bytes() for f in flats])
             for f in flats:
                 f.back()
@@ -215,7 +217,7 @@ class HostColl(hostshm.NamedGroup):
         if len(tensors) != 1 or opts.rootTensor != 0 or not _cpu(*tensors):
             return self._gloo_does("broadcast", tensors, opts)
         flat = _Flat(tensors[0])
-        with torch.no_grad():
+        with self._lock, torch.no_grad():  # one collective at a time
             self._slots.expect(f"broadcast of {flat.bytes().numel()} bytes from rank "
                                f"{opts.rootRank}")
             self._slots.broadcast(flat.bytes(), opts.rootRank)
