@@ -377,6 +377,8 @@ CASES = [
      "--backend: a Spark barrier task is one process, and sharded splits the model"),
     (["run", "--strategy", "tensor", "--workers", "2", "--precision", "fp16"],
      "--precision: tensor has no fp16 gradient scaler yet"),
+    (["bench", "collectives", "--processes", "0"], "--processes: must be a positive integer"),
+    (["bench", "collectives", "--size", "2.5"], "--size: 2.5: give a whole number of floats"),
     ([], "the following arguments are required: COMMAND"),
     (["frobnicate"], "argument COMMAND: invalid choice: 'frobnicate'"),
 ]

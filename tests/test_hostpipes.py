@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from ddlstudy.training import hostpipes
+from ddlstudy.training import hostpipes, hostshm
 from ddlstudy.training.distributed import free_port
 from ddlstudy.training.hostmem import SHM_DIR
 
@@ -26,7 +26,7 @@ def _rank(rank, world, port, ring, mode, out):
             if str(path).endswith(".bell"):
                 raise PermissionError(13, "refused", str(path))
             return opened(path, flags, *mode)
-        opened, hostpipes.os.open = hostpipes.os.open, refuse
+        opened, hostshm.os.open = hostshm.os.open, refuse
     group = dist.new_group(list(range(world)), backend=hostpipes.BACKEND,
                            pg_options=hostpipes.PipesOptions(ring),
                            timeout=timedelta(seconds=3))

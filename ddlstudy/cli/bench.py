@@ -11,6 +11,11 @@ from ddlstudy.config.options import path_arg
 from ddlstudy.errors import ConfigError
 from ddlstudy.files import check_folder
 
+COLLECTIVE_FLOATS = 16 * 2**20
+"""``bench collectives``' default buffer: 64 MiB of float32."""
+ALONE = ("reduce", "collectives")
+"""The subcommands that time no model (no use case, no data)."""
+
 
 def register(sub) -> None:
     p = sub.add_parser("bench", help="performance figures, measured side by side")
@@ -28,6 +33,13 @@ def register(sub) -> None:
     b.add_argument("--hosts", help="place them on emulated[:PREFIX] or host1,host2 "
                    "(default: this host)")
     b.add_argument("--repeats", type=int, default=5, help="timings per reducer")
+    b = bsub.add_parser("collectives", help="all-reduce, reduce-scatter and all-gather "
+                        "between this host's processes: its shared memory against gloo")
+    b.add_argument("--size", default=str(COLLECTIVE_FLOATS), help="float32s of the full "
+                   f"buffer (default {COLLECTIVE_FLOATS}: 64 MiB) or a model's gradient (any "
+                   "name `ddlstudy models` lists, 3 classes)")
+    b.add_argument("--processes", type=int, default=2, help="processes (default 2)")
+    b.add_argument("--repeats", type=int, default=5, help="alternations of the two")
     b = bsub.add_parser("all", help="every figure in one go, as ratios: JSON and Markdown")
     add_what(b)
     b.add_argument("--steps", type=int, default=10, help="timed steps per measurement")
@@ -47,7 +59,7 @@ def register(sub) -> None:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    check_positive(args, "steps", "repeats", "threads", "nodes")
+    check_positive(args, "steps", "repeats", "threads", "nodes", "processes")
     hz = getattr(args, "hz", 1.0)
     if not 0 < hz <= 100:  # NaN too
         raise ConfigError("--hz", f"must be a rate above 0 and at most 100, got {hz}")
@@ -62,13 +74,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
         "%Y%m%d-%H%M%S")
     if args.bench_command == "all":
         check_folder("--out", out)  # before minutes of measuring, not after
-    if args.bench_command == "reduce":
+    if args.bench_command in ALONE:
         gradient_floats(args.size)  # refused before the host's load is measured
     from ddlstudy.tools.bench import What, bench_overhead, bench_reduce, bench_sampler
 
     what = What(usecase_of(args), getattr(args, "data_dir", None),
                 getattr(args, "model", None), getattr(args, "datasets_dir", None))
-    if args.bench_command != "reduce":
+    if args.bench_command not in ALONE:
         what.config()  # what cannot train is refused alone, before the load is said
     if getattr(args, "hosts", None) is not None:
         from ddlstudy.backends.mpi.launch import placement
@@ -84,6 +96,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
             print(f"wrote {path}")
     elif args.bench_command == "reduce":
         print(bench_reduce(args.size, args.nodes, args.repeats, args.hosts))
+    elif args.bench_command == "collectives":
+        from ddlstudy.tools.bench_coll import bench_collectives
+
+        print(bench_collectives(args.size, args.processes, args.repeats))
     elif args.bench_command == "sampler":
         print(bench_sampler(what, steps=args.steps, repeats=args.repeats, hz=args.hz,
                             threads=args.threads))

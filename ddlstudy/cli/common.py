@@ -11,7 +11,7 @@ from ddlstudy.errors import ConfigError
 
 BOUND = {"max_steps": "steps", "steps": "steps", "epochs": "epochs", "repeats": "repeats",
          "threads": "threads", "nodes": "nodes", "rounds": "rounds", "top": "top",
-         "cores": "cores"}
+         "cores": "cores", "processes": "processes"}
 """Which bound of ``config.limits`` each integer flag has."""
 
 

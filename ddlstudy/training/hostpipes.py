@@ -19,26 +19,18 @@ group's timeout; a message of a size the receiver did not expect breaks the grou
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import mmap
-import os
-import platform
-import secrets
-import select
-import time
 from collections import deque
 from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from ddlstudy.training.hostmem import HEADER, SHM_DIR, reserve
-
-log = logging.getLogger("ddlstudy")
+from ddlstudy.training import hostshm
+from ddlstudy.training.hostmem import HEADER
+from ddlstudy.training.hostshm import usable
 
 BACKEND = "ddlstudy-pipes"
 """The name this module registers with torch.distributed (``new_group(backend=...)``)."""
@@ -157,39 +149,21 @@ class _Transfer(dist.Work):
         return self.done
 
 
-class HostPipes(dist.ProcessGroup):
+class HostPipes(hostshm.NamedGroup):
     """Send and receive between the ranks of one host through shared memory (see the
     module's docstring); nothing else."""
 
-    def __init__(self, rank: int, size: int, mm: mmap.mmap, ring_bytes: int,
-                 bells: list[int], timeout: timedelta) -> None:
-        super().__init__(rank, size)
-        self._me, self._size = rank, size  # plain ints: rank() and size() cross into C++
-        self._name = self._desc = BACKEND
-        self._mm, self._bells, self._timeout = mm, bells, timeout.total_seconds()
+    def __init__(self, rank: int, size: int, shared: hostshm.Shared, ring_bytes: int,
+                 timeout: timedelta) -> None:
+        super().__init__(rank, size, BACKEND)
+        self._shared, self._timeout = shared, timeout.total_seconds()
         stride = CONTROL + ring_bytes
-        self._rings = {pair: _Ring(mm, HEADER + i * stride, ring_bytes)
+        self._rings = {pair: _Ring(shared.mm, HEADER + i * stride, ring_bytes)
                        for i, pair in enumerate(neighbours(size))}
         self._peers = sorted({b for a, b in self._rings if a == rank})
         self._sends: dict[int, deque[_Transfer]] = {p: deque() for p in self._peers}
         self._recvs: dict[int, deque[_Transfer]] = {p: deque() for p in self._peers}
         self._broken = ""
-
-    # torch asks a Python group for its names through these (its own C++ keeps none).
-    def getBackendName(self) -> str:  # noqa: N802
-        return BACKEND
-
-    def getGroupName(self) -> str:  # noqa: N802
-        return self._name
-
-    def setGroupName(self, name: str) -> None:  # noqa: N802
-        self._name = name
-
-    def getGroupDesc(self) -> str:  # noqa: N802
-        return self._desc
-
-    def setGroupDesc(self, desc: str) -> None:  # noqa: N802
-        self._desc = desc
 
     def _get_backend(self, device: torch.device) -> HostPipes:
         return self  # batch_isend_irecv asks it whether it coalesces: it does not
@@ -225,8 +199,7 @@ class HostPipes(dist.ProcessGroup):
                 break
             queue.popleft()
         if moved:
-            with contextlib.suppress(BlockingIOError):  # full: it is rung already
-                os.write(self._bells[peer], b"\0")
+            self._shared.ring(peer)
         return moved
 
     def progress(self) -> bool:
@@ -243,50 +216,18 @@ class HostPipes(dist.ProcessGroup):
         """Until ``op`` is done, moving every transfer on and sleeping on this rank's
         doorbell between tries; raises after ``timeout`` s (default: the group's)."""
         limit = timeout or self._timeout
-        deadline = time.monotonic() + limit
-        mine = self._bells[self._me]
-        bell = select.poll()
-        bell.register(mine, select.POLLIN)
-        while True:
+
+        def done() -> bool:
             self.progress()
-            if op.done:
-                return
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise RuntimeError(f"rank {self._me} waited {limit:.0f} s for rank "
-                                   f"{op.peer} to {'receive' if op.send else 'send'} "
-                                   "through shared memory: it stopped or died")
-            if bell.poll(min(left, 1.0) * 1000):
-                with contextlib.suppress(BlockingIOError):
-                    os.read(mine, 4096)
+            return op.done
+
+        hostshm.sleep_until(self._shared.bells[self._me], done, limit, lambda: (
+            f"rank {self._me} waited {limit:.0f} s for rank {op.peer} to "
+            f"{'receive' if op.send else 'send'} through shared memory: it stopped or died"))
 
     def shutdown(self) -> None:
-        for fd in self._bells:
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        self._bells = []
         self._rings.clear()
-        with contextlib.suppress(BufferError):
-            self._mm.close()
-
-
-def _paths(base: Path | str, size: int) -> list[Path]:
-    """The shared file and every rank's doorbell."""
-    return [Path(f"{base}.shm"), *(Path(f"{base}-{r}.bell") for r in range(size))]
-
-
-def _make(base: Path, total: int, size: int) -> None:
-    """Rank 0's file of ``total`` bytes (``hostmem.reserve``) and the doorbells; nothing
-    left behind where that fails."""
-    file, *bells = _paths(base, size)
-    try:
-        reserve(file, total)
-        for bell in bells:
-            os.mkfifo(bell, 0o600)
-    except OSError:
-        for path in (file, *bells):
-            path.unlink(missing_ok=True)
-        raise
+        self._shared.close()
 
 
 def create(store: dist.Store, rank: int, size: int, timeout: timedelta,
@@ -294,60 +235,9 @@ def create(store: dist.Store, rank: int, size: int, timeout: timedelta,
     """Every rank of a new group: its HostPipes, or None on every rank where some rank could
     not open the shared file and the doorbells (another host, no /dev/shm, no room)."""
     total = HEADER + len(neighbours(size)) * (CONTROL + ring_bytes)
-    why = ""
-    if rank == 0:
-        base = SHM_DIR / f"ddlstudy-pipes-{os.getpid()}-{secrets.token_hex(8)}"
-        try:
-            _make(base, total, size)
-            store.set("base", str(base))
-        except OSError as exc:
-            why = f"{SHM_DIR}: {exc.strerror or exc} ({total / 2**20:.0f} MiB wanted)"
-            store.set("base", "")
-    base = store.get("base").decode()
-    try:
-        ok = _open_all(store, rank, size, base, total)
-    finally:  # every rank has them open or gave up, or this rank failed: none is left
-        if rank == 0 and base:
-            for path in _paths(base, size):
-                path.unlink(missing_ok=True)
-    if ok is None:
-        if rank == 0 and why:  # a host whose /dev/shm is missing or too small
-            log.warning("pipeline stages through gloo, not shared memory: %s; give the "
-                        "container more (docker run --shm-size) or pass --transport gloo", why)
-        elif rank == 0:
-            log.info("pipeline stages through gloo: not every stage could open this host's "
-                     "shared memory")
-        return None
-    mm, bells = ok
-    return HostPipes(rank, size, mm, ring_bytes, bells, timeout)
-
-
-def _open_all(store: dist.Store, rank: int, size: int, base: str, total: int
-              ) -> tuple[mmap.mmap, list[int]] | None:
-    """This rank's map of the file and its doorbells where every rank opened its own,
-    else None (whatever this rank opened is closed)."""
-    mm, bells = None, []
-    try:
-        if base:
-            fd = os.open(_paths(base, size)[0], os.O_RDWR)
-            try:
-                if os.fstat(fd).st_size == total:
-                    mm = mmap.mmap(fd, total)
-            finally:
-                os.close(fd)
-            for path in _paths(base, size)[1:]:
-                bells.append(os.open(path, os.O_RDWR | os.O_NONBLOCK))
-    except OSError:
-        pass  # this rank says so below; every rank then gives up
-    store.set(f"ok{rank}", "1" if mm is not None and len(bells) == size else "0")
-    answers = [store.get(f"ok{r}") for r in range(size)]  # every rank reads every answer
-    if mm is not None and all(a == b"1" for a in answers):
-        return mm, bells
-    for fd in bells:
-        os.close(fd)
-    if mm is not None:
-        mm.close()
-    return None
+    shared = hostshm.open_shared(store, rank, size, total, "ddlstudy-pipes",
+                                 "pipeline stages", " or pass --transport gloo")
+    return None if shared is None else HostPipes(rank, size, shared, ring_bytes, timeout)
 
 
 def _create_backend(options, pipes: PipesOptions | None):
@@ -362,20 +252,9 @@ def _create_backend(options, pipes: PipesOptions | None):
                                  options.timeout)
 
 
-def usable() -> str:
-    """Why this host cannot move stages' tensors through shared memory ("" if it can)."""
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        return f"its ring counters rely on x86-64's store order, and this is {platform.machine()}"
-    if not SHM_DIR.is_dir():
-        return f"{SHM_DIR} does not exist"
-    return ""
-
-
 def register() -> None:
     """The ``ddlstudy-pipes`` backend, once a process."""
-    if BACKEND.upper() not in dist.Backend._plugins:  # noqa: SLF001 (torch keeps no other list)
-        dist.Backend.register_backend(BACKEND, _create_backend, extended_api=True,
-                                      devices=["cpu"])
+    hostshm.register(BACKEND, _create_backend)
 
 
 def neighbours(size: int) -> list[tuple[int, int]]:
