@@ -43,8 +43,10 @@ def test_sharded_and_zero_train_as_cpu_processes(model, tmp_path, datasets_dir):
     for strategy in ("sharded", "zero"):
         folder = _run(tmp_path / strategy, datasets_dir, "--strategy", strategy, *extra)
         assert _losses(folder) == pytest.approx(base, rel=1e-5), strategy
-    manifest = _manifest(folder)
-    assert manifest["layout"]["processes"] == 2 or manifest["config"]["workers"] == 2
+        manifest = _manifest(folder)
+        transport = manifest["backend"]["mesh"]["transport"] if strategy == "sharded" \
+            else manifest["transport"]
+        assert transport == "shared-memory", strategy
 
 
 @pytest.mark.slow

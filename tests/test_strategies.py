@@ -348,8 +348,8 @@ def test_accumulation_under_ddp_syncs_once_and_equals_the_whole_batch(tmp_path):
     assert 1 <= int(result["allreduces"]) <= 2
 
 
-def _mesh_rank(rank, world, port, strategy, out):
-    """One step of ``strategy``'s worker pieces (sharded: FSDP2 per block; zero:
+def _mesh_rank(rank, world, port, out):
+    """One step of each strategy's worker pieces (sharded: FSDP2 per block; zero:
     ZeroRedundancyOptimizer; tensor: the Linear pairs split, the whole batch on every rank),
     then the whole weights gathered on rank 0."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
@@ -361,35 +361,37 @@ def _mesh_rank(rank, world, port, strategy, out):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)
-    model, images, labels = _setup()
     mine = next(iter(ShardedBatches([list(range(BATCH))], rank, world)))
-    mesh = init_device_mesh("cpu", (world,))
-    if strategy == "tensor":
-        assert tensor_parallel(model, mesh) == [("classifier.1", "classifier.4")]
-        plain_step(model, _sgd(model), nn.CrossEntropyLoss())((images, labels))
-    elif strategy == "sharded":
-        units = shard_model(model, mesh)
-        assert "classifier.1" in units and units[-1] == ""
-        ddp_step(model, _sgd(model), nn.CrossEntropyLoss(), BATCH, world,
-                 no_sync=contextlib.nullcontext)((images[mine], labels[mine]))
-    else:
-        ddp = DistributedDataParallel(model)
-        zero = ZeroRedundancyOptimizer(ddp.parameters(), torch.optim.SGD, lr=0.05, momentum=0.9)
-        ddp_step(ddp, zero, nn.CrossEntropyLoss(), BATCH, world)((images[mine], labels[mine]))
-    whole = get_model_state_dict(model, options=FULL)
-    if rank == 0:
-        plain, _, _ = _setup()
-        plain.load_state_dict(whole)
-        torch.save(_flat(plain), out)
+    for strategy in ("sharded", "zero", "tensor"):
+        model, images, labels = _setup()
+        mesh = init_device_mesh("cpu", (world,))
+        if strategy == "tensor":
+            assert tensor_parallel(model, mesh) == [("classifier.1", "classifier.4")]
+            plain_step(model, _sgd(model), nn.CrossEntropyLoss())((images, labels))
+        elif strategy == "sharded":
+            units = shard_model(model, mesh)
+            assert "classifier.1" in units and units[-1] == ""
+            ddp_step(model, _sgd(model), nn.CrossEntropyLoss(), BATCH, world,
+                     no_sync=contextlib.nullcontext)((images[mine], labels[mine]))
+        else:
+            ddp = DistributedDataParallel(model)
+            zero = ZeroRedundancyOptimizer(ddp.parameters(), torch.optim.SGD, lr=0.05,
+                                           momentum=0.9)
+            ddp_step(ddp, zero, nn.CrossEntropyLoss(), BATCH, world)((images[mine],
+                                                                      labels[mine]))
+        whole = get_model_state_dict(model, options=FULL)
+        if rank == 0:
+            plain, _, _ = _setup()
+            plain.load_state_dict(whole)
+            torch.save(_flat(plain), out.with_suffix(f".{strategy}.pt"))
     dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("strategy", ["sharded", "zero", "tensor"])
-def test_sharded_zero_and_tensor_steps_equal_sequential(strategy, tmp_path):
+def test_sharded_zero_and_tensor_steps_equal_sequential(tmp_path):
     """Their whole weights after a step, gathered from the shards, are the baseline's."""
     before, reference = _sequential_update()
-    out = tmp_path / "weights.pt"
-    mp.start_processes(_mesh_rank, args=(2, free_port(), strategy, out), nprocs=2,
-                       start_method="spawn")
-    update = torch.load(out, weights_only=True) - before
-    assert _relative_error(update, reference) < TOLERANCE
+    out = tmp_path / "weights"
+    mp.start_processes(_mesh_rank, args=(2, free_port(), out), nprocs=2, start_method="spawn")
+    for strategy in ("sharded", "zero", "tensor"):
+        update = torch.load(out.with_suffix(f".{strategy}.pt"), weights_only=True) - before
+        assert _relative_error(update, reference) < TOLERANCE, strategy

@@ -24,7 +24,7 @@ from torch import nn
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel
 
-from ddlstudy.training import hostmem
+from ddlstudy.training import hostcoll, hostmem
 from ddlstudy.training.flat import exchange_step, flat_gradients
 from ddlstudy.training.job import Job, Link, States
 from ddlstudy.training.loaders import make_loaders
@@ -90,11 +90,11 @@ def train_one_model(job: Job, link: Link, device: torch.device,
     scaler = make_scaler(cfg.precision, device.type)
     if link.group and shared is None:  # DDP all-reduces buckets during backward
         ddp = DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
-        optimizer = new_optimizer(ddp.parameters(), cfg, zero)
+        optimizer = new_optimizer(ddp.parameters(), cfg, zero, _zero_group(zero, cfg))
         step = ddp_step(ddp, optimizer, nn.CrossEntropyLoss(), cfg.global_batch, link.world,
                         device, cfg.accumulate, scaler)
     else:
-        optimizer = new_optimizer(model.parameters(), cfg, zero)
+        optimizer = new_optimizer(model.parameters(), cfg, zero, _zero_group(zero, cfg))
         flat = flat_gradients(model, None if shared is None else shared.buffer)
         if shared is not None:
             link = _through(link, shared)
@@ -114,6 +114,14 @@ def _through(link: Link, shared: hostmem.HostMemory) -> Link:
     gradients of every rank)."""
     return dataclasses.replace(link, exchange=lambda _flat, _step: shared.average())
 
+
+
+def _zero_group(zero: bool, cfg) -> dist.ProcessGroup | None:
+    """ZeRO's group: the node's processes, its weights' broadcasts through this host's
+    shared memory with --transport auto (``hostcoll``), else the default group's gloo."""
+    if not zero or cfg.transport != "auto" or dist.get_world_size() == 1:
+        return None
+    return hostcoll.new_group()
 
 
 def zero_states(model: nn.Module, optimizer: ZeroRedundancyOptimizer) -> States:

@@ -33,6 +33,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
+from ddlstudy.training import hostcoll, hostmem
 from ddlstudy.training.job import Job, Link, States
 from ddlstudy.training.loaders import make_loaders
 from ddlstudy.training.one_model import ddp_step, train_one_model
@@ -85,15 +86,33 @@ def shard_model(model: nn.Module, mesh: DeviceMesh, precision: str = "fp32",
     return units
 
 
-def mesh_of(processes: int, tensor: int) -> DeviceMesh:
+def mesh_of(processes: int, tensor: int, transport: str = "auto") -> DeviceMesh:
     """The node's ``processes`` (its process group) as a mesh: ("shard",), or ("shard",
     "tensor") with ``tensor`` > 1, tensor parallel among consecutive ranks, or ("tensor",)
-    where every process is in the tensor group."""
-    if tensor == 1 or tensor == processes:
-        return init_device_mesh("cpu", (processes,),
-                                mesh_dim_names=("shard" if tensor == 1 else "tensor",))
-    return init_device_mesh("cpu", (processes // tensor, tensor),
-                            mesh_dim_names=("shard", "tensor"))
+    where every process is in the tensor group. With ``transport`` auto each dimension's
+    groups move their collectives through this host's shared memory (``hostcoll``: every
+    process of a node runs on its host), else gloo's."""
+    if tensor in (1, processes):
+        shape, names = (processes,), ("shard" if tensor == 1 else "tensor",)
+    else:
+        shape, names = (processes // tensor, tensor), ("shard", "tensor")
+    if transport != "auto" or processes == 1:
+        return init_device_mesh("cpu", shape, mesh_dim_names=names)
+    ranks = torch.arange(processes).view(shape)
+    groups = []
+    for dim in range(len(shape)):  # every process makes every group, in the same order
+        lines = ranks.movedim(dim, -1).reshape(-1, shape[dim]).tolist()
+        made = [hostcoll.new_group(ranks=line) for line in lines]
+        groups.append(next(g for g, line in zip(made, lines, strict=True)
+                           if dist.get_rank() in line))
+    return DeviceMesh.from_group(groups if len(groups) > 1 else groups[0], "cpu", mesh=ranks,
+                                 mesh_dim_names=names)
+
+
+def transport_of(mesh: DeviceMesh) -> str:
+    """How the mesh's collectives travel: the manifest's ``transport``."""
+    shared = all(hostcoll.is_shared(mesh.get_group(d)) for d in range(mesh.ndim))
+    return hostmem.SHARED if shared and mesh.size() > 1 else hostmem.GLOO
 
 
 def tensor_parallel(model: nn.Module, mesh: DeviceMesh) -> list[tuple[str, str]]:
@@ -191,7 +210,7 @@ def _train_sharded(job: Job, link: Link, device: torch.device,
     each shard averaged by the run's reducer (HSDP)."""
     cfg = job.cfg
     tensor = cfg.tensor or 1
-    mesh = mesh_of(dist.get_world_size(), tensor)
+    mesh = mesh_of(dist.get_world_size(), tensor, cfg.transport)
     dp_rank, dp = link.rank // tensor, link.world // tensor
     model = new_model(cfg, dp_rank, device)  # a tensor group shares its dropout masks
     if tensor > 1:
@@ -206,7 +225,8 @@ def _train_sharded(job: Job, link: Link, device: torch.device,
                     between=between_nodes(link, list(model.parameters())))
     if link.rank == 0:
         record(job, "mesh", {"shard": dist.get_world_size() // tensor, "tensor": tensor,
-                             "nodes": link.world // dist.get_world_size(), "units": units})
+                             "nodes": link.world // dist.get_world_size(), "units": units,
+                             "transport": transport_of(mesh)})
     train_worker(job, counted_once(link, tensor), model, optimizer, step, train, val,
                  device=device, states=full_states(model, optimizer))
 
@@ -233,7 +253,8 @@ def _train_tensor(job: Job, link: Link, device: torch.device,
     k = dist.get_world_size()
     nodes, node = link.world // k, link.rank // k
     model = new_model(cfg, None if nodes == 1 else node, device)  # one stream a node
-    pairs = tensor_parallel(model, mesh_of(k, k))
+    mesh = mesh_of(k, k, cfg.transport)
+    pairs = tensor_parallel(model, mesh)
     optimizer = new_optimizer(model.parameters(), cfg)
     train, val = make_loaders(cfg, job.data, shard=(node, nodes) if nodes > 1 else None,
                               loader_workers=loader_workers)
@@ -241,6 +262,7 @@ def _train_tensor(job: Job, link: Link, device: torch.device,
                     cfg.accumulate, no_sync=contextlib.nullcontext,
                     between=between_nodes(link, list(model.parameters())))
     if link.rank == 0:
-        record(job, "mesh", {"tensor": k, "nodes": nodes, "pairs": [list(p) for p in pairs]})
+        record(job, "mesh", {"tensor": k, "nodes": nodes, "pairs": [list(p) for p in pairs],
+                             "transport": transport_of(mesh)})
     train_worker(job, counted_once(link, k), model, optimizer, step, train, val,
                  device=device, states=full_states(model, optimizer))

@@ -8,6 +8,7 @@ import socket
 from collections.abc import Callable, Iterable
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
@@ -38,14 +39,16 @@ def new_model(cfg: RunConfig, rank: int | None = None,
     return model
 
 
-def new_optimizer(params: Iterable[nn.Parameter], cfg: RunConfig,
-                  zero: bool = False) -> torch.optim.Optimizer:
+def new_optimizer(params: Iterable[nn.Parameter], cfg: RunConfig, zero: bool = False,
+                  group: dist.ProcessGroup | None = None) -> torch.optim.Optimizer:
     """The paper's SGD with momentum, at the run's effective learning rate; with ``zero``,
-    its state sharded over the default process group (ZeRO-1: each rank steps its share of
-    the weights, then every rank broadcasts its share, one bucket a rank)."""
+    its state sharded over ``group`` (default: the default process group; ZeRO-1: each
+    rank steps its share of the weights, then every rank broadcasts its share, one bucket a
+    rank)."""
     if zero:
-        return ZeroRedundancyOptimizer(params, torch.optim.SGD, parameters_as_bucket_view=True,
-                                       lr=cfg.lr, momentum=cfg.usecase.train.momentum)
+        return ZeroRedundancyOptimizer(params, torch.optim.SGD, process_group=group,
+                                       parameters_as_bucket_view=True, lr=cfg.lr,
+                                       momentum=cfg.usecase.train.momentum)
     return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.usecase.train.momentum)
 
 
