@@ -8,6 +8,7 @@ import json
 import pandas as pd
 import pytest
 
+from ddlstudy.cli import main
 from ddlstudy.report import Report, speedup_table
 from ddlstudy.report.findings import findings, render_findings
 from ddlstudy.runfolder import RunFolder
@@ -151,7 +152,7 @@ def test_findings_are_inconclusive_when_the_interval_includes_one(tmp_path):
     assert found["d"].lines == ["u: no completed MPI run"]
 
 
-def test_a_finding_says_when_the_faster_side_learns_slower(tmp_path):
+def test_a_finding_says_when_the_faster_side_learns_slower(tmp_path, capsys):
     """Images/s judge the claim (the paper's speedups are of images/s); time to accuracy
     is said beside it, so a win that does not learn is seen as such. Where a side reached
     the target, a configuration that did not never confirms (issue 48: a weak-scaled run
@@ -176,6 +177,11 @@ def test_a_finding_says_when_the_faster_side_learns_slower(tmp_path):
     assert found["a"].lines[0].endswith(
         "; not judged on cpu-processes (2 processes) weak (batch 32), faster per image "
         "(60.0 img/s) but not reaching the target in every run (0/1)")
+    capsys.readouterr()
+    assert main(["report", str(tmp_path / "weak"), "--project", "none"]) == 0
+    printed = " ".join(capsys.readouterr().out.split())
+    assert "- (a) CPU multi-process data parallelism is faster than one process: " \
+        "**confirmed**" in printed and "not judged on cpu-processes (2 processes) weak" in printed
     neither = _by_letter(_report(tmp_path / "neither", [
         _manifest("sequential", [20.0], tta=None),
         _manifest("cpu-processes", [30.0], processes=2, tta=None)]))["a"]
