@@ -21,7 +21,7 @@ from pydantic import BaseModel, Field, ValidationError, create_model
 
 from ddlstudy import sampler
 from ddlstudy.config.run import options
-from ddlstudy.config.schema import RECORDED, finite
+from ddlstudy.config.schema import RECORDED, field_rows, finite
 from ddlstudy.config.schema import problem as schema_problem
 from ddlstudy.reading import CAPS, BadFile, read_json
 
@@ -36,6 +36,7 @@ Count = Annotated[int, Field(ge=0, le=10**12)]
 Positive = Annotated[int, Field(ge=1, le=10**9)]
 Seconds = Annotated[float, Field(ge=0), After(finite)]
 Rate = Annotated[float, Field(gt=0), After(finite)]
+Ratio = Annotated[float, Field(ge=0), After(finite)]
 Fraction = Annotated[float, Field(ge=0, le=1)]
 Loss = float  # a diverged run records nan: still a run
 Name = Annotated[str, Field(pattern=rf"^{NAME}$", max_length=255)]  # Rust regex: $ is the end
@@ -292,14 +293,46 @@ class Study(_Record):
 
 class Recommendation(_Record):
     flags: dict[str, Any]
+    """Its ``ddlstudy run`` flags (``command``: the command line)."""
     runnable: bool = True
+    """False: predicted for ``--link``'s machines, not runnable here."""
+    images_per_s: Ratio | None = None
+    """Predicted (or probed) training images per second, the fastest of its probes'."""
+    speedup: Ratio | None = None
+    """Its images/s / the sequential baseline probe's."""
+    scaling_efficiency: Ratio | None = None
+    """Its images/s / (its nodes x the fastest one-node probe's images/s): 1.0 when N nodes
+    train N times as fast as the best one. Not the report's ``efficiency`` (its tables' and
+    runs.csv's: speedup / the cores kept busy). Older advise.json files call it efficiency."""
+
+
+class Origin(_Record):
+    """Where what advise trained came from, as a run's manifest records it: ``study
+    --from-advice`` trains it again from any folder."""
+    usecase: str | None = None
+    """The use case as given: a name, or its file as an absolute path (null: --data-dir's
+    folder alone)."""
+    file: str | None = None
+    """The use case's file, absolute (null: a shipped use case has none)."""
+    data_dir: str | None = None
+    """--data-dir, absolute."""
+    model: str | None = None
+    """--model, a file's path made absolute (FILE.py:FUNC)."""
+    datasets_dir: str | None = None
+    """--datasets-dir."""
 
 
 class Advice(_Record):
     """advise.json: the ranked configurations of ``ddlstudy advise``."""
     usecase: str
+    """The use case's name."""
+    origin: Origin | None = None
+    """Where its use case, data and model came from (older files have none)."""
     ranking: list[Recommendation]
+    """Best first: ``list`` ``same convergence`` before ``changes convergence``."""
     probe_settings: dict[str, Any] | None = None
+    """The ``ddlstudy run`` flags every probe had (its data flags: ``study --from-advice``
+    trains those)."""
 
 
 FORMATS: dict[str, type[_Record]] = {"manifest.json": Manifest, "study.json": Study,
@@ -343,9 +376,9 @@ def reference() -> str:
              "the file and the field.", ""]
     for name, model in FORMATS.items():
         schema = model.model_json_schema()
-        lines += [f"## {name}", "", (model.__doc__ or "").strip(), "",
-                  "| field | type | required |", "|---|---|---|"]
-        lines += _rows(schema, schema.get("$defs", {}), "")
+        lines += [f"## {name}", "", (model.__doc__ or "").strip().replace("``", "`"), "",
+                  "| field | type | required | meaning |", "|---|---|---|---|"]
+        lines += field_rows(schema, schema.get("$defs", {}), "")
         lines.append("")
     return "\n".join(lines + _samples_reference())
 
@@ -360,40 +393,6 @@ def _samples_reference() -> list[str]:
     lines += [f"| `{c}` | {sampler.KIND_WORDS[sampler.KINDS.get(c, 'number')]} | "
               f"{'yes' if c in sampler.IDENTITY else 'no'} |" for c in sampler.COLUMNS]
     return [*lines, ""]
-
-
-def _rows(schema: dict, defs: dict, prefix: str) -> list[str]:
-    rows = []
-    required = set(schema.get("required", ()))
-    for name, field in schema.get("properties", {}).items():
-        rows.append(f"| `{prefix}{name}` | {_kind(field, defs)} | "
-                    f"{'yes' if name in required else 'no'} |")
-        for inner in [field, *field.get("anyOf", ()), field.get("items") or {}]:
-            if "$ref" in inner:
-                sub = defs[inner["$ref"].rsplit("/", 1)[1]]
-                each = "[]" if inner is field.get("items") else ""
-                rows += _rows(sub, defs, f"{prefix}{name}{each}.")
-    return rows
-
-
-def _kind(field: dict, defs: dict) -> str:
-    """A field's type and bounds in words: 'integer >= 1', 'string or null', ..."""
-    if "anyOf" in field:
-        return " or ".join(_kind(f, defs) for f in field["anyOf"])
-    if "$ref" in field:
-        return "object"
-    if "enum" in field:
-        return "one of " + ", ".join(f"`{v}`" for v in field["enum"])
-    if "const" in field:
-        return f"`{field['const']!r}`"
-    kind = field.get("type", "any")
-    if kind == "array":
-        kind = f"list of {_kind(field.get('items', {}), defs)}"
-    bounds = [f"{op} {field[key]:g}" for key, op in (("minimum", ">="), ("exclusiveMinimum",
-              ">"), ("maximum", "<="), ("exclusiveMaximum", "<")) if key in field]
-    if "pattern" in field:
-        bounds.append(f"matching `{field['pattern']}`")
-    return " ".join([kind, *bounds])
 
 
 if __name__ == "__main__":

@@ -95,9 +95,11 @@ def now_iso() -> str:
     return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")
 
 
-def new_run_id(usecase: str, strategy: str) -> str:
+def new_run_id(usecase: str, strategy: str, backend: str = "local") -> str:
+    """A new run's id: when, the use case, the backend (but local) and the strategy."""
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    return f"{stamp}-{usecase}-{strategy}-{secrets.token_hex(2)}"
+    what = strategy if backend == "local" else f"{backend}-{strategy}"
+    return f"{stamp}-{usecase}-{what}-{secrets.token_hex(2)}"
 
 
 def checked_run_id(run_id: str, runs_dir: Path | None = None) -> str:

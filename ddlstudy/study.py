@@ -248,7 +248,7 @@ class Study:
 
     def _run_cell(self, cell: Cell) -> int:
         runs_dir = self.plan.runs_dir
-        cell.run = new_run_id(cell.cfg.usecase.name, cell.flags.get("strategy", "sequential"))
+        cell.run = new_run_id(cell.cfg.usecase.name, cell.cfg.strategy, cell.cfg.backend)
         logs = runs_dir / "logs"
         logs.mkdir(exist_ok=True)
         env = run_env(cell.run, DDLSTUDY_STUDY=json.dumps({

@@ -252,13 +252,13 @@ def test_other_machines_on_a_named_link_are_predicted_from_one_node():
     assert row["images_per_s"] == pytest.approx(16 / (8 / 500 + 2 * 50e-6 + 14e6 * 8e-10))
 
 
-def test_efficiency_is_against_the_fastest_one_node_probe_when_only_nodes_are_ranked():
-    """``advise --nodes 2`` ranks no one-node row: a row's efficiency is still its images/s
+def test_scaling_efficiency_is_against_the_fastest_one_node_probe_when_only_nodes_are_ranked():
+    """``advise --nodes 2`` ranks no one-node row: a row's scaling efficiency is its images/s
     over 2 x the fastest local probe (it read 30525 % when divided by 1 image/s)."""
     rows = [{"label": "mpi", "nodes": 2, "images_per_s": 610.5, "epoch_s": 0.4,
              "convergence_key": "baseline"}]
     advise.rank(rows, {}, one_node=730.0)
-    assert rows[0]["efficiency"] == pytest.approx(610.5 / (2 * 730.0))
+    assert rows[0]["scaling_efficiency"] == pytest.approx(610.5 / (2 * 730.0))
 
 
 def test_the_ranking_weighs_changed_convergence_by_its_measured_epochs():
@@ -278,7 +278,7 @@ def test_the_ranking_weighs_changed_convergence_by_its_measured_epochs():
     assert [r["list"] for r in by_speed] == ["same convergence"] * 2 + \
         ["changes convergence"] * 2
     assert "not measured: give --runs" in by_speed[2]["convergence"]
-    assert by_speed[2]["efficiency"] == pytest.approx(600 / (2 * 300))
+    assert by_speed[2]["scaling_efficiency"] == pytest.approx(600 / (2 * 300))
     # weak scaling took twice the baseline's epochs (measured: it joins the first list by
     # its time to target), top-k was not measured (last, though fastest)
     conv = {"baseline_epochs": 6, "target": 0.6, "factor": {"baseline": 1.0,
@@ -475,7 +475,7 @@ def test_the_advice_prints_every_row_it_names_in_two_lists():
     def row(rank, label, nodes, speed, lst="same convergence"):
         return {"rank": rank, "label": label, "nodes": nodes, "images_per_s": speed,
                 "low": speed, "high": speed, "basis": "probed", "speedup": 1.0,
-                "efficiency": 1.0, "convergence": "like the baseline", "runnable": True,
+                "scaling_efficiency": 1.0, "convergence": "like the baseline", "runnable": True,
                 "command": f"ddlstudy run {label}", "list": lst}
 
     ranking = [row(i, f"one-{i}", 1, 100.0 - i) for i in range(1, 12)] + \

@@ -8,6 +8,7 @@ import json
 import pandas as pd
 import pytest
 
+from ddlstudy.cli import main
 from ddlstudy.report import Report, speedup_table
 from ddlstudy.report.findings import findings, render_findings
 from ddlstudy.runfolder import RunFolder
@@ -151,18 +152,42 @@ def test_findings_are_inconclusive_when_the_interval_includes_one(tmp_path):
     assert found["d"].lines == ["u: no completed MPI run"]
 
 
-def test_a_finding_says_when_the_faster_side_learns_slower(tmp_path):
+def test_a_finding_says_when_the_faster_side_learns_slower(tmp_path, capsys):
     """Images/s judge the claim (the paper's speedups are of images/s); time to accuracy
-    is said beside it, so a win that does not learn is seen as such."""
+    is said beside it, so a win that does not learn is seen as such. Where a side reached
+    the target, a configuration that did not never confirms (issue 48: a weak-scaled run
+    that never reached it confirmed (a)): its side is the fastest that did, or loses."""
     found = _by_letter(_report(tmp_path, [
         _manifest("sequential", [20.0], tta=4.0),
         _manifest("cpu-intraop", [25.0], threads=2, tta=3.0),
         _manifest("cpu-processes", [30.0], processes=2, tta=None)]))
-    assert found["a"].verdict == "confirmed"
+    assert found["a"].verdict == "refuted"
+    assert found["a"].lines[0] == (
+        "u: refuted on time to the 0.60 target: cpu-intraop (2 threads) reached it in 3.00 s "
+        "(25.0 img/s); no multi-process data-parallel run reached it in every run (the "
+        "fastest, cpu-processes (2 processes), 30.0 img/s, in 0/1 runs)")
+    weak = _manifest("cpu-processes", [60.0], processes=2, tta=None)
+    weak["config"]["scaling"], weak["effective"] = "weak", {"global_batch": 32}
+    found = _by_letter(_report(tmp_path / "weak", [
+        _manifest("sequential", [20.0], tta=4.0), weak,
+        _manifest("cpu-processes", [30.0], processes=2, tta=2.5)]))
+    assert found["a"].verdict == "confirmed"  # by the strong run, which reached the target
+    assert found["a"].lines[0].startswith(
+        "u: confirmed: cpu-processes (2 processes) 30.0 img/s against sequential 20.0 img/s")
     assert found["a"].lines[0].endswith(
-        "; time to the 0.60 target: cpu-processes (2 processes) not reached (0/1 runs), "
-        "cpu-intraop (2 threads) 3.00 s (cpu-processes (2 processes) is faster per image "
-        "but did not reach the target)")
+        "; not judged on cpu-processes (2 processes) weak (batch 32), faster per image "
+        "(60.0 img/s) but not reaching the target in every run (0/1)")
+    capsys.readouterr()
+    assert main(["report", str(tmp_path / "weak"), "--project", "none"]) == 0
+    printed = " ".join(capsys.readouterr().out.split())
+    assert "- (a) CPU multi-process data parallelism is faster than one process: " \
+        "**confirmed**" in printed and "not judged on cpu-processes (2 processes) weak" in printed
+    neither = _by_letter(_report(tmp_path / "neither", [
+        _manifest("sequential", [20.0], tta=None),
+        _manifest("cpu-processes", [30.0], processes=2, tta=None)]))["a"]
+    assert neither.verdict == "confirmed"
+    assert neither.lines[0].endswith("(neither side reached the target: this rests on "
+                                     "images/s alone)")
     found = _by_letter(_report(tmp_path / "later", [
         _manifest("sequential", [20.0], tta=4.0),
         _manifest("cpu-intraop", [25.0], threads=2, tta=3.0),

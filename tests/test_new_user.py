@@ -5,6 +5,8 @@ defaults; the host load of runs without samples."""
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import os
 import re
@@ -16,6 +18,7 @@ import tomllib
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 from PIL import Image
 
@@ -23,7 +26,11 @@ import ddlstudy
 from ddlstudy.cli import main
 from ddlstudy.config import usecase_from_dict
 from ddlstudy.config.folders import with_classes
+from ddlstudy.plan import advice_plan
+from ddlstudy.report.formats import cell_text, fitted_markdown
+from ddlstudy.report.tables import SUMMARY_COLUMNS
 from ddlstudy.runfolder import MANIFEST
+from ddlstudy.tools.advise import markdown
 
 PACKAGE = Path(ddlstudy.__file__).resolve().parent
 NET = """\
@@ -60,11 +67,20 @@ def test_advice_on_ones_own_use_case_is_studied_and_reported(tmp_path, monkeypat
     monkeypatch.chdir(work)
     assert main(["usecase", "new", "--data-dir", "digits", "--model", "mynet.py:make",
                  "--image-size", "12", "--name", "digits-mynet"]) == 0
+    capsys.readouterr()
     assert main(["advise", "--usecase", "digits-mynet.toml", "--nodes", "1", "--strategies",
                  "cpu-intraop", "--budget", "20", "--rounds", "1", "--steps", "2", "--out",
                  "adv", "--quiet"]) == 0, capsys.readouterr().err
+    printed = capsys.readouterr().out
+    assert max(len(line) for line in printed.splitlines()) <= 100, printed  # was 325
+    assert "| scaling eff. |" in printed
+    assert "scaling efficiency: images/s / (nodes x" in " ".join(printed.split())
     advice = json.loads((work / "adv" / "advise.json").read_text())
     assert advice["usecase"] == "digits-mynet"
+    fastest = max(r["images_per_s"] for r in advice["ranking"] if r["nodes"] == 1)
+    for r in advice["ranking"]:  # one name, one meaning: not the report's efficiency
+        assert "efficiency" not in r
+        assert r["scaling_efficiency"] == pytest.approx(r["images_per_s"] / fastest)
     own = str(work / "digits-mynet.toml")
     assert advice["origin"]["usecase"] == own and advice["origin"]["file"] == own
     base = next(p for p in advice["probes"] if p["label"] == "sequential")
@@ -89,6 +105,12 @@ def test_advice_on_ones_own_use_case_is_studied_and_reported(tmp_path, monkeypat
     assert main(["study", "--from-advice", "adv/edited.json", "--top", "1", "--repeat", "1",
                  "--epochs", "1", "--max-steps", "2", "--resume", "--quiet"]) == 0
     assert json.loads((confirm / "study.json").read_text())["name"] == "advice-digits-mynet"
+    # an advise.json of before issue 48 (its rows' "efficiency"): still read and shown
+    older = edited | {"ranking": [{("efficiency" if k == "scaling_efficiency" else k): v
+                                   for k, v in r.items()} for r in advice["ranking"]]}
+    (work / "adv" / "older.json").write_text(json.dumps(older))
+    assert advice_plan(work / "adv" / "older.json", 1).cells == [advice["ranking"][0]["flags"]]
+    assert "| 100% |" in markdown(older)
 
     assert main(["report", "adv/confirm", "--out", "rep"]) == 0
     assert (work / "rep" / "speedup.md").is_file()
@@ -136,13 +158,19 @@ def test_python_m_from_a_folder_holding_a_clone_says_what_hides_the_package(tmp_
 
 
 @pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory, datasets_dir) -> dict:
-    """One short run of tiny: its manifest."""
+def tiny_runs(tmp_path_factory, datasets_dir) -> Path:
+    """A folder of one short run of tiny."""
     runs = tmp_path_factory.mktemp("runs")
     assert main(["run", "--usecase", "tiny", "--datasets-dir", str(datasets_dir), "--runs-dir",
                  str(runs), "--epochs", "1", "--max-steps", "2", "--max-val-steps", "1",
                  "--no-snapshot", "--sample-hz", "0", "--quiet"]) == 0
-    return json.loads(next(runs.glob(f"*/{MANIFEST}")).read_text())
+    return runs
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tiny_runs) -> dict:
+    """One short run of tiny: its manifest."""
+    return json.loads(next(tiny_runs.glob(f"*/{MANIFEST}")).read_text())
 
 
 def test_replay_of_other_data_refuses_before_anything_is_left_in_datasets(
@@ -246,3 +274,112 @@ def test_a_run_without_samples_on_a_busy_host_is_marked_noisy(datasets_dir, tmp_
     assert load["noisy"] is True, load
     assert 0.5 <= max(load["others_cores"].values()) <= (os.cpu_count() or 1)
     assert "marked noisy" in out.stderr
+
+
+# --- issue 48's misleading items: one name a figure, labels, names, formats for scripts ----
+
+
+def test_the_two_efficiencies_have_two_names_each_defined():
+    """The report's efficiency (speedup / cores) and advise's scaling efficiency (images/s
+    / (nodes x the best one node's)), each in the concepts and the formats' reference."""
+    root = PACKAGE.parent / "docs"
+    concepts, formats = (root / "concepts.md").read_text(), (root / "formats.md").read_text()
+    assert "Its **efficiency** (the report's" in concepts and "**Scaling efficiency**" in concepts
+    row = next(line for line in formats.splitlines() if "`ranking[].scaling_efficiency`" in line)
+    assert "images/s / (its nodes x the fastest one-node probe's" in row
+    assert "the report's `efficiency` (its tables' and runs.csv's: speedup / the cores" in row
+
+
+@pytest.mark.parametrize("fmt", ["csv", "json"])
+def test_advise_prints_csv_or_json_for_scripts(fmt, datasets_dir, tmp_path, capsys):
+    assert main(["advise", "--usecase", "tiny", "--datasets-dir", str(datasets_dir), "--nodes",
+                 "1", "--strategies", "cpu-intraop", "--budget", "20", "--rounds", "1",
+                 "--steps", "2", "--out", str(tmp_path / "adv"), "--quiet", "--format",
+                 fmt]) == 0
+    out, err = capsys.readouterr()
+    advice = json.loads((tmp_path / "adv" / "advise.json").read_text())
+    assert f"wrote {tmp_path / 'adv' / 'advise.json'}" in err  # not in what a script reads
+    if fmt == "json":
+        assert json.loads(out) == advice
+        return
+    rows = list(csv.DictReader(io.StringIO(out)))
+    assert [r["label"] for r in rows] == [r["label"] for r in advice["ranking"]]
+    for row, ranked in zip(rows, advice["ranking"], strict=True):
+        assert int(row["rank"]) == ranked["rank"] and row["command"] == ranked["command"]
+        assert float(row["scaling_efficiency"]) == pytest.approx(ranked["scaling_efficiency"])
+        assert float(row["images_per_s"]) == pytest.approx(ranked["images_per_s"])
+
+
+def test_labels_are_cut_between_words_not_inside_one():
+    """`gpu-d...PUs) [1]` was a label cut in mid-word: a cut keeps whole words, the first
+    (the strategy's or backend's name) always, and the note gives the label in full."""
+    labels = ["gpu-data (2 GPUs) over nccl fp16 accumulate 4 weak (batch 64)",
+              "cpu-processes (2 processes) x 2 MPI nodes, ring-allreduce weak (batch 32)",
+              "mpi 2 nodes, topk:0.01 allgather in 4 MiB buckets: cpu-intraop (2 threads)"]
+    notes: dict[str, int] = {}
+    table = fitted_markdown(pd.DataFrame({"configuration": labels, "figure": ["1.00"] * 3,
+                                          "pad": ["x" * 60] * 3}), ["configuration"], notes)
+    for line, label in zip(table.splitlines()[2:], labels, strict=True):
+        assert len(line) <= 100
+        cut = line.split(" | ")[0].removeprefix("| ")
+        head, _, tail = cut.rsplit(" [", 1)[0].partition(" ...")
+        assert label.startswith(head + " ") and label.endswith(tail), cut
+        assert tail == "" or tail.startswith(" ") and label.endswith(tail), cut
+        assert head.split(" ")[0] == label.split(" ")[0] and notes[label]
+
+
+def test_an_mpi_run_is_named_by_its_backend_and_says_how_it_ended_in_json(
+        datasets_dir, tmp_path, capsys):
+    """Its folder and its TensorBoard run were `...-tiny-sequential-...`: an MPI run is
+    `...-tiny-mpi-sequential-...`; `run --format json` prints what a script needs."""
+    runs = tmp_path / "runs"
+    capsys.readouterr()
+    assert main(["run", "--usecase", "tiny", "--datasets-dir", str(datasets_dir), "--runs-dir",
+                 str(runs), "--backend", "mpi", "--nodes", "2", "--epochs", "1", "--max-steps",
+                 "2", "--max-val-steps", "1", "--no-snapshot", "--sample-hz", "0", "--quiet",
+                 "--format", "json"]) == 0
+    ended = json.loads(capsys.readouterr().out)
+    (folder,) = runs.iterdir()
+    assert ended["run"] == str(folder) and ended["id"] == folder.name
+    assert re.fullmatch(r"\d{8}-\d{6}-tiny-mpi-sequential-[0-9a-f]{4}", folder.name)
+    m = json.loads((folder / MANIFEST).read_text())
+    assert ended["status"] == "completed" == m["status"] and ended["epochs"] == 1
+    assert ended["images_per_s"] == m["summary"]["median_images_per_s"] > 0
+    assert ended["val_accuracy"] == m["summary"]["final_val_accuracy"]
+    assert ended["time_to_target"] == m["time_to_target"]
+    assert main(["export", "tensorboard", str(runs), "--out", str(tmp_path / "tb")]) == 0
+    assert (tmp_path / "tb" / folder.name).is_dir()
+
+
+def test_the_notebook_shows_figures_rounded_as_the_report_does(tiny_runs, monkeypatch):
+    """Its tables printed `1155.183598`: its first cell sets pandas' float format to the
+    report's, so a figure shows as the report prints it."""
+    nb = json.loads((PACKAGE.parent / "analysis" / "study.ipynb").read_text())
+    setup = "".join(next(c for c in nb["cells"] if c["cell_type"] == "code")["source"])
+    monkeypatch.setenv("DDLSTUDY_RUNS", str(tiny_runs))
+    scope: dict = {}
+    try:
+        exec(setup, scope)
+        html = scope["report"].table[SUMMARY_COLUMNS].to_html()
+    finally:
+        pd.reset_option("display.float_format")
+    speed = scope["report"].table.images_per_s.iloc[0]
+    assert f">{cell_text(speed)}<" in html and cell_text(speed) != str(speed)
+    assert not re.search(r"\d\.\d{3,}", html), html
+
+
+def test_the_mlflow_guide_says_where_the_installed_ui_shows_the_runs():
+    """MLflow 3's UI opens on its GenAI view; the guide says where the runs are, as the
+    installed package's UI offers it (read from its bundle, not guessed)."""
+    mlflow = pytest.importorskip("mlflow")
+    bundle = Path(mlflow.__file__).parent / "server" / "js" / "build" / "static" / "js"
+    ui = "".join(p.read_text(errors="replace") for p in bundle.glob("main.*.js"))
+    assert 'defaultMessage:"GenAI"' in ui and 'defaultMessage:"Model training"' in ui
+    assert 'MACHINE_LEARNING="machine_learning"' in ui and '"mlflow.workflowType"' in ui
+    default = re.search(r'const (\w)=\w+\.GENAI,\w=\(0,\w+\.createContext\)\(\{workflowType:'
+                        r'\1,', ui)
+    assert default, "the UI's default view is no longer GenAI: check docs/guides/mlflow.md"
+    assert "classic-ml.runs" in ui  # the Model training view's Runs
+    guide = " ".join((PACKAGE.parent / "docs" / "guides" / "mlflow.md").read_text().split())
+    assert "opens on its *GenAI* view" in guide and "*Model training*" in guide
+    assert "?workflowType=machine_learning" in guide and "*Runs*" in guide

@@ -121,7 +121,7 @@ def test_predict_from_real_runs_checks_itself_against_them(tmp_path, datasets_di
     rows = [r for r in result["table"] if r["link"] == "10gbit" and not r["overlap"]
             and r["reduce"] == "ring-reduce"]
     assert [r["nodes"] for r in rows] == [1, 2, 4, 256] and rows[0]["speedup"] == 1
-    assert rows[-1]["efficiency"] < rows[1]["efficiency"]
+    assert rows[-1]["scaling_efficiency"] < rows[1]["scaling_efficiency"]
     assert result["costs"]["allreduce"]["beta_s_per_byte"] > 0
     assert "| ResNet-101 | 90% |" in out.stdout
     (pipe,) = result["pipelines"]  # the pipeline run, predicted from its piece costs

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from ddlstudy.cli.common import add_what, check_positive, host_count, seconds, usecase_of
@@ -40,6 +41,10 @@ def register(sub) -> None:
                    "on a busy host are still marked and not counted where a quiet one came")
     p.add_argument("--out", type=path_arg, help="where advise.json, advise.md and the probes' "
                    "runs go (default: runs/advise/<usecase>)")
+    p.add_argument("--format", default="markdown", choices=["markdown", "csv", "json"],
+                   help="what is printed: the ranked tables (as advise.md), the ranking as "
+                   "CSV (a row a configuration, with its command) or advise.json's content; "
+                   "the files are written alike")
     p.add_argument("--quiet", action="store_true", help="warnings and errors only")
     p.set_defaults(func=cmd_advise)
 
@@ -82,9 +87,10 @@ def cmd_advise(args: argparse.Namespace) -> int:
                            runs=args.runs, rounds=args.rounds, steps=args.steps,
                            datasets_dir=args.datasets_dir, host_count=count,
                            wait=args.wait_quiet, data=data, strategies=strategies)
-    print(advise.markdown(result))
-    for path in advise.write(result, out):
-        print(f"wrote {path}")
+    shown = {"markdown": advise.markdown, "csv": advise.as_csv, "json": advise.as_json}
+    print(shown[args.format](result).rstrip("\n"))
+    for path in advise.write(result, out):  # beside a script's CSV or JSON: not in it
+        print(f"wrote {path}", file=sys.stdout if args.format == "markdown" else sys.stderr)
     return 0
 
 

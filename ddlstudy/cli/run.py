@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -30,6 +31,9 @@ def register(sub) -> None:
     faults.add_argument("--max-restarts", type=int, default=0, metavar="N",
                         help="when a worker dies, restart from the last snapshot up to N "
                         "times (default 0)")
+    p.add_argument("--format", default="text", choices=["text", "json"], help="how the run's "
+                   "end is printed: a line, or for scripts one JSON object on stdout (run "
+                   "folder, status, accuracy, images/s, time to target; a failed run's too)")
     p.add_argument("--quiet", action="store_true", help="warnings and errors only")
     p.set_defaults(func=cmd_run)
     p = sub.add_parser("replay", help="run a manifest again: same config, seeds and data")
@@ -53,15 +57,19 @@ def cmd_run(args: argparse.Namespace) -> int:
                               f"so {given[0]} would be ignored; leave it out (or start a new "
                               f"run, or `ddlstudy replay` one)")
 
-        return train(resume_config(args.resume), args.argv, args.resume, args.max_restarts)
+        return train(resume_config(args.resume), args.argv, args.resume, args.max_restarts,
+                     args.format)
     from ddlstudy.config.options import config_from_args
 
-    return train(config_from_args(args), args.argv, max_restarts=args.max_restarts)
+    return train(config_from_args(args), args.argv, max_restarts=args.max_restarts,
+                 fmt=args.format)
 
 
-def train(cfg, argv: list[str], resume: Path | None = None, max_restarts: int = 0) -> int:
-    """Run ``cfg`` (launching mpiexec for --backend mpi) and print where it went; with
-    ``max_restarts``, a run that failed after a snapshot continues from it."""
+def train(cfg, argv: list[str], resume: Path | None = None, max_restarts: int = 0,
+          fmt: str = "text") -> int:
+    """Run ``cfg`` (launching mpiexec for --backend mpi) and print where it went (``fmt``:
+    a line, or a JSON object); with ``max_restarts``, a run that failed after a snapshot
+    continues from it."""
 
     # The imports below take seconds: on a terminal, say what is going on, unless a
     # refusal came first (a refusal stays one line; logs and pipes get no notice at all).
@@ -74,12 +82,12 @@ def train(cfg, argv: list[str], resume: Path | None = None, max_restarts: int = 
     if resume is None:  # a Spark run's JVM and context start beside those imports
         start_early(cfg)
     try:
-        return _train(cfg, argv, resume, max_restarts)
+        return _train(cfg, argv, resume, max_restarts, fmt)
     finally:
         notice.cancel()
 
 
-def _train(cfg, argv: list[str], resume: Path | None, max_restarts: int) -> int:
+def _train(cfg, argv: list[str], resume: Path | None, max_restarts: int, fmt: str) -> int:
     from ddlstudy.runfolder import SNAPSHOT, RunFolder
     from ddlstudy.runner import RunFailed, start
 
@@ -94,6 +102,8 @@ def _train(cfg, argv: list[str], resume: Path | None, max_restarts: int) -> int:
             if restarts >= max_restarts or not restartable:
                 print(f"ddlstudy: {exc}", file=sys.stderr)
                 _to_mlflow(cfg, exc.folder)
+                if fmt == "json" and exc.folder is not None:
+                    print(json.dumps(ended(exc.folder)))
                 return exc.exit_code
             restarts += 1
             resume = exc.folder.path
@@ -103,6 +113,9 @@ def _train(cfg, argv: list[str], resume: Path | None, max_restarts: int) -> int:
     if not isinstance(folder, RunFolder) or os.environ.get(CHILD_ENV):
         return 0  # other MPI ranks stay quiet; under our own launcher, the launcher reports
     _to_mlflow(cfg, folder)
+    if fmt == "json":
+        print(json.dumps(ended(folder)))
+        return 0
     summary = folder.manifest.get("summary", {})
     print(f"{folder.path}  val accuracy {summary.get('final_val_accuracy', float('nan')):.3f}  "
           f"{summary.get('median_images_per_s', float('nan')):.1f} img/s"
@@ -119,6 +132,19 @@ def _to_mlflow(cfg, folder) -> None:
         from ddlstudy.mlflow_export import after_run
 
         after_run(folder.path, cfg.mlflow)
+
+
+def ended(folder) -> dict:
+    """``run --format json``: what a script needs of a run that ended."""
+    m = folder.manifest
+    summary = m.get("summary") or {}
+    return {"run": str(folder.path), "id": m.get("id"), "status": m.get("status"),
+            "exit_code": m.get("exit_code"), "error": m.get("error"),
+            "epochs": summary.get("epochs_done", len(m.get("epochs", []))),
+            "val_accuracy": summary.get("final_val_accuracy"),
+            "best_val_accuracy": summary.get("best_val_accuracy"),
+            "images_per_s": summary.get("median_images_per_s"),
+            "time_to_target": m.get("time_to_target")}
 
 
 def _reached(tta: dict) -> str:

@@ -66,3 +66,42 @@ def problem(error: ValidationError, where=dotted) -> tuple[str, str]:
         return where(first["loc"]), "unknown key"
     shown = "" if isinstance(got, dict | list) else f" (got {got!r:.60})"
     return where(first["loc"]), f"{msg}{shown}"
+
+
+def field_rows(schema: dict, defs: dict, prefix: str) -> list[str]:
+    """A model's JSON schema as the formats' reference shows it: a Markdown row a field
+    (its nested models' fields after it), with its type, whether it is required and its
+    meaning (its attribute docstring)."""
+    rows = []
+    required = set(schema.get("required", ()))
+    for name, field in schema.get("properties", {}).items():
+        meaning = " ".join(field.get("description", "").split()).replace("|", "\\|") \
+            .replace("``", "`")
+        rows.append(f"| `{prefix}{name}` | {kind_words(field, defs)} | "
+                    f"{'yes' if name in required else 'no'} | {meaning} |")
+        for inner in [field, *field.get("anyOf", ()), field.get("items") or {}]:
+            if "$ref" in inner:
+                sub = defs[inner["$ref"].rsplit("/", 1)[1]]
+                each = "[]" if inner is field.get("items") else ""
+                rows += field_rows(sub, defs, f"{prefix}{name}{each}.")
+    return rows
+
+
+def kind_words(field: dict, defs: dict) -> str:
+    """A field's type and bounds in words: 'integer >= 1', 'string or null', ..."""
+    if "anyOf" in field:
+        return " or ".join(kind_words(f, defs) for f in field["anyOf"])
+    if "$ref" in field:
+        return "object"
+    if "enum" in field:
+        return "one of " + ", ".join(f"`{v}`" for v in field["enum"])
+    if "const" in field:
+        return f"`{field['const']!r}`"
+    kind = field.get("type", "any")
+    if kind == "array":
+        kind = f"list of {kind_words(field.get('items', {}), defs)}"
+    bounds = [f"{op} {field[key]:g}" for key, op in (("minimum", ">="), ("exclusiveMinimum",
+              ">"), ("maximum", "<="), ("exclusiveMaximum", "<")) if key in field]
+    if "pattern" in field:
+        bounds.append(f"matching `{field['pattern']}`")
+    return " ".join([kind, *bounds])

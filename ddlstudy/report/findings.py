@@ -22,9 +22,14 @@ strategy's. (b) compares the paper's own use cases, so it is judged only on a fo
 holds one of them; (a), (c) and (d) are judged on each use case of the folder.
 
 Each comparison also gives both sides' time to the use case's target accuracy, and says so
-where the side faster per image reaches the target later, or not at all (not where
-neither reached it in runs cut to a few steps by --max-steps: that says nothing). Where a verdict is
-not the paper's (which confirms all four), the finding says so with the measured reasons.
+where the side faster per image reaches the target later (not where neither reached it in
+runs cut to a few steps by --max-steps: that says nothing). Where a configuration of either
+side reached the target in every run, the comparison is about training: a configuration
+that did not (a weak-scaled run, say) never stands for its side (the finding names it and
+judges the fastest that did), and a side none of whose configurations reached it loses on
+time to target; where none did, the line says the verdict rests on images/s alone. Where a
+verdict is not the paper's (which confirms all four), the finding says so with the measured
+reasons.
 Each is also projected onto nodes of many cores (``Report.project``, ``--project``: 32-core
 nodes joined by 10 Gbit/s by default) with the model of ``report.projection``, marked as a
 projection: on a 2-core host every "node" shares the same two cores, and a verdict there
@@ -102,9 +107,9 @@ def findings(report: Report) -> list[Finding]:
 def _compare(report: Report, best: Best, usecases: list[str], letter: str) -> Finding:
     """One of ``COMPARISONS`` judged on each use case."""
     claim, (claimed, what), (other, others) = COMPARISONS[letter]
-    sides = {uc: (best(uc, claimed), best(uc, other)) for uc in usecases}
-    finding = _per_usecase(letter, claim, usecases, lambda uc: _claim(
-        *sides[uc], best.missing(uc, claimed, what), best.missing(uc, other, others)))
+    judged = {uc: _judged(best, uc, (claimed, what), (other, others)) for uc in usecases}
+    sides = {uc: j[2] for uc, j in judged.items()}
+    finding = _per_usecase(letter, claim, usecases, lambda uc: judged[uc][:2])
     for uc, verdict in finding.verdicts.items():
         if verdict not in ("confirmed", "not measured"):
             finding.differs.append(f"{uc}: " + "; ".join(_why(report, *sides[uc])))
@@ -142,11 +147,42 @@ def _per_usecase(letter: str, claim: str, usecases: list[str], judge) -> Finding
     return finding
 
 
-def _claim(claimed: Side | None, other: Side | None, no_claimed: str,
-           no_other: str) -> tuple[str, str]:
-    """Whether ``claimed`` is faster than ``other``, and the figures that say so."""
-    if claimed is None or other is None:
-        return "not measured", no_claimed if claimed is None else no_other
+def _judged(best: Best, uc: str, claimed: tuple, other: tuple) -> tuple[str, str, tuple]:
+    """A comparison on ``uc``: its verdict, its line, and the two sides it rests on. Where
+    a configuration of either side reached the use case's target accuracy in every run,
+    the claim is about training, so a side is its fastest configuration that did (one
+    faster per image that did not is named, not judged on), and a side none of whose
+    configurations reached it loses to one that did; else images/s alone judge it."""
+    (mask, what), (other_mask, others) = claimed, other
+    fast = best(uc, mask), best(uc, other_mask)
+    if None in fast:
+        return ("not measured", best.missing(uc, mask, what) if fast[0] is None
+                else best.missing(uc, other_mask, others), fast)
+    reached = best(uc, mask, reached=True), best(uc, other_mask, reached=True)
+    if reached == (None, None):
+        verdict, line = _claim(*fast)
+        neither = fast[0].reached and not (fast[0].cut_short and fast[1].cut_short)
+        return verdict, line + (" (neither side reached the target: this rests on images/s "
+                                "alone)" if neither else ""), fast
+    if None in reached:
+        win, lose, nobody = (reached[0], fast[1], others) if reached[1] is None else \
+            (reached[1], fast[0], what)
+        verdict = "confirmed" if reached[1] is None else "refuted"
+        return verdict, (
+            f"{verdict} on time to the {win.target:.2f} target: {win.label} reached it in "
+            f"{win.tta_s:.2f} s ({win.images_per_s:.1f} img/s); no {nobody} reached it in "
+            f"every run (the fastest, {lose.label}, {lose.images_per_s:.1f} img/s, in "
+            f"{lose.reached} runs)"), (reached[0] or fast[0], reached[1] or fast[1])
+    verdict, line = _claim(*reached)
+    passed = [f for f, r in zip(fast, reached, strict=True) if f.label != r.label]
+    return verdict, line + "".join(
+        f"; not judged on {f.label}, faster per image ({f.images_per_s:.1f} img/s) but not "
+        f"reaching the target in every run ({f.reached})" for f in passed), reached
+
+
+def _claim(claimed: Side, other: Side) -> tuple[str, str]:
+    """Whether ``claimed`` is faster than ``other`` per image, and the figures that say
+    so (with both sides' time to target)."""
     ratio = claimed.images_per_s / other.images_per_s
     bounds = interval(claimed.spread, other.spread)
     if bounds is None:

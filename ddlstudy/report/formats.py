@@ -13,7 +13,7 @@ WIDTH = 100
 """The widest line printed to a terminal (a table that wraps there cannot be read)."""
 
 
-def _fmt(v) -> str:
+def cell_text(v) -> str:
     if v is None or (isinstance(v, float) and v != v):
         return "-"
     if isinstance(v, float):
@@ -25,7 +25,7 @@ def to_markdown(frame: pd.DataFrame) -> str:
     """A GitHub Markdown table; missing values shown as '-'."""
     header = "| " + " | ".join(map(str, frame.columns)) + " |"
     rule = "|" + "|".join("---" for _ in frame.columns) + "|"
-    body = ["| " + " | ".join(_fmt(v) for v in row) + " |"
+    body = ["| " + " | ".join(cell_text(v) for v in row) + " |"
             for row in frame.astype(object).itertuples(index=False)]
     return "\n".join([header, rule, *body])
 
@@ -37,7 +37,7 @@ def _row(cells: list[str]) -> str:
 def fitted_markdown(frame: pd.DataFrame, shrink: list[str], notes: dict[str, int],
                     width: int = WIDTH) -> str:
     """A Markdown table whose rows fit ``width``: where a row is too long, its cells of the
-    ``shrink`` columns, in turn, keep their start and end around '...' and a note number
+    ``shrink`` columns, in turn, keep their first and last words around '...' and a note number
     ('[2]'); ``notes`` maps each full text so cut to its number (shared by the tables of
     one report, so that a text cut twice has one note). Cells are not padded: the Markdown
     is that of the written files, only narrower."""
@@ -45,10 +45,10 @@ def fitted_markdown(frame: pd.DataFrame, shrink: list[str], notes: dict[str, int
     lines = [_row([str(c) for c in frame.columns]),
              "|" + "|".join("---" for _ in frame.columns) + "|"]
     for values in frame.astype(object).itertuples(index=False):
-        cells = [_fmt(v) for v in values]
+        cells = [cell_text(v) for v in values]
         for i in at:
             room = width - len(_row(cells)) + len(cells[i])
-            if len(cells[i]) > room:
+            if len(cells[i]) > max(room, LEAST):  # a cut one is LEAST long at least
                 cells[i] = _cut(cells[i], room, notes)
         lines.append(_row(cells))
     return "\n".join(lines)
@@ -59,11 +59,20 @@ LEAST = 16
 
 
 def _cut(text: str, room: int, notes: dict[str, int]) -> str:
-    """``text`` in ``room`` characters (``LEAST`` at least): its start and end, its note."""
+    """``text`` in ``room`` characters (``LEAST`` at least): as many of its first and last
+    words as fit around ' ... ' (never a word cut: its first, the strategy's or backend's
+    name, is kept whole even where it alone is longer), then its note."""
     mark = f" [{notes.setdefault(text, len(notes) + 1)}]"
-    keep = max(room, LEAST) - len(mark) - 3
-    head = (keep + 1) // 2
-    return f"{text[:head].rstrip()}...{text[len(text) - (keep - head):].lstrip()}{mark}"
+    keep = max(room, LEAST) - len(mark) - len(" ... ")
+    words = text.split(" ")
+    head, tail = words[:1], []
+    while len(head) + len(tail) < len(words) - 1:  # one word at least is left out
+        grown = [(head + [words[len(head)]], tail), (head, [words[-len(tail) - 1], *tail])]
+        fits = [(h, t) for h, t in grown if len(" ".join(h)) + len(" ".join(t)) <= keep]
+        if not fits:
+            break
+        head, tail = fits[0] if len(tail) >= len(head) - 1 or len(fits) == 1 else fits[1]
+    return f"{' '.join(head)} ... {' '.join(tail)}".rstrip() + mark
 
 
 def wrapped(text: str, indent: str = "", width: int = WIDTH) -> str:
@@ -90,7 +99,7 @@ def to_latex(frame: pd.DataFrame, caption: str = "") -> str:
         lines.append(rf"\caption{{{_latex_escape(caption)}}}")
     lines += [rf"\begin{{tabular}}{{{cols}}}", r"\toprule",
               " & ".join(_latex_escape(str(c)) for c in frame.columns) + r" \\", r"\midrule"]
-    lines += [" & ".join(_latex_escape(_fmt(v)) for v in row) + r" \\"
+    lines += [" & ".join(_latex_escape(cell_text(v)) for v in row) + r" \\"
               for row in frame.astype(object).itertuples(index=False)]
     lines += [r"\bottomrule", r"\end{tabular}", r"\end{table}"]
     return "\n".join(lines)

@@ -44,9 +44,13 @@ class Best:
                  by_id: dict[str, dict]) -> None:
         self.rows, self.runs, self.noisy, self.by_id = rows, runs, noisy, by_id
 
-    def __call__(self, usecase: str, mask) -> Side | None:
+    def __call__(self, usecase: str, mask, reached: bool = False) -> Side | None:
+        """The fastest configuration ``mask`` picks (``reached``: of those whose every run
+        reached the use case's target accuracy)."""
         t = self.rows[self.rows.usecase == usecase]
         t = t[mask(t)]
+        if reached:
+            t = t[t.time_to_target_s.notna()]
         if t.empty:
             return None
         r = t.loc[t.images_per_s.idxmax()]

@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from ddlstudy.files import atomic_write_text
-from ddlstudy.report.formats import FORMATS, _fmt, fitted_markdown, render, wrapped
+from ddlstudy.report.formats import FORMATS, cell_text, fitted_markdown, render, wrapped
 from ddlstudy.report.projection import DEFAULT_HARDWARE, Hardware
 from ddlstudy.report.runs import (
     KEY,
@@ -140,7 +140,7 @@ def quotient_interval(*parts: tuple[list[float], int]) -> tuple[float, float] | 
 def _interval_text(bounds: tuple[float, float] | None, mark_one: bool = False) -> str:
     if bounds is None:
         return ""
-    text = f"{_fmt(bounds[0])}-{_fmt(bounds[1])}"
+    text = f"{cell_text(bounds[0])}-{cell_text(bounds[1])}"
     return f"{text} (includes 1)" if mark_one and bounds[0] <= 1.0 <= bounds[1] else text
 
 
@@ -260,10 +260,10 @@ def _paper_cells(r, joined: bool) -> dict[str, str]:
     measured = r.status.startswith("ok") or r.noisy
     mark = " (noisy)" if r.noisy else ""
     if joined:
-        speedup = f", {_fmt(r.speedup)}x" if pd.notna(r.speedup) else ""
-        return {r.usecase: f"{_fmt(r.epoch_s)} s{speedup}{mark}" if measured else r.status}
-    return {f"{r.usecase} epoch s": _fmt(r.epoch_s) + mark if measured else r.status,
-            f"{r.usecase} speedup": _fmt(r.speedup) + mark if measured else ""}
+        speedup = f", {cell_text(r.speedup)}x" if pd.notna(r.speedup) else ""
+        return {r.usecase: f"{cell_text(r.epoch_s)} s{speedup}{mark}" if measured else r.status}
+    return {f"{r.usecase} epoch s": cell_text(r.epoch_s) + mark if measured else r.status,
+            f"{r.usecase} speedup": cell_text(r.speedup) + mark if measured else ""}
 
 
 SUMMARY_COLUMNS = ["usecase", "config", "scaling", "cores", "runs", "status", "epoch_s",
@@ -292,7 +292,7 @@ def terminal_table(table: pd.DataFrame) -> pd.DataFrame:
                    f"{r.runs} ok, {r.status}" if r.runs else r.status
                    for r in table.itertuples(index=False)]
     out["speedup_95"] = [i.split(" (")[0] or None for i in table.speedup_95]
-    out["time_to_target_s"] = [f"{_fmt(t)} s" if pd.notna(t) else
+    out["time_to_target_s"] = [f"{cell_text(t)} s" if pd.notna(t) else
                                f"{reached} reached" if reached else None
                                for t, reached in zip(table.time_to_target_s, table.reached,
                                                      strict=True)]

@@ -217,7 +217,7 @@ def _create(cfg: RunConfig, strategy: Strategy, backend: Backend, described: dic
     uc = cfg.usecase
     for old in Path(cfg.runs_dir).glob("*/"):
         sweep_temporaries(old)
-    run_id = os.environ.get(RUN_ID_ENV) or new_run_id(uc.name, strategy.name)
+    run_id = os.environ.get(RUN_ID_ENV) or new_run_id(uc.name, strategy.name, cfg.backend)
     folder = RunFolder.create(cfg.runs_dir, run_id, {
         "command": environment.command_line(),
         "usecase": uc.name,
@@ -368,7 +368,7 @@ def start(cfg: RunConfig, argv: list[str], resume: Path | None = None) -> RunFol
     if resume is not None:  # refused here, before a launcher starts ranks that would each say
         _reopen(Path(resume), None, cfg.usecase)
     run_id = checked_run_id(Path(resume).name if resume else os.environ.get(RUN_ID_ENV)
-                            or new_run_id(cfg.usecase.name, cfg.strategy))
+                            or new_run_id(cfg.usecase.name, cfg.strategy, cfg.backend))
     ended = get_backend(cfg.backend).launch(cfg, argv, run_id)
     if ended is None:
         return _run(cfg, True, resume)

@@ -1,5 +1,5 @@
 """`ddlstudy predict`: an alpha-beta model of data-parallel training, fitted from what was
-measured, that predicts epoch time, speedup and efficiency from 1 to 256 nodes.
+measured, that predicts epoch time, speedup and scaling efficiency from 1 to 256 nodes.
 
     ddlstudy predict runs/scale [--hosts emulated] [--links 1gbit,10gbit,25gbit]
 
@@ -257,7 +257,7 @@ def predict(runs_dir: Path, hosts: str | None, nodes: list[int], links: list[str
                         table.append({"link": link, "reduce": reducer, "batch": batch,
                                       "nodes": n, "overlap": overlap,
                                       "epoch_s": epoch, "speedup": one[batch] / epoch,
-                                      "efficiency": one[batch] / epoch / n})
+                                      "scaling_efficiency": one[batch] / epoch / n})
     return {"node": node.__dict__,
             "costs": {r: {"alpha_s": c.alpha, "beta_s_per_byte": c.beta,
                           "bandwidth_gbit_s": 8e-9 / c.beta if c.beta else None}
@@ -308,12 +308,13 @@ def markdown(result: dict, nodes_shown: tuple[int, ...] = (1, 2, 3, 4, 16, 64, 2
                          f"{v['error_percent']:+.1f} % |")
     lines += pipeline_model.markdown(result.get("pipelines") or [])
     shown = [n for n in nodes_shown if any(r["nodes"] == n for r in result["table"])]
-    lines += ["", "predicted efficiency (no overlap), batch "
+    lines += ["", "predicted scaling efficiency (images/s / (nodes x one node's); no "
+              "overlap), batch "
               f"{node['batch']}:", "| link | reducer | " + " | ".join(map(str, shown)) + " |",
               "|---|---|" + "---|" * len(shown)]
     for link in dict.fromkeys(r["link"] for r in result["table"]):
         for reducer in REDUCERS:
-            cells = {r["nodes"]: r["efficiency"] for r in result["table"]
+            cells = {r["nodes"]: r["scaling_efficiency"] for r in result["table"]
                      if r["link"] == link and r["reduce"] == reducer and not r["overlap"]
                      and r["batch"] == node["batch"]}
             lines.append(f"| {link} | {reducer} | "

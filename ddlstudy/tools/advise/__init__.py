@@ -58,7 +58,7 @@ from ddlstudy.plan import cell_config
 from ddlstudy.tools.advise.checking import NOT_THE_CONFIGURATION, check, check_text
 from ddlstudy.tools.advise.exchange import COMPRESSORS, Exchange, measure_exchange, on_link
 from ddlstudy.tools.advise.nodes import Setting, mpi_candidates
-from ddlstudy.tools.advise.output import markdown, write
+from ddlstudy.tools.advise.output import as_csv, as_json, markdown, write
 from ddlstudy.tools.advise.probes import (
     BYTES_PER_WEIGHT,
     CONTENDER,
@@ -205,7 +205,7 @@ def _shared(where: Setting, nodes: list[int]) -> list[str]:
 
 __all__ = ["BYTES_PER_WEIGHT", "COMPRESSORS", "CONTENDER", "MEMORY_SHARE",
            "NOT_THE_CONFIGURATION", "PROBE_STEADY_STEPS", "Candidate", "Exchange", "Setting",
-           "advise", "candidates", "check", "check_fit", "check_text", "command", "convergence",
-           "convergence_key", "fastest", "finite", "markdown", "measure_exchange",
-           "mpi_candidates", "on_link", "predictions", "probe", "probe_all", "probe_settings",
-           "rank", "say", "settle_noisy", "sureness", "train_images", "write"]
+           "advise", "as_csv", "as_json", "candidates", "check", "check_fit", "check_text",
+           "command", "convergence", "convergence_key", "fastest", "finite", "markdown",
+           "measure_exchange", "mpi_candidates", "on_link", "predictions", "probe", "probe_all",
+           "probe_settings", "rank", "say", "settle_noisy", "sureness", "train_images", "write"]

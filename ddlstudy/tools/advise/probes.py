@@ -140,7 +140,8 @@ def probe_settings(uc: UseCase, steps: int) -> dict[str, Any]:
 def probe(c: Candidate, usecase: str, settings: dict[str, Any], runs_dir: Path) -> None:
     """One real ``ddlstudy run`` of ``c``: its steady images/s (median of its epochs), and
     the cores other processes used meanwhile (above NOISY_CORES: a noisy probe)."""
-    run_id = new_run_id("probe", c.flags.get("strategy", "sequential"))
+    run_id = new_run_id("probe", c.flags.get("strategy", "sequential"),
+                        c.flags.get("backend", "local"))
     env = run_env(run_id)
     argv = ["run", "--quiet", *run_flags(usecase, settings | c.flags, runs_dir)]
     start, others = time.monotonic(), OthersLoad()

@@ -202,9 +202,9 @@ not known, ranked after them by images/s only."""
 def rank(rows: list[dict], conv: dict[str, Any], one_node: float | None = None) -> None:
     """Sort ``rows`` best first, in two lists (``list``: SAME, then CHANGES): by predicted
     time to target when earlier runs give the baseline's epochs to target, else by
-    images/s. A row's efficiency is its images/s over its nodes times ``one_node`` (the
-    fastest one-node probe; by default the fastest one-node row, which ``--nodes 2``
-    alone does not rank)."""
+    images/s. A row's scaling efficiency is its images/s over its nodes times ``one_node``
+    (the fastest one-node probe; by default the fastest one-node row, which ``--nodes 2``
+    alone does not rank): not the report's efficiency, speedup / cores."""
     factors = conv.get("factor") or {}
     for r in rows:
         key = r["convergence_key"]
@@ -231,7 +231,7 @@ def rank(rows: list[dict], conv: dict[str, Any], one_node: float | None = None) 
     best_one = one_node or max(r["images_per_s"] for r in rows if r["nodes"] == 1)
     for i, r in enumerate(rows, 1):
         r["rank"] = i
-        r["efficiency"] = r["images_per_s"] / (r["nodes"] * best_one)
+        r["scaling_efficiency"] = r["images_per_s"] / (r["nodes"] * best_one)
 
 
 def command(usecase: str, flags: dict[str, Any]) -> str:
