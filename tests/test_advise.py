@@ -30,8 +30,9 @@ def _exchange(beta: float) -> advise.Exchange:
 def test_candidates_list_every_layout_and_say_why_one_cannot_fit():
     two = {c.label: c for c in advise.candidates(2, 0)}
     assert [c.flags.get("strategy") for c in two.values()] == [
-        "sequential", "cpu-intraop", "cpu-threads", "cpu-processes", "gpu-data", "pipeline",
-        "pipeline", "hybrid"]
+        "sequential", "cpu-intraop", "cpu-threads", "cpu-processes", "gpu-data", "sharded",
+        "zero", "tensor", "pipeline", "pipeline", "hybrid"]
+    assert two["sharded (2 processes)"].flags == {"strategy": "sharded", "workers": 2}
     assert two["cpu-processes (2 processes)"].flags == {"strategy": "cpu-processes",
                                                         "workers": 2}
     assert "needs 4 processes" in two["hybrid (2 x 2 stages)"].skip

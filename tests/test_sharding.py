@@ -103,3 +103,15 @@ def test_under_mpi_each_trains_as_its_local_twin(tmp_path, datasets_dir):
         assert _manifest(a)["backend"]["name"] == "mpi"
     assert _manifest(a)["backend"]["mesh"] == {"tensor": 2, "nodes": 2, "pairs": [
         ["classifier.1", "classifier.4"]]}
+
+
+def test_strategies_name_what_each_shards(capsys):
+    from ddlstudy.cli import main
+
+    assert main(["strategies"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    shards = {lines[i - 2 if "flags:" in lines[i - 1] else i - 1].split()[0]: line
+              for i, line in enumerate(lines) if "shards:" in line}
+    assert "FSDP2" in shards["sharded"] and "ZeRO-3" in shards["sharded"]
+    assert "ZeRO-1" in shards["zero"] and "tensor parallel" in shards["tensor"]
+    assert "cpu-processes" not in shards  # a whole replica a process: nothing shards

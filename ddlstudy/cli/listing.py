@@ -32,6 +32,8 @@ def cmd_strategies(args: argparse.Namespace) -> int:
         print(f"{name:14s} {cls.summary}")
         if cls.flags:
             print(f"{'':14s} flags: {cls.flags}")
+        if cls.shards:
+            print(f"{'':14s} shards: {cls.shards}")
     return 0
 
 

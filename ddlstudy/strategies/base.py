@@ -94,6 +94,9 @@ class Strategy(ABC):
     """One line for `ddlstudy strategies`: what it does and why one would pick it."""
     flags: ClassVar[str] = ""
     """The flags that lay it out, with their defaults."""
+    shards: ClassVar[str] = ""
+    """What of the model it splits over its processes, for `ddlstudy strategies` (none:
+    each process holds a whole replica)."""
     table: ClassVar[int] = 1
     """The report's table of a one-node run: 1 data parallelism, 2 model and hybrid
     parallelism (runs of several nodes go in table 3 whatever their strategy)."""

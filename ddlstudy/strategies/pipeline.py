@@ -42,6 +42,7 @@ class Pipeline(Strategy):
     name = "pipeline"
     summary = ("model parallel: the network cut into --stages processes balanced by measured "
                "cost, each batch run as --micro-batches micro-batches under --schedule")
+    shards = "the layers: each stage holds its own (model parallelism)"
     flags = ("--stages S (default: usable cores), --micro-batches M (default 4), --schedule "
              "gpipe|1f1b|interleaved-1f1b, --stage-starts")
     table = 2

@@ -43,8 +43,6 @@ class _Sharding(CpuProcesses):
     """k processes on one node, one process group; what each holds is the subclass's."""
 
     table = 1
-    shards: str
-    """What it shards, for `ddlstudy strategies` and the report."""
 
     def layout(self, cfg: RunConfig) -> Layout:
         k = self.workers(cfg)
@@ -157,6 +155,9 @@ class Tensor(_Sharding):
 
     def tensor_degree(self, cfg: RunConfig) -> int | None:
         return self.workers(cfg)
+
+    def label(self, layout: dict[str, Any]) -> str:
+        return f"{self.name} ({layout.get('processes', '?')} processes, one batch)"
 
     def probes(self, cores: int, gpus: int) -> list[Probe]:
         return [Probe(f"tensor ({w} processes)", {"strategy": self.name, "workers": w}, w)
