@@ -63,7 +63,12 @@ def test_same_seed_same_metrics_other_seed_differs(quick_config):
 
 
 def test_the_warm_up_raises_the_learning_rate_linearly_then_holds_it():
-    from ddlstudy.training.job import warmup
+    from ddlstudy.config import TrainSpec
+    from ddlstudy.training.recipe import schedule as made
+
+    def warmup(optimizer, epochs, steps_per_epoch):
+        return made(optimizer, TrainSpec(lr_warmup_epochs=epochs), steps_per_epoch)
+
     weight = torch.nn.Parameter(torch.zeros(1))
     optimizer = torch.optim.SGD([weight], lr=0.1, momentum=0.9)
     schedule = warmup(optimizer, 1.5, 4)  # 6 steps

@@ -41,7 +41,7 @@ from ddlstudy.runfolder import (
 from ddlstudy.runner.snapshots import load_snapshot
 from ddlstudy.sampler import NOISY_CORES, OthersLoad, ResourceSampler, others_cores
 from ddlstudy.strategies import REGISTRY, Strategy, get_strategy
-from ddlstudy.training import Job
+from ddlstudy.training import Job, recipe
 
 log = logging.getLogger("ddlstudy")
 
@@ -122,6 +122,7 @@ def preflight(cfg: RunConfig, resuming: bool = False) -> RunConfig:
         models.check(uc.model, len(uc.classes), uc.train.image_size)
         if cfg.init_weights is not None:
             check_weights(uc.model, len(uc.classes), cfg.init_weights)
+    recipe.check(uc.train)
     if (cfg.nodes or 1) > 1 and not backend.multi_node:
         several = [name for name, cls in BACKENDS.loaded().items() if cls.multi_node]
         raise ConfigError("--nodes", f"more than one node needs --backend "
