@@ -144,6 +144,9 @@ def test_the_setting_names_the_recipe_so_other_recipes_are_no_repeats():
                              lr_schedule="cosine"))
     assert "AdamW(weight_decay=0.05)" in adamw and "cosine schedule" in adamw
     assert adamw != paper
+    digits = setting(manifest() | {"config": {"usecase": manifest()["config"]["usecase"] | {
+        "data": {"flip": False, "normalize": "dataset"}}}})
+    assert "no flip" in digits and "dataset normalisation" in digits
 
 
 def test_a_study_cell_sets_the_recipe_with_its_tables(tmp_path):
@@ -189,3 +192,134 @@ def test_a_bad_recipe_is_refused_in_one_line_before_anything_starts(argv, messag
     assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
     assert message in err
     assert not (tmp_path / "runs").exists() and not (tmp_path / "data").exists()
+
+
+# --- augmentation and normalisation ----------------------------------------------------
+
+EXAMPLE = Path(__file__).parents[1] / "docs" / "examples" / "predict_image.py"
+
+
+def _own(tmp_path: Path, datasets_dir: Path, data: str, epochs: int = 2) -> Path:
+    """A use case of the tiny images as a folder of one's own, with ``data``'s keys."""
+    path = tmp_path / "own.toml"
+    path.write_text(f'name = "own"\n[model]\narch = "alexnet"\nwidth = 0.25\n[data]\n'
+                    f'dir = "{datasets_dir / "synthetic-tiny"}"\n{data}\n[train]\n'
+                    f'image_size = 64\nbatch_size = 16\nepochs = {epochs}\nlr = 0.003\n')
+    return path
+
+
+def _dataset(tmp_path, datasets_dir, data: str, cache: bool, train: bool = True):
+    from ddlstudy.config import RunConfig, load_usecase
+    from ddlstudy.data import prepare_data
+    from ddlstudy.runner import resolve
+    from ddlstudy.training.loaders import image_dataset
+
+    cfg = resolve(RunConfig(usecase=load_usecase(str(_own(tmp_path, datasets_dir, data))),
+                            runs_dir=tmp_path / "runs", data_cache=cache, sample_hz=0))
+    plan = prepare_data(cfg)
+    return image_dataset(cfg, plan, plan.train if train else plan.val, train), plan
+
+
+@pytest.mark.parametrize("data", ['crop_scale = 0.3', 'flip = false\nnormalize = "none"'])
+def test_the_cache_and_the_decoded_images_give_the_same_batches(data, tmp_path,
+                                                                datasets_dir):
+    """Flips and crops are tensor operations on the batch: the decoded cache and decoding
+    in the loop give the same tensors and draw the same random numbers."""
+    batches = []
+    for cache in (True, False):
+        dataset, _ = _dataset(tmp_path, datasets_dir, data, cache)
+        torch.manual_seed(3)
+        batches.append(dataset.__getitems__(list(range(8)))[0])
+    assert torch.equal(*batches)
+
+
+def test_without_the_flip_a_batch_is_the_same_whatever_the_random_state(tmp_path,
+                                                                        datasets_dir):
+    def batch(data: str, seed: int) -> torch.Tensor:
+        torch.manual_seed(seed)
+        return _dataset(tmp_path, datasets_dir, data, True)[0].__getitems__(list(range(16)))[0]
+
+    assert torch.equal(batch("flip = false", 1), batch("flip = false", 2))
+    assert not torch.equal(batch("", 1), batch("", 2))  # the paper's sets: flipped
+    cropped = batch("flip = false\ncrop_scale = 0.5", 1)
+    assert cropped.shape == batch("flip = false", 1).shape == (16, 3, 64, 64)
+    assert not torch.equal(cropped, batch("flip = false", 1))
+
+
+def test_the_data_sets_own_normalisation_centres_its_images(tmp_path, datasets_dir):
+    dataset, plan = _dataset(tmp_path, datasets_dir, 'normalize = "dataset"', True, False)
+    assert plan.stats["fingerprint"] == plan.images.fingerprint and plan.stats["size"] == 64
+    everything, _ = _dataset(tmp_path, datasets_dir, 'normalize = "dataset"', False, False)
+    everything.items = list(plan.images.items)  # every image the stats were taken over
+    images = everything.__getitems__(list(range(len(everything.items))))[0]
+    assert images.mean((0, 2, 3)).abs().max() < 1e-4
+    assert (images.std((0, 2, 3)) - 1).abs().max() < 1e-3
+    imagenet, _ = _dataset(tmp_path, datasets_dir, "", False, False)  # today's default
+    imagenet.items = everything.items
+    means = imagenet.__getitems__(list(range(len(imagenet.items))))[0].mean((0, 2, 3))
+    expected = [(m - i) / s for m, i, s in zip(plan.stats["mean"], (0.485, 0.456, 0.406),
+                                               (0.229, 0.224, 0.225), strict=True)]
+    assert means.tolist() == pytest.approx(expected, abs=1e-4)
+
+
+@pytest.mark.slow
+def test_a_no_flip_use_case_learns_and_its_exported_model_predicts_as_it_validated(
+        tmp_path, datasets_dir):
+    """Digits-like: no flip, its own normalisation, AdamW and cosine; it learns, records
+    its preprocessing, and the docs' inference example, on the exported model and the
+    image files, gives the predictions the run's validation gave."""
+    from ddlstudy.config import RunConfig, load_usecase
+    from ddlstudy.data import prepare_data
+    from ddlstudy.models.trained import load
+    from ddlstudy.runner import resolve
+    from ddlstudy.training.loaders import val_loader
+
+    usecase = _own(tmp_path, datasets_dir, 'flip = false\nnormalize = "dataset"', epochs=6)
+    folder = _run(tmp_path / "runs", datasets_dir, "--usecase", str(usecase), "--epochs", "6",
+                  "--max-steps", "15", "--optimizer", "AdamW", "--lr", "0.001",
+                  "--lr-schedule", "cosine")
+    manifest = _manifest(folder)
+    assert max(e["val_accuracy"] for e in manifest["epochs"]) >= 0.5  # chance: 1/3
+    pre = manifest["preprocessing"]
+    assert pre["training"]["flip"] is False and pre["mean"] == manifest["data"]["stats"]["mean"]
+    model_file = tmp_path / "model.pt"
+    assert main(["export", "model", str(folder), "--out", str(model_file)]) == 0
+    assert json.loads(model_file.with_suffix(".usecase.json").read_text())["preprocessing"] \
+        == pre
+    cfg = resolve(RunConfig(usecase=load_usecase(str(usecase)), runs_dir=tmp_path / "x",
+                            sample_hz=0))
+    plan = prepare_data(cfg)
+    model = load(model_file).eval()
+    with torch.no_grad():
+        validated = [pre["classes"][i] for images, _ in val_loader(cfg, plan)
+                     for i in model(images).argmax(1).tolist()]
+    files = [str(plan.images.root / rel) for rel, _ in plan.val]
+    out = _cli_script(EXAMPLE, str(model_file), *files)
+    assert [line.rsplit(" ", 1)[1] for line in out.splitlines()] == validated
+
+
+def _cli_script(script: Path, *args: str) -> str:
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+
+
+def test_the_default_preprocessing_is_torchvisions_own(tmp_path, datasets_dir):
+    """ImageNet's normalisation as tensor operations: torchvision's Resize, CenterCrop,
+    ToTensor and Normalize of each file, bit for bit (what the exported model's users do)."""
+    from PIL import Image
+    from torchvision import transforms
+
+    dataset, plan = _dataset(tmp_path, datasets_dir, "", False, False)
+    ours = dataset.__getitems__(list(range(4)))[0]
+    pipeline = transforms.Compose([transforms.Resize(64), transforms.CenterCrop(64),
+                                   transforms.ToTensor(),
+                                   transforms.Normalize((0.485, 0.456, 0.406),
+                                                        (0.229, 0.224, 0.225))])
+    for i, (rel, _) in enumerate(plan.val[:4]):
+        with Image.open(plan.images.root / rel) as image:
+            assert torch.equal(ours[i], pipeline(image.convert("RGB")))

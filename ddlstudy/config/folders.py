@@ -75,6 +75,9 @@ arch = {model}  # any torchvision classification model (`ddlstudy models`), alex
 [data]
 dir = {dir}  # an ImageFolder tree (root/<class>/<image>), relative to this file
 # name = {data_name}  # how run folders and the decoded cache name it
+# flip = {flip}  # training images flipped left-right at random (false for digits, text)
+# crop_scale = {crop_scale}  # random resized crops of [crop_scale, 1] of the area (1: none)
+# normalize = {normalize}  # imagenet, dataset (its own mean and std) or none
 
 [train]
 image_size = {image_size}  # side in pixels the images are scaled to
@@ -97,7 +100,8 @@ image_size = {image_size}  # side in pixels the images are scaled to
 """
 STARTER_DEFAULTS = {"width": ModelSpec, "batch_size": TrainSpec, "epochs": TrainSpec,
                     "lr": TrainSpec, "lr_warmup_epochs": TrainSpec, "momentum": TrainSpec,
-                    "optimizer": TrainSpec, "lr_schedule": TrainSpec,
+                    "optimizer": TrainSpec, "lr_schedule": TrainSpec, "flip": DataSpec,
+                    "crop_scale": DataSpec, "normalize": DataSpec,
                     "seed": TrainSpec, "val_fraction": TrainSpec}
 """The keys a starter use case writes commented out, with the real default of each."""
 

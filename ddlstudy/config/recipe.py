@@ -1,6 +1,7 @@
 """The recipe's values as the use case and the flags give them, before torch sees them:
 the tables of keyword arguments of the optimizer and the learning-rate schedule (what
-their names and arguments mean to torch is ``ddlstudy.training.recipe``'s to check)."""
+their names and arguments mean to torch is ``ddlstudy.training.recipe``'s to check), and
+ImageNet's normalisation."""
 
 from __future__ import annotations
 
@@ -29,6 +30,10 @@ ARGUMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 """An optimizer's or schedule's name, and a keyword argument's (a Python identifier)."""
 SGD = "SGD"
 """The paper's optimizer (with ``train.momentum``)."""
+MEAN = (0.485, 0.456, 0.406)
+STD = (0.229, 0.224, 0.225)
+"""ImageNet's mean and std per RGB channel, as torchvision's pretrained models expect
+(``data.normalize = "imagenet"``)."""
 SELF_WARMING = ("onecycle", "OneCycleLR", "CyclicLR")
 """Schedules that raise the learning rate from low themselves (no warm-up before them)."""
 

@@ -145,6 +145,8 @@ class ModelSpec:
 
 SYNTHETIC_CLASSES = ("fire", "smoke", "nofire")
 """The classes the synthetic generator draws."""
+NORMALIZE = ("imagenet", "dataset", "none")
+"""What ``data.normalize`` takes."""
 SYNTHETIC_KEYS = ("images", "source_size", "difficulty", "label_noise")
 """The [data] keys that describe a synthetic set (a folder of one's own needs none)."""
 
@@ -172,6 +174,17 @@ class DataSpec:
     """0 (large, opaque flames and plumes, few look-alikes) to 1 (small, faint, many)."""
     label_noise: float = 0.0
     """Fraction of images drawn as another class than the folder they are filed under."""
+    flip: bool = True
+    """Flip each training image left to right at random (false where that changes what
+    it shows: digits, text)."""
+    crop_scale: float = 1.0
+    """Random resized crop of each training image: a box of a random share of its area in
+    [crop_scale, 1] (aspect ratio 3/4 to 4/3) scaled back to image_size; 1: none."""
+    normalize: str = "imagenet"
+    """What the pixels are normalised by, per channel: ``imagenet`` (ImageNet's mean and
+    standard deviation, as torchvision's pretrained models expect), ``dataset`` (the data
+    set's own, computed once over its images and recorded with its fingerprint) or
+    ``none``."""
 
     def __post_init__(self) -> None:
         if self.dir is not None:
@@ -195,6 +208,12 @@ class DataSpec:
                               f"'.', '_', '-'), got {self.name!r}")
         if self.dir is None:
             self._check_synthetic()
+        if not isinstance(self.flip, bool):
+            raise ConfigError("data.flip", f"must be true or false, got {self.flip!r}")
+        _number("data.crop_scale", self.crop_scale, 0.01, 1)
+        if self.normalize not in NORMALIZE:
+            raise ConfigError("data.normalize", f"must be one of {', '.join(NORMALIZE)}, got "
+                              f"{self.normalize!r:.40}")
 
     def _check_synthetic(self) -> None:
         _positive("data.images", self.images, most=MAX_IMAGES,

@@ -42,6 +42,7 @@ from ddlstudy.runner.snapshots import load_snapshot
 from ddlstudy.sampler import NOISY_CORES, OthersLoad, ResourceSampler, others_cores
 from ddlstudy.strategies import REGISTRY, Strategy, get_strategy
 from ddlstudy.training import Job, recipe
+from ddlstudy.training.loaders import preprocessing
 
 log = logging.getLogger("ddlstudy")
 
@@ -232,6 +233,7 @@ def _create(cfg: RunConfig, strategy: Strategy, backend: Backend, described: dic
         "seeds": {"train": uc.train.seed, "data": uc.data.seed},
         "effective": cfg.effective.as_dict(),
         "data": data.describe(),
+        "preprocessing": preprocessing(cfg, data).as_dict() | {"classes": list(uc.classes)},
         "git": environment.git_state(),
         "versions": environment.versions(),
         "host": environment.host(),
