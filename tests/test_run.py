@@ -303,8 +303,10 @@ def test_fp16_scaler_skips_an_overflowing_step_and_lowers_its_scale():
     sane scale the next step moves them and the warm-up."""
     from torch import nn
 
+    from ddlstudy.config import TrainSpec
     from ddlstudy.training import plain_step
-    from ddlstudy.training.job import advance, warmup
+    from ddlstudy.training.job import advance
+    from ddlstudy.training.recipe import schedule as made
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
@@ -312,7 +314,7 @@ def test_fp16_scaler_skips_an_overflowing_step_and_lowers_its_scale():
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 40)
     step = plain_step(model, optimizer, nn.CrossEntropyLoss(), scaler=scaler)
     batch = (torch.randn(4, 8), torch.tensor([0, 1, 2, 0]))
-    schedule = warmup(optimizer, 1.5, 4)  # 6 steps from lr 0.1 / 6
+    schedule = made(optimizer, TrainSpec(lr_warmup_epochs=1.5), 4)  # 6 steps from lr 0.1 / 6
     before = [p.detach().clone() for p in model.parameters()]
     with torch.autocast("cpu", dtype=torch.float16):
         step(batch)
