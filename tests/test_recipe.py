@@ -70,6 +70,17 @@ def test_each_recipe_trains_alike_under_every_data_parallel_layout(name, tmp_pat
     assert zero == pytest.approx(base, rel=1e-5)
 
 
+@pytest.mark.slow
+def test_each_pipeline_stage_steps_the_declared_optimizer(tmp_path, datasets_dir):
+    """Each stage builds the declared optimizer and schedule for its own layers (and its
+    later stages read labels alone, collated by torch)."""
+    folder = _run(tmp_path / "runs", datasets_dir, "--strategy", "pipeline", "--stages", "2",
+                  *_flags(*RECIPES["adam-cosine"]))
+    losses = _losses(folder)
+    assert len(losses) == 2 and all(math.isfinite(x) for x in losses)
+    assert _manifest(folder)["config"]["usecase"]["train"]["optimizer"] == "Adam"
+
+
 def test_the_optimizer_is_the_declared_one_with_its_arguments():
     weight = torch.nn.Parameter(torch.zeros(3))
     train = TrainSpec(optimizer="AdamW", optimizer_args={"weight_decay": 0.05,

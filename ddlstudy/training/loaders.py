@@ -127,6 +127,12 @@ def _worker_args(workers: int) -> dict:
             **({"persistent_workers": True, "prefetch_factor": 4} if workers else {})}
 
 
+def _collate(dataset: Dataset):
+    """Our image datasets' batches come collated (``__getitems__``); others' (a pipeline's
+    later stages read labels alone) are collated by torch."""
+    return as_batch if isinstance(dataset, CachedImages | ImageListDataset) else None
+
+
 def train_loader(dataset: Dataset, cfg: RunConfig, *, shard: tuple[int, int] | None = None,
                  drop_last: bool = False, loader_workers: int | None = None) -> DataLoader:
     """The seeded sequence of global batches every strategy walks (``shard``: rank's slice).
@@ -142,7 +148,7 @@ def train_loader(dataset: Dataset, cfg: RunConfig, *, shard: tuple[int, int] | N
         batches = ShardedBatches(batches, *shard)
     batches = ResumableBatches(batches)
     workers = cfg.loader_workers if loader_workers is None else loader_workers
-    return DataLoader(dataset, batch_sampler=batches, generator=gen, collate_fn=as_batch,
+    return DataLoader(dataset, batch_sampler=batches, generator=gen, collate_fn=_collate(dataset),
                       **_worker_args(workers))
 
 
@@ -160,7 +166,7 @@ def val_loader(cfg: RunConfig, data: DataPlan, shard: tuple[int, int] | None = N
     workers = cfg.loader_workers if loader_workers is None else loader_workers
     dataset = image_dataset(cfg, data, items, False)
     return DataLoader(dataset, batch_size=cfg.usecase.train.batch_size,
-                      collate_fn=as_batch, **_worker_args(workers))
+                      collate_fn=_collate(dataset), **_worker_args(workers))
 
 
 def make_loaders(cfg: RunConfig, data: DataPlan, loader_workers: int | None = None,
