@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -23,6 +24,7 @@ from ddlstudy.config.options import (
     run_parser,
     train_options,
 )
+from ddlstudy.config.recipe import table
 from ddlstudy.config.schema import WRITTEN, Finite, dotted, problem, validate
 from ddlstudy.config.usecase import NONE, PLAIN_NAME, accuracy
 from ddlstudy.errors import ConfigError, UsageError
@@ -98,6 +100,8 @@ def _value_type(f) -> Any:
         return list[int]
     if kind is accuracy:
         return Finite | Literal[NONE]
+    if kind is table:  # optimizer_args = {weight_decay = 0.05}
+        return dict[str, Any]
     if f.metadata.get("const") is not None:  # true: the flag alone; false: not given
         what = f"must be true (the flag alone), false or a {f.metadata['metavar'] or 'value'}"
         return Annotated[bool | str, PlainValidator(functools.partial(_switch_or_text, what))]
@@ -263,6 +267,8 @@ def cell_flags(flags: dict[str, Any]) -> list[str]:
             out += [flag] if value else []
         elif isinstance(value, list):  # stage_starts = [0, 9]
             out += [flag, ",".join(map(str, value))]
+        elif isinstance(value, dict):  # optimizer_args = {weight_decay = 0.05}
+            out += [flag, json.dumps(value)]
         elif str(value).startswith("-"):  # a value, even where it looks like a flag
             out += [f"{flag}={value}"]
         else:

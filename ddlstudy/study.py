@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from ddlstudy.backends import get_backend
-from ddlstudy.config import RunConfig, TrainSpec
+from ddlstudy.config import DataSpec, RunConfig, TrainSpec
 from ddlstudy.config.run import jsonable
 from ddlstudy.environment import python_module, usable_cores
 from ddlstudy.errors import Unavailable, UsageError
@@ -91,16 +91,24 @@ def config_key(config: dict[str, Any]) -> str:
     key = _not_default(config, RunConfig)
     key.pop("runs_dir", None)
     key["usecase"] = {k: v for k, v in config["usecase"].items() if k != "source"}
-    if isinstance(key["usecase"].get("train"), dict):  # lr_warmup_epochs came later
-        key["usecase"]["train"] = _not_default(key["usecase"]["train"], TrainSpec)
+    for table, spec, only in (("train", TrainSpec, None),  # lr_warmup_epochs came later
+                              ("data", DataSpec, AUGMENTATION)):
+        if isinstance(key["usecase"].get(table), dict):
+            key["usecase"][table] = _not_default(key["usecase"][table], spec, only)
     text = json.dumps(key, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-def _not_default(values: dict[str, Any], spec: type) -> dict[str, Any]:
-    """``values`` less those equal to the default of ``spec``'s field of the same name."""
+AUGMENTATION = ("flip", "crop_scale", "normalize")
+"""The [data] keys that came after the others (left at their defaults, out of the key)."""
+
+
+def _not_default(values: dict[str, Any], spec: type,
+                 only: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """``values`` less those equal to the default of ``spec``'s field of the same name
+    (of the fields ``only`` names, where given)."""
     defaults = {f.name: jsonable(f.default) for f in dataclasses.fields(spec)
-                if f.default is not dataclasses.MISSING}
+                if f.default is not dataclasses.MISSING and (only is None or f.name in only)}
     return {k: v for k, v in values.items() if not (k in defaults and defaults[k] == v)}
 
 

@@ -240,7 +240,8 @@ def test_usecase_new_comments_only_true_defaults(imagefolder, tmp_path, monkeypa
     commented = re.compile(r"^# (\w+) = (.+?)(  #.*)?$")
     keys = [commented.match(line)[1] for line in text.splitlines() if commented.match(line)]
     assert {"classes", "width", "name", "batch_size", "epochs", "lr", "lr_warmup_epochs",
-            "momentum", "seed", "val_fraction"} <= set(keys)
+            "momentum", "seed", "val_fraction", "optimizer", "lr_schedule", "flip", "crop_scale",
+            "normalize"} <= set(keys)
     assert "target_accuracy" not in keys
     uncommented = "\n".join(re.sub(r"^# (\w+ = )", r"\1", line) if commented.match(line)
                             else line for line in text.splitlines())

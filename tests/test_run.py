@@ -63,7 +63,12 @@ def test_same_seed_same_metrics_other_seed_differs(quick_config):
 
 
 def test_the_warm_up_raises_the_learning_rate_linearly_then_holds_it():
-    from ddlstudy.training.job import warmup
+    from ddlstudy.config import TrainSpec
+    from ddlstudy.training.recipe import schedule as made
+
+    def warmup(optimizer, epochs, steps_per_epoch):
+        return made(optimizer, TrainSpec(lr_warmup_epochs=epochs), steps_per_epoch)
+
     weight = torch.nn.Parameter(torch.zeros(1))
     optimizer = torch.optim.SGD([weight], lr=0.1, momentum=0.9)
     schedule = warmup(optimizer, 1.5, 4)  # 6 steps
@@ -298,8 +303,10 @@ def test_fp16_scaler_skips_an_overflowing_step_and_lowers_its_scale():
     sane scale the next step moves them and the warm-up."""
     from torch import nn
 
+    from ddlstudy.config import TrainSpec
     from ddlstudy.training import plain_step
-    from ddlstudy.training.job import advance, warmup
+    from ddlstudy.training.job import advance
+    from ddlstudy.training.recipe import schedule as made
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
@@ -307,7 +314,7 @@ def test_fp16_scaler_skips_an_overflowing_step_and_lowers_its_scale():
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 40)
     step = plain_step(model, optimizer, nn.CrossEntropyLoss(), scaler=scaler)
     batch = (torch.randn(4, 8), torch.tensor([0, 1, 2, 0]))
-    schedule = warmup(optimizer, 1.5, 4)  # 6 steps from lr 0.1 / 6
+    schedule = made(optimizer, TrainSpec(lr_warmup_epochs=1.5), 4)  # 6 steps from lr 0.1 / 6
     before = [p.detach().clone() for p in model.parameters()]
     with torch.autocast("cpu", dtype=torch.float16):
         step(batch)

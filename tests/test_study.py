@@ -269,6 +269,15 @@ def test_runs_recorded_before_a_setting_existed_still_match(quick_config):
     train = {k: v for k, v in config["usecase"]["train"].items() if k != "lr_warmup_epochs"}
     older = config | {"usecase": config["usecase"] | {"train": train}}
     assert config_key(older) == config_key(config)  # ... in the use case's task too
+    usecase = config["usecase"]
+    before = {k: v for k, v in usecase["train"].items() if k not in (
+        "optimizer", "optimizer_args", "lr_schedule", "lr_schedule_args")}
+    data = {k: v for k, v in usecase["data"].items() if k not in ("flip", "crop_scale",
+                                                                    "normalize")}
+    older = config | {"usecase": usecase | {"train": before, "data": data}}
+    assert config_key(older) == config_key(config)  # runs from before the recipe keys
+    adamw = config | {"usecase": usecase | {"train": usecase["train"] | {"optimizer": "AdamW"}}}
+    assert config_key(adamw) != config_key(config)
     warm = config | {"usecase": config["usecase"] | {"train": train | {"lr_warmup_epochs": 1}}}
     assert config_key(warm) != config_key(config)
     assert config_key(config | {"workers": 2}) != config_key(config)

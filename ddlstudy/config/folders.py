@@ -75,21 +75,33 @@ arch = {model}  # any torchvision classification model (`ddlstudy models`), alex
 [data]
 dir = {dir}  # an ImageFolder tree (root/<class>/<image>), relative to this file
 # name = {data_name}  # how run folders and the decoded cache name it
+# flip = {flip}  # training images flipped left-right at random (false for digits, text)
+# crop_scale = {crop_scale}  # random resized crops of [crop_scale, 1] of the area (1: none)
+# normalize = {normalize}  # imagenet, dataset (its own mean and std) or none
 
 [train]
 image_size = {image_size}  # side in pixels the images are scaled to
 # batch_size = {batch_size}  # the global batch (see --scaling)
 # epochs = {epochs}
-# lr = {lr}  # SGD's learning rate (see --lr-scaling)
+# lr = {lr}  # the learning rate (see --lr-scaling)
 # lr_warmup_epochs = {lr_warmup_epochs}  # epochs the rate rises over to lr (0: none)
-# momentum = {momentum}
+# optimizer = {optimizer}  # a torch.optim class by name: SGD, Adam, AdamW, RMSprop, ...
+# momentum = {momentum}  # SGD's
+# lr_schedule = {lr_schedule}  # after the warm-up: step, cosine, onecycle or torch's by name
 # seed = {seed}  # of the weights, the shuffling and the augmentation
 # val_fraction = {val_fraction}  # of each class's images, kept for validation
 # target_accuracy: none by default (no time to accuracy is measured); set it, e.g. to
 # 0.9, and the first epoch at or above it gives the run's time to accuracy
+
+# [train.optimizer_args]  # the optimizer's keyword arguments but lr (default: torch's),
+#   e.g. weight_decay = 0.05 (AdamW), nesterov = true (SGD)
+# [train.lr_schedule_args]  # the schedule's (default: over the whole run),
+#   e.g. eta_min = 1e-5 (cosine)
 """
 STARTER_DEFAULTS = {"width": ModelSpec, "batch_size": TrainSpec, "epochs": TrainSpec,
                     "lr": TrainSpec, "lr_warmup_epochs": TrainSpec, "momentum": TrainSpec,
+                    "optimizer": TrainSpec, "lr_schedule": TrainSpec, "flip": DataSpec,
+                    "crop_scale": DataSpec, "normalize": DataSpec,
                     "seed": TrainSpec, "val_fraction": TrainSpec}
 """The keys a starter use case writes commented out, with the real default of each."""
 

@@ -158,8 +158,9 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     try:
         usecase = with_overrides(usecase, **overrides)
     except ConfigError as exc:  # name the flag the user typed, not the TOML field
-        name = exc.field.removeprefix("train.").replace("_", "-")
-        raise ConfigError(f"--{name}", str(exc).split(": ", 1)[1]) from None
+        name, _, inside = exc.field.removeprefix("train.").partition(".")  # a table's key
+        flag = f"--{name.replace('_', '-')}" + (f" {inside}" if inside else "")
+        raise ConfigError(flag, str(exc).split(": ", 1)[1]) from None
     kwargs: dict[str, Any] = {}
     for f in options():
         value = getattr(args, key(f))

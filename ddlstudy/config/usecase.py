@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ddlstudy.config.limits import most, why
+from ddlstudy.config.recipe import ARGUMENT, SELF_WARMING, SGD, arguments, table
 from ddlstudy.config.schema import WRITTEN
 from ddlstudy.errors import ConfigError
 
@@ -32,6 +33,7 @@ def accuracy(text: str) -> float | str:
 
 PLAIN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 """A name that is one path component and no more (use cases, run ids)."""
+
 
 class Arch(enum.StrEnum):
     """The paper's networks, which ``width`` can scale down."""
@@ -143,6 +145,8 @@ class ModelSpec:
 
 SYNTHETIC_CLASSES = ("fire", "smoke", "nofire")
 """The classes the synthetic generator draws."""
+NORMALIZE = ("imagenet", "dataset", "none")
+"""What ``data.normalize`` takes."""
 SYNTHETIC_KEYS = ("images", "source_size", "difficulty", "label_noise")
 """The [data] keys that describe a synthetic set (a folder of one's own needs none)."""
 
@@ -170,6 +174,17 @@ class DataSpec:
     """0 (large, opaque flames and plumes, few look-alikes) to 1 (small, faint, many)."""
     label_noise: float = 0.0
     """Fraction of images drawn as another class than the folder they are filed under."""
+    flip: bool = True
+    """Flip each training image left to right at random (false where that changes what
+    it shows: digits, text)."""
+    crop_scale: float = 1.0
+    """Random resized crop of each training image: a box of a random share of its area in
+    [crop_scale, 1] (aspect ratio 3/4 to 4/3) scaled back to image_size; 1: none."""
+    normalize: str = "imagenet"
+    """What the pixels are normalised by, per channel: ``imagenet`` (ImageNet's mean and
+    standard deviation, as torchvision's pretrained models expect), ``dataset`` (the data
+    set's own, computed once over its images and recorded with its fingerprint) or
+    ``none``."""
 
     def __post_init__(self) -> None:
         if self.dir is not None:
@@ -193,6 +208,12 @@ class DataSpec:
                               f"'.', '_', '-'), got {self.name!r}")
         if self.dir is None:
             self._check_synthetic()
+        if not isinstance(self.flip, bool):
+            raise ConfigError("data.flip", f"must be true or false, got {self.flip!r}")
+        _number("data.crop_scale", self.crop_scale, 0.01, 1)
+        if self.normalize not in NORMALIZE:
+            raise ConfigError("data.normalize", f"must be one of {', '.join(NORMALIZE)}, got "
+                              f"{self.normalize!r:.40}")
 
     def _check_synthetic(self) -> None:
         _positive("data.images", self.images, most=MAX_IMAGES,
@@ -225,7 +246,9 @@ def _plain(name: str) -> str:
 
 @dataclass(frozen=True, kw_only=True)
 class TrainSpec:
-    """The training task: the paper's SGD with momentum on cross-entropy."""
+    """The training task: cross-entropy, stepped by the paper's SGD with momentum or the
+    optimizer and learning-rate schedule named here (``ddlstudy.training.recipe`` checks
+    their names and arguments against torch's before anything starts)."""
 
     __pydantic_config__ = WRITTEN
 
@@ -236,8 +259,27 @@ class TrainSpec:
     epochs: int = field(default=10, metadata={"help": "epochs to train", "type": int})
     lr: float = field(default=0.001, metadata={
         "help": "learning rate (see --lr-scaling)", "type": float})
+    optimizer: str = field(default=SGD, metadata={
+        "help": "the optimizer, a torch.optim class by name: SGD (with train.momentum), "
+                "Adam, AdamW, RMSprop, ...; its other arguments in --optimizer-args", "type": str,
+        "metavar": "NAME"})
+    optimizer_args: dict[str, Any] | None = field(default=None, hash=False, metadata={
+        "help": "the optimizer's keyword arguments but lr, as a JSON object on the command "
+                'line (\'{"weight_decay": 0.05}\') and as the table [train.optimizer_args] '
+                "in a use case: weight_decay, betas, nesterov, eps, ... (default: torch's)",
+        "type": table, "metavar": "JSON"})
     momentum: float = 0.9
-    """SGD's momentum."""
+    """SGD's momentum (another optimizer's, RMSprop's, goes in ``optimizer_args``)."""
+    lr_schedule: str = field(default="none", metadata={
+        "help": "the learning rate's schedule after the warm-up, stepped per optimizer "
+                "step: none, step (x gamma=0.1 every step_size steps, default a third of "
+                "the run's), cosine (to eta_min=0 at the run's end), onecycle (up to "
+                "max_lr=lr and down over the run), or a torch.optim.lr_scheduler class by "
+                "name; its arguments in --lr-schedule-args", "type": str, "metavar": "NAME"})
+    lr_schedule_args: dict[str, Any] | None = field(default=None, hash=False, metadata={
+        "help": "the schedule's keyword arguments, as a JSON object on the command line "
+                "and the table [train.lr_schedule_args] in a use case (default: those "
+                "--lr-schedule names)", "type": table, "metavar": "JSON"})
     lr_warmup_epochs: float = field(default=0, metadata={
         "help": "epochs over which the learning rate rises linearly to lr, from lr / W at "
                 "the first of their W steps (torch's LinearLR; a step fp16's scaler skipped "
@@ -259,6 +301,7 @@ class TrainSpec:
         _positive("train.epochs", self.epochs, most=most("epochs"))
         _positive("train.lr", self.lr, float, most=most("lr"), why=why("lr"))
         _number("train.momentum", self.momentum, 0, 1, high_open=True)
+        self._check_recipe()
         # Longer than the run is allowed (its rate never reaches lr): tools that shorten
         # runs to an epoch or two (bench, advise, study --epochs) keep the use case's.
         _number("train.lr_warmup_epochs", self.lr_warmup_epochs, 0, most("epochs"))
@@ -272,6 +315,28 @@ class TrainSpec:
                 raise ConfigError("train.target_accuracy", "must be above 0: every epoch "
                                   "would reach it; leave it out to measure no time to "
                                   "accuracy")
+
+
+    def _check_recipe(self) -> None:
+        """The names' form and the tables' keys (what they are to torch: ``recipe``)."""
+        for name in ("optimizer", "lr_schedule"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not ARGUMENT.fullmatch(value):
+                raise ConfigError(f"train.{name}", f"must be a class's name (e.g. "
+                                  f"{'AdamW' if name == 'optimizer' else 'cosine'}), got "
+                                  f"{value!r:.60}")
+        arguments("train.optimizer_args", self.optimizer_args)
+        arguments("train.lr_schedule_args", self.lr_schedule_args)
+        args = self.optimizer_args or {}
+        if self.optimizer == SGD and "momentum" in args:
+            raise ConfigError("train.optimizer_args.momentum", "SGD's momentum is "
+                              "train.momentum: give it there")
+        if self.lr_schedule in SELF_WARMING and self.lr_warmup_epochs:
+            raise ConfigError("train.lr_warmup_epochs", f"{self.lr_schedule} warms the "
+                              f"learning rate up itself: give no warm-up")
+        if self.optimizer != SGD and self.momentum != TrainSpec.momentum:
+            raise ConfigError("train.momentum", f"is SGD's; {self.optimizer} takes its own "
+                              f"arguments from [train.optimizer_args]: leave momentum out")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ddlstudy.config import RunConfig
+from ddlstudy.data.cache import channel_stats
 from ddlstudy.data.fingerprint import SUMS_FILE, sha256_file
 from ddlstudy.data.folder import ImageList, scan_imagefolder, stratified_split
 from ddlstudy.data.generate import is_complete, make_dataset, refuse_another_spec
@@ -27,6 +28,8 @@ class DataPlan:
     """'synthetic' or 'imagefolder'."""
     sums_file_sha256: str | None = None
     """The sha256 of the set's SHA256SUMS file, where it has one (synthetic sets do)."""
+    stats: dict | None = None
+    """Its own mean and std per channel, where ``data.normalize`` is ``dataset``."""
 
     def to_message(self) -> dict:
         """Everything, as JSON-able values (node 0 sends the plan to the other nodes)."""
@@ -35,7 +38,7 @@ class DataPlan:
                            "items": i.items, "skipped": i.skipped,
                            "fingerprint": i.fingerprint, "per_class": i.per_class},
                 "train": self.train, "val": self.val, "source": self.source,
-                "sums_file_sha256": self.sums_file_sha256}
+                "sums_file_sha256": self.sums_file_sha256, "stats": self.stats}
 
     @classmethod
     def from_message(cls, m: dict) -> DataPlan:
@@ -46,7 +49,8 @@ class DataPlan:
                            skipped=tuple(_pairs(i["skipped"])),
                            fingerprint=i["fingerprint"], per_class=dict(i["per_class"]))
         return cls(images=images, train=_pairs(m["train"]), val=_pairs(m["val"]),
-                   source=m["source"], sums_file_sha256=m["sums_file_sha256"])
+                   source=m["source"], sums_file_sha256=m["sums_file_sha256"],
+                   stats=m.get("stats"))
 
     def describe(self) -> dict:
         return {
@@ -59,6 +63,7 @@ class DataPlan:
             "train_images": len(self.train),
             "val_images": len(self.val),
             "skipped": [{"file": f, "reason": r} for f, r in self.images.skipped],
+            **({"stats": self.stats} if self.stats else {}),
         }
 
 
@@ -111,5 +116,10 @@ def prepare_data(cfg: RunConfig) -> DataPlan:
                         f"class, one to train on and one to validate")
     train, val = stratified_split(images.items, uc.train.val_fraction, uc.train.seed,
                                   len(uc.classes))
+    stats = None
+    if uc.data.normalize == "dataset":
+        stats = channel_stats(root, [rel for rel, _ in images.items], images.fingerprint,
+                              uc.train.image_size, cfg.data_cache)
     return DataPlan(images=images, train=train, val=val, source=source,
-                    sums_file_sha256=sums_sha)
+                    sums_file_sha256=sums_sha, stats=stats)
+

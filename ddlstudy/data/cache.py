@@ -2,7 +2,7 @@
 (data set fingerprint, image size) that every process and rank on the host maps.
 
 A batch is then one index into the file, a flip and a normalise as tensor operations
-(``data.images.CachedImages``): the same tensors, bit for bit, and the same random flips
+(``data.images.CachedImages``): the same tensors, bit for bit, and the same random draws
 as decoding every image in the loop, without the decode and the resize, which took a fifth
 of the images/s of a 2-core machine whose cores all train.
 
@@ -67,9 +67,9 @@ class Decoded:
         return np.memmap(self.file, np.uint8, "r", shape=self.shape)
 
 
-def _resized(path: Path, size: int) -> np.ndarray:
-    """The image as ``data.images.make_transform`` sees it before the flip: torchvision's
-    own Resize and CenterCrop (so that the cache holds the same pixels), as HWC uint8."""
+def resized(path: Path, size: int) -> np.ndarray:
+    """The image as a network sees it before ``data.images.Preprocess``: torchvision's own
+    Resize (the shorter side) and CenterCrop, as HWC uint8."""
     from torchvision import transforms
 
     fit = transforms.Compose([transforms.Resize(size), transforms.CenterCrop(size)])
@@ -100,7 +100,7 @@ class _Unreadable(Exception):
 def _fill(out: np.ndarray, root: Path, rels: list[str], size: int, threads: int) -> None:
     def one(i: int) -> None:
         try:
-            out[i] = _resized(root / rels[i], size)
+            out[i] = resized(root / rels[i], size)
         except (OSError, ValueError) as exc:
             raise _Unreadable(f"{root / rels[i]} could not be decoded ({exc})") from exc
 
@@ -175,3 +175,39 @@ def decoded(root: Path, rels: list[str], fingerprint: str, size: int,
         return None, f"{folder}: {exc.strerror or exc}; set {CACHE_ENV} to a writable folder"
     found = _complete(index, file, rels, size)
     return found, "" if found else f"{index} did not read back as written"
+
+
+def channel_stats(root: Path, rels: list[str], fingerprint: str, size: int,
+                  cached: bool = True) -> dict:
+    """The data set's own mean and standard deviation per RGB channel, of its images at
+    ``size`` px as a network sees them (values / 255), computed once per data set
+    (``fingerprint``) and size and kept in this host's cache (``cached``: through the
+    decoded images where they can be cached, else decoded here)."""
+    folder = cache_dir()
+    file = folder / f"{fingerprint[:32]}-{size}px-stats.json"
+    try:
+        known = json.loads(file.read_text())
+        if known.get("fingerprint") == fingerprint and known.get("size") == size:
+            return known
+    except (OSError, ValueError, AttributeError):
+        pass
+    found = decoded(root, rels, fingerprint, size)[0] if cached else None
+    sums, squares, pixels = np.zeros(3), np.zeros(3), 0
+    for start in range(0, len(rels), 256):  # a chunk at a time: bounded memory
+        chunk = found.array()[start:start + 256] if found is not None else np.stack(
+            [resized(root / rel, size) for rel in rels[start:start + 256]])
+        values = chunk.reshape(-1, 3).astype(np.float64) / 255
+        sums, squares = sums + values.sum(0), squares + (values ** 2).sum(0)
+        pixels += len(values)
+    mean = sums / pixels
+    std = np.sqrt(np.maximum(squares / pixels - mean ** 2, 1e-12))
+    stats = {"fingerprint": fingerprint, "size": size, "images": len(rels),
+             "mean": [round(float(m), 6) for m in mean],
+             "std": [round(float(s), 6) for s in std]}
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(file, json.dumps(stats))
+    except OSError as exc:
+        log.warning("the data set's mean and std are not kept (%s): computed again next run",
+                    exc.strerror or exc)
+    return stats

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from ddlstudy.config import ModelSpec, UseCase, usecase_from_dict
+from ddlstudy.config.recipe import MEAN, STD
 from ddlstudy.errors import ConfigError, UsageError
 from ddlstudy.files import check_output, write_outputs
 from ddlstudy.models import shapes_only
@@ -119,10 +120,22 @@ def export(run: Path, out: Path, force: bool = False) -> list[Path]:
         _fits(state, usecase, snapshot)  # a name it records that no longer builds
     text = json.dumps({"usecase": _usecase_dict(manifest), "run": manifest.get("id"),
                        "epochs": len(manifest.get("epochs", [])), "model": manifest.get("model"),
-                       "classes": list(usecase.classes or ())}, indent=2)
+                       "classes": list(usecase.classes or ()),
+                       "preprocessing": _preprocessing(manifest, usecase)}, indent=2)
     write_outputs("--out", {out: lambda f: torch.save(state, f),
                             sidecar(out): lambda f: f.write(text.encode())})
     return [out, sidecar(out)]
+
+
+def _preprocessing(manifest: dict[str, Any], usecase: UseCase) -> dict[str, Any]:
+    """What the model needs done to a new image (size, mean, std, class names), as the run
+    recorded it; a run from before it recorded that was normalised by ImageNet's."""
+    recorded = manifest.get("preprocessing")
+    if isinstance(recorded, dict):
+        return recorded
+    return {"size": usecase.train.image_size, "resize": "the shorter side to size, then the "
+            "centre size x size crop", "scale": "RGB values / 255", "mean": list(MEAN),
+            "std": list(STD), "classes": list(usecase.classes or ())}
 
 
 def _fits(state: dict, usecase: UseCase, snapshot: Path) -> None:

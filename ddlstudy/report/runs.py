@@ -164,7 +164,8 @@ def config_label(manifest: dict) -> str:
 
 def setting(manifest: dict) -> str:
     """What a run measured apart from its parallelism: epochs (and --max-steps), the
-    per-run batch, the learning rate given (and its warm-up), the image size, the data (its
+    per-run batch, the learning rate given (and its warm-up), the optimizer and schedule
+    where not the paper's, the image size, the data (its
     fingerprint) and the host. Runs of different settings are never repeats of each other,
     and a speedup divides by the baseline of the same setting."""
     config = manifest.get("config") or {}
@@ -179,10 +180,37 @@ def setting(manifest: dict) -> str:
         parts.append(f"lr {train['lr']:g}")
     if train.get("lr_warmup_epochs"):
         parts.append(f"lr warm-up {train['lr_warmup_epochs']:g} epochs")
+    parts += recipe_parts(train, (config.get("usecase") or {}).get("data") or {})
     parts += [f"{train.get('image_size', '?')} px",
               f"data {str((manifest.get('data') or {}).get('fingerprint') or '?')[:8]}",
               f"host {(manifest.get('host') or {}).get('hostname', '?')}"]
     return ", ".join(parts)
+
+
+def _call(name: str, args: dict | None) -> str:
+    return name + (f"({', '.join(f'{k}={v}' for k, v in args.items())})" if args else "")
+
+
+def recipe_parts(train: dict, data: dict) -> list[str]:
+    """The optimizer, the schedule and the augmentation of a run's [train] and [data]
+    tables where they are not the paper's (SGD with momentum 0.9, no schedule, flips,
+    ImageNet's normalisation): ``AdamW(weight_decay=0.05)``, ``cosine schedule``,
+    ``no flip``, ``dataset normalisation``."""
+    parts = []
+    optimizer, args = train.get("optimizer", "SGD"), train.get("optimizer_args")
+    if optimizer != "SGD" or args:
+        parts.append(_call(optimizer, args))
+    if train.get("momentum", 0.9) != 0.9:
+        parts.append(f"momentum {train['momentum']:g}")
+    if train.get("lr_schedule", "none") != "none":
+        parts.append(_call(train["lr_schedule"], train.get("lr_schedule_args")) + " schedule")
+    if data.get("flip") is False:
+        parts.append("no flip")
+    if data.get("crop_scale", 1) != 1:
+        parts.append(f"crops of {data['crop_scale']:g}-1")
+    if data.get("normalize", "imagenet") != "imagenet":
+        parts.append(f"{data['normalize']} normalisation")
+    return parts
 
 
 def table_number(strategy: str, backend: str) -> int:

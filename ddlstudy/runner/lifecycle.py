@@ -41,7 +41,8 @@ from ddlstudy.runfolder import (
 from ddlstudy.runner.snapshots import load_snapshot
 from ddlstudy.sampler import NOISY_CORES, OthersLoad, ResourceSampler, others_cores
 from ddlstudy.strategies import REGISTRY, Strategy, get_strategy
-from ddlstudy.training import Job
+from ddlstudy.training import Job, recipe
+from ddlstudy.training.loaders import preprocessing
 
 log = logging.getLogger("ddlstudy")
 
@@ -122,6 +123,7 @@ def preflight(cfg: RunConfig, resuming: bool = False) -> RunConfig:
         models.check(uc.model, len(uc.classes), uc.train.image_size)
         if cfg.init_weights is not None:
             check_weights(uc.model, len(uc.classes), cfg.init_weights)
+    recipe.check(uc.train)
     if (cfg.nodes or 1) > 1 and not backend.multi_node:
         several = [name for name, cls in BACKENDS.loaded().items() if cls.multi_node]
         raise ConfigError("--nodes", f"more than one node needs --backend "
@@ -231,6 +233,7 @@ def _create(cfg: RunConfig, strategy: Strategy, backend: Backend, described: dic
         "seeds": {"train": uc.train.seed, "data": uc.data.seed},
         "effective": cfg.effective.as_dict(),
         "data": data.describe(),
+        "preprocessing": preprocessing(cfg, data).as_dict() | {"classes": list(uc.classes)},
         "git": environment.git_state(),
         "versions": environment.versions(),
         "host": environment.host(),

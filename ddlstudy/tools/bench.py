@@ -23,7 +23,14 @@ from ddlstudy.models import build_model, parameter_count
 from ddlstudy.plan import cell_config, cell_flags
 from ddlstudy.runner import resolve
 from ddlstudy.sampler import ResourceSampler
-from ddlstudy.training import WARMUP_STEPS, Trainer, make_loaders, plain_step, seed_everything
+from ddlstudy.training import (
+    WARMUP_STEPS,
+    Trainer,
+    make_loaders,
+    plain_step,
+    recipe,
+    seed_everything,
+)
 
 
 @dataclass
@@ -145,7 +152,7 @@ def model_step(uc):
     """The use case's model (seed 0) and the baseline's step on it."""
     seed_everything(0)
     model = build_model(uc.model, len(uc.classes))
-    opt = torch.optim.SGD(model.parameters(), lr=uc.train.lr, momentum=uc.train.momentum)
+    opt = recipe.optimizer(model.parameters(), uc.train, uc.train.lr)
     return model, plain_step(model, opt, nn.CrossEntropyLoss())
 
 

@@ -4,7 +4,6 @@ epoch loop every strategy shares (``train_epochs``): resume, record, snapshot.""
 from __future__ import annotations
 
 import copy
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +15,7 @@ from ddlstudy.config import RunConfig
 from ddlstudy.data import DataPlan
 from ddlstudy.runfolder import RunFolder
 from ddlstudy.signals import deferred
+from ddlstudy.training import recipe
 from ddlstudy.training.loop import EpochResult, Trainer, log_epoch
 from ddlstudy.training.steps import rng_state, set_rng_state
 
@@ -136,8 +136,7 @@ def train_epochs(job: Job, trainer: Trainer, optimizer: torch.optim.Optimizer, *
     """
     cfg = job.cfg
     trainer.precision = cfg.precision
-    epochs = cfg.usecase.train.lr_warmup_epochs
-    schedule = warmup(optimizer, epochs, trainer.steps_per_epoch) if epochs else None
+    schedule = recipe.schedule(optimizer, cfg.usecase.train, trainer.steps_per_epoch)
     states = states or States.of(trainer.model, optimizer)
     first = 1 if job.resume is None else resume(job.resume, trainer, states, schedule, rank)
 
@@ -194,22 +193,11 @@ def resume(snapshot: dict, trainer: Trainer, states: States,
     return snap["epoch"] + 1
 
 
-def warmup(optimizer: torch.optim.Optimizer, epochs: float, steps_per_epoch: int
-           ) -> torch.optim.lr_scheduler.LinearLR | None:
-    """The linear warm-up of the learning rate over ``epochs`` (``train.lr_warmup_epochs``):
-    its W = ceil(epochs x steps an epoch) first steps run at lr x s / W for step s, then
-    at lr (Goyal et al. 2017's gradual warm-up). None when there is none (W <= 1)."""
-    steps = math.ceil(epochs * steps_per_epoch)
-    if steps <= 1:
-        return None
-    return torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=1 / steps,
-                                             total_iters=steps - 1)
-
-
 def advance(schedule: torch.optim.lr_scheduler.LRScheduler,
             optimizer: torch.optim.Optimizer) -> None:
-    """The warm-up's next step, unless fp16's scaler skipped the optimizer's (an overflow,
-    ``steps.optimizer_step``): the warm-up counts the steps that moved the weights."""
+    """The schedule's next step, unless fp16's scaler skipped the optimizer's (an overflow,
+    ``steps.optimizer_step``): the warm-up and the schedule count the steps that moved the
+    weights."""
     if not getattr(optimizer, "skipped_step", False):
         schedule.step()
 

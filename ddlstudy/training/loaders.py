@@ -10,9 +10,10 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, Sampler
 
 from ddlstudy.config import RunConfig
+from ddlstudy.config.recipe import MEAN, STD
 from ddlstudy.data import DataPlan
 from ddlstudy.data.cache import Decoded, decoded
-from ddlstudy.data.images import CachedImages, ImageListDataset, as_batch, make_transform
+from ddlstudy.data.images import CachedImages, ImageListDataset, Preprocess, as_batch
 
 log = logging.getLogger("ddlstudy")
 
@@ -99,15 +100,26 @@ def _cache(cfg: RunConfig, data: DataPlan) -> Decoded | None:
     return _caches[key]
 
 
+def preprocessing(cfg: RunConfig, data: DataPlan) -> Preprocess:
+    """What the run's batches go through (``data.flip``, ``crop_scale``, ``normalize``):
+    the manifest's and the exported model's ``preprocessing``."""
+    spec = cfg.usecase.data
+    mean, std = {"imagenet": (MEAN, STD), "none": (None, None)}.get(
+        spec.normalize, (tuple((data.stats or {}).get("mean", ())),
+                         tuple((data.stats or {}).get("std", ()))))
+    return Preprocess(size=cfg.usecase.train.image_size, mean=mean, std=std, flip=spec.flip,
+                      crop_scale=spec.crop_scale)
+
+
 def image_dataset(cfg: RunConfig, data: DataPlan, items: list[tuple[str, int]],
                   train: bool) -> Dataset:
     """``items`` as tensors: from the decoded cache where there is one, else decoded one
-    by one; the same values and the same random flips either way."""
-    cache = _cache(cfg, data)
+    by one; then flipped, cropped and normalised (``preprocessing``): the same values and
+    the same random draws either way."""
+    cache, preprocess = _cache(cfg, data), preprocessing(cfg, data)
     if cache is not None:
-        return CachedImages(cache, items, train)
-    return ImageListDataset(data.images.root, items,
-                            make_transform(cfg.usecase.train.image_size, train))
+        return CachedImages(cache, items, train, preprocess)
+    return ImageListDataset(data.images.root, items, train, preprocess)
 
 
 def _worker_args(workers: int) -> dict:
@@ -116,7 +128,9 @@ def _worker_args(workers: int) -> dict:
 
 
 def _collate(dataset: Dataset):
-    return as_batch if isinstance(dataset, CachedImages) else None
+    """Our image datasets' batches come collated (``__getitems__``); others' (a pipeline's
+    later stages read labels alone) are collated by torch."""
+    return as_batch if isinstance(dataset, CachedImages | ImageListDataset) else None
 
 
 def train_loader(dataset: Dataset, cfg: RunConfig, *, shard: tuple[int, int] | None = None,

@@ -1,5 +1,5 @@
 """A worker's set-up, written once for every strategy and backend: its model (the same
-initial weights everywhere), its optimizer (the paper's SGD with momentum), and its epochs
+initial weights everywhere), its optimizer (the use case's: ``recipe``), and its epochs
 (a Trainer over its step, run by ``train_epochs`` with its ``Link`` to the others)."""
 
 from __future__ import annotations
@@ -10,12 +10,11 @@ from collections.abc import Callable, Iterable
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from ddlstudy.config import RunConfig
 from ddlstudy.models import build_model
 from ddlstudy.models.trained import load_initial
-from ddlstudy.training import memory
+from ddlstudy.training import memory, recipe
 from ddlstudy.training.job import Job, Link, States, train_epochs
 from ddlstudy.training.loaders import val_loader
 from ddlstudy.training.loop import Trainer
@@ -41,15 +40,12 @@ def new_model(cfg: RunConfig, rank: int | None = None,
 
 def new_optimizer(params: Iterable[nn.Parameter], cfg: RunConfig, zero: bool = False,
                   group: dist.ProcessGroup | None = None) -> torch.optim.Optimizer:
-    """The paper's SGD with momentum, at the run's effective learning rate; with ``zero``,
-    its state sharded over ``group`` (default: the default process group; ZeRO-1: each
-    rank steps its share of the weights, then every rank broadcasts its share, one bucket a
+    """The use case's optimizer (the paper's SGD with momentum unless ``[train] optimizer``
+    names another: ``recipe``), at the run's effective learning rate; with ``zero``, its
+    state sharded over ``group`` (default: the default process group; ZeRO-1: each rank
+    steps its share of the weights, then every rank broadcasts its share, one bucket a
     rank)."""
-    if zero:
-        return ZeroRedundancyOptimizer(params, torch.optim.SGD, process_group=group,
-                                       parameters_as_bucket_view=True, lr=cfg.lr,
-                                       momentum=cfg.usecase.train.momentum)
-    return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.usecase.train.momentum)
+    return recipe.optimizer(params, cfg.usecase.train, cfg.lr, zero, group)
 
 
 def train_worker(job: Job, link: Link, model: nn.Module, optimizer: torch.optim.Optimizer,

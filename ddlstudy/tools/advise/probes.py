@@ -22,7 +22,7 @@ from ddlstudy.runfolder import MANIFEST, load_manifest, new_run_id, run_env
 from ddlstudy.runner import preflight
 from ddlstudy.sampler import NOISY_CORES, OthersLoad, wait_quiet_at_most
 from ddlstudy.strategies import REGISTRY as STRATEGIES
-from ddlstudy.training import WARMUP_STEPS
+from ddlstudy.training import WARMUP_STEPS, recipe
 
 log = logging.getLogger("ddlstudy")
 PROBE_STEADY_STEPS = 24
@@ -33,8 +33,9 @@ CONTENDER = 0.8
 leader's speed (its fastest probe, ``fastest``) are probed again."""
 MEMORY_SHARE = 0.8
 """Of the memory available now, what the probes' replicas may plan to use."""
-BYTES_PER_WEIGHT = 16
-"""A training replica's weights, gradients, momentum and one copy in flight (float32)."""
+BYTES_PER_WEIGHT = 12
+"""A training replica's weights, gradients and one copy in flight (float32), beside the
+optimizer's state (``recipe.states_per_weight``: SGD's momentum, Adam's two moments)."""
 
 
 @dataclass
@@ -99,13 +100,16 @@ def check_fit(cands: list[Candidate], usecase: str, params: int, available: int,
     for c in cands:
         if c.skip:
             continue
-        need = c.replicas * params * BYTES_PER_WEIGHT
-        if need > MEMORY_SHARE * available:
-            c.skip = (f"{c.replicas} replica(s) need about {need / 2**30:.1f} GiB of weights, "
-                      f"gradients and momentum; {available / 2**30:.1f} GiB is available")
-            continue
         try:
-            preflight(cell_config(usecase, (given or {}) | c.flags, runs_dir))
+            cfg = cell_config(usecase, (given or {}) | c.flags, runs_dir)
+            each = BYTES_PER_WEIGHT + 4 * recipe.states_per_weight(cfg.usecase.train)
+            need = c.replicas * params * each
+            if need > MEMORY_SHARE * available:
+                c.skip = (f"{c.replicas} replica(s) need about {need / 2**30:.1f} GiB of "
+                          f"weights, gradients and optimizer state; "
+                          f"{available / 2**30:.1f} GiB is available")
+                continue
+            preflight(cfg)
         except (Unavailable, ConfigError) as exc:
             c.skip = str(exc)
 
