@@ -50,8 +50,23 @@ class _Sharding(CpuProcesses):
                       loader_workers=cfg.loader_workers, collectives="gloo",
                       tensor=self.tensor_degree(cfg))
 
+    trains: str
+    """Its worker: the function of ``training.sharding`` that trains one of its processes."""
+    whole_replicas = False
+    """Whether each process holds a whole replica of the weights (advise's memory check)."""
+
     def tensor_degree(self, cfg: RunConfig) -> int | None:
         return None
+
+    def probes(self, cores: int, gpus: int) -> list[Probe]:
+        return [Probe(f"{self.name} ({w} processes)", {"strategy": self.name, "workers": w},
+                      w, replicas=w if self.whole_replicas else 1)
+                for w in worker_counts(cores)]
+
+    def worker(self, job, link, device) -> None:
+        from ddlstudy.training import sharding  # torch: in workers only
+
+        getattr(sharding, self.trains)(job, link, device, self.layout(job.cfg).loader_workers)
 
     def check(self, cfg: RunConfig) -> None:
         if cfg.backend == "spark":
@@ -77,6 +92,7 @@ class Sharded(_Sharding):
              "--tensor T (a 2-D mesh: tensor parallel over T of the K processes)")
     options = ("workers", "reshard_after_forward", "tensor")
     accumulates = True
+    trains = "train_sharded"
 
     def tensor_degree(self, cfg: RunConfig) -> int | None:
         return cfg.tensor
@@ -101,14 +117,6 @@ class Sharded(_Sharding):
         inside = f", tensor {tensor}" if tensor else ""
         return f"{self.name} ({layout.get('processes', '?')} processes{inside})"
 
-    def probes(self, cores: int, gpus: int) -> list[Probe]:
-        return [Probe(f"sharded ({w} processes)", {"strategy": self.name, "workers": w}, w)
-                for w in worker_counts(cores)]
-
-    def worker(self, job, link, device) -> None:
-        from ddlstudy.training.sharding import train_sharded  # torch: in workers only
-
-        train_sharded(job, link, device, self.layout(job.cfg).loader_workers)
 
 
 @register
@@ -119,19 +127,13 @@ class Zero(_Sharding):
                "torch's ZeroRedundancyOptimizer): each steps 1/k of the weights")
     flags = "--workers K (processes, default: usable cores), --loader-workers, --transport"
     accumulates = True
+    trains = "train_zero"
+    whole_replicas = True
 
     def check(self, cfg: RunConfig) -> None:
         _Sharding.check(self, cfg)
         CpuProcesses.check(self, cfg)
 
-    def probes(self, cores: int, gpus: int) -> list[Probe]:
-        return [Probe(f"zero ({w} processes)", {"strategy": self.name, "workers": w}, w,
-                      replicas=w) for w in worker_counts(cores)]
-
-    def worker(self, job, link, device) -> None:
-        from ddlstudy.training.sharding import train_zero  # torch: in workers only
-
-        train_zero(job, link, device, self.layout(job.cfg).loader_workers)
 
 
 @register
@@ -144,6 +146,7 @@ class Tensor(_Sharding):
     flags = "--workers K (processes, default: usable cores), --loader-workers"
     table = 2
     accumulates = True
+    trains = "train_tensor"
 
     def check(self, cfg: RunConfig) -> None:
         _Sharding.check(self, cfg)
@@ -159,14 +162,6 @@ class Tensor(_Sharding):
     def label(self, layout: dict[str, Any]) -> str:
         return f"{self.name} ({layout.get('processes', '?')} processes, one batch)"
 
-    def probes(self, cores: int, gpus: int) -> list[Probe]:
-        return [Probe(f"tensor ({w} processes)", {"strategy": self.name, "workers": w}, w)
-                for w in worker_counts(cores)]
-
-    def worker(self, job, link, device) -> None:
-        from ddlstudy.training.sharding import train_tensor  # torch: in workers only
-
-        train_tensor(job, link, device, self.layout(job.cfg).loader_workers)
 
 
 def _check_tensor_pairs(cfg: RunConfig) -> None:

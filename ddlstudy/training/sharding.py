@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Callable, Iterator
+import functools
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -183,28 +184,31 @@ def between_nodes(link: Link, params: list[nn.Parameter]) -> Callable[[int], Non
     return exchange
 
 
-@contextlib.contextmanager
-def node_group() -> Iterator[None]:
-    """The node's process group, or, for a node of one process (an MPI rank alone, or
-    --workers 1), a group of this process alone: a mesh and a sharded optimizer need one."""
-    if dist.is_initialized():
-        yield
-        return
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
+Worker = Callable[[Job, Link, torch.device, "int | None"], None]
 
 
+def in_node_group(work: Worker) -> Worker:
+    """``work`` in its node's process group, or, for a node of one process (an MPI rank
+    alone, or --workers 1), in a group of this process alone: a mesh and a sharded
+    optimizer need one."""
+
+    @functools.wraps(work)
+    def run(job: Job, link: Link, device: torch.device,
+            loader_workers: int | None = None) -> None:
+        if dist.is_initialized():
+            return work(job, link, device, loader_workers)
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        try:
+            return work(job, link, device, loader_workers)
+        finally:
+            dist.destroy_process_group()
+
+    return run
+
+
+@in_node_group
 def train_sharded(job: Job, link: Link, device: torch.device,
                   loader_workers: int | None = None) -> None:
-    with node_group():
-        _train_sharded(job, link, device, loader_workers)
-
-
-def _train_sharded(job: Job, link: Link, device: torch.device,
-                   loader_workers: int | None = None) -> None:
     """A process of ``sharded``: FSDP2 over its node's processes (on the mesh's shard
     dimension, tensor parallel on the other where --tensor is given); between nodes,
     each shard averaged by the run's reducer (HSDP)."""
@@ -231,21 +235,16 @@ def _train_sharded(job: Job, link: Link, device: torch.device,
                  device=device, states=full_states(model, optimizer))
 
 
+@in_node_group
 def train_zero(job: Job, link: Link, device: torch.device,
                loader_workers: int | None = None) -> None:
     """A node's process of ``zero``: cpu-processes' worker, its optimizer state sharded."""
-    with node_group():
-        train_one_model(job, link, device, loader_workers, zero=True)
+    train_one_model(job, link, device, loader_workers, zero=True)
 
 
+@in_node_group
 def train_tensor(job: Job, link: Link, device: torch.device,
                  loader_workers: int | None = None) -> None:
-    with node_group():
-        _train_tensor(job, link, device, loader_workers)
-
-
-def _train_tensor(job: Job, link: Link, device: torch.device,
-                  loader_workers: int | None = None) -> None:
     """A process of ``tensor``: its node's slice of every batch (all of it on one node),
     the Linear pairs split over the node's processes, everything else computed alike by
     each; between nodes, every process's gradients averaged with its twins'."""
