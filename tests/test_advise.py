@@ -351,7 +351,7 @@ def test_advise_probes_and_ranks_and_a_study_of_its_top_3_checks_the_ranking(
     captured = capsys.readouterr()
     assert code == 0, captured.err
     assert "[probe 1, round 1] sequential:" in captured.err
-    assert "| rank | configuration |" in captured.out
+    assert "| # | configuration |" in captured.out
     result = json.loads((out / "advise.json").read_text())
     probes = [p for p in result["probes"] if "images_per_s" in p]
     assert len(probes) >= 4 and all(len(p["images_per_s"]) >= 1 for p in probes)

@@ -204,7 +204,8 @@ CASES = [
     (R + ["--epochs", "100000000000"], "--epochs: 100000000000 is above the limit"),
     (R + ["--strategy", "cpu-processes", "--workers", "100000"], "--workers: 100000 is above"),
     (R + ["--transport", "gloo"], "--transport: chooses how a node's processes talk: it "
-                                  "needs --strategy cpu-processes (one node), pipeline"),
+                                  "needs --strategy cpu-processes, sharded, zero, tensor "
+                                  "(one node), pipeline"),
     (R + ["--strategy", "cpu-processes", "--transport", "tcp"], "--transport: unknown "
                                                                 "transport 'tcp'; choose one "
                                                                 "of: auto, gloo"),
