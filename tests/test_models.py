@@ -57,7 +57,10 @@ def test_the_shipped_use_cases_build_the_same_networks_as_before(name, total, lo
     with torch.no_grad():
         assert float(sum(p.double().sum() for p in model.parameters())) == \
             pytest.approx(total, rel=1e-9)
-        assert out.item() == pytest.approx(loss, rel=1e-6)
+        # float32 through a whole network: this host's kernels give tiny's loss 2.5e-6
+        # apart from the pinned value (the commit it was pinned on does too, here); a
+        # different network or initialisation is off by far more
+        assert out.item() == pytest.approx(loss, rel=1e-5)
         assert float(sum(p.grad.double().abs().sum() for p in model.parameters())) == \
             pytest.approx(grad, rel=1e-5)
 
