@@ -87,7 +87,7 @@ def test_strategies_answers_without_importing_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines()[0].startswith("sequential")
-    assert len([line for line in out.stdout.splitlines() if not line.startswith(" ")]) == 7
+    assert len([line for line in out.stdout.splitlines() if not line.startswith(" ")]) == 10
     print(f"ddlstudy strategies: {time.perf_counter() - start:.2f} s")
 
 
