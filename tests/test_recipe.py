@@ -36,7 +36,6 @@ def _losses(folder: Path) -> list[float]:
 
 
 RECIPES = {
-    "sgd-nesterov-step": ("SGD", {"nesterov": True, "weight_decay": 1e-4}, "step", {"gamma": 0.5}),
     "adam-cosine": ("Adam", None, "cosine", None),
     "adamw-onecycle": ("AdamW", {"weight_decay": 0.05, "betas": [0.9, 0.95]}, "onecycle", None),
     "rmsprop-exponential": ("RMSprop", {"momentum": 0.5}, "ExponentialLR", {"gamma": 0.9}),
@@ -51,12 +50,15 @@ def _flags(optimizer: str, args: dict | None, schedule: str, schedule_args: dict
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", RECIPES)
+@pytest.mark.parametrize("name", ["adamw-onecycle", "rmsprop-exponential"])
 def test_each_recipe_trains_alike_under_every_data_parallel_layout(name, tmp_path,
                                                                    datasets_dir):
     """Sequential learns with it; cpu-processes and zero (the optimizer's state sharded:
     ZeroRedundancyOptimizer over the declared class) average the same gradients and step
-    the same optimizer: the same losses, epoch by epoch (float tolerance)."""
+    the same optimizer: the same losses, epoch by epoch (float tolerance). Two recipes:
+    one of ddlstudy's names with arguments (AdamW's two moments, onecycle's cycled betas),
+    one of torch's class names with a momentum buffer (SGD is every other test's; Adam
+    with cosine is the pipeline's below)."""
     flags = _flags(*RECIPES[name])
     alone = _run(tmp_path / "sequential", datasets_dir, *flags)
     losses = _losses(alone)

@@ -21,16 +21,21 @@ from ddlstudy.runner import run
 pytestmark = pytest.mark.skipif(shutil.which("java") is None, reason="Spark needs Java")
 
 
-def _spark(tmp_path, datasets_dir, *flags: str) -> dict:
+def _spark(tmp_path, datasets_dir, *flags: str, listening: set | None = None) -> dict:
+    """A Spark run of tiny on 2 tasks; ``listening``, where given, gets every address its
+    process tree listened on while it ran."""
     runs = tmp_path / "spark-runs"
-    out = subprocess.run([sys.executable, "-m", "ddlstudy", "run", "--usecase", "tiny",
-                          "--datasets-dir", str(datasets_dir), "--runs-dir", str(runs),
-                          "--backend", "spark", "--nodes", "2", "--quiet", *flags],
-                         capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
+    proc = subprocess.Popen([sys.executable, "-m", "ddlstudy", "run", "--usecase", "tiny",
+                             "--datasets-dir", str(datasets_dir), "--runs-dir", str(runs),
+                             "--backend", "spark", "--nodes", "2", "--quiet", *flags],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if listening is not None:
+        listening |= listening_while_running(proc, every_s=0.2)
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-3000:]
     (path,) = runs.glob(f"*/{MANIFEST}")
     # The JVM's own output is in the run folder, not on the terminal.
-    assert "log4j" not in out.stderr and "WARN" not in out.stderr
+    assert "log4j" not in err and "WARN" not in err
     assert "log4j" in (path.parent / "spark.log").read_text()
     return json.loads(path.read_text())
 
@@ -42,9 +47,15 @@ def _losses(epochs: list[dict]) -> list[float]:
 @pytest.mark.slow
 def test_gloo_sync_computes_what_cpu_processes_computes(tmp_path, datasets_dir, quick_config):
     """Two barrier tasks on two executor JVMs, DDP over gloo between them: the same global
-    batches and the same averaged gradients as two local processes, to the bit."""
+    batches and the same averaged gradients as two local processes, to the bit. The
+    driver, the local-cluster master, worker and executor JVMs and the Python workers
+    listen on the loopback only: no port they open is reachable from another machine
+    (SPARK_LOCAL_IP)."""
+    listening = set()
     manifest = _spark(tmp_path, datasets_dir, "--epochs", "3", "--spark-master",
-                      "local-cluster[2,1,1024]", "--sample-hz", "5")
+                      "local-cluster[2,1,1024]", "--sample-hz", "5", listening=listening)
+    assert len(listening) >= 3  # the driver's RPC and block manager, the master, ...
+    assert addresses(listening) <= LOOPBACK, listening
     local = run(quick_config(strategy="cpu-processes", workers=2, epochs=3), show_progress=False)
     assert manifest["status"] == "completed"
     assert _losses(manifest["epochs"]) == _losses(local.manifest["epochs"])
@@ -194,22 +205,6 @@ def test_spark_without_java_is_refused(tmp_path, capsys, monkeypatch):
     assert main(["run", "--backend", "spark", "--runs-dir", str(tmp_path / "runs")]) == 2
     assert "spark needs Java 17 or later, which was not found" in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()
-
-
-@pytest.mark.slow
-def test_a_local_cluster_listens_on_the_loopback_only(tmp_path, datasets_dir):
-    """The driver, the local-cluster master, worker and executor JVMs and the Python
-    workers: no port they open is reachable from another machine (SPARK_LOCAL_IP)."""
-    runs = tmp_path / "runs"
-    proc = subprocess.Popen([sys.executable, "-m", "ddlstudy", "run", "--usecase", "tiny",
-                             "--datasets-dir", str(datasets_dir), "--runs-dir", str(runs),
-                             "--backend", "spark", "--nodes", "2", "--spark-master",
-                             "local-cluster[2,1,1024]", "--epochs", "1", "--sample-hz", "0",
-                             "--quiet"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    listening = listening_while_running(proc, every_s=0.2)
-    assert proc.returncode == 0
-    assert len(listening) >= 3  # the driver's RPC and block manager, the master, ...
-    assert addresses(listening) <= LOOPBACK, listening
 
 
 def test_what_the_jvm_printed_before_the_run_folder_goes_into_its_spark_log(tmp_path):

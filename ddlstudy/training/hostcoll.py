@@ -13,8 +13,9 @@ reduce_scatter_single (``reduce_scatter_tensor``) and its list form, all_gather_
 (``all_gather_into_tensor``) and its list form, and broadcast of CPU tensors itself;
 everything else (barrier, send/recv, gather, scatter, objects' collectives, other ops or
 dtypes, tensors off the CPU) goes to a gloo group made from the same store, registered as
-its CPU backend. ``new_group`` gives that plain gloo group on every rank where some rank
-cannot map the file (another host, no /dev/shm, no room) or the host is not x86-64.
+its CPU backend and called through its own Python bindings (``GLOO_DOES``).
+``new_group`` gives that plain gloo group on every rank where some rank cannot map the
+file (another host, no /dev/shm, no room) or the host is not x86-64.
 
 The ranks map one file (``hostslots``): two areas of a slot per rank, used in turn. A
 collective goes in chunks of a slot: each rank copies its part into its slot, all meet at
@@ -136,7 +137,7 @@ class HostColl(hostshm.NamedGroup):
         self._lock = threading.Lock()
         self.counts: Counter[str] = Counter()
         """The collectives this group moved, by method name, and those it left to gloo
-        ("gloo <name>"; barrier, send, recv and the like go there uncounted)."""
+        ("gloo <name>")."""
 
     # -- the collectives moved here ------------------------------------------------------
     def allreduce(self, tensors, opts=None):
@@ -235,14 +236,37 @@ class HostColl(hostshm.NamedGroup):
         future.set_result(result)
         return _create_work_from_future(future)
 
-    def _gloo_does(self, name: str, *args) -> dist.Work:
+    def _gloo_does(self, name: str, *args, **kwargs) -> dist.Work:
         """The inner gloo group's ``name`` on ``args``, counted as "gloo <name>"."""
         self.counts[f"gloo {name}"] += 1
-        return getattr(self._gloo, name)(*args)
+        return getattr(self._gloo, name)(*args, **kwargs)
 
     def shutdown(self) -> None:
         self._slots.close()
         self._gloo.shutdown()
+
+
+def _to_gloo(name: str):
+    def method(self: HostColl, *args, **kwargs):
+        return self._gloo_does(name, *args, **kwargs)
+
+    method.__name__ = method.__qualname__ = name
+    method.__doc__ = f"gloo's {name} (see GLOO_DOES)."
+    return method
+
+
+GLOO_DOES = ("all_gather_single_coalesced", "allreduce_coalesced", "reduce", "alltoall",
+             "all_to_all_single", "barrier", "gather", "scatter",
+             "reduce_scatter_single_coalesced", "send", "recv")
+"""The collectives HostColl leaves to its gloo group through a Python method each. Not a
+fallback to the registered backend: torch's trampoline for a Python process group
+(``PyProcessGroup``'s WORK_OVERRIDE) calls the C++ base *holding the GIL*, so a gloo
+collective reached that way waits for gloo's queue while gloo's worker thread, freeing a
+finished collective's tensors, waits for the GIL: a deadlock seen in
+``set_optimizer_state_dict``'s scatters on resuming a sharded run. gloo's own Python
+bindings release the GIL."""
+for _name in GLOO_DOES:
+    setattr(HostColl, _name, _to_gloo(_name))
 
 
 def _create_backend(options, coll: CollOptions | None) -> HostColl | dist.ProcessGroupGloo:
