@@ -140,7 +140,7 @@ def test_each_row_of_panels_has_one_legend_beside_them(name, report):
     assert not any(box.overlaps(ax.bbox) for ax in fig.axes)
     rows = {ax.get_subplotspec().rowspan.start for ax in fig.axes}
     columns = {ax.get_subplotspec().colspan.start for ax in fig.axes}
-    if name in ("resources", "accuracy", "predict"):  # these come as a row of panels
+    if name in ("resources", "accuracy", "memory", "predict"):  # a row of panels
         assert len(columns) == 2, name
     assert len(fig.axes) == len(rows) * len(columns)
 

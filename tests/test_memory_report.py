@@ -145,7 +145,9 @@ def test_mlflow_gets_the_memory_metrics(tmp_path, capsys):
     from mlflow import MlflowClient
 
     uri = f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}"
-    assert main(["export", "mlflow", str(_one(tmp_path / "runs")), "--tracking-uri", uri]) == 0
+    runs = _one(tmp_path / "runs")
+    assert main(["export", "mlflow", str(runs), "--tracking-uri", uri]) == 0
+    assert main(["export", "mlflow", str(runs), "--tracking-uri", uri]) == 0  # adds nothing
     client = MlflowClient(tracking_uri=uri)
     (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
     memory = {k: v for k, v in run.data.metrics.items() if k.startswith("memory/")}
