@@ -20,7 +20,7 @@ from ddlstudy.config import RunConfig, usecase_from_dict
 from ddlstudy.config.fields import FORKS, MAX_PROCESSES
 from ddlstudy.errors import UsageError
 from ddlstudy.reading import CAPS, read_bytes
-from ddlstudy.runfolder import MANIFEST, load_manifest
+from ddlstudy.runfolder import GIB, MANIFEST, load_manifest, memory_of
 
 log = logging.getLogger("ddlstudy")
 
@@ -146,6 +146,9 @@ _METRICS = (("median_images_per_s", "images/s", "ratio"),
             ("train_time_s", "training time (s)", "ratio"),
             ("final_val_accuracy", "final validation accuracy", "diff"),
             ("best_val_accuracy", "best validation accuracy", "diff"))
+_MEMORY = (("peak_process_bytes", "peak memory per process (GiB)"),
+           ("peak_node_bytes", "peak memory per node (GiB)"))
+"""The memory figures compare shows (``runfolder.memory_of``'s), in GiB."""
 
 
 def compare(a: dict[str, Any], b: dict[str, Any]) -> str:
@@ -180,15 +183,10 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> str:
         section("launch", _diff(la, lb))
     lines.append("metrics (B against A):")
     sa, sb = a.get("summary") or {}, b.get("summary") or {}
-    for key, name, how in _METRICS:
-        va, vb = sa.get(key), sb.get(key)
-        if va is None or vb is None:
-            lines.append(f"  {name}: {va} -> {vb}")
-        elif how == "ratio":
-            lines.append(f"  {name}: {va:.4g} -> {vb:.4g} (x{vb / va:.3f})" if va
-                         else f"  {name}: {va} -> {vb}")
-        else:
-            lines.append(f"  {name}: {va:.4f} -> {vb:.4f} ({vb - va:+.4f})")
+    lines += [_metric(name, sa.get(key), sb.get(key), how) for key, name, how in _METRICS]
+    ma, mb = memory_of(a), memory_of(b)
+    lines += [_metric(name, *(None if m[key] is None else m[key] / GIB for m in (ma, mb)),
+                      "ratio") for key, name in _MEMORY]
     ea, eb = a.get("epochs") or [], b.get("epochs") or []
     n = min(len(ea), len(eb))
     lines += _per_epoch(ea, eb, n)
@@ -201,6 +199,16 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> str:
             "summing in another order, an MPI reduction order, a kernel without a fixed "
             "algorithm)"))
     return "\n".join(lines)
+
+
+def _metric(name: str, va: float | None, vb: float | None, how: str) -> str:
+    """A figure of both runs, and B's against A's (a ratio, or a difference)."""
+    if va is None or vb is None:
+        return f"  {name}: {va} -> {vb}"
+    if how == "ratio":
+        return f"  {name}: {va:.4g} -> {vb:.4g} (x{vb / va:.3f})" if va \
+            else f"  {name}: {va} -> {vb}"
+    return f"  {name}: {va:.4f} -> {vb:.4f} ({vb - va:+.4f})"
 
 
 def _per_epoch(ea: list[dict], eb: list[dict], n: int) -> list[str]:

@@ -10,7 +10,8 @@ One MLflow run per run folder (``tracking`` says where it goes and how it is fou
 - tags: study, cell, repeat, status, noisy, host, launcher, git commit, ddlstudy version
   and the run's id (``ddlstudy_run_id``);
 - metrics: every column of metrics.csv per epoch (step = the epoch); the run's figures
-  against its folder (``SUMMARY``: speedup, time to target, ...); the resource samples
+  against its folder (``SUMMARY``: speedup, time to target, ...); its memory in GiB
+  (``tensorboard.MEMORY_METRICS``: ``memory/peak_gib_per_node``, ...); the resource samples
   under MLflow's system-metric names, ``system/<scope>-rank<r>/<name>`` (``SYSTEM``),
   at their time (step = milliseconds since the run started);
 - artifacts: manifest.json (as ``run-manifest.json``: no reader of runs takes the copy
@@ -44,7 +45,7 @@ from ddlstudy.report import STUDY_FILE, Report, load_runs, runs_frame
 from ddlstudy.report.runs import KEY
 from ddlstudy.runfolder import MANIFEST, METRICS, SAMPLES, STEPS, load_manifest
 from ddlstudy.sampler import IDENTITY, read_samples
-from ddlstudy.tensorboard import every_run, find_runs
+from ddlstudy.tensorboard import every_run, find_runs, memory_metrics
 
 log = logging.getLogger("ddlstudy")
 
@@ -283,6 +284,7 @@ def _metrics(run: RunRead) -> list:
     now = tracking.now_ms()
     out += [Metric(name, float(run.row[column]), now, 0) for name, column in SUMMARY.items()
             if _finite(run.row.get(column))]
+    out += [Metric(name, value, now, 0) for name, value in memory_metrics(run.manifest).items()]
     return out + system_metrics(run.samples)
 
 

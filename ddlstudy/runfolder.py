@@ -44,6 +44,39 @@ CHILD_ENV = "DDLSTUDY_MPI_CHILD"
 """Set in the ranks of ddlstudy's own mpiexec (they join its world instead of launching)."""
 
 
+GIB = 2**30
+MEMORY = {"peak_process_bytes": "peak resident memory of its largest process",
+          "peak_node_bytes": "peak resident memory of its largest node (its processes' peaks "
+                             "summed)",
+          "held_parameters_bytes": "parameters rank 0 holds",
+          "held_gradients_bytes": "gradients rank 0 holds",
+          "held_optimizer_state_bytes": "optimizer state rank 0 holds"}
+"""A run's memory figures (``memory_of``), with what each is."""
+
+
+def memory_of(manifest: dict[str, Any]) -> dict[str, int | None]:
+    """The ``MEMORY`` figures of a run from its manifest's ``backend.memory`` (None each
+    where it recorded none: a run from before memory was recorded, or a damaged block)."""
+    memory = (manifest.get("backend") or {}).get("memory")
+    memory = memory if isinstance(memory, dict) else {}
+    hosts = memory.get("per_host_bytes")
+    ranks = [r for r in memory.get("per_rank") or [] if isinstance(r, dict)]
+    held = next((r.get("held_bytes") for r in ranks if r.get("rank") == 0), None)
+    held = held if isinstance(held, dict) else {}
+    nodes = [v for v in hosts.values() if _size(v) is not None] \
+        if isinstance(hosts, dict) else []
+    return {"peak_process_bytes": _size(memory.get("peak_rss_bytes")),
+            "peak_node_bytes": max(nodes, default=None),
+            **{f"held_{k}_bytes": _size(held.get(k))
+               for k in ("parameters", "gradients", "optimizer_state")}}
+
+
+def _size(value: Any) -> int | None:
+    """A byte count as recorded, or None where it is not one."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 \
+        else None
+
+
 def run_env(run_id: str, **extra: str) -> dict[str, str]:
     """The environment of a ``ddlstudy run`` another command starts (a study's cell, an
     advise probe) into folder ``run_id``: this one's, without the marks of an MPI rank, so

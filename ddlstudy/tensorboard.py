@@ -5,7 +5,8 @@
 
 Each run is a TensorBoard run named after its id: ``epoch/<metric>`` per epoch (step = the
 epoch) from metrics.csv, and ``resources/<scope>-rank<r>/<column>`` from samples.parquet
-(step = milliseconds since the run started, wall time = when it was sampled).
+(step = milliseconds since the run started, wall time = when it was sampled), and
+``memory/<figure>`` (step 0, GiB: ``MEMORY_METRICS``) from the manifest's memory record.
 
 ``write_hparams`` adds the HParams dashboard's view (``export tensorboard`` writes it from
 the report's speedup table): ``hparams/`` holds the experiment (the configuration's key as
@@ -27,7 +28,7 @@ from pathlib import Path
 from ddlstudy.errors import UsageError
 from ddlstudy.files import check_folder
 from ddlstudy.reading import CAPS, BadFile, read_text
-from ddlstudy.runfolder import MANIFEST, METRICS, SAMPLES, STEPS, load_manifest
+from ddlstudy.runfolder import GIB, MANIFEST, METRICS, SAMPLES, STEPS, load_manifest, memory_of
 from ddlstudy.sampler import IDENTITY, read_samples
 
 log = logging.getLogger("ddlstudy")
@@ -43,6 +44,13 @@ HPARAMS = "hparams"
 HPARAM_METRICS = {"images_per_s": "images/s", "speedup": "speedup",
                   "time_to_target_s": "time to target (s)", "val_accuracy": "val accuracy"}
 """The columns of the speedup table the HParams dashboard compares, with their names."""
+MEMORY_METRICS = {"peak_process_bytes": "memory/peak_rss_gib_per_process",
+                  "peak_node_bytes": "memory/peak_gib_per_node",
+                  "held_parameters_bytes": "memory/parameters_gib_rank0",
+                  "held_gradients_bytes": "memory/gradients_gib_rank0",
+                  "held_optimizer_state_bytes": "memory/optimizer_state_gib_rank0"}
+"""A run's memory figures (``runfolder.memory_of``'s) as the metrics TensorBoard and
+MLflow get, in GiB (step 0)."""
 
 
 def find_runs(root: Path) -> list[Path]:
@@ -103,6 +111,7 @@ def write_run(run: Path, logdir: Path) -> Path:
     start = _epochs(run, manifest, points)
     _steps(run, points, start)
     _samples(run, points, start)
+    points += [(tag, value, 0, start) for tag, value in memory_metrics(manifest).items()]
     _representable(run, points)
     for old in logdir.glob("events.out.tfevents.*"):
         old.unlink()
@@ -111,8 +120,14 @@ def write_run(run: Path, logdir: Path) -> Path:
 
 
 FILES = {"epoch": ("metrics table", METRICS), "step": ("steps table", STEPS),
-         "resources": ("samples", SAMPLES)}
+         "resources": ("samples", SAMPLES), "memory": ("manifest", MANIFEST)}
 """Which file each kind of scalar comes from (a refusal names it)."""
+
+
+def memory_metrics(manifest: dict) -> dict[str, float]:
+    """The ``MEMORY_METRICS`` a run recorded, in GiB (none for a run from before)."""
+    return {MEMORY_METRICS[k]: v / GIB for k, v in memory_of(manifest).items()
+            if v is not None}
 
 
 def _representable(run: Path, points: list) -> None:

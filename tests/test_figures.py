@@ -13,7 +13,7 @@ from matplotlib.container import BarContainer, ErrorbarContainer
 from matplotlib.lines import Line2D
 from matplotlib.text import Text
 from matplotlib.transforms import Bbox
-from test_findings import _manifest, _report
+from test_findings import _manifest, _report, memory_block
 
 from ddlstudy.report.figures import FIGURES, interval_bounds
 from ddlstudy.report.tables import interval, only_main, spread_of
@@ -52,6 +52,8 @@ def report(tmp_path_factory):
                       exchange=EXCHANGE, hosts=["a", "b"]),
             _manifest("sequential", [10.0, 11.0, 9.0], usecase="w"),
             _manifest("cpu-intraop", [25.0, 28.0, 21.0], usecase="w", threads=2)]
+    for i, m in enumerate(runs):  # each recorded its memory (the memory figure's points)
+        m["backend"]["memory"] = memory_block([(i + 1) * 2**28] * 2, ["a", "b"])
     report = _report(tmp_path_factory.mktemp("runs"), runs)
     for i, r in enumerate(report.runs.itertuples(index=False)):
         mpi = r.backend == "mpi"  # MPI configurations differ on their hosts' idle share
@@ -138,7 +140,7 @@ def test_each_row_of_panels_has_one_legend_beside_them(name, report):
     assert not any(box.overlaps(ax.bbox) for ax in fig.axes)
     rows = {ax.get_subplotspec().rowspan.start for ax in fig.axes}
     columns = {ax.get_subplotspec().colspan.start for ax in fig.axes}
-    if name in ("resources", "accuracy", "predict"):  # these come as a row of panels
+    if name in ("resources", "accuracy", "memory", "predict"):  # a row of panels
         assert len(columns) == 2, name
     assert len(fig.axes) == len(rows) * len(columns)
 

@@ -50,8 +50,23 @@ def test_a_real_run_records_its_time_to_target(cli):
     assert m["config"]["usecase"]["train"]["target_accuracy"] == 0.01
 
 
+def memory_block(peaks: list[int], hosts: list[str] | None = None, held: int = 1000) -> dict:
+    """``backend.memory`` as ``record_memory`` writes it: rank i's peak ``peaks[i]`` on
+    ``hosts[i]`` (default: all on 'h'), each holding ``held`` bytes of each kind."""
+    hosts = hosts or ["h"] * len(peaks)
+    per_host: dict[str, int] = {}
+    for host, peak in zip(hosts, peaks, strict=True):
+        per_host[host] = per_host.get(host, 0) + peak
+    return {"per_rank": [{"rank": i, "host": host, "peak_rss_bytes": peak,
+                          "peak_method": "VmHWM (reset after set-up)",
+                          "held_bytes": {"parameters": held, "gradients": held,
+                                         "optimizer_state": 2 * held, "buffers": 0}}
+                         for i, (host, peak) in enumerate(zip(hosts, peaks, strict=True))],
+            "peak_rss_bytes": max(peaks), "per_host_bytes": per_host}
+
+
 def _manifest(strategy, rates, *, usecase="u", threads=1, processes=1, tta=None,
-              target=0.6, backend=None, exchange=None, hosts=None):
+              target=0.6, backend=None, exchange=None, hosts=None, memory=None):
     epochs = [{"epoch": i + 1, "train_loss": 1.0, "steady_images_per_s": r,
                "epoch_time_s": 1.0, "val_accuracy": 0.5} for i, r in enumerate(rates)]
     backend = {"name": "local"} | dict(backend or {})
@@ -59,6 +74,8 @@ def _manifest(strategy, rates, *, usecase="u", threads=1, processes=1, tta=None,
         backend["exchange"] = {"per_rank": exchange}
     if hosts:
         backend["hosts"] = hosts
+    if memory:
+        backend["memory"] = memory
     return {"usecase": usecase, "status": "completed", "started_at": "t", "backend": backend,
             "config": {"usecase": {"name": usecase}},
             "id": f"{usecase}-{strategy}-{backend.get('name', 'local')}-{rates[0]}",

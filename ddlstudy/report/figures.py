@@ -10,6 +10,8 @@
   only is named "(noisy)");
 - ``scaling``: speedup against the node count, with the ideal line;
 - ``accuracy``: validation accuracy against training wall time;
+- ``memory``: per use case, images/s against the peak memory per node, with both
+  intervals, the configurations no other beats on both (the front) joined;
 - ``timeline-<run>``: for every pipeline run that recorded its stages' time, its schedule
   (``report.timeline``: one row per stage, each micro-batch's forward and backward a box).
 
@@ -319,9 +321,51 @@ def plot_accuracy(report: Report) -> Figure | None:
     return fig
 
 
+def front(points: list[tuple[float, float]]) -> list[bool]:
+    """Which (images/s, GiB) points no other beats on both: as fast or faster and as small
+    or smaller, and better on one of them."""
+    return [not any(o[0] >= p[0] and o[1] <= p[1] and o != p for o in points)
+            for p in points]
+
+
+MARKERS = "osD^vP*Xph<>"
+
+
+def plot_memory(report: Report) -> Figure | None:
+    """Per use case, images/s against the peak memory per node, a point a configuration
+    (whiskers: the table's 95 % interval of images/s and the least-most peak over its
+    repeats), the front of those no other beats on both joined by a dashed line."""
+    t = only_main(report.table).dropna(subset=["images_per_s", "peak_node_gib"])
+    if t.empty:
+        return None
+    usecases, configs = list(dict.fromkeys(t.usecase)), list(dict.fromkeys(t.config))
+    fig = Figure(figsize=(7 * len(usecases) + 3, 5), layout="constrained")
+    colours = dict(zip(configs, sns.color_palette(n_colors=len(configs)), strict=True))
+    for ax, uc in zip(fig.subplots(1, len(usecases), squeeze=False)[0], usecases,
+                      strict=True):
+        part = t[t.usecase == uc]
+        for r in part.itertuples(index=False):
+            low, high = interval_bounds(r.images_per_s_95) or (r.images_per_s,) * 2
+            i = configs.index(r.config)
+            ax.errorbar(r.peak_node_gib, r.images_per_s, fmt=MARKERS[i % len(MARKERS)],
+                        xerr=[[r.peak_node_gib - r.peak_node_gib_min],
+                              [r.peak_node_gib_max - r.peak_node_gib]],
+                        yerr=[[max(r.images_per_s - low, 0)], [max(high - r.images_per_s, 0)]],
+                        color=colours[r.config], capsize=3, markersize=7, label=r.config)
+        best = part[front(list(zip(part.images_per_s, part.peak_node_gib, strict=True)))]
+        best = best.sort_values("peak_node_gib")
+        ax.plot(best.peak_node_gib, best.images_per_s, color="grey", linestyle="--",
+                linewidth=1, zorder=0, label="front: none faster and smaller")
+        ax.set_title(f"{uc}: speed against memory")
+        ax.set_xlabel("peak resident memory per node (GiB)")
+        ax.set_ylabel("images/s")
+    _one_legend(fig)
+    return fig
+
+
 FIGURES = {"resources": plot_resources, "distributed": plot_distributed,
            "exchange": plot_exchange, "speedup": plot_speedup, "scaling": plot_scaling,
-           "accuracy": plot_accuracy}
+           "accuracy": plot_accuracy, "memory": plot_memory}
 
 
 def make_figures(report: Report, out: Path) -> list[Path]:

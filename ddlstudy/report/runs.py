@@ -18,7 +18,7 @@ from ddlstudy.config import WARMUP_STEPS
 from ddlstudy.errors import UsageError
 from ddlstudy.formats import Cell, Study, check, load
 from ddlstudy.reading import what_is
-from ddlstudy.runfolder import MANIFEST, load_manifest
+from ddlstudy.runfolder import GIB, MANIFEST, MEMORY, load_manifest, memory_of
 from ddlstudy.strategies import REGISTRY as STRATEGIES
 from ddlstudy.strategies import Strategy
 
@@ -275,7 +275,7 @@ def _run_row(m: dict) -> dict:
         "val_accuracy": epochs[-1]["val_accuracy"] if epochs else None,
         "best_val_accuracy": max(accuracies, default=None),
         "train_time_s": sum(e.get("train_time_s") or 0.0 for e in epochs) if epochs else None,
-        "target": target, "reached": reached, "tta_s": tta,
+        "target": target, "reached": reached, "tta_s": tta, **memory_of(m),
         "run": m.get("id", ""), "path": m.get("path", ""),
     }
 
@@ -291,7 +291,7 @@ def runs_frame(manifests: list[dict], planned: list[dict] = (),
                                         "repeat", "status", "noisy", "reason", "epochs", "epoch_s",
                                         "images_per_s", "epoch_rates", "val_accuracy",
                                         "best_val_accuracy", "train_time_s", "target",
-                                        "reached", "tta_s", "run", "path"])
+                                        "reached", "tta_s", *MEMORY, "run", "path"])
     # A planned cell that has no run belongs to its use case's usual setting.
     usual = {uc: g.setting.mode().iloc[0] for uc, g in frame.dropna(subset=["setting"])
              .groupby("usecase")}
@@ -337,8 +337,41 @@ def _planned_row(c: dict) -> dict:
         "reason": c.get("reason", ""), "epochs": 0, "epoch_s": None,
         "images_per_s": None, "epoch_rates": [], "val_accuracy": None,
         "best_val_accuracy": None, "train_time_s": None, "target": None,
-        "reached": None, "tta_s": None, "run": "", "path": "",
+        "reached": None, "tta_s": None, **dict.fromkeys(MEMORY), "run": "", "path": "",
     }
+
+
+def reached_text(g: pd.DataFrame) -> str:
+    """How many of a configuration's counted runs reached its target ('2/3'), '' when its
+    use case sets none."""
+    judged = [r for r in g.reached if r is not None and r == r]
+    return f"{sum(bool(r) for r in judged)}/{len(judged)}" if judged else ""
+
+
+def time_to_target(g: pd.DataFrame) -> tuple[float | None, float | None]:
+    """(target, median time to it) of a configuration's counted runs; the time only when
+    every one of them reached the same target (a median of the lucky ones would flatter)."""
+    targets = {t for t in g.target if t is not None and t == t}
+    if len(targets) != 1 or g.empty or not all(r is True for r in g.reached):
+        return (targets.pop() if len(targets) == 1 else None), None
+    return targets.pop(), _median(list(g.tta_s.dropna()))
+
+
+PEAKS = ("process", "node")
+"""The peaks the speedup table gives a configuration: ``peak_<what>_gib`` (the median over
+its runs that recorded it), ``_min`` and ``_max``."""
+
+
+def memory_cells(runs: pd.DataFrame) -> dict[str, float | None]:
+    """A configuration's peak memory per process and per node in GiB over ``runs`` (its
+    counted runs): median, least and most (None each where none recorded it)."""
+    cells = {}
+    for what in PEAKS:
+        values = [float(v) / GIB for v in runs[f"peak_{what}_bytes"].dropna()]
+        cells |= {f"peak_{what}_gib": _median(values),
+                  f"peak_{what}_gib_min": min(values, default=None),
+                  f"peak_{what}_gib_max": max(values, default=None)}
+    return cells
 
 
 def shown(runs: pd.DataFrame) -> pd.DataFrame:

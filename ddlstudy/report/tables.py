@@ -32,12 +32,16 @@ from ddlstudy.report.formats import FORMATS, cell_text, fitted_markdown, render,
 from ddlstudy.report.projection import DEFAULT_HARDWARE, Hardware
 from ddlstudy.report.runs import (
     KEY,
+    PEAKS,
     _median,
     is_baseline,
     load_planned,
     load_runs,
+    memory_cells,
+    reached_text,
     runs_frame,
     shown,
+    time_to_target,
 )
 from ddlstudy.strategies import REGISTRY as STRATEGIES
 
@@ -46,22 +50,6 @@ TABLES = {
     2: "Table 2: model and hybrid parallelism",
     3: "Table 3: several nodes (MPI and Spark)",
 }
-
-
-def _reached_text(g: pd.DataFrame) -> str:
-    """How many of a configuration's counted runs reached its target ('2/3'), '' when its
-    use case sets none."""
-    judged = [r for r in g.reached if r is not None and r == r]
-    return f"{sum(bool(r) for r in judged)}/{len(judged)}" if judged else ""
-
-
-def _tta(g: pd.DataFrame) -> tuple[float | None, float | None]:
-    """(target, median time to it) of a configuration's counted runs; the time only when
-    every one of them reached the same target (a median of the lucky ones would flatter)."""
-    targets = {t for t in g.target if t is not None and t == t}
-    if len(targets) != 1 or g.empty or not all(r is True for r in g.reached):
-        return (targets.pop() if len(targets) == 1 else None), None
-    return targets.pop(), _median(list(g.tta_s.dropna()))
 
 
 def short_reason(reason: str) -> str:
@@ -146,7 +134,8 @@ def _interval_text(bounds: tuple[float, float] | None, mark_one: bool = False) -
 
 COLUMNS = [*KEY, "table", "processes", "scaling", "runs", "status", "noisy", "epoch_s",
            "epoch_s_spread", "images_per_s", "images_per_s_95", "speedup", "speedup_95",
-           "efficiency", "val_accuracy", "target", "reached", "time_to_target_s", "tta_speedup"]
+           "efficiency", "val_accuracy", "target", "reached", "time_to_target_s", "tta_speedup",
+           *(f"peak_{what}_gib{end}" for what in PEAKS for end in ("", "_min", "_max"))]
 """The columns of ``speedup_table`` (of speedup.md and the CSV, which the notebook reads)."""
 
 
@@ -156,7 +145,7 @@ def speedup_table(manifests: list[dict], planned: list[dict] = (),
     unless ``include_noisy`` or the configuration has no other), epoch-time spread."""
     frame = runs_frame(manifests, planned, include_noisy)
     cores = {m.get("id"): others_cores(m) for m in manifests}
-    bases = {k: (spread_of(shown(g)), _tta(shown(g)))
+    bases = {k: (spread_of(shown(g)), time_to_target(shown(g)))
              for k, g in frame[is_baseline(frame)].groupby(["usecase", "setting"])}
     rows = [_config_row(dict(zip(KEY, key, strict=True)), g,
                         bases.get((g.usecase.iloc[0], g.setting.iloc[0]), ([], (None, None))),
@@ -174,7 +163,7 @@ def _config_row(key: dict, g: pd.DataFrame, baseline: tuple[list[float], tuple],
     base, (b_target, b_tta) = baseline
     times = list(ok.epoch_s.dropna())
     noisy = int(((g.status == "completed") & ~g.counted).sum()) - int((~ok.counted).sum())
-    target, tta = _tta(ok)
+    target, tta = time_to_target(ok)
     mark = _noisy_mark(ok, cores)
     return {
         **key, "table": int(g.table.iloc[0]), "processes": int(g.processes.iloc[0]),
@@ -188,8 +177,9 @@ def _config_row(key: dict, g: pd.DataFrame, baseline: tuple[list[float], tuple],
         "speedup_95": _interval_text(interval(spread, base), mark_one=True) if base else "",
         "efficiency": _median(list(ok.efficiency.dropna())),
         "val_accuracy": _median(list(ok.val_accuracy.dropna())),
-        "target": target, "reached": _reached_text(ok), "time_to_target_s": tta,
+        "target": target, "reached": reached_text(ok), "time_to_target_s": tta,
         "tta_speedup": b_tta / tta if tta and b_tta and b_target == target else None,
+        **memory_cells(ok),
     }
 
 
@@ -268,7 +258,8 @@ def _paper_cells(r, joined: bool) -> dict[str, str]:
 
 SUMMARY_COLUMNS = ["usecase", "config", "scaling", "cores", "runs", "status", "epoch_s",
                    "epoch_s_spread", "images_per_s", "speedup", "speedup_95", "efficiency",
-                   "val_accuracy", "reached", "time_to_target_s", "tta_speedup"]
+                   "val_accuracy", "reached", "time_to_target_s", "tta_speedup",
+                   *COLUMNS[COLUMNS.index("peak_process_gib"):]]
 """The summary's columns in the CSV and LaTeX that ``ddlstudy report`` prints (and in the
 notebook)."""
 
@@ -276,10 +267,10 @@ CAPTION = "Speedup against the sequential baseline of the same setting (medians 
 
 TERMINAL = {"config": "configuration", "runs": "runs", "speedup": "speedup",
             "speedup_95": "95 % interval", "val_accuracy": "accuracy",
-            "time_to_target_s": "time to target"}
+            "time_to_target_s": "time to target", "peak_process_gib": "peak GiB proc/node"}
 """The summary's columns printed to a terminal (one table per use case), under plain
 headers: what fits ``WIDTH`` (the time per epoch is in the paper's tables below; images/s,
-efficiency, cores and the spreads are in the CSV and speedup.md)."""
+efficiency, cores, the spreads and the median peaks are in the CSV and speedup.md)."""
 
 
 def terminal_table(table: pd.DataFrame) -> pd.DataFrame:
@@ -296,7 +287,16 @@ def terminal_table(table: pd.DataFrame) -> pd.DataFrame:
                                f"{reached} reached" if reached else None
                                for t, reached in zip(table.time_to_target_s, table.reached,
                                                      strict=True)]
+    out["peak_process_gib"] = ["/".join(_peak_text(r, what) for what in PEAKS)
+                               for r in table.itertuples(index=False)]
     return out.rename(columns=TERMINAL)
+
+
+def _peak_text(r, what: str) -> str:
+    """A configuration's peak per ``what`` as printed: its least-most over the repeats
+    where they differ, else its value ('-': not recorded)."""
+    low, high = (cell_text(getattr(r, f"peak_{what}_gib{end}")) for end in ("_min", "_max"))
+    return low if low == high else f"{low}-{high}"
 
 
 SHRINK = ["configuration", "runs"]
@@ -304,6 +304,9 @@ SHRINK = ["configuration", "runs"]
 
 INTERVAL = ("95 % interval: of the speedup, over the repeats (one run: over its epochs); "
             "one that includes 1 cannot tell the configuration from the baseline.")
+MEMORY_NOTE = ("peak GiB proc/node: the peak resident memory while training of the largest "
+               "process, then of the largest node (its processes' peaks summed), least-most "
+               "over the repeats where they differ ('-': not recorded).")
 
 
 class Report:
@@ -343,14 +346,16 @@ class Report:
         ``TERMINAL`` columns, a table per use case (and setting), the paper's tables, the
         labels cut to fit in full, what was kept apart and the noisy runs."""
         notes: dict[str, int] = {}
-        rows = terminal_table(self.table)
+        rows, memory = terminal_table(self.table), TERMINAL["peak_process_gib"]
         parts = [f"**{CAPTION}**"]
         for (usecase, setting), part in rows.groupby([self.table.usecase, self.table.setting],
                                                      sort=False):
             several = (self.table[self.table.usecase == usecase].setting != setting).any()
+            if (part[memory] == "-/-").all():  # runs from before memory was recorded
+                part = part.drop(columns=[memory])
             parts.append(wrapped(f"*{usecase}, setting: {setting}*" if several else
                                  f"*{usecase}*") + "\n\n" + fitted_markdown(part, SHRINK, notes))
-        parts.append(wrapped(INTERVAL))
+        parts.append(wrapped(INTERVAL + (" " + MEMORY_NOTE if memory in "".join(parts) else "")))
         parts += [f"**{TABLES[n]}** (per use case: seconds per epoch, speedup)\n\n"
                   + fitted_markdown(t, ["configuration"], notes)
                   for n, t in paper_tables(self.table, joined=True).items()]
