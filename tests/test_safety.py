@@ -441,6 +441,11 @@ def test_an_unreadable_class_folder_is_said_to_be_unreadable(tmp_path, imagefold
         (imagefolder / "fire").chmod(0o755)
     assert f"folder {imagefolder / 'fire'} cannot be read (Permission denied)" in said
     assert "holds no images" not in said and not (tmp_path / "runs").exists()
+    (imagefolder / "SHA256SUMS").chmod(0)  # the set's list of sums: said, not OSError
+    said = one_line(cli("run", "--data-dir", str(imagefolder), "--model",
+                        f"{MODELS}:small_resnet", "--runs-dir", str(tmp_path / "runs"),
+                        "--epochs", "1", "--max-steps", "2", prefix=plain_user))
+    assert "SHA256SUMS" in said and "permissions" in said and not (tmp_path / "runs").exists()
 
 
 def test_advise_out_elsewhere_leaves_an_unwritable_working_directory_alone(tmp_path,
