@@ -32,6 +32,8 @@ from ddlstudy.formats import Advice, load
 from ddlstudy.reading import read_toml
 
 CELL_KEYS = cell_keys()
+SETUP_TIMEOUT_S = 600.0
+"""A cell's set-up time limit where the plan does not say ([study] setup_timeout_s)."""
 DEFAULT_REPEAT = 3
 """Repeats of every cell where the plan does not say: enough for a median and a 95 %
 interval; the repeats are interleaved (every cell once, then again)."""
@@ -50,6 +52,8 @@ class Plan:
     runs_dir: Path = DEFAULT_RUNS_DIR
     description: str = ""
     settings: dict[str, Any] = field(default_factory=dict)
+    setup_timeout_s: float = SETUP_TIMEOUT_S
+    """How long a cell's set-up may take (``StudyTable.setup_timeout_s``)."""
     usecase_settings: dict[str, dict[str, Any]] = field(default_factory=dict)
     """``[settings.<use case>]``: what differs for one use case (a VGG16 step takes 20
     times an AlexNet one: fewer --max-steps), between [settings] and the cells."""
@@ -77,6 +81,10 @@ class StudyTable:
     runs_dir: str | None = None
     """Where the runs and the report go (``--runs-dir`` overrides it; default runs/<name>);
     a relative path is taken from DDLSTUDY_HOME."""
+    setup_timeout_s: float = SETUP_TIMEOUT_S
+    """Seconds a cell's set-up may take (its checks, its model built: a factory of one's
+    own that never returns) before it is a failed cell, with that reason, and the study
+    goes on with the next (default 600)."""
 
     def __post_init__(self) -> None:
         if not self.usecases or not all(self.usecases):
@@ -88,6 +96,10 @@ class StudyTable:
         _checked_repeat(self.repeat)
         if self.runs_dir is not None and not self.runs_dir.strip():
             raise ConfigError("study.runs_dir", "give a folder's path, e.g. \"runs/my-study\"")
+        if isinstance(self.setup_timeout_s, bool) or \
+                not 0 < self.setup_timeout_s <= most("seconds"):  # NaN too
+            raise ConfigError("study.setup_timeout_s", f"must be seconds above 0, at most "
+                              f"{most('seconds'):g}, got {self.setup_timeout_s!r}")
 
 
 STUDY_KEYS = {f.name for f in dataclasses.fields(StudyTable)}
@@ -192,6 +204,7 @@ def load_plan(path: Path, repeat: int | None = None, runs_dir: Path | None = Non
             runs_dir = HOME / runs_dir
     return Plan(name=name, path=path, usecases=usecases, cells=cells, repeat=repeat,
                 runs_dir=runs_dir, description=study.description, settings=settings,
+                setup_timeout_s=study.setup_timeout_s,
                 usecase_settings={_beside(u, path.parent): v for u, v in own.items()})
 
 

@@ -75,6 +75,37 @@ def deferred() -> Iterator[None]:
             _raise(signum)
 
 
+class TimedOut(BaseException):
+    """A ``time_limit`` ran out: raised in the main thread wherever it was (someone
+    else's code too, whose ``except Exception`` must not take it for its own error)."""
+
+
+SETUP_TIMEOUT_ENV = "DDLSTUDY_SETUP_TIMEOUT_S"
+"""The set-up time limit a study gives its cells' runs (seconds; see ``time_limit``)."""
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float | None, what: str) -> Iterator[None]:
+    """Raise TimedOut (naming ``what``) in the main thread if the block takes longer than
+    ``seconds`` (SIGALRM); no limit where ``seconds`` is None or off the main thread. A
+    block stuck in Python (a factory that never returns) is stopped; one stuck inside a
+    C call that never returns to Python is stopped when it does."""
+    if seconds is None or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expired(signum: int, frame: object) -> None:
+        raise TimedOut(f"{what} took longer than {seconds:g} s (the set-up time limit)")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 STOPPED = {signal.SIGINT: (130, "interrupted by SIGINT (Ctrl-C)"),
            signal.SIGTERM: (143, "terminated by SIGTERM")}
 """A signal's exit code and the error a run it ended records."""

@@ -51,6 +51,7 @@ from ddlstudy.report import STUDY_FILE, Report, config_label, cores_used
 from ddlstudy.runfolder import MANIFEST, load_manifest, new_run_id, now_iso, run_env
 from ddlstudy.runner import preflight, resolve
 from ddlstudy.sampler import check_load
+from ddlstudy.signals import SETUP_TIMEOUT_ENV, TimedOut, time_limit
 from ddlstudy.strategies import get_strategy
 
 log = logging.getLogger("ddlstudy")
@@ -116,7 +117,8 @@ def expand(plan: Plan, overrides: dict[str, Any]) -> list[Cell]:
     """Every cell of the plan, validated: repeats outermost so slow drift spreads over
     all configurations; the baseline first in each use case."""
     checked = configs(plan, overrides)
-    out = []
+    out: list[Cell] = []
+    timed_out: dict[str, str] = {}  # a cell whose set-up ran out is not waited on again
     for repeat in range(1, plan.repeat + 1):
         for uc, flags, cfg in checked:
             cell = Cell(usecase=uc, flags=flags, repeat=repeat)
@@ -124,11 +126,18 @@ def expand(plan: Plan, overrides: dict[str, Any]) -> list[Cell]:
             cell.id = config_key(cell.cfg.to_dict())
             cell.label, cell.cores = _label(cell.cfg)
             try:
-                cell.cfg = preflight(cell.cfg)
+                if cell.id in timed_out:
+                    raise TimedOut(timed_out[cell.id])
+                with time_limit(plan.setup_timeout_s, f"the set-up of {cell.label} on {uc}"):
+                    cell.cfg = preflight(cell.cfg)
             except Unavailable as exc:
                 cell.status, cell.reason = "skipped", str(exc)
             except UsageError as exc:
                 raise UsageError(f"{plan.path}, use case {uc}, cell {flags}: {exc}") from None
+            except TimedOut as exc:
+                cell.status, cell.reason = "failed", f"{exc}; setup_timeout_s in the " \
+                    f"plan's [study] sets the limit"
+                timed_out[cell.id] = str(exc)
             out.append(cell)
     return out
 
@@ -237,9 +246,11 @@ class Study:
         for c in self.cells:
             if c.status == "skipped":
                 log.warning("skipped %s on %s: %s", c.label, c.usecase, c.reason)
+            if c.status == "failed":  # its set-up ran out before any run started
+                log.error("%s on %s failed: %s", c.label, c.usecase, c.reason)
         self.save()
         start = time.monotonic()
-        code = 0
+        code = int(any(c.status == "failed" for c in self.cells))
         for i, cell in enumerate(todo, 1):
             if i == 1 or self.wait_quiet:
                 check_load(self.wait_quiet)
@@ -260,7 +271,8 @@ class Study:
         logs = runs_dir / "logs"
         logs.mkdir(exist_ok=True)
         env = run_env(cell.run, DDLSTUDY_STUDY=json.dumps({
-            "name": self.plan.name, "cell": cell.id, "repeat": cell.repeat}))
+            "name": self.plan.name, "cell": cell.id, "repeat": cell.repeat}),
+            **{SETUP_TIMEOUT_ENV: str(self.plan.setup_timeout_s)})
         cmd = python_module("ddlstudy", *cell.argv(runs_dir))
         start = time.monotonic()
         with open(logs / f"{cell.run}.log", "w") as out:

@@ -96,6 +96,16 @@ def installed() -> bool:
     return importlib.util.find_spec("mlflow") is not None
 
 
+def experiment_name_most() -> int | None:
+    """The longest experiment name MLflow accepts (its own MAX_EXPERIMENT_NAME_LENGTH);
+    None when MLflow is not installed (said where it is needed)."""
+    if not installed():
+        return None
+    from mlflow.utils.validation import MAX_EXPERIMENT_NAME_LENGTH
+
+    return MAX_EXPERIMENT_NAME_LENGTH
+
+
 def sqlite_file(uri: str) -> Path:
     """The database file of a ``sqlite:///`` URI (relative to the working directory when
     it has three slashes, absolute with four)."""

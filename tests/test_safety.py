@@ -8,6 +8,7 @@ import base64
 import http.server
 import json
 import os
+import shutil
 import signal
 import socket
 import stat
@@ -29,12 +30,12 @@ QUICK = ("--usecase", "tiny", "--epochs", "1", "--max-steps", "2", "--no-snapsho
 
 
 def cli(*args, cwd: Path | None = None, env: dict | None = None, site: Path | None = None,
-        timeout: int = 600) -> subprocess.CompletedProcess:
+        timeout: int = 600, prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
     env = dict(os.environ, **(env or {}))
     if site is not None:
         env["PYTHONPATH"] = os.pathsep.join([str(site), env.get("PYTHONPATH", "")])
-    return subprocess.run([sys.executable, "-m", "ddlstudy", *args], capture_output=True,
-                          text=True, env=env, timeout=timeout, cwd=cwd)
+    return subprocess.run([*prefix, sys.executable, "-m", "ddlstudy", *args],
+                          capture_output=True, text=True, env=env, timeout=timeout, cwd=cwd)
 
 
 def one_line(out: subprocess.CompletedProcess) -> str:
@@ -366,3 +367,103 @@ def test_a_full_disk_outside_run_is_said_in_one_line(tmp_path, datasets_dir, sma
     report = cli("report", str(runs), "--out", str(small_disk / "report"))
     assert "No space left on device" in one_line(report)
     assert not _half_written(small_disk)
+
+
+MODELS = Path(__file__).parent / "models" / "own_net.py"
+
+
+def test_a_factory_that_changes_the_working_directory_moves_no_output(tmp_path,
+                                                                       datasets_dir):
+    """A relative --runs-dir is taken from where the command started, whatever the model
+    factory does to the working directory."""
+    here, away = tmp_path / "here", tmp_path / "away"
+    here.mkdir()
+    away.mkdir()
+    ran = cli("run", *QUICK, "--datasets-dir", str(datasets_dir), "--runs-dir", "runs",
+              "--model", f"{MODELS}:moves_away", cwd=here, env={"MOVE_TO": str(away)})
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    assert len(list((here / "runs").glob("*/" + MANIFEST))) == 1
+    assert not list(away.iterdir())
+    assert "changed the working directory" in ran.stderr
+
+
+def test_a_study_cell_whose_set_up_never_ends_fails_and_the_study_goes_on(tmp_path,
+                                                                          datasets_dir):
+    """A cell whose model factory never returns is a failed cell once [study]
+    setup_timeout_s has passed; the baseline cell still trains."""
+    plan = tmp_path / "hang.toml"
+    plan.write_text(f"""[study]
+usecases = ["tiny"]
+repeat = 1
+setup_timeout_s = 10
+[settings]
+epochs = 1
+max_steps = 2
+sample_hz = 0
+no_snapshot = true
+datasets_dir = "{datasets_dir}"
+[[cells]]
+strategy = "sequential"
+model = "{MODELS}:never_returns"
+""")
+    runs = tmp_path / "runs"
+    ended = cli("study", str(plan), "--runs-dir", str(runs), "--quiet", timeout=300)
+    assert ended.returncode == 1, ended.stderr[-2000:]
+    assert "Traceback" not in ended.stderr
+    cells = json.loads((runs / "study.json").read_text())["cells"]
+    assert [c["status"] for c in cells] == ["completed", "failed"], cells
+    assert "took longer than 10 s (the set-up time limit)" in cells[1]["reason"]
+    assert "setup_timeout_s" in cells[1]["reason"] and cells[1]["run"] == ""
+    assert len(list(runs.glob("*/" + MANIFEST))) == 1
+
+
+@pytest.fixture
+def plain_user() -> tuple[str, ...]:
+    """A command prefix under which file permissions hold for this user: as root (the CI
+    too), root without the two capabilities that override them (util-linux's setpriv)."""
+    if os.geteuid() != 0:
+        return ()
+    caps = "-dac_override,-dac_read_search"
+    prefix = ("setpriv", f"--inh-caps={caps}", f"--bounding-set={caps}")
+    if shutil.which("setpriv") is None or subprocess.run([*prefix, "true"]).returncode:
+        pytest.skip("root reads and writes any folder, and setpriv cannot drop that here")
+    return prefix
+
+
+def test_an_unreadable_class_folder_is_said_to_be_unreadable(tmp_path, imagefolder,
+                                                             plain_user):
+    (imagefolder / "fire").chmod(0)
+    try:
+        said = one_line(cli("run", "--data-dir", str(imagefolder), "--model",
+                            f"{MODELS}:small_resnet", "--runs-dir", str(tmp_path / "runs"),
+                            "--epochs", "1", "--max-steps", "2", prefix=plain_user))
+    finally:
+        (imagefolder / "fire").chmod(0o755)
+    assert f"folder {imagefolder / 'fire'} cannot be read (Permission denied)" in said
+    assert "holds no images" not in said and not (tmp_path / "runs").exists()
+    (imagefolder / "SHA256SUMS").chmod(0)  # the set's list of sums: said, not OSError
+    said = one_line(cli("run", "--data-dir", str(imagefolder), "--model",
+                        f"{MODELS}:small_resnet", "--runs-dir", str(tmp_path / "runs"),
+                        "--epochs", "1", "--max-steps", "2", prefix=plain_user))
+    assert "SHA256SUMS" in said and "permissions" in said and not (tmp_path / "runs").exists()
+
+
+def test_advise_out_elsewhere_leaves_an_unwritable_working_directory_alone(tmp_path,
+                                                                           datasets_dir,
+                                                                           plain_user):
+    """advise --out DIR checks DIR, not the working directory's runs/: the refusal that
+    comes is the next one (a bad --link), and nothing is written anywhere."""
+    cwd = tmp_path / "read-only"
+    cwd.mkdir()
+    cwd.chmod(0o555)
+    env = {k: v for k, v in os.environ.items() if k != "DDLSTUDY_HOME"}
+    try:
+        ended = subprocess.run([*plain_user, sys.executable, "-m", "ddlstudy", "advise",
+                                "--usecase", "tiny", "--datasets-dir", str(datasets_dir),
+                                "--out", str(tmp_path / "out"),
+                                "--link", "fast"], capture_output=True, text=True, env=env,
+                               cwd=cwd, timeout=300)
+    finally:
+        cwd.chmod(0o755)
+    assert "--link: 'fast'" in one_line(ended)
+    assert not list(cwd.iterdir()) and not (tmp_path / "out").exists()

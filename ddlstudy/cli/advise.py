@@ -55,8 +55,12 @@ def cmd_advise(args: argparse.Namespace) -> int:
     from ddlstudy.tools.predict import parse_list
 
     usecase, data = _what(args)
-    # A use case, folder or model that cannot be trained is refused before anything runs.
-    uc = cell_config(usecase, data, DEFAULT_RUNS_DIR).usecase
+    # A use case, folder or model that cannot be trained is refused before anything runs
+    # (checked as its probes' runs will be: under --out, the working directory untouched).
+    if args.out is not None:
+        check_folder("--out", args.out)
+    sets = {"datasets_dir": str(args.datasets_dir)} if args.datasets_dir else {}
+    uc = cell_config(usecase, data | sets, args.out or DEFAULT_RUNS_DIR).usecase
     budget = seconds("--budget", args.budget)
     check_positive(args, "rounds", "steps")
     if args.link is not None:

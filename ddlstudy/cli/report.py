@@ -104,11 +104,17 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def _export_mlflow(args: argparse.Namespace) -> int:
     from ddlstudy.mlflow_export import export
+    from ddlstudy.tracking import experiment_name_most
 
     if args.experiment is not None and (not args.experiment.strip() or
                                         not args.experiment.isprintable()):
         raise ConfigError("--experiment", f"{args.experiment!r:.200}: give a name of plain "
                           "text (no newline or other control character)")
+    most = experiment_name_most()
+    if args.experiment is not None and most is not None and len(args.experiment) > most:
+        raise ConfigError("--experiment", f"{args.experiment[:40]!r}... is "
+                          f"{len(args.experiment):,} characters long; MLflow takes experiment "
+                          f"names of at most {most} characters")
     done = export(args.runs, args.tracking_uri, args.experiment)
     uri = redact(done["uri"])
     view = f"open {uri}" if uri.startswith(("http:", "https:")) else \

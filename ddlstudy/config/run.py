@@ -221,6 +221,9 @@ class RunConfig(MpiOptions, SparkOptions):
 
     def __post_init__(self) -> None:
         check_declared(self)
+        for name in PATHS:  # absolute before any code of one's own runs (it may chdir)
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, Path(getattr(self, name)).absolute())
         object.__setattr__(self, "on_bad_image", BadImagePolicy(self.on_bad_image))
         if self.model is not None:
             self._use_model()
@@ -313,6 +316,10 @@ class RunConfig(MpiOptions, SparkOptions):
         out = jsonable(dataclasses.asdict(self))
         out.pop("effective")
         return out
+
+
+PATHS = ("runs_dir", "datasets_dir", "data_dir", "init_weights")
+"""The RunConfig fields that are paths: made absolute where the config is made."""
 
 
 def _named(flag: str, path: Path, default: Path) -> str:

@@ -8,11 +8,12 @@ from pathlib import Path
 
 from ddlstudy.config import RunConfig
 from ddlstudy.data.cache import channel_stats
-from ddlstudy.data.fingerprint import SUMS_FILE, sha256_file
+from ddlstudy.data.fingerprint import SUMS_FILE, sha256_bytes
 from ddlstudy.data.folder import ImageList, scan_imagefolder, stratified_split
 from ddlstudy.data.generate import is_complete, make_dataset, refuse_another_spec
 from ddlstudy.errors import DataError
 from ddlstudy.files import check_folder
+from ddlstudy.reading import CAPS, read_bytes
 
 log = logging.getLogger("ddlstudy")
 
@@ -101,7 +102,8 @@ def prepare_data(cfg: RunConfig) -> DataPlan:
         make_dataset(uc.data, root, expect=lambda got: _same_data(cfg, root, got))
     images = scan_imagefolder(root, uc.classes, cfg.on_bad_image)
     sums = root / SUMS_FILE
-    sums_sha = sha256_file(sums) if sums.is_file() else None
+    sums_sha = sha256_bytes(read_bytes(sums, SUMS_FILE, CAPS["record"])) \
+        if sums.is_file() else None  # unreadable (permissions): one line, not OSError
     if sums_sha and sums_sha != images.fingerprint:
         log.warning("%s no longer matches its %s: files were changed, added or removed",
                     root, SUMS_FILE)

@@ -57,7 +57,10 @@ def _class_folders(root: Path, classes: tuple[str, ...]) -> None:
         raise DataError(f"data folder {root} does not exist")
     if not root.is_dir():
         raise DataError(f"data folder {root} is not a folder")
-    found = {p.name for p in root.iterdir() if p.is_dir() and _visible(p)}
+    try:
+        found = {p.name for p in root.iterdir() if p.is_dir() and _visible(p)}
+    except OSError as exc:
+        _unreadable(exc)
     if not found:
         raise DataError(f"data folder {root} has no class folders; expected one folder per "
                         f"class: {', '.join(classes)}")
@@ -85,9 +88,16 @@ def _utf8(name: str) -> bool:
         return False
 
 
+def _unreadable(exc: OSError) -> None:
+    """A folder of the tree that cannot be listed (no permission): said, not taken for
+    an empty one."""
+    raise DataError(f"folder {exc.filename} cannot be read ({exc.strerror}); give this user "
+                    f"permission to read it (chmod u+rx), or move it out of the data folder")
+
+
 def _image_files(folder: Path) -> list[Path]:
     files = []
-    for dirpath, dirnames, filenames in os.walk(folder):
+    for dirpath, dirnames, filenames in os.walk(folder, onerror=_unreadable):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
         for name in [*dirnames, *filenames]:
             if not _utf8(name):

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+import psutil
 import torch
 from torch import nn
 
@@ -139,6 +140,23 @@ def check(spec: ModelSpec, num_classes: int, image_size: int) -> None:
         raise ConfigError(FLAG, f"{spec.arch} gives {what} for 2 images, not (2, "
                           f"{num_classes}): its output must be one score per class of the "
                           f"use case; build its last layer with num_classes")
+    if meta:
+        _built_for_real(spec, num_classes, found)
+
+
+def _built_for_real(spec: ModelSpec, num_classes: int, found: Facts) -> None:
+    """Refuse a model checked on the meta device (shapes only) that could not be built
+    as training builds it: its weights beyond this machine's free memory, or a factory of
+    one's own that fails, or returns no module, when it really allocates (called here
+    once, so that it fails before the run folder exists, not in the run)."""
+    need = 4 * (found.parameters + found.buffers)
+    free = psutil.virtual_memory().available
+    if need > free:
+        raise ConfigError(FLAG, f"{spec.arch}'s weights take {need / 2**30:,.1f} GiB but "
+                          f"this machine has {free / 2**30:,.1f} GiB of memory free; give a "
+                          f"smaller model (or width)")
+    if spec.kind in ("file", "module"):  # someone else's code may build only on meta
+        made(spec, num_classes)
 
 
 def describe(spec: ModelSpec, num_classes: int) -> dict[str, Any]:

@@ -10,6 +10,8 @@ import difflib
 import hashlib
 import importlib
 import importlib.util
+import logging
+import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -26,6 +28,7 @@ from ddlstudy.errors import ConfigError
 from ddlstudy.models.paper import build_paper
 from ddlstudy.reading import CAPS, read_bytes
 
+log = logging.getLogger("ddlstudy")
 FLAG = "--model"
 """How a refusal of the model names it (here and in ``ddlstudy.models``): the flag, unless
 the caller says, by ``named``, where else the name came from."""
@@ -46,6 +49,21 @@ def named(field: str) -> Iterator[None]:
         if exc.field != FLAG or field == FLAG:
             raise
         raise type(exc)(field, str(exc)[len(FLAG) + 2:]) from None
+
+
+@contextmanager
+def _staying(what: str) -> Iterator[None]:
+    """Someone else's code (``what``) run where it cannot move ddlstudy: a working
+    directory it changes is changed back (every path ddlstudy writes to is absolute
+    before it runs, ``RunConfig``; this keeps the rest of the process where it was)."""
+    cwd = os.getcwd()
+    try:
+        yield
+    finally:
+        if os.getcwd() != cwd:
+            log.warning("%s changed the working directory to %s; changed back to %s", what,
+                        os.getcwd(), cwd)
+            os.chdir(cwd)
 
 
 @lru_cache(maxsize=1)
@@ -97,7 +115,8 @@ def _load_file(path: str, digest: str) -> ModuleType:
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # as an imported module is: copy.deepcopy and pickle find it
-    spec.loader.exec_module(module)
+    with _staying(f"importing {path}"):
+        spec.loader.exec_module(module)
     return module
 
 
@@ -115,7 +134,8 @@ def _factory(where: str, function: str, kind: str) -> Callable[..., nn.Module]:
                               f"name; give path/to/file.py:FUNCTION or package.module:"
                               f"FUNCTION")
         else:
-            module = importlib.import_module(where)
+            with _staying(f"importing {where}"):
+                module = importlib.import_module(where)
     except ConfigError:
         raise
     except (Exception, SystemExit) as exc:  # someone else's code, any error (exit too)
@@ -152,7 +172,8 @@ def made(spec: ModelSpec, num_classes: int) -> nn.Module:
     anything, or raise)."""
     make = maker(spec)
     try:
-        model = make(num_classes=num_classes)
+        with _staying(f"{spec.arch}(num_classes={num_classes})"):
+            model = make(num_classes=num_classes)
     except ConfigError:
         raise
     except (Exception, SystemExit) as exc:  # someone else's code, any error (exit too)

@@ -367,7 +367,12 @@ def start(cfg: RunConfig, argv: list[str], resume: Path | None = None) -> RunFol
     """``ddlstudy run``: train here, or, where the backend starts the run's processes
     itself (``--backend mpi --nodes N`` from a plain shell), launch them and wait."""
     refuse_foreign_launcher(dict(os.environ), get_backend(cfg.backend))
-    cfg = preflight(cfg, resuming=resume is not None)
+    limit = os.environ.get(signals.SETUP_TIMEOUT_ENV)  # a study's cell
+    try:
+        with signals.time_limit(float(limit) if limit else None, "the run's set-up"):
+            cfg = preflight(cfg, resuming=resume is not None)
+    except signals.TimedOut as exc:
+        raise UsageError(f"{exc}; a study's setup_timeout_s sets the limit") from None
     if resume is not None:  # refused here, before a launcher starts ranks that would each say
         _reopen(Path(resume), None, cfg.usecase)
     run_id = checked_run_id(Path(resume).name if resume else os.environ.get(RUN_ID_ENV)

@@ -2,6 +2,9 @@
 small_resnet``. A small residual network with BatchNorm (running statistics: buffers); and
 factories that go wrong, each refused by name."""
 
+import os
+import time
+
 import torch
 from torch import nn
 
@@ -63,3 +66,35 @@ def int_out(num_classes: int) -> nn.Module:
 
 def exits(num_classes: int) -> nn.Module:
     raise SystemExit(0)
+
+
+def _on_meta() -> bool:
+    """Whether this factory is called on the meta device (shapes only, nothing allocated)."""
+    return torch.empty(0).device.type == "meta"
+
+
+def fails_when_real(num_classes: int) -> nn.Module:
+    """As a model too big for memory: its shapes build, its weights do not (issue 52)."""
+    if not _on_meta():
+        raise MemoryError("cannot allocate 54 GB")
+    return small_resnet(num_classes)
+
+
+def list_when_real(num_classes: int):
+    return small_resnet(num_classes) if _on_meta() else [num_classes]
+
+
+def four_terabytes(num_classes: int) -> nn.Module:
+    return nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(3, 10**6),
+                         nn.Linear(10**6, 10**6), nn.Linear(10**6, num_classes))
+
+
+def moves_away(num_classes: int) -> nn.Module:
+    """Changes the working directory (to the folder ``MOVE_TO`` names) when called."""
+    os.chdir(os.environ["MOVE_TO"])
+    return small_resnet(num_classes)
+
+
+def never_returns(num_classes: int) -> nn.Module:
+    while True:
+        time.sleep(3600)
