@@ -106,8 +106,8 @@ def _gloo_does_the_rest(g, rank) -> dict:
     scattered = []
     for i in range(SCATTERS):
         part = torch.empty(3)
-        dist.scatter(part, [torch.full((3,), float(i + r)) for r in range(2)] if rank == 0 else None,
-                     group=g, group_src=0)
+        parts = [torch.full((3,), float(i + r)) for r in range(2)] if rank == 0 else None
+        dist.scatter(part, parts, group=g, group_src=0)
         scattered.append(part[0].item())
     gathered = [torch.empty(1) for _ in range(2)] if rank == 1 else None
     dist.gather(torch.full((1,), rank + 7.0), gathered, group=g, group_dst=1)

@@ -40,7 +40,8 @@ def test_sharded_and_zero_train_as_cpu_processes(model, tmp_path, datasets_dir):
     extra = ("--epochs", "2", "--max-steps", "3", "--no-snapshot",
              *(("--model", model) if model else ()))
     base = _losses(_run(tmp_path / "dp", datasets_dir, "--strategy", "cpu-processes", *extra))
-    for strategy in ("sharded", "zero"):
+    # zero keeps cpu-processes' model and buffers (its optimizer alone differs): one net
+    for strategy in ("sharded", "zero") if model is None else ("sharded",):
         folder = _run(tmp_path / strategy, datasets_dir, "--strategy", strategy, *extra)
         assert _losses(folder) == pytest.approx(base, rel=1e-5), strategy
         manifest = _manifest(folder)
