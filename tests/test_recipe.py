@@ -210,6 +210,8 @@ def test_a_bad_recipe_is_refused_in_one_line_before_anything_starts(argv, messag
 # --- augmentation and normalisation ----------------------------------------------------
 
 EXAMPLE = Path(__file__).parents[1] / "docs" / "examples" / "predict_image.py"
+VALIDATED = Path(__file__).parent / "models" / "validated.py"
+"""Prints the validation images of a use case and the classes a model gives them."""
 
 
 def _own(tmp_path: Path, datasets_dir: Path, data: str, epochs: int = 2) -> Path:
@@ -281,16 +283,6 @@ def test_a_no_flip_use_case_learns_and_its_exported_model_predicts_as_it_validat
     """Digits-like: no flip, its own normalisation, AdamW and cosine; it learns, records
     its preprocessing, and the docs' inference example, on the exported model and the
     image files, gives the predictions the run's validation gave."""
-    from ddlstudy.config import RunConfig, load_usecase
-    from ddlstudy.data import prepare_data
-    from ddlstudy.models.trained import load
-    from ddlstudy.runner import resolve
-    from ddlstudy.training.loaders import val_loader
-
-    # One intra-op thread, as the example's own process has (OMP_NUM_THREADS=1): an earlier
-    # in-process run of the suite may have left torch at more, and a near tie's argmax can
-    # then differ between the two
-    torch.set_num_threads(1)
     usecase = _own(tmp_path, datasets_dir, 'flip = false\nnormalize = "dataset"', epochs=6)
     folder = _run(tmp_path / "runs", datasets_dir, "--usecase", str(usecase), "--epochs", "6",
                   "--max-steps", "15", "--optimizer", "AdamW", "--lr", "0.001",
@@ -303,16 +295,13 @@ def test_a_no_flip_use_case_learns_and_its_exported_model_predicts_as_it_validat
     assert main(["export", "model", str(folder), "--out", str(model_file)]) == 0
     assert json.loads(model_file.with_suffix(".usecase.json").read_text())["preprocessing"] \
         == pre
-    cfg = resolve(RunConfig(usecase=load_usecase(str(usecase)), runs_dir=tmp_path / "x",
-                            sample_hz=0))
-    plan = prepare_data(cfg)
-    model = load(model_file).eval()
-    with torch.no_grad():
-        validated = [pre["classes"][i] for images, _ in val_loader(cfg, plan)
-                     for i in model(images).argmax(1).tolist()]
-    files = [str(plan.images.root / rel) for rel, _ in plan.val]
-    out = _cli_script(EXAMPLE, str(model_file), *files)
-    assert [line.rsplit(" ", 1)[1] for line in out.splitlines()] == validated
+    # The run's validation of the exported model, in a process of its own (one thread, as
+    # the example's): in the suite's process a state left by earlier tests (not found yet)
+    # once flipped one near tie's argmax, and this test is about the example.
+    validated = json.loads(_cli_script(VALIDATED, str(usecase), str(tmp_path / "x"),
+                                       str(model_file)))
+    out = _cli_script(EXAMPLE, str(model_file), *validated["files"])
+    assert [line.rsplit(" ", 1)[1] for line in out.splitlines()] == validated["classes"]
 
 
 def _cli_script(script: Path, *args: str) -> str:
