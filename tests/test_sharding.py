@@ -102,8 +102,9 @@ def test_under_mpi_each_trains_as_its_local_twin(tmp_path, datasets_dir):
         b = _run(tmp_path / f"{name}-local", datasets_dir, *extra, *local)
         assert _losses(a) == pytest.approx(_losses(b), rel=1e-5), name
         assert _manifest(a)["backend"]["name"] == "mpi"
-    assert _manifest(a)["backend"]["mesh"] == {"tensor": 2, "nodes": 2, "pairs": [
-        ["classifier.1", "classifier.4"]]}
+    assert _manifest(a)["backend"]["mesh"] == {
+        "tensor": 2, "nodes": 2, "transport": "shared-memory",
+        "pairs": [["classifier.1", "classifier.4"]]}
 
 
 def test_strategies_name_what_each_shards(capsys):
