@@ -26,6 +26,10 @@ from ddlstudy.errors import ConfigError
 NONE = "none"
 
 
+TARGET_METRICS = {"accuracy": "val_accuracy", "macro_f1": "val_macro_f1"}
+"""The metrics ``[train] target_metric`` may name, with their epoch record's key."""
+
+
 def accuracy(text: str) -> float | str:
     """--target-accuracy's value: a number, or ``none`` (no time to accuracy measured)."""
     return NONE if text.strip().lower() == NONE else float(text)
@@ -291,9 +295,13 @@ class TrainSpec:
     val_fraction: float = 0.2
     """Share of each class's images kept for validation (a seeded split)."""
     target_accuracy: float | None = field(default=None, metadata={
-        "help": "validation accuracy whose first epoch at or above it gives the run's time "
-                "to accuracy (default: the use case's; none: not measured)",
+        "help": "the value of --target-metric whose first epoch at or above it gives the "
+                "run's time to target (default: the use case's; none: not measured)",
         "type": accuracy})
+    target_metric: str = field(default="accuracy", metadata={
+        "help": "the validation metric time to target measures: accuracy, or macro_f1 (the "
+                "unweighted mean of the classes' F1, for imbalanced classes)", "type": str,
+        "metavar": "NAME"})
 
     def __post_init__(self) -> None:
         _positive("train.image_size", self.image_size, most=MAX_PIXELS, why=why("pixels"))
@@ -309,6 +317,9 @@ class TrainSpec:
         if self.val_fraction == 0:
             raise ConfigError("train.val_fraction", "must be above 0: a run validates")
         _seed("train.seed", self.seed)
+        if self.target_metric not in TARGET_METRICS:
+            raise ConfigError("train.target_metric", f"unknown metric {self.target_metric!r:.60}"
+                              f"; give one of {', '.join(TARGET_METRICS)}")
         if self.target_accuracy is not None:
             _number("train.target_accuracy", self.target_accuracy, 0, 1)
             if self.target_accuracy == 0:
