@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_bad_input import USECASE
 from test_faults import _cli
 
 from ddlstudy.cli import main
@@ -105,10 +106,14 @@ def test_two_processes_sum_the_confusion_matrix_of_one(sequential, tmp_path, dat
     assert m["epochs"][-1]["val_macro_f1"] == sequential["epochs"][-1]["val_macro_f1"]
 
 
-@pytest.mark.parametrize("argv", [["--target-metric", "macro_f2"], ["--target-metric", "F1"]])
+@pytest.mark.parametrize("argv", [["--target-metric", "macro_f2"], ["--target-metric", "F1"],
+                                  ["--usecase", "{tmp}/u.toml"]])
 def test_an_unknown_target_metric_is_refused_in_one_line(argv, tmp_path, capsys):
-    code = main(["run", "--usecase", "tiny", "--runs-dir", str(tmp_path / "runs"),
-                 "--datasets-dir", str(tmp_path / "data"), *argv])
+    (tmp_path / "u.toml").write_text(USECASE + 'target_metric = "f1"\n')
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    code = main(["run", "--runs-dir", str(tmp_path / "runs"), "--datasets-dir",
+                 str(tmp_path / "data"), *(["--usecase", "tiny"] if "--usecase" not in argv
+                                           else []), *argv])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
     assert "target_metric" in err.replace("-", "_") and "accuracy, macro_f1" in err

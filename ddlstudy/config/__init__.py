@@ -20,10 +20,10 @@ from ddlstudy.config.paths import (
     REPO_ROOT,
     USECASES_DIR,
 )
+from ddlstudy.config.recipe import TARGET_METRICS
 from ddlstudy.config.run import PRECISIONS, WARMUP_STEPS, Effective, RunConfig
 from ddlstudy.config.spark import SPARK_SYNCS, spark_slots
 from ddlstudy.config.usecase import (
-    TARGET_METRICS,
     Arch,
     BadImagePolicy,
     DataSpec,

@@ -65,9 +65,8 @@ class Outcome:
 
 
 def time_to_target(epochs: list[dict], target: float | None, metric: str = "accuracy") -> dict:
-    """When the run first reached its use case's target of its validation ``metric``
-    (``[train] target_metric``; MLPerf's time to train): the epoch and its ``elapsed_s``;
-    or that it did not, with its best."""
+    """When the run first reached its target of validation ``metric`` (MLPerf's time to
+    train): the epoch and its ``elapsed_s``; or that it did not, with its best."""
     if target is None:
         return {"target": None, "reached": None, "why": "the use case sets no target_accuracy"}
     key, named = TARGET_METRICS[metric], {} if metric == "accuracy" else {"metric": metric}
@@ -300,11 +299,10 @@ def _run(cfg: RunConfig, show_progress: bool, resume: Path | None) -> RunFolder 
                 else own_rows
             folder.manifest["host_load"] = _host_load(cfg, backend,
                                                       folder.write_samples(rows), load)
-            epochs = folder.manifest["epochs"]
+            epochs, train = folder.manifest["epochs"], cfg.usecase.train
             folder.finish(outcome.status, outcome.exit_code, outcome.error,
                           summary=_summary(epochs), time_to_target=time_to_target(
-                              epochs, cfg.usecase.train.target_accuracy,
-                              cfg.usecase.train.target_metric))
+                              epochs, train.target_accuracy, train.target_metric))
             if cfg.tensorboard:
                 _tensorboard(folder)
         if outcome.exit_code:
