@@ -42,7 +42,8 @@ def test_the_top_5_is_counted_where_there_are_more_than_5_classes():
                            [0.0, 9, 1, 2, 3, 4],    # true 1: first
                            [5.0, 4, 3, 2, 1, 0]])   # true 4: fifth of 6, predicted 0
     tally.add(logits, torch.tensor([0, 1, 4]))
-    confusion, in_top_k = unpack(6, [float(v) for v in tally.sums()])
+    matrix, in_top_k = unpack(6, [float(v) for v in tally.sums()])
+    confusion = matrix.tolist()
     assert (confusion[0][5], confusion[1][1], confusion[4][0], in_top_k) == (1, 1, 1, 2)
     got = scores(confusion, in_top_k)
     assert got["val_top5_accuracy"] == pytest.approx(2 / 3)

@@ -220,13 +220,13 @@ class Trainer:
             *tally.sums())
         confusion, in_top_k = unpack(self.classes, counts)
         val = scores(confusion, in_top_k)
-        val_seen = max(sum(map(sum, confusion)), 1)
+        val_seen = max(int(confusion.sum()), 1)
         images, steady_n = int(images), int(steady_n)
         return EpochResult(
             epoch=epoch, train_loss=loss_sum / max(images, 1),
             train_accuracy=correct / max(images, 1), val_loss=val_loss / val_seen,
             val_accuracy=val.pop("val_accuracy"), val_macro_f1=val.pop("val_macro_f1"),
-            val_scores=val, confusion=confusion, train_images=images, steps=sums["steps"],
+            val_scores=val, confusion=confusion.tolist(), train_images=images, steps=sums["steps"],
             train_time_s=train_time,
             images_per_s=images / train_time if train_time else 0.0,
             steady_images_per_s=(steady_n / steady_time if steady_n and steady_time

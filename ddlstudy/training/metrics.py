@@ -34,8 +34,8 @@ class Tally:
 
     def add(self, logits: torch.Tensor, labels: torch.Tensor) -> None:
         """Count a batch: its labels against the class of highest logit (and the top k)."""
-        c = self.classes
-        self.confusion += torch.bincount(labels * c + logits.argmax(1), minlength=c * c)
+        cells = labels * self.classes + logits.argmax(1)  # O(batch): no classes² temporary
+        self.confusion.index_add_(0, cells, torch.ones_like(cells))
         if self.k is not None:
             top = logits.topk(self.k, dim=1).indices
             self.in_top_k += (top == labels[:, None]).any(1).sum()
@@ -47,28 +47,28 @@ class Tally:
         return out + ([int(self.in_top_k)] if self.k is not None else [])
 
 
-def unpack(classes: int, sums: list[float]) -> tuple[list[list[int]], int | None]:
+def unpack(classes: int, sums: list[float]) -> tuple[torch.Tensor, int | None]:
     """``Tally.sums`` summed over ranks -> (confusion matrix, images in the top k)."""
     n = classes * classes
-    flat = [round(v) for v in sums[:n]]  # exact counts (tensor-parallel ones were divided)
-    matrix = [flat[i * classes:(i + 1) * classes] for i in range(classes)]
-    return matrix, (round(sums[n]) if top_k(classes) is not None else None)
+    flat = torch.tensor(sums[:n], dtype=torch.float64).round().long()  # exact counts (the
+    # tensor-parallel ranks' were divided by their copies)
+    return flat.reshape(classes, classes), (
+        round(sums[n]) if top_k(classes) is not None else None)
 
 
-def scores(confusion: list[list[int]], in_top_k: int | None = None) -> dict[str, float | None]:
+def scores(confusion: torch.Tensor | list[list[int]],
+           in_top_k: int | None = None) -> dict[str, float | None]:
     """The figures of a confusion matrix (rows: true class, columns: predicted): the
     accuracy, macro-F1, each class's accuracy (``val_class_accuracy_<i>``, None for a class
     with no image), and the top-k accuracy (``val_top<k>_accuracy``) where counted."""
-    classes = len(confusion)
-    total = sum(map(sum, confusion))
-    predicted = [sum(row[j] for row in confusion) for j in range(classes)]
-    out: dict[str, float | None] = {"val_accuracy": sum(
-        confusion[i][i] for i in range(classes)) / max(total, 1)}
+    m = torch.as_tensor(confusion, dtype=torch.float64).reshape(len(confusion), -1)
+    classes, total = len(m), int(m.sum())
+    hits, present, predicted = m.diagonal().tolist(), m.sum(1).tolist(), m.sum(0).tolist()
+    out: dict[str, float | None] = {"val_accuracy": sum(hits) / max(total, 1)}
     f1s = []
-    for i, row in enumerate(confusion):
-        hit, present = row[i], sum(row)
-        out[f"val_class_accuracy_{i}"] = hit / present if present else None
-        f1s.append(2 * hit / (present + predicted[i]) if present + predicted[i] else 0.0)
+    for i, (hit, true, said) in enumerate(zip(hits, present, predicted, strict=True)):
+        out[f"val_class_accuracy_{i}"] = hit / true if true else None
+        f1s.append(2 * hit / (true + said) if true + said else 0.0)
     out["val_macro_f1"] = sum(f1s) / max(classes, 1)
     k = top_k(classes)
     if k is not None and in_top_k is not None:
