@@ -49,6 +49,7 @@ def test_the_top_5_is_counted_where_there_are_more_than_5_classes():
     assert got["val_top5_accuracy"] == pytest.approx(2 / 3)
     assert got["val_accuracy"] == pytest.approx(1 / 3)
     assert Tally(5).k is None and Tally(5).sums() == [0] * 25
+    assert scores(*unpack(0, []))["val_accuracy"] == 0  # a Trainer that validates nothing
 
 
 def test_time_to_target_reads_the_target_metric():

@@ -61,7 +61,7 @@ def scores(confusion: torch.Tensor | list[list[int]],
     """The figures of a confusion matrix (rows: true class, columns: predicted): the
     accuracy, macro-F1, each class's accuracy (``val_class_accuracy_<i>``, None for a class
     with no image), and the top-k accuracy (``val_top<k>_accuracy``) where counted."""
-    m = torch.as_tensor(confusion, dtype=torch.float64).reshape(len(confusion), -1)
+    m = torch.as_tensor(confusion, dtype=torch.float64).reshape(len(confusion), len(confusion))
     classes, total = len(m), int(m.sum())
     hits, present, predicted = m.diagonal().tolist(), m.sum(1).tolist(), m.sum(0).tolist()
     out: dict[str, float | None] = {"val_accuracy": sum(hits) / max(total, 1)}
