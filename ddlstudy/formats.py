@@ -55,6 +55,7 @@ class Epoch(_Record):
     train_loss: Loss
     val_loss: Loss | None = None
     val_accuracy: Fraction | None
+    val_macro_f1: Fraction | None = None  # + val_class_accuracy_<i>, val_top5_accuracy
     train_accuracy: Fraction | None = None
     train_images: Count | None = None
     steps: Count | None = None
@@ -166,6 +167,7 @@ class TimeToTarget(_Record):
     reached: bool | None = None  # None: no target was set
     epoch: Positive | None = None
     seconds: Seconds | None = None
+    metric: str | None = None  # [train] target_metric where not the validation accuracy
 
 
 class InitWeights(_Record):
@@ -202,18 +204,16 @@ class TrainRecord(_Record):
 
 
 class UseCaseRecord(_Record):
-    """The use case as the run read it (checked in full by the use-case checks when the
-    run is replayed)."""
+    """The use case as the run read it (checked in full when the run is replayed)."""
     name: str | None = None
     train: TrainRecord | None = None
 
 
 def _option_type(f: dataclasses.Field) -> Any:
-    kind = f.metadata["type"]
     if f.metadata["parse"] == "layers":
         return list[int]
     return {Path: str, bool: bool, int: int,
-            float: Annotated[float, After(finite)]}.get(kind, str)
+            float: Annotated[float, After(finite)]}.get(f.metadata["type"], str)
 
 
 Config = create_model(
@@ -255,6 +255,7 @@ class Manifest(_Record):
     epochs: list[Epoch]
     summary: Summary | None = None
     time_to_target: TimeToTarget | None = None
+    val_confusion: dict[str, Any] | None = None  # the last epoch's: counts[true][predicted]
 
 
 class CellFlags(_Record):

@@ -24,9 +24,9 @@ from ddlstudy.config.options import (
     run_parser,
     train_options,
 )
-from ddlstudy.config.recipe import table
+from ddlstudy.config.recipe import NONE, accuracy, table
 from ddlstudy.config.schema import WRITTEN, Finite, dotted, problem, validate
-from ddlstudy.config.usecase import NONE, PLAIN_NAME, accuracy
+from ddlstudy.config.usecase import PLAIN_NAME
 from ddlstudy.errors import ConfigError, UsageError
 from ddlstudy.formats import Advice, load
 from ddlstudy.reading import read_toml

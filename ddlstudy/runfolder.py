@@ -31,6 +31,9 @@ log = logging.getLogger("ddlstudy")
 
 MANIFEST = "manifest.json"
 METRICS = "metrics.csv"
+CONFUSION = "val_confusion"
+"""The manifest's key of the last epoch's validation confusion matrix: {epoch, counts}
+(counts[true class][predicted class], the classes in ``preprocessing.classes``' order)."""
 STEPS = "steps.csv"
 STEP_COLUMNS = ("global_step", "epoch", "step", "train_loss", "images", "seconds",
                 "images_per_s")
@@ -187,11 +190,14 @@ class RunFolder:
     def write_manifest(self) -> None:
         atomic_write_json(self.path / MANIFEST, self.manifest, allow_nan=True, default=str)
 
-    def record_epoch(self, result: dict[str, Any]) -> None:
+    def record_epoch(self, result: dict[str, Any], confusion: list | None = None) -> None:
         """Append an epoch's record, with ``elapsed_s``: the training and validation time
         of every epoch so far (start-up, snapshots and the restarts of a resumed run left
-        out), the clock time to accuracy is read on."""
+        out), the clock time to accuracy is read on. ``confusion``: its validation's
+        confusion matrix, kept as the run's ``val_confusion`` (the last epoch's)."""
         done = self.manifest["epochs"]
+        if confusion:
+            self.manifest[CONFUSION] = {"epoch": result["epoch"], "counts": confusion}
         before = done[-1].get("elapsed_s", 0.0) if done else 0.0
         done.append(result | {"elapsed_s": before + result["epoch_time_s"]})
         self._write_metrics()
@@ -237,6 +243,9 @@ class RunFolder:
     def rewrite_epochs(self) -> None:
         """The manifest, metrics.csv and steps.csv after ``manifest['epochs']`` was cut
         (resume)."""
+        confusion = self.manifest.get(CONFUSION) or {}
+        if confusion.get("epoch", 0) > len(self.manifest["epochs"]):
+            del self.manifest[CONFUSION]  # an epoch cut off
         if self.manifest["epochs"]:
             self._write_metrics()
         else:
@@ -254,8 +263,8 @@ class RunFolder:
 
     def _write_metrics(self) -> None:
         rows = self.manifest["epochs"]
-        buf = io.StringIO()
-        writer = csv.DictWriter(buf, fieldnames=list(rows[0]))
+        buf = io.StringIO()  # every row's columns (a resumed run's older epochs had fewer)
+        writer = csv.DictWriter(buf, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))
         writer.writeheader()
         writer.writerows(rows)
         atomic_write_text(self.path / METRICS, buf.getvalue())
@@ -314,6 +323,8 @@ class RunFolder:
         for key in ("first_step_s", "transport"):
             if key in written:
                 self.manifest.setdefault(key, written[key])
+        if CONFUSION in written:  # the last epoch's, this attempt's where it trained one
+            self.manifest[CONFUSION] = written[CONFUSION]
         mine = self.manifest.setdefault("backend", {})
         for key, value in (written.get("backend") or {}).items():
             mine.setdefault(key, value)

@@ -27,8 +27,8 @@ RUN_FLAGS = [
     "--runs-dir", "--sample-hz", "--scaling", "--schedule", "--seed", "--snapshot-every",
     "--spark-master",
     "--spark-secret-file", "--spark-sync", "--spark-ui", "--stage-starts", "--stages",
-    "--strategy", "--sync-every", "--target-accuracy", "--tensor", "--tensorboard", "--transport",
-    "--usecase", "--warmup-steps", "--workers",
+    "--strategy", "--sync-every", "--target-accuracy", "--target-metric", "--tensor",
+    "--tensorboard", "--transport", "--usecase", "--warmup-steps", "--workers",
 ]
 
 

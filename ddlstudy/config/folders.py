@@ -92,6 +92,7 @@ image_size = {image_size}  # side in pixels the images are scaled to
 # val_fraction = {val_fraction}  # of each class's images, kept for validation
 # target_accuracy: none by default (no time to accuracy is measured); set it, e.g. to
 # 0.9, and the first epoch at or above it gives the run's time to accuracy
+# target_metric = {target_metric}  # what target_accuracy is a threshold of: accuracy or macro_f1
 
 # [train.optimizer_args]  # the optimizer's keyword arguments but lr (default: torch's),
 #   e.g. weight_decay = 0.05 (AdamW), nesterov = true (SGD)
@@ -102,7 +103,7 @@ STARTER_DEFAULTS = {"width": ModelSpec, "batch_size": TrainSpec, "epochs": Train
                     "lr": TrainSpec, "lr_warmup_epochs": TrainSpec, "momentum": TrainSpec,
                     "optimizer": TrainSpec, "lr_schedule": TrainSpec, "flip": DataSpec,
                     "crop_scale": DataSpec, "normalize": DataSpec,
-                    "seed": TrainSpec, "val_fraction": TrainSpec}
+                    "seed": TrainSpec, "val_fraction": TrainSpec, "target_metric": TrainSpec}
 """The keys a starter use case writes commented out, with the real default of each."""
 
 

@@ -13,8 +13,9 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 
 from ddlstudy.config.paths import USECASES_DIR
+from ddlstudy.config.recipe import NONE
 from ddlstudy.config.schema import problem, validate
-from ddlstudy.config.usecase import NONE, DataSpec, ModelSpec, TrainSpec, UseCase
+from ddlstudy.config.usecase import DataSpec, ModelSpec, TrainSpec, UseCase
 from ddlstudy.errors import ConfigError, UsageError
 from ddlstudy.reading import read_toml
 

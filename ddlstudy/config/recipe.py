@@ -36,6 +36,21 @@ STD = (0.229, 0.224, 0.225)
 (``data.normalize = "imagenet"``)."""
 SELF_WARMING = ("onecycle", "OneCycleLR", "CyclicLR")
 """Schedules that raise the learning rate from low themselves (no warm-up before them)."""
+NONE = "none"
+TARGET_METRICS = {"accuracy": "val_accuracy", "macro_f1": "val_macro_f1"}
+"""The metrics ``[train] target_metric`` may name, with their epoch record's key."""
+
+
+def accuracy(text: str) -> float | str:
+    """--target-accuracy's value: a number, or ``none`` (no time to target measured)."""
+    return NONE if text.strip().lower() == NONE else float(text)
+
+
+def metric(name: str, value: Any) -> None:
+    """``value`` is a metric time to target can measure (``TARGET_METRICS``)."""
+    if value not in TARGET_METRICS:
+        raise ConfigError(name, f"unknown metric {value!r:.60}; give one of "
+                          f"{', '.join(TARGET_METRICS)}")
 
 
 def arguments(name: str, value: Any) -> None:

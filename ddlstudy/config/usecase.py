@@ -19,17 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from ddlstudy.config.limits import most, why
-from ddlstudy.config.recipe import ARGUMENT, SELF_WARMING, SGD, arguments, table
+from ddlstudy.config.recipe import ARGUMENT, SELF_WARMING, SGD, accuracy, arguments, metric, table
 from ddlstudy.config.schema import WRITTEN
 from ddlstudy.errors import ConfigError
-
-NONE = "none"
-
-
-def accuracy(text: str) -> float | str:
-    """--target-accuracy's value: a number, or ``none`` (no time to accuracy measured)."""
-    return NONE if text.strip().lower() == NONE else float(text)
-
 
 PLAIN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 """A name that is one path component and no more (use cases, run ids)."""
@@ -291,9 +283,12 @@ class TrainSpec:
     val_fraction: float = 0.2
     """Share of each class's images kept for validation (a seeded split)."""
     target_accuracy: float | None = field(default=None, metadata={
-        "help": "validation accuracy whose first epoch at or above it gives the run's time "
-                "to accuracy (default: the use case's; none: not measured)",
+        "help": "the value of --target-metric whose first epoch at or above it gives the "
+                "run's time to target (default: the use case's; none: not measured)",
         "type": accuracy})
+    target_metric: str = field(default="accuracy", metadata={
+        "help": "the validation metric of time to target: accuracy, or macro_f1 (the "
+                "classes' mean F1, for imbalanced classes)", "type": str, "metavar": "NAME"})
 
     def __post_init__(self) -> None:
         _positive("train.image_size", self.image_size, most=MAX_PIXELS, why=why("pixels"))
@@ -309,6 +304,7 @@ class TrainSpec:
         if self.val_fraction == 0:
             raise ConfigError("train.val_fraction", "must be above 0: a run validates")
         _seed("train.seed", self.seed)
+        metric("train.target_metric", self.target_metric)
         if self.target_accuracy is not None:
             _number("train.target_accuracy", self.target_accuracy, 0, 1)
             if self.target_accuracy == 0:

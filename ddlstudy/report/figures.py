@@ -13,7 +13,9 @@
 - ``memory``: per use case, images/s against the peak memory per node, with both
   intervals, the configurations no other beats on both (the front) joined;
 - ``timeline-<run>``: for every pipeline run that recorded its stages' time, its schedule
-  (``report.timeline``: one row per stage, each micro-batch's forward and backward a box).
+  (``report.timeline``: one row per stage, each micro-batch's forward and backward a box);
+- ``confusion-<run>``: for every run, its last validation's confusion matrix
+  (``report.confusion``: true class against predicted class).
 
 Each ``plot_*`` function returns a matplotlib Figure (None when there is nothing to show,
 say no multi-node run) built without pyplot, so it works with any backend: saved to files
@@ -34,6 +36,7 @@ from matplotlib.figure import Figure
 
 from ddlstudy.errors import UsageError
 from ddlstudy.files import atomic_write
+from ddlstudy.report.confusion import plot_confusion
 from ddlstudy.report.runs import LOCAL
 from ddlstudy.report.tables import Report, only_main
 from ddlstudy.report.timeline import plot_timeline
@@ -369,8 +372,8 @@ FIGURES = {"resources": plot_resources, "distributed": plot_distributed,
 
 
 def make_figures(report: Report, out: Path) -> list[Path]:
-    """Every figure that has data, as PNG and SVG in ``out``, and each pipeline run's
-    schedule timeline."""
+    """Every figure that has data, as PNG and SVG in ``out``, each pipeline run's
+    schedule timeline and each run's confusion matrix."""
     sns.set_theme(style="whitegrid", context="notebook")
     paths: list[Path] = []
     for name, plot in FIGURES.items():
@@ -382,4 +385,7 @@ def make_figures(report: Report, out: Path) -> list[Path]:
                             f"last step of run {r.run}\n(its first pipeline)")
         if fig is not None:
             paths += _save(fig, Path(out), f"timeline-{r.run}")
+        fig = plot_confusion(report.by_id.get(r.run, {}), f"{r.usecase}: {r.config}, run {r.run}")
+        if fig is not None:
+            paths += _save(fig, Path(out), f"confusion-{r.run}")
     return paths

@@ -169,7 +169,7 @@ def _judged(best: Best, uc: str, claimed: tuple, other: tuple) -> tuple[str, str
             (reached[1], fast[0], what)
         verdict = "confirmed" if reached[1] is None else "refuted"
         return verdict, (
-            f"{verdict} on time to the {win.target:.2f} target: {win.label} reached it in "
+            f"{verdict} on time to the {win.goal} target: {win.label} reached it in "
             f"{win.tta_s:.2f} s ({win.images_per_s:.1f} img/s); no {nobody} reached it in "
             f"every run (the fastest, {lose.label}, {lose.images_per_s:.1f} img/s, in "
             f"{lose.reached} runs)"), (reached[0] or fast[0], reached[1] or fast[1])
@@ -201,7 +201,8 @@ def _accuracy(claimed: Side, other: Side) -> str:
     """The two sides' time to their use case's target accuracy, so that the side faster per
     image that learns slower (or not at all in its epochs) is seen as such; '' where the
     use case sets no target or the sides were held to different ones."""
-    if not (claimed.reached and other.reached) or claimed.target != other.target:
+    if not (claimed.reached and other.reached) or \
+            (claimed.target, claimed.metric) != (other.target, other.metric):
         return ""
     if all(s.reached.startswith("0/") and s.cut_short for s in (claimed, other)):
         return ""  # runs of a few steps (--max-steps): not reaching it says nothing
@@ -213,7 +214,7 @@ def _accuracy(claimed: Side, other: Side) -> str:
             return f"{side.label} not reached ({side.reached} runs)"
         return f"{side.label} reached in {side.reached} runs only"
 
-    text = f"; time to the {claimed.target:.2f} target: {one(claimed)}, {one(other)}"
+    text = f"; time to the {claimed.goal} target: {one(claimed)}, {one(other)}"
     fast, slow = sorted((claimed, other), key=lambda side: -side.images_per_s)
     if slow.tta_s is not None and (fast.tta_s is None or fast.tta_s > slow.tta_s):
         text += (f" ({fast.label} is faster per image but "

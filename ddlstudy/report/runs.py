@@ -181,6 +181,8 @@ def setting(manifest: dict) -> str:
     if train.get("lr_warmup_epochs"):
         parts.append(f"lr warm-up {train['lr_warmup_epochs']:g} epochs")
     parts += recipe_parts(train, (config.get("usecase") or {}).get("data") or {})
+    if train.get("target_metric", "accuracy") != "accuracy":  # what time to target measures
+        parts.append(f"target {train['target_metric']}")
     parts += [f"{train.get('image_size', '?')} px",
               f"data {str((manifest.get('data') or {}).get('fingerprint') or '?')[:8]}",
               f"host {(manifest.get('host') or {}).get('hostname', '?')}"]
@@ -222,16 +224,23 @@ def table_number(strategy: str, backend: str) -> int:
     return found.table if found is not None else 1
 
 
+def short_reason(reason: str) -> str:
+    """A skip reason without the flag it names and the advice after the semicolon."""
+    reason = reason.split(": ", 1)[1] if reason.startswith("--") and ": " in reason else reason
+    return reason.split(";")[0]
+
+
 def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
-def _time_to_target(m: dict) -> tuple[float | None, bool | None, float | None]:
-    """(target, reached, seconds) of a run's time to accuracy; (None, None, None) for a run
+def _time_to_target(m: dict) -> tuple[float | None, bool | None, float | None, str | None]:
+    """(target, reached, seconds, metric) of a run's time to target; all None for a run
     without a target (or from before time to accuracy was measured)."""
     tta = m.get("time_to_target") or {}
-    reached = tta.get("reached")
-    return tta.get("target"), reached, tta.get("seconds") if reached else None
+    reached, target = tta.get("reached"), tta.get("target")
+    return (target, reached, tta.get("seconds") if reached else None,
+            tta.get("metric", "accuracy") if target is not None else None)
 
 
 def usecase_label(name: str, model: str | None) -> str:
@@ -246,7 +255,7 @@ def usecase_label(name: str, model: str | None) -> str:
 def _run_row(m: dict) -> dict:
     """A run's row of ``runs_frame`` (raises on a malformed manifest)."""
     epochs = m.get("epochs") or []
-    target, reached, tta = _time_to_target(m)
+    target, reached, tta, metric = _time_to_target(m)
     backend = m.get("backend") or {}
     strategy = m.get("strategy", {}).get("name", "?")
     backend_name = backend.get("name", LOCAL)
@@ -274,8 +283,10 @@ def _run_row(m: dict) -> dict:
         "epoch_rates": [e["steady_images_per_s"] for e in epochs],  # checked by _unusable
         "val_accuracy": epochs[-1]["val_accuracy"] if epochs else None,
         "best_val_accuracy": max(accuracies, default=None),
+        "val_macro_f1": epochs[-1].get("val_macro_f1") if epochs else None,
         "train_time_s": sum(e.get("train_time_s") or 0.0 for e in epochs) if epochs else None,
-        "target": target, "reached": reached, "tta_s": tta, **memory_of(m),
+        "target": target, "target_metric": metric, "reached": reached, "tta_s": tta,
+        **memory_of(m),
         "run": m.get("id", ""), "path": m.get("path", ""),
     }
 
@@ -290,8 +301,9 @@ def runs_frame(manifests: list[dict], planned: list[dict] = (),
     frame = pd.DataFrame(rows, columns=[*KEY, "scaling", "global_batch", "processes", "table",
                                         "repeat", "status", "noisy", "reason", "epochs", "epoch_s",
                                         "images_per_s", "epoch_rates", "val_accuracy",
-                                        "best_val_accuracy", "train_time_s", "target",
-                                        "reached", "tta_s", *MEMORY, "run", "path"])
+                                        "best_val_accuracy", "val_macro_f1", "train_time_s",
+                                        "target", "target_metric", "reached", "tta_s",
+                                        *MEMORY, "run", "path"])
     # A planned cell that has no run belongs to its use case's usual setting.
     usual = {uc: g.setting.mode().iloc[0] for uc, g in frame.dropna(subset=["setting"])
              .groupby("usecase")}
@@ -336,8 +348,9 @@ def _planned_row(c: dict) -> dict:
         "repeat": c.get("repeat", 0), "status": c["status"], "noisy": False,
         "reason": c.get("reason", ""), "epochs": 0, "epoch_s": None,
         "images_per_s": None, "epoch_rates": [], "val_accuracy": None,
-        "best_val_accuracy": None, "train_time_s": None, "target": None,
-        "reached": None, "tta_s": None, **dict.fromkeys(MEMORY), "run": "", "path": "",
+        "best_val_accuracy": None, "val_macro_f1": None, "train_time_s": None,
+        "target": None, "target_metric": None, "reached": None, "tta_s": None,
+        **dict.fromkeys(MEMORY), "run": "", "path": "",
     }
 
 
@@ -350,7 +363,8 @@ def reached_text(g: pd.DataFrame) -> str:
 
 def time_to_target(g: pd.DataFrame) -> tuple[float | None, float | None]:
     """(target, median time to it) of a configuration's counted runs; the time only when
-    every one of them reached the same target (a median of the lucky ones would flatter)."""
+    every one of them reached the same target (a median of the lucky ones would flatter).
+    Its runs measure one metric: a target metric other than accuracy is in the setting."""
     targets = {t for t in g.target if t is not None and t == t}
     if len(targets) != 1 or g.empty or not all(r is True for r in g.reached):
         return (targets.pop() if len(targets) == 1 else None), None

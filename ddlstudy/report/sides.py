@@ -26,6 +26,12 @@ class Side:
     reached: str = ""  # how many of its runs reached it ('1/2'), '' without a target
     tta_s: float | None = None  # the median time to it, when every run reached it
     cut_short: bool = False  # its runs stopped their epochs early (--max-steps)
+    metric: str = "accuracy"  # what its target is of ([train] target_metric)
+
+    @property
+    def goal(self) -> str:
+        """Its target in words: '0.80' (of accuracy), '0.80 macro_f1'."""
+        return f"{self.target:.2f}" + ("" if self.metric == "accuracy" else f" {self.metric}")
 
 
 def cpu(t: pd.DataFrame) -> pd.Series:
@@ -59,7 +65,8 @@ class Best:
         cut = bool(((first or {}).get("config") or {}).get("max_steps"))
         return Side(r.config, float(r.images_per_s),
                     None if pd.isna(r.speedup) else float(r.speedup), spread_of(mine), mine,
-                    number(r.target), r.reached or "", number(r.time_to_target_s), cut)
+                    number(r.target), r.reached or "", number(r.time_to_target_s), cut,
+                    r.target_metric if isinstance(r.target_metric, str) else "accuracy")
 
     def manifest(self, row: pd.Series) -> dict | None:
         """The manifest of a configuration's first counted run."""

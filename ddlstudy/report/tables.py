@@ -40,6 +40,7 @@ from ddlstudy.report.runs import (
     memory_cells,
     reached_text,
     runs_frame,
+    short_reason,
     shown,
     time_to_target,
 )
@@ -50,12 +51,6 @@ TABLES = {
     2: "Table 2: model and hybrid parallelism",
     3: "Table 3: several nodes (MPI and Spark)",
 }
-
-
-def short_reason(reason: str) -> str:
-    """A skip reason without the flag it names and the advice after the semicolon."""
-    reason = reason.split(": ", 1)[1] if reason.startswith("--") and ": " in reason else reason
-    return reason.split(";")[0]
 
 
 def _status(statuses: list[str], reasons: list[str], noisy: int = 0, mark: str = "") -> str:
@@ -72,12 +67,6 @@ def _status(statuses: list[str], reasons: list[str], noisy: int = 0, mark: str =
                       *(f"{others.count(s)} {s}" for s in dict.fromkeys(others)), *left_out])
 
 
-def others_cores(manifest: dict) -> float | None:
-    """The most cores other processes used on any host of a run (None: not measured)."""
-    others = (manifest.get("host_load") or {}).get("others_cores") or {}
-    return max(others.values()) if others else None
-
-
 def _noisy_mark(runs: pd.DataFrame, cores: dict[str, float | None]) -> str:
     """'noisy (others 1.2 cores)' for figures from noisy runs only ('' otherwise): the
     most cores other processes used on its host, over its runs."""
@@ -89,6 +78,12 @@ def _noisy_mark(runs: pd.DataFrame, cores: dict[str, float | None]) -> str:
     span = f"{used[0]:.1f}" if f"{used[0]:.1f}" == f"{used[-1]:.1f}" else \
         f"{used[0]:.1f}-{used[-1]:.1f}"
     return f"noisy (others {span} cores)"
+
+
+def others_cores(manifest: dict) -> float | None:
+    """The most cores other processes used on any host of a run (None: not measured)."""
+    others = (manifest.get("host_load") or {}).get("others_cores") or {}
+    return max(others.values()) if others else None
 
 
 BOOTSTRAP = 2000
@@ -134,7 +129,8 @@ def _interval_text(bounds: tuple[float, float] | None, mark_one: bool = False) -
 
 COLUMNS = [*KEY, "table", "processes", "scaling", "runs", "status", "noisy", "epoch_s",
            "epoch_s_spread", "images_per_s", "images_per_s_95", "speedup", "speedup_95",
-           "efficiency", "val_accuracy", "target", "reached", "time_to_target_s", "tta_speedup",
+           "efficiency", "val_accuracy", "val_macro_f1", "target", "target_metric", "reached",
+           "time_to_target_s", "tta_speedup",
            *(f"peak_{what}_gib{end}" for what in PEAKS for end in ("", "_min", "_max"))]
 """The columns of ``speedup_table`` (of speedup.md and the CSV, which the notebook reads)."""
 
@@ -177,7 +173,9 @@ def _config_row(key: dict, g: pd.DataFrame, baseline: tuple[list[float], tuple],
         "speedup_95": _interval_text(interval(spread, base), mark_one=True) if base else "",
         "efficiency": _median(list(ok.efficiency.dropna())),
         "val_accuracy": _median(list(ok.val_accuracy.dropna())),
-        "target": target, "reached": reached_text(ok), "time_to_target_s": tta,
+        "val_macro_f1": _median(list(ok.val_macro_f1.dropna())), "target": target,
+        "target_metric": ok.target_metric.dropna().iloc[0] if target is not None else None,
+        "reached": reached_text(ok), "time_to_target_s": tta,
         "tta_speedup": b_tta / tta if tta and b_tta and b_target == target else None,
         **memory_cells(ok),
     }

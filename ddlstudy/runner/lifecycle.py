@@ -23,7 +23,7 @@ import psutil
 from ddlstudy import environment, models, signals, wire
 from ddlstudy.backends import REGISTRY as BACKENDS
 from ddlstudy.backends import Backend, Environment, get_backend
-from ddlstudy.config import Effective, RunConfig, UseCase
+from ddlstudy.config import TARGET_METRICS, Effective, RunConfig, UseCase
 from ddlstudy.config.folders import usecase_key
 from ddlstudy.data import DataPlan, prepare_data
 from ddlstudy.errors import ConfigError, Unavailable, UsageError
@@ -64,17 +64,18 @@ class Outcome:
     error: str | None = None
 
 
-def time_to_target(epochs: list[dict], target: float | None) -> dict:
-    """When the run first reached its use case's target validation accuracy (MLPerf's time
-    to train): the epoch and its ``elapsed_s``; or that it did not, with its best."""
+def time_to_target(epochs: list[dict], target: float | None, metric: str = "accuracy") -> dict:
+    """When the run first reached its target of validation ``metric`` (MLPerf's time to
+    train): the epoch and its ``elapsed_s``; or that it did not, with its best."""
     if target is None:
         return {"target": None, "reached": None, "why": "the use case sets no target_accuracy"}
+    key, named = TARGET_METRICS[metric], {} if metric == "accuracy" else {"metric": metric}
     for e in epochs:
-        if e["val_accuracy"] >= target:
-            return {"target": target, "reached": True, "epoch": e["epoch"],
+        if e.get(key, -1) >= target:
+            return {"target": target, **named, "reached": True, "epoch": e["epoch"],
                     "seconds": e.get("elapsed_s")}
-    best = max((e["val_accuracy"] for e in epochs), default=None)
-    return {"target": target, "reached": False, "epochs": len(epochs), "best": best}
+    best = max((e[key] for e in epochs if key in e), default=None)
+    return {"target": target, **named, "reached": False, "epochs": len(epochs), "best": best}
 
 
 def _summary(epochs: list[dict]) -> dict:
@@ -298,10 +299,10 @@ def _run(cfg: RunConfig, show_progress: bool, resume: Path | None) -> RunFolder 
                 else own_rows
             folder.manifest["host_load"] = _host_load(cfg, backend,
                                                       folder.write_samples(rows), load)
-            epochs = folder.manifest["epochs"]
+            epochs, train = folder.manifest["epochs"], cfg.usecase.train
             folder.finish(outcome.status, outcome.exit_code, outcome.error,
                           summary=_summary(epochs), time_to_target=time_to_target(
-                              epochs, cfg.usecase.train.target_accuracy))
+                              epochs, train.target_accuracy, train.target_metric))
             if cfg.tensorboard:
                 _tensorboard(folder)
         if outcome.exit_code:

@@ -210,4 +210,4 @@ def job_epoch(job: Job, result: EpochResult, steps: list[tuple] = ()) -> None:
         job.folder.record_steps(steps)
         if result.first_step_s is not None:  # the first attempt's, not a resume's
             job.folder.manifest.setdefault("first_step_s", round(result.first_step_s, 2))
-        job.folder.record_epoch(result.as_dict())
+        job.folder.record_epoch(result.as_dict(), result.confusion)

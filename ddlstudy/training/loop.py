@@ -20,6 +20,7 @@ from torch import nn
 from ddlstudy.config import WARMUP_STEPS
 from ddlstudy.environment import seconds_since_command
 from ddlstudy.progress import progress
+from ddlstudy.training.metrics import Tally, scores, unpack
 from ddlstudy.training.steps import Batch, StepFn
 
 log = logging.getLogger("ddlstudy")
@@ -32,6 +33,8 @@ class EpochResult:
     train_accuracy: float
     val_loss: float
     val_accuracy: float
+    """The confusion matrix's trace over its total (``metrics.scores``)."""
+    val_macro_f1: float
     train_images: int
     steps: int
     train_time_s: float
@@ -43,27 +46,47 @@ class EpochResult:
     first_step_s: float | None = None
     """Seconds from the user's command to this process's first training step (imports,
     scan, spawning, set-up); a field of the run, not of the epoch: not in ``as_dict``."""
+    val_scores: dict = dataclasses.field(default_factory=dict)
+    """Each class's accuracy and the top-k accuracy (``metrics.scores``' other keys),
+    flat in ``as_dict``."""
+    confusion: list = dataclasses.field(default_factory=list)
+    """The validation's confusion matrix (rows: true class, columns: predicted), summed
+    over every worker; not in ``as_dict`` (the run folder keeps the last epoch's)."""
 
     def as_dict(self) -> dict:
-        return {k: v for k, v in dataclasses.asdict(self).items() if k != "first_step_s"}
+        record = {k: v for k, v in dataclasses.asdict(self).items()
+                  if k not in ("first_step_s", "val_scores", "confusion")}
+        return record | self.val_scores
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, loader: Iterable[Batch], loss_fn: nn.Module,
-             device: torch.device | None = None) -> tuple[float, int, int]:
-    """(summed loss, correct, images) over the loader, in eval mode (no dropout)."""
+def validate(model: nn.Module, loader: Iterable[Batch], loss_fn: nn.Module,
+             tally: Tally | None = None,
+             device: torch.device | None = None) -> tuple[float, Tally | None]:
+    """(summed loss, the images counted in ``tally``) over the loader, in eval mode (no
+    dropout); without ``tally``, one for as many classes as the model has outputs."""
     was_training = model.training
     model.eval()
-    total_loss, correct, seen = 0.0, 0, 0
+    total_loss = 0.0
     for images, labels in loader:
         if device is not None:
             images, labels = images.to(device), labels.to(device)
         logits = model(images)
         total_loss += loss_fn(logits, labels).item() * labels.numel()
-        correct += int((logits.argmax(1) == labels).sum())
-        seen += labels.numel()
+        tally = tally or Tally(logits.shape[1], logits.device)
+        tally.add(logits, labels)
     model.train(was_training)
-    return total_loss, correct, seen
+    return total_loss, tally
+
+
+def evaluate(model: nn.Module, loader: Iterable[Batch], loss_fn: nn.Module,
+             device: torch.device | None = None) -> tuple[float, int, int]:
+    """(summed loss, correct, images) over the loader, in eval mode (no dropout)."""
+    loss, tally = validate(model, loader, loss_fn, None, device)
+    if tally is None:
+        return loss, 0, 0
+    matrix = tally.confusion.view(tally.classes, tally.classes)
+    return loss, int(matrix.trace()), int(matrix.sum())
 
 
 class Trainer:
@@ -75,7 +98,7 @@ class Trainer:
                  show_progress: bool = True, sync: Callable[[], None] = lambda: None,
                  reduce: Callable[..., list[float]] | None = None,
                  before_eval: Callable[[], None] = lambda: None,
-                 device: torch.device | None = None) -> None:
+                 device: torch.device | None = None, classes: int = 0) -> None:
         self.model = model
         self.step = step
         self.train_loader = train_loader
@@ -88,6 +111,8 @@ class Trainer:
         self.reduce = reduce or (lambda *values: list(values))
         self.before_eval = before_eval  # e.g. gather pipeline stages into one model
         self.device = device
+        self.classes = classes
+        """The use case's classes: the confusion matrix validation fills (0: no validation)."""
         self.loss_fn = nn.CrossEntropyLoss()
         self.precision = "fp32"
         """bf16: each step runs under torch.autocast (set by train_epochs from the config)."""
@@ -187,15 +212,21 @@ class Trainer:
         self.sums = _zero_sums()
         val_start = time.perf_counter()
         self.before_eval()
-        val_sums = evaluate(self.model, self.val_loader, self.loss_fn, self.device)
+        tally = Tally(self.classes, self.device)
+        val_loss, _ = validate(self.model, self.val_loader, self.loss_fn, tally, self.device)
         val_time = time.perf_counter() - val_start
-        loss_sum, correct, images, steady_n, val_loss, val_correct, val_seen = self.reduce(
-            sums["loss"], sums["correct"], sums["images"], steady_images, *val_sums)
-        images, steady_n, val_seen = int(images), int(steady_n), max(int(val_seen), 1)
+        loss_sum, correct, images, steady_n, val_loss, *counts = self.reduce(
+            sums["loss"], sums["correct"], sums["images"], steady_images, val_loss,
+            *tally.sums())
+        confusion, in_top_k = unpack(self.classes, counts)
+        val = scores(confusion, in_top_k)
+        val_seen = max(int(confusion.sum()), 1)
+        images, steady_n = int(images), int(steady_n)
         return EpochResult(
             epoch=epoch, train_loss=loss_sum / max(images, 1),
             train_accuracy=correct / max(images, 1), val_loss=val_loss / val_seen,
-            val_accuracy=val_correct / val_seen, train_images=images, steps=sums["steps"],
+            val_accuracy=val.pop("val_accuracy"), val_macro_f1=val.pop("val_macro_f1"),
+            val_scores=val, confusion=confusion.tolist(), train_images=images, steps=sums["steps"],
             train_time_s=train_time,
             images_per_s=images / train_time if train_time else 0.0,
             steady_images_per_s=(steady_n / steady_time if steady_n and steady_time
@@ -210,7 +241,7 @@ def _zero_sums() -> dict:
 
 
 def log_epoch(result: EpochResult, epochs: int) -> None:
-    log.info("epoch %d/%d  train loss %.4f acc %.3f | val loss %.4f acc %.3f | "
+    log.info("epoch %d/%d  train loss %.4f acc %.3f | val loss %.4f acc %.3f F1 %.3f | "
              "%.1f img/s | %.1f s", result.epoch, epochs, result.train_loss,
-             result.train_accuracy, result.val_loss, result.val_accuracy,
+             result.train_accuracy, result.val_loss, result.val_accuracy, result.val_macro_f1,
              result.steady_images_per_s, result.epoch_time_s)

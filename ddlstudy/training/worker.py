@@ -80,6 +80,7 @@ def train_worker(job: Job, link: Link, model: nn.Module, optimizer: torch.optim.
                       warmup_steps=job.cfg.warmup_steps,
                       show_progress=job.show_progress and link.rank == 0, reduce=link.sum,
                       before_eval=before_eval, device=device,
+                      classes=len(job.cfg.usecase.classes),
                       sync=torch.cuda.synchronize if cuda else (lambda: None))
     train_epochs(job, trainer, optimizer, rank=link.rank, writer=link.rank == 0,
                  gather=link.gather, barrier=link.barrier, states=states)
