@@ -274,27 +274,25 @@ def test_sigterm_during_a_write_lands_after_it(tmp_path):
     assert list(tmp_path.iterdir()) == [target]
 
 
-HALF_SEEDS = (0, 1, 2)
-
-
 @pytest.mark.slow
-def test_half_precision_trains_tiny_within_a_few_points_of_fp32(quick_config):
-    """One seed's best accuracy on 60 validation images moves by up to 0.17 between seeds
-    and between CPUs (a 16-bit rounding changes the whole trajectory): compare the mean
-    over three seeds, at a learning rate that amplifies rounding less than tiny's 0.003.
-    Measured (AMD EPYC): fp32 0.678, bf16 0.655, fp16 0.672; broken autocast or loss
-    scaling stays near chance, 0.33."""
-    best, losses = {}, {}
+def test_half_precision_trains_tiny_as_fp32_does(quick_config):
+    """Three epochs of each precision from the same seed: 16-bit rounding changes every
+    loss, but each epoch's stays within 10 % of fp32's while all fall by half (measured,
+    AMD EPYC: fp32 2.71, 1.24, 1.14; bf16 2.69, 1.20, 1.13; fp16 within 4 %). Autocast
+    that never ran leaves fp32's losses; a scaler that never steps stays near 2.7; one
+    that steps with scaled gradients diverges. (Best accuracies over ten epochs and three
+    seeds, measured once: fp32 0.678, bf16 0.655, fp16 0.672; one seed's moves by 0.17.)"""
+    losses = {}
     for precision in ("fp32", "bf16", "fp16"):
-        runs = [run(quick_config(epochs=10, lr=0.001, seed=seed, precision=precision),
-                    show_progress=False).manifest for seed in HALF_SEEDS]
-        assert all(m["config"]["precision"] == precision for m in runs)
-        best[precision] = sum(max(e["val_accuracy"] for e in m["epochs"])
-                              for m in runs) / len(runs)
-        losses[precision] = [[e["train_loss"] for e in m["epochs"]] for m in runs]
-    for half in ("bf16", "fp16"):
-        assert losses[half] != losses["fp32"]  # autocast really ran in 16 bits
-        assert best[half] >= 0.55 and abs(best[half] - best["fp32"]) <= 0.1, best
+        m = run(quick_config(epochs=3, lr=0.001, seed=0, precision=precision, snapshot=False),
+                show_progress=False).manifest
+        assert m["config"]["precision"] == precision
+        losses[precision] = [e["train_loss"] for e in m["epochs"]]
+    fp32 = losses.pop("fp32")
+    assert fp32[-1] < 0.5 * fp32[0], fp32
+    for half, mine in losses.items():
+        assert mine != fp32, half  # autocast really ran in 16 bits
+        assert mine == pytest.approx(fp32, rel=0.1), (half, mine, fp32)
 
 
 def test_fp16_scaler_skips_an_overflowing_step_and_lowers_its_scale():
