@@ -128,11 +128,14 @@ def test_the_schedule_follows_the_warm_up_and_spans_the_run():
 @pytest.mark.slow
 def test_adamw_and_cosine_resume_bit_for_bit(tmp_path, datasets_dir):
     """Killed mid-run, resumed: Adam's two moments and the schedule come back from the
-    snapshot, and the weights end as an uninterrupted run's, bit for bit."""
+    snapshot, and the weights end as an uninterrupted run's, bit for bit. Under zero, whose
+    snapshot consolidates the moments each process steps on rank 0 and hands each its
+    share back (ZeRO-1's resume: test_sharding resumes sharded and tensor)."""
     flags = ["run", "--usecase", "tiny", "--epochs", "4", "--max-steps", "5",
              "--snapshot-every", "2", "--datasets-dir", str(datasets_dir), "--sample-hz", "0",
              "--quiet", "--lr-warmup-epochs", "1", *_flags("AdamW", {"weight_decay": 0.05},
-                                                           "cosine", None)]
+                                                           "cosine", None),
+             "--strategy", "zero", "--workers", "2"]
     runs = tmp_path / "runs"
     code, _, folder = run_and_kill([*flags, "--runs-dir", str(runs)], runs, "run")
     assert code != 0

@@ -51,8 +51,9 @@ def test_sharded_and_zero_train_as_cpu_processes(model, tmp_path, datasets_dir):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["sharded", "zero", "tensor"])
+@pytest.mark.parametrize("strategy", ["sharded", "tensor"])
 def test_killed_then_resumed_ends_bit_identical(strategy, tmp_path, datasets_dir):
+    """zero's resume (its optimizer's moments consolidated on rank 0) is test_recipe's."""
     args = ["run", "--usecase", "tiny", "--epochs", "3", "--max-steps", "5",
             "--snapshot-every", "2", "--datasets-dir", str(datasets_dir), "--sample-hz", "0",
             "--quiet", "--strategy", strategy, "--workers", "2"]
