@@ -27,22 +27,37 @@ def _run(runs: Path, datasets_dir: Path, *extra: str) -> Path:
     return folder
 
 
+@pytest.fixture(scope="module")
+def twin(tmp_path_factory, datasets_dir):
+    """Two epochs of 3 steps with the given flags, run once for the module's tests."""
+    made: dict[tuple[str, ...], Path] = {}
+
+    def get(*flags: str) -> Path:
+        if flags not in made:
+            made[flags] = _run(tmp_path_factory.mktemp("twin"), datasets_dir, *TWO, *flags)
+        return made[flags]
+
+    return get
+
+
+TWO = ("--epochs", "2", "--max-steps", "3", "--no-snapshot")
+
+
 def _losses(folder: Path) -> list[float]:
     return [e["train_loss"] for e in json.loads((folder / MANIFEST).read_text())["epochs"]]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model", [None, OWN_NET], ids=["tiny", "own-batchnorm-net"])
-def test_sharded_and_zero_train_as_cpu_processes(model, tmp_path, datasets_dir):
+def test_sharded_and_zero_train_as_cpu_processes(model, twin):
     """The same slices, dropout masks and averaged gradients: the same losses, epoch by
     epoch (FSDP2 sums a reduce-scatter where cpu-processes sums its shared slots: float
     tolerance, not bits)."""
-    extra = ("--epochs", "2", "--max-steps", "3", "--no-snapshot",
-             *(("--model", model) if model else ()))
-    base = _losses(_run(tmp_path / "dp", datasets_dir, "--strategy", "cpu-processes", *extra))
+    extra = ("--workers", "2", *(("--model", model) if model else ()))
+    base = _losses(twin("--strategy", "cpu-processes", *extra))
     # zero keeps cpu-processes' model and buffers (its optimizer alone differs): one net
     for strategy in ("sharded", "zero") if model is None else ("sharded",):
-        folder = _run(tmp_path / strategy, datasets_dir, "--strategy", strategy, *extra)
+        folder = twin("--strategy", strategy, *extra)
         assert _losses(folder) == pytest.approx(base, rel=1e-5), strategy
         manifest = _manifest(folder)
         transport = manifest["backend"]["mesh"]["transport"] if strategy == "sharded" \
@@ -86,11 +101,11 @@ def test_a_sharded_snapshot_exports_into_a_plain_model(tmp_path, datasets_dir):
 
 
 @pytest.mark.slow
-def test_under_mpi_each_trains_as_its_local_twin(tmp_path, datasets_dir):
+def test_under_mpi_each_trains_as_its_local_twin(twin):
     """MPI nodes of sharded are HSDP (shards within a node, each averaged between nodes by
     the reducer), of tensor a tensor-parallel group a node: each takes the steps of one
-    node of as many processes (tensor's twin: the 2-D mesh of sharded --tensor)."""
-    extra = ("--epochs", "1", "--max-steps", "3", "--no-snapshot")
+    node of as many processes (tensor's twin: the 2-D mesh of sharded --tensor). The local
+    twins of sharded and zero are the test above's runs."""
     mpi = ("--backend", "mpi", "--nodes", "2")
     pairs = {"sharded": (("--strategy", "sharded", "--workers", "1", *mpi),
                          ("--strategy", "sharded", "--workers", "2")),
@@ -99,8 +114,7 @@ def test_under_mpi_each_trains_as_its_local_twin(tmp_path, datasets_dir):
              "tensor": (("--strategy", "tensor", "--workers", "2", *mpi),
                         ("--strategy", "sharded", "--workers", "4", "--tensor", "2"))}
     for name, (nodes, local) in pairs.items():
-        a = _run(tmp_path / f"{name}-mpi", datasets_dir, *extra, *nodes)
-        b = _run(tmp_path / f"{name}-local", datasets_dir, *extra, *local)
+        a, b = twin(*nodes), twin(*local)
         assert _losses(a) == pytest.approx(_losses(b), rel=1e-5), name
         assert _manifest(a)["backend"]["name"] == "mpi"
     assert _manifest(a)["backend"]["mesh"] == {
