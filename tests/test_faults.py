@@ -9,6 +9,7 @@ import resource
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -99,13 +100,22 @@ def _manifest(folder: Path) -> dict:
     return json.loads((folder / MANIFEST).read_text())
 
 
-def _reference(tmp_path, datasets_dir, *extra: str) -> Path:
-    runs = tmp_path / "reference"
-    out = _cli(*_args(runs, datasets_dir, *extra))
-    errors = [p.read_text()[-3000:] for p in runs.glob("*/error.log")]
-    assert out.returncode == 0, (out.stderr[-3000:], errors)  # CI once failed it unsaid
-    (folder,) = runs.glob("*/")
-    return folder
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, datasets_dir):
+    """The uninterrupted run of ``_args`` with ``extra`` flags, run once for every test
+    that holds a killed run to it: its run folder."""
+    made: dict[tuple[str, ...], Path] = {}
+
+    def get(*extra: str) -> Path:
+        if extra not in made:
+            runs = tmp_path_factory.mktemp("reference")
+            out = _cli(*_args(runs, datasets_dir, *extra))
+            errors = [p.read_text()[-3000:] for p in runs.glob("*/error.log")]
+            assert out.returncode == 0, (out.stderr[-3000:], errors)  # CI once failed it
+            (made[extra],) = runs.glob("*/")
+        return made[extra]
+
+    return get
 
 
 @pytest.mark.slow
@@ -118,7 +128,8 @@ def _reference(tmp_path, datasets_dir, *extra: str) -> Path:
     (("--backend", "mpi", "--nodes", "2", "--strategy", "cpu-processes", "--workers", "2"),
      "node-1-worker"),
 ], ids=["sequential-warmup", "cpu-processes", "mpi", "mpi-nodes-of-processes"])
-def test_killed_then_resumed_ends_bit_identical(tmp_path, datasets_dir, extra, victim):
+def test_killed_then_resumed_ends_bit_identical(tmp_path, datasets_dir, reference, extra,
+                                                 victim):
     runs = tmp_path / "runs"
     code, seconds, folder = run_and_kill(_args(runs, datasets_dir, *extra), runs, victim)
     assert code != 0 and seconds < 30  # the whole job ends, quickly, when one part dies
@@ -136,16 +147,17 @@ def test_killed_then_resumed_ends_bit_identical(tmp_path, datasets_dir, extra, v
     assert [e["epoch"] for e in manifest["epochs"]] == list(range(1, EPOCHS + 1))
     assert len(manifest["resumed"]) == 1
     assert not list(folder.glob(".*.tmp-*"))  # a write cut by the kill was swept
-    reference = _reference(tmp_path, datasets_dir, *extra)
-    assert _identical(folder, reference)
-    ref_losses = [e["train_loss"] for e in _manifest(reference)["epochs"]]
+    uninterrupted = reference(*extra)
+    assert _identical(folder, uninterrupted)
+    ref_losses = [e["train_loss"] for e in _manifest(uninterrupted)["epochs"]]
     assert [e["train_loss"] for e in manifest["epochs"]] == ref_losses
 
 
 @pytest.mark.slow
-def test_max_restarts_recovers_from_a_dead_worker_by_itself(tmp_path, datasets_dir):
+def test_max_restarts_recovers_from_a_dead_worker_by_itself(tmp_path, datasets_dir, reference):
     runs = tmp_path / "runs"
-    extra = ("--strategy", "cpu-processes", "--workers", "2")
+    extra = ("--strategy", "cpu-processes", "--workers", "2")  # the uninterrupted run's flags
+    # are test_killed_then_resumed_ends_bit_identical[cpu-processes]'s: its reference
     code, _, folder = run_and_kill(_args(runs, datasets_dir, *extra, "--max-restarts", "1"),
                                    runs, "worker-1")
     assert code == 0
@@ -154,7 +166,7 @@ def test_max_restarts_recovers_from_a_dead_worker_by_itself(tmp_path, datasets_d
     (restart,) = manifest["resumed"]
     assert restart["after"]["status"] == "failed" and "worker rank 1" in \
         restart["after"]["error"]
-    assert _identical(folder, _reference(tmp_path, datasets_dir, *extra))
+    assert _identical(folder, reference(*extra))
 
 
 def _full_disk():
@@ -256,12 +268,18 @@ def test_bad_fault_flags(tmp_path, capsys, args, message):
 
 @pytest.mark.slow
 def test_ctrl_c_stops_every_worker_and_leaves_a_loadable_snapshot(tmp_path, datasets_dir):
-    """SIGINT to the whole process group, as a terminal's Ctrl-C sends it."""
+    """SIGINT to the whole process group, as a terminal's Ctrl-C sends it. And no port of
+    the single-host multi-process run, from its start to its end, is reachable from
+    another machine."""
     runs = tmp_path / "runs"
     args = _args(runs, datasets_dir, "--strategy", "cpu-processes", "--workers", "2")
     proc = subprocess.Popen([sys.executable, "-m", "ddlstudy", *args],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
+    listening: set = set()
+    poll = threading.Thread(target=lambda: listening.update(listening_while_running(
+        proc, every_s=0.02)))  # until the run ends
+    poll.start()
     deadline, workers = time.time() + 180, []
     while time.time() < deadline and proc.poll() is None and not workers:
         manifests = list(runs.glob(f"*/{MANIFEST}"))
@@ -275,7 +293,10 @@ def test_ctrl_c_stops_every_worker_and_leaves_a_loadable_snapshot(tmp_path, data
         time.sleep(0.01)
     assert workers, "the run ended before Ctrl-C"
     _, err = proc.communicate(timeout=120)
+    poll.join(timeout=60)
     assert proc.returncode == 130 and "Traceback" not in err
+    assert len(listening) >= 2  # the rendezvous store and gloo's own sockets
+    assert addresses(listening) <= LOOPBACK, listening
     (folder,) = runs.glob("*/")
     manifest = _manifest(folder)
     assert manifest["status"] == "interrupted" and manifest["exit_code"] == 130
@@ -283,18 +304,6 @@ def test_ctrl_c_stops_every_worker_and_leaves_a_loadable_snapshot(tmp_path, data
     assert not list(folder.glob(".*.tmp-*"))
     time.sleep(1)
     assert not [w for w in workers if w.is_running() and w.status() != psutil.STATUS_ZOMBIE]
-
-
-def test_rendezvous_ports_listen_on_the_loopback_only(tmp_path, datasets_dir):
-    """No port of a single-host multi-process run is reachable from another machine."""
-    runs = tmp_path / "runs"
-    proc = subprocess.Popen([sys.executable, "-m", "ddlstudy", *_args(
-        runs, datasets_dir, "--strategy", "cpu-processes", "--workers", "2")],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    listening = listening_while_running(proc, every_s=0.02)
-    assert proc.returncode == 0
-    assert len(listening) >= 2  # the rendezvous store and gloo's own sockets
-    assert addresses(listening) <= LOOPBACK, listening
 
 
 @pytest.mark.parametrize("args, message", [

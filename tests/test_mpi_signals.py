@@ -128,7 +128,12 @@ def test_a_killed_rank_0_fails_the_run_and_leaves_nothing(tmp_path, datasets_dir
 
 
 @pytest.mark.slow
-def test_a_refused_resume_is_said_once_before_any_rank_starts(tmp_path, datasets_dir):
+def test_a_refused_resume_is_said_once_before_any_rank_starts(tmp_path, datasets_dir, capfd):
+    """The resumes go through ``ddlstudy``'s main in this process (the run through its own:
+    a real MPI run to resume); capfd reads what this process and anything it started wrote
+    to the terminal."""
+    from ddlstudy.cli import main
+
     runs = tmp_path / "runs"
     out = subprocess.run([sys.executable, "-m", "ddlstudy", "run", "--usecase", "tiny",
                           "--datasets-dir", str(datasets_dir), "--runs-dir", str(runs),
@@ -141,12 +146,13 @@ def test_a_refused_resume_is_said_once_before_any_rank_starts(tmp_path, datasets
     assert json.loads(completed)["status"] == "completed" and (folder / SNAPSHOT).is_file()
 
     def resume() -> str:
-        out = subprocess.run([sys.executable, "-m", "ddlstudy", "run", "--resume",
-                              str(folder)], capture_output=True, text=True,
-                             timeout=DEADLINE_S)
-        assert out.returncode == 2, out.stderr[-3000:]
-        assert "launching" not in out.stderr and "Traceback" not in out.stderr
-        return out.stderr
+        capfd.readouterr()
+        code = main(["run", "--resume", str(folder)])
+        out = capfd.readouterr()
+        assert code == 2, out.err[-3000:]
+        assert "launching" not in out.err and "Traceback" not in out.err
+        assert "launching" not in out.out
+        return out.err
 
     err = resume()
     assert err.count(f"run {folder.name} completed all its epochs; nothing to resume") == 1
