@@ -347,7 +347,7 @@ def test_advise_probes_and_ranks_and_a_study_of_its_top_2_checks_the_ranking(
     # A speed comparison: both sides wait for a quiet host before each probe and cell,
     # and leave out what another process disturbed all the same (noisy).
     # Probes of 4 steady steps (6 steps, one epoch, not 2 x 15; start-up is most of a
-    # probe: 7.5 to 14 s here): the budget stops the first round of the 9 layouts that fit
+    # probe: 7.5 to 16 s here): the budget stops the first round of the 9 layouts that fit
     # 2 cores after 4 to 6 of them.
     code = main(["advise", "--usecase", "tiny", "--nodes", "1", "--budget", "60s",
                  "--steps", "4", "--datasets-dir", str(datasets_dir), "--out", str(out),
