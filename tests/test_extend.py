@@ -140,8 +140,9 @@ usecases = ["tiny"]
 repeat = 1
 runs_dir = "{tmp_path / 'study'}"
 [settings]
-epochs = 2
+epochs = 1
 max_steps = 4
+max_val_steps = 1
 no_snapshot = true
 datasets_dir = "{datasets_dir}"
 [[cells]]
@@ -162,7 +163,7 @@ nodes = 2
     assert "| local-nodes 2 nodes: sequential |" in table_3
     out = tmp_path / "advise"
     advice = cli(plugin, "advise", "--usecase", "tiny", "--nodes", "1", "--rounds", "1",
-                 "--steps", "4", "--budget", "10m", "--strategies", "cpu-loaders",
+                 "--steps", "2", "--budget", "10m", "--strategies", "cpu-loaders",
                  "--datasets-dir", str(datasets_dir), "--out", str(out), "--quiet")
     assert advice.returncode == 0, advice.stderr[-2000:]
     probed = {c["label"]: c for c in json.loads((out / "advise.json").read_text())["probes"]}

@@ -291,10 +291,14 @@ def test_the_two_efficiencies_have_two_names_each_defined():
     assert "the report's `efficiency` (its tables' and runs.csv's: speedup / the cores" in row
 
 
-@pytest.mark.parametrize("fmt", ["csv", "json"])
-def test_advise_prints_csv_or_json_for_scripts(fmt, datasets_dir, tmp_path, capsys):
+@pytest.mark.parametrize("fmt, strategies", [("csv", "cpu-intraop"), ("json", "sequential")],
+                         ids=["csv", "json"])
+def test_advise_prints_csv_or_json_for_scripts(fmt, strategies, datasets_dir, tmp_path,
+                                               capsys):
+    """CSV's rows follow the ranking's (two probes: two rows to order); JSON is
+    advise.json's content whatever it ranks (the baseline's probe alone)."""
     assert main(["advise", "--usecase", "tiny", "--datasets-dir", str(datasets_dir), "--nodes",
-                 "1", "--strategies", "cpu-intraop", "--budget", "20", "--rounds", "1",
+                 "1", "--strategies", strategies, "--budget", "20", "--rounds", "1",
                  "--steps", "2", "--out", str(tmp_path / "adv"), "--quiet", "--format",
                  fmt]) == 0
     out, err = capsys.readouterr()
