@@ -30,8 +30,10 @@ SETUPS = {
 }
 # One network of one's own under every setup. MPI nodes and Spark tasks run the strategy's
 # own worker, so what a torchvision network adds is where it is cut into stages: each one
-# under the strategy that cuts it.
-CASES = [*((OWN_NET, s) for s in SETUPS), ("resnet18", "pipeline"),
+# under the strategy that cuts it. Spark's gloo sync is MPI's path in a barrier task (the
+# same worker, DDP over gloo: test_spark holds it to cpu-processes' bits); its allgather
+# mode, which averages the weights and the BatchNorm buffers, is the Spark case here.
+CASES = [*((OWN_NET, s) for s in SETUPS if s != "spark"), ("resnet18", "pipeline"),
          ("mobilenet_v3_small", "hybrid")]
 
 
