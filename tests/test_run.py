@@ -168,8 +168,8 @@ def test_sigterm_between_an_epochs_record_and_its_snapshot_waits_for_the_snapsho
 
     real_record = runfolder_module.RunFolder.record_epoch
 
-    def record_then_terminate(self, result):
-        real_record(self, result)
+    def record_then_terminate(self, result, *rest):
+        real_record(self, result, *rest)
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(0.05)  # the handler runs here
 
