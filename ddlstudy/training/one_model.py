@@ -17,11 +17,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel
 
 from ddlstudy.training import hostcoll, hostmem
@@ -36,9 +36,6 @@ from ddlstudy.training.steps import (
     optimizer_step,
 )
 from ddlstudy.training.worker import new_model, new_optimizer, train_worker
-
-if TYPE_CHECKING:  # a heavy import (see recipe.optimizer): zero's processes make it
-    from torch.distributed.optim import ZeroRedundancyOptimizer
 
 
 def ddp_step(model: nn.Module, optimizer: torch.optim.Optimizer,

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
+from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.optim import lr_scheduler
 
 from ddlstudy.config import TrainSpec
@@ -79,10 +80,6 @@ def optimizer(params: Iterable[torch.nn.Parameter], train: TrainSpec, lr: float,
     default process group)."""
     cls, args = optimizer_class(train.optimizer), optimizer_args(train, lr)
     if zero:
-        # torch.distributed.optim imports FSDP, DTensor and sympy on its way: a third of
-        # every process's start-up, paid here by zero's processes alone
-        from torch.distributed.optim import ZeroRedundancyOptimizer
-
         return ZeroRedundancyOptimizer(params, cls, process_group=group,
                                        parameters_as_bucket_view=True, **args)
     return cls(params, **args)
