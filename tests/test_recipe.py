@@ -332,3 +332,45 @@ def test_the_default_preprocessing_is_torchvisions_own(tmp_path, datasets_dir):
     for i, (rel, _) in enumerate(plan.val[:4]):
         with Image.open(plan.images.root / rel) as image:
             assert torch.equal(ours[i], pipeline(image.convert("RGB")))
+
+
+@pytest.mark.slow
+def test_an_own_recipe_trains_under_processes_the_pipeline_and_two_mpi_nodes(tmp_path,
+                                                                              datasets_dir):
+    """The issue's "done when": an image folder of one's own with AdamW, cosine, no flip,
+    its own normalisation and macro-F1 as the target metric, under cpu-processes, the
+    pipeline and 2 MPI nodes. MPI's two ranks take DDP's steps (the same losses); the
+    report reads the metric and draws each run's confusion matrix."""
+    import pandas as pd
+
+    usecase = _own(tmp_path, datasets_dir, 'flip = false\nnormalize = "dataset"')
+    runs = tmp_path / "runs"
+    recipe_flags = ("--usecase", str(usecase), "--datasets-dir", str(datasets_dir),
+                    "--runs-dir", str(runs), "--sample-hz", "0", "--quiet", "--no-snapshot",
+                    "--max-steps", "4", "--optimizer", "AdamW", "--lr-schedule", "cosine",
+                    "--target-metric", "macro_f1", "--target-accuracy", "0.5")
+    for layout in (["--strategy", "cpu-processes", "--workers", "2"],
+                   ["--strategy", "pipeline", "--stages", "2", "--micro-batches", "2"],
+                   ["--backend", "mpi", "--nodes", "2"]):
+        out = _cli("run", *recipe_flags, *layout)
+        assert out.returncode == 0, out.stderr[-3000:]
+    made = {m["strategy"]["name"] if m["backend"]["name"] == "local" else "mpi": m
+            for m in map(_manifest, runs.glob("*/"))}
+    assert sorted(made) == ["cpu-processes", "mpi", "pipeline"]
+    for m in made.values():
+        train = m["config"]["usecase"]["train"]
+        assert (train["optimizer"], train["lr_schedule"], train["target_metric"]) == \
+            ("AdamW", "cosine", "macro_f1")
+        assert m["preprocessing"]["training"]["flip"] is False
+        assert m["time_to_target"]["metric"] == "macro_f1"
+        assert 0 <= m["epochs"][-1]["val_macro_f1"] <= 1
+    assert [e["train_loss"] for e in made["mpi"]["epochs"]] == pytest.approx(
+        [e["train_loss"] for e in made["cpu-processes"]["epochs"]], rel=1e-4)
+    report = tmp_path / "report"
+    out = _cli("report", str(runs), "--out", str(report), "--project", "none")
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = pd.read_csv(report / "runs.csv")
+    assert len(rows) == 3 and set(rows["target_metric"]) == {"macro_f1"}
+    assert sorted(rows["val_macro_f1"]) == sorted(m["epochs"][-1]["val_macro_f1"]
+                                                  for m in made.values())
+    assert len(list((report / "figures").glob("confusion-*.png"))) == 3
