@@ -14,7 +14,8 @@ from ddlstudy.errors import ConfigError
 from ddlstudy.runner import preflight, resolve
 
 RUN_FLAGS = [
-    "--accumulate", "--backend", "--balance", "--batch-size", "--bucket-mb", "--compress",
+    "--accumulate", "--backend", "--balance", "--batch-size", "--bucket-mb",
+    "--checkpoint-activations", "--compress",
     "--data-dir", "--datasets-dir", "--devices", "--epochs", "--hostfile", "--hosts",
     "--image-size", "--init-weights",
     "--loader-workers", "--lr", "--lr-scaling", "--lr-schedule", "--lr-schedule-args",

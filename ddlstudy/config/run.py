@@ -160,6 +160,11 @@ class RunConfig(MpiOptions, SparkOptions):
                              "one gradient exchange per batch; --batch-size 64 --accumulate "
                              "4 trains batches of 64 in the memory of 16", group=TASK,
                              type=int, metavar="K", most=4096)
+    checkpoint_activations: bool = option(False, "keep only each block's input from the "
+                                          "forward to the backward and compute the rest "
+                                          "again there (torch.utils.checkpoint): less "
+                                          "memory, about one more forward's time a step",
+                                          group=TASK, type=bool)
     precision: str = option("fp32", "fp32, bf16 or fp16: forward and backward under "
                             "torch.autocast (weights stay fp32); fp16 with a gradient scaler "
                             "(sequential, cpu-intraop, cpu-processes, gpu-data, and their "

@@ -8,6 +8,7 @@ pass), and where it came from (``describe``, for the manifest).
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -18,6 +19,7 @@ from torch import nn
 
 from ddlstudy.config import ModelSpec
 from ddlstudy.errors import ConfigError
+from ddlstudy.models.checkpointing import checkpoint_blocks
 from ddlstudy.models.paper import ScaledAlexNet, ScaledVGG16
 from ddlstudy.models.sources import FLAG, made, maker, origin, torchvision_names
 
@@ -108,10 +110,12 @@ def parameter_count(spec: ModelSpec, num_classes: int) -> int:
 
 
 @lru_cache(maxsize=64)
-def check(spec: ModelSpec, num_classes: int, image_size: int) -> None:
+def check(spec: ModelSpec, num_classes: int, image_size: int,
+          checkpointed: bool = False) -> None:
     """Refuse (ConfigError) a model that cannot train on this use case: one that cannot
     be built, does not give ``num_classes`` outputs an image, or does not take images of
-    ``image_size`` px (saying the smallest it takes)."""
+    ``image_size`` px (saying the smallest it takes); with ``checkpointed``, one with no
+    block to checkpoint."""
     found = facts(spec, num_classes)
     model, meta = shapes_only(spec, num_classes)
     out = _forward(model, image_size, meta, train=True)
@@ -140,6 +144,10 @@ def check(spec: ModelSpec, num_classes: int, image_size: int) -> None:
         raise ConfigError(FLAG, f"{spec.arch} gives {what} for 2 images, not (2, "
                           f"{num_classes}): its output must be one score per class of the "
                           f"use case; build its last layer with num_classes")
+    if checkpointed and not checkpoint_blocks(copy.deepcopy(model)):
+        raise ConfigError("--checkpoint-activations", f"{spec.arch} has no block to "
+                          f"checkpoint (no Sequential of several layers, no module of "
+                          f"several with weights); train it without the flag")
     if meta:
         _built_for_real(spec, num_classes, found)
 

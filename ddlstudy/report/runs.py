@@ -2,8 +2,7 @@
 but could not run), and what a row holds (``runs_frame``: one row per run, the long tidy
 table for your own analysis, with each run's speedup against its use case's baseline).
 
-Cells a study planned but could not run (no GPU, a backend not available) come from the
-study's ``study.json`` and are shown with the reason, never dropped.
+Cells a study planned but could not run (no GPU, ...) come from its ``study.json``, with why.
 """
 
 from __future__ import annotations
@@ -136,6 +135,7 @@ def config_label(manifest: dict) -> str:
         label += f" {config['precision']}"
     if config.get("accumulate", 1) > 1:
         label += f" accumulate {config['accumulate']}"
+    label += " checkpointed" * bool(config.get("checkpoint_activations"))  # memory for time
     if config.get("scaling", "strong") == "weak":
         batch = manifest.get("effective", {}).get("global_batch", "?")
         label += f" weak (batch {batch})"

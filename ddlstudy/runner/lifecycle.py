@@ -121,7 +121,7 @@ def preflight(cfg: RunConfig, resuming: bool = False) -> RunConfig:
     strategy, backend = get_strategy(cfg.strategy), get_backend(cfg.backend)
     uc = cfg.usecase
     with named("--model" if cfg.model is not None else usecase_key(uc, "model.arch")):
-        models.check(uc.model, len(uc.classes), uc.train.image_size)
+        models.check(uc.model, len(uc.classes), uc.train.image_size, cfg.checkpoint_activations)
         if cfg.init_weights is not None:
             check_weights(uc.model, len(uc.classes), cfg.init_weights)
     recipe.check(uc.train)

@@ -111,6 +111,11 @@ class Strategy(ABC):
     accumulates: ClassVar[bool] = False
     """Whether it trains with the shared step (training.accumulate_grads): --accumulate K
     micro-batches per step, and fp16's gradient scaler."""
+    checkpoints: ClassVar[bool] = True
+    """Whether --checkpoint-activations checkpoints its blocks (the model each process
+    builds, ``worker.new_model``). Not yet: a pipeline's stages, traced from the model
+    (torch.fx cannot trace through a checkpoint), and cpu-threads' replicas (a
+    recomputation resets the random generator their threads share)."""
 
     def check(self, cfg: RunConfig) -> None:
         """Refuse flags that do not fit, before anything starts (raise ConfigError)."""
@@ -119,6 +124,10 @@ class Strategy(ABC):
     def check_options(self, cfg: RunConfig) -> None:
         """Refuse a layout option this strategy does not read (``--workers`` with
         sequential would be recorded and mean nothing)."""
+        if cfg.checkpoint_activations and not self.checkpoints:
+            can = [n for n, c in REGISTRY.loaded().items() if c.checkpoints]
+            raise ConfigError("--checkpoint-activations", f"{self.name} cannot checkpoint "
+                              f"activations yet; strategies that can: {', '.join(can)}")
         defaults = {f.name: f.default for f in dataclasses.fields(cfg)}
         for name, what in LAYOUT_OPTIONS.items():
             if name not in self.options and getattr(cfg, name) != defaults[name]:

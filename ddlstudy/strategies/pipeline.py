@@ -47,6 +47,7 @@ class Pipeline(Strategy):
              "gpipe|1f1b|interleaved-1f1b, --stage-starts")
     table = 2
     options = ("stages", "stage_starts", "micro_batches", "schedule")
+    checkpoints = False
 
     def replicas(self, cfg: RunConfig) -> int:
         return 1

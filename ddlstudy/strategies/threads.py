@@ -20,6 +20,7 @@ class CpuThreads(Strategy):
                "of every batch, gradients averaged before the step")
     flags = "--workers K (replicas, default: usable cores)"
     options = ("workers",)
+    checkpoints = False  # a recomputation resets the random generator its threads share
     grads_in_backward = False  # the replicas' gradients are summed after backward
 
     def check(self, cfg: RunConfig) -> None:

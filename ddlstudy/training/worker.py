@@ -13,6 +13,7 @@ from torch import nn
 
 from ddlstudy.config import RunConfig
 from ddlstudy.models import build_model
+from ddlstudy.models.checkpointing import checkpoint_blocks
 from ddlstudy.models.trained import load_initial
 from ddlstudy.training import memory, recipe
 from ddlstudy.training.job import Job, Link, States, train_epochs
@@ -31,6 +32,8 @@ def new_model(cfg: RunConfig, rank: int | None = None,
     model = build_model(uc.model, len(uc.classes))
     if cfg.init_weights is not None:  # fine-tuning: weights of one's own (checked before)
         load_initial(model, cfg.init_weights)
+    if cfg.checkpoint_activations:  # the blocks' forwards: names and weights unchanged
+        checkpoint_blocks(model)
     if device is not None:
         model.to(device)
     if rank is not None:
