@@ -16,6 +16,8 @@ from test_faults import _cli, _identical, _manifest, run_and_kill
 
 from ddlstudy.cli import main
 from ddlstudy.config import TrainSpec
+from ddlstudy.errors import UsageError
+from ddlstudy.models.trained import load
 from ddlstudy.plan import cell_config
 from ddlstudy.report.runs import setting
 from ddlstudy.runfolder import SNAPSHOT
@@ -213,6 +215,7 @@ def test_a_bad_recipe_is_refused_in_one_line_before_anything_starts(argv, messag
 # --- augmentation and normalisation ----------------------------------------------------
 
 EXAMPLE = Path(__file__).parents[1] / "docs" / "examples" / "predict_image.py"
+ONNX_EXAMPLE = EXAMPLE.with_name("predict_onnx.py")
 VALIDATED = Path(__file__).parent / "models" / "validated.py"
 """Prints the validation images of a use case and the classes a model gives them."""
 
@@ -284,8 +287,9 @@ def test_the_data_sets_own_normalisation_centres_its_images(tmp_path, datasets_d
 def test_a_no_flip_use_case_learns_and_its_exported_model_predicts_as_it_validated(
         tmp_path, datasets_dir):
     """Digits-like: no flip, its own normalisation, AdamW and cosine; it learns, records
-    its preprocessing, and the docs' inference example, on the exported model and the
-    image files, gives the predictions the run's validation gave."""
+    its preprocessing, and the docs' inference examples, on the exported model (a state dict
+    in PyTorch; an ONNX file in onnxruntime, with numpy and Pillow) and the image files, give
+    the predictions the run's validation gave."""
     usecase = _own(tmp_path, datasets_dir, 'flip = false\nnormalize = "dataset"', epochs=6)
     folder = _run(tmp_path / "runs", datasets_dir, "--usecase", str(usecase), "--epochs", "6",
                   "--max-steps", "15", "--optimizer", "AdamW", "--lr", "0.001",
@@ -294,17 +298,23 @@ def test_a_no_flip_use_case_learns_and_its_exported_model_predicts_as_it_validat
     assert max(e["val_accuracy"] for e in manifest["epochs"]) >= 0.5  # chance: 1/3
     pre = manifest["preprocessing"]
     assert pre["training"]["flip"] is False and pre["mean"] == manifest["data"]["stats"]["mean"]
-    model_file = tmp_path / "model.pt"
+    model_file, onnx_file = tmp_path / "model.pt", tmp_path / "onnx" / "model.onnx"
     assert main(["export", "model", str(folder), "--out", str(model_file)]) == 0
-    assert json.loads(model_file.with_suffix(".usecase.json").read_text())["preprocessing"] \
-        == pre
+    assert main(["export", "model", str(folder), "--out", str(onnx_file), "--format",
+                 "onnx"]) == 0  # the same weights as an ONNX file, its own sidecar beside
+    with pytest.raises(UsageError, match="is an ONNX file .* run it with onnxruntime"):
+        load(onnx_file)
     # The run's validation of the exported model, in a process of its own (one thread, as
     # the example's): in the suite's process a state left by earlier tests (not found yet)
     # once flipped one near tie's argmax, and this test is about the example.
     validated = json.loads(_cli_script(VALIDATED, str(usecase), str(tmp_path / "x"),
                                        str(model_file)))
-    out = _cli_script(EXAMPLE, str(model_file), *validated["files"])
-    assert [line.rsplit(" ", 1)[1] for line in out.splitlines()] == validated["classes"]
+    for example, exported in ((EXAMPLE, model_file), (ONNX_EXAMPLE, onnx_file)):
+        assert json.loads(exported.with_suffix(".usecase.json").read_text())[
+            "preprocessing"] == pre
+        out = _cli_script(example, str(exported), *validated["files"])
+        assert [line.rsplit(" ", 1)[1] for line in out.splitlines()] == validated["classes"], \
+            example.name
 
 
 def _cli_script(script: Path, *args: str) -> str:

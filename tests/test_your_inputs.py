@@ -67,6 +67,46 @@ def test_an_output_file_is_never_overwritten_nor_written_into_a_run(tmp_path, ca
     assert keep.read_bytes()[:2] == b"PK"  # replaced, as asked, by the weights
 
 
+BRANCHY = """from torch import nn
+
+
+class Net(nn.Module):  # its forward branches on the values, which torch.export cannot follow
+    def __init__(self, num_classes):
+        super().__init__()
+        self.fc = nn.Linear(3, num_classes)
+
+    def forward(self, x):
+        x = x.mean((2, 3))
+        return self.fc(x if x.sum() > 0 else -x)
+
+
+def make(num_classes):
+    return Net(num_classes)
+"""
+
+
+def test_an_onnx_export_torch_cannot_make_is_refused_and_writes_nothing(tmp_path, capsys):
+    from ddlstudy.config import ModelSpec
+    from ddlstudy.models.sources import made
+
+    run = _run_folder(tmp_path)
+    keep = tmp_path / "keep.onnx"
+    keep.write_text("mine")
+    err = _refused(capsys, "export", "model", str(run), "--out", str(keep), "--format", "onnx")
+    assert "exists; give another path, or --force" in err and keep.read_text() == "mine"
+    (tmp_path / "branchy.py").write_text(BRANCHY)
+    arch = f"{tmp_path / 'branchy.py'}:make"
+    manifest = json.loads((run / "manifest.json").read_text())
+    manifest["config"]["usecase"]["model"] = {"arch": arch}
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    torch.save({"model": made(ModelSpec(arch=arch), 3).state_dict()}, run / "snapshot.pt")
+    err = _refused(capsys, "export", "model", str(run), "--out", str(tmp_path / "m.onnx"),
+                   "--format", "onnx")
+    assert f"torch.onnx cannot export {arch}: GuardOnDataDependentSymNode: Could not guard " \
+        "on data-dependent expression" in err and "nothing written" in err, err
+    assert not list(tmp_path.glob("m.*"))  # neither the ONNX file nor its sidecar
+
+
 def test_a_damaged_run_is_refused_and_left_as_it_is(tmp_path, capsys):
     run = _run_folder(tmp_path)
     (run / "snapshot.pt").write_bytes(b"broken")

@@ -46,11 +46,16 @@ def register(sub) -> None:
                    "(default: sqlite:///RUNS/mlflow.db, a SQLite store beside the runs)")
     e.add_argument("--experiment", metavar="NAME", help="the experiment of every run "
                    "(default: a run's study, else the name of the folder it is in)")
-    e = esub.add_parser("model", help="a run's trained weights (a state dict) and its use "
-                        "case beside them; ddlstudy.models.trained.load reads them back")
+    e = esub.add_parser("model", help="a run's trained weights (a state dict, or an ONNX "
+                        "file) and its use case beside them; ddlstudy.models.trained.load "
+                        "reads a state dict back")
     e.add_argument("run", type=path_arg, help="a run folder")
     e.add_argument("--out", type=path_arg, required=True, help="the weights' file, e.g. "
                    "model.pt (the use case goes beside it: model.usecase.json)")
+    e.add_argument("--format", choices=["pt", "onnx"], default="pt", help="pt: a state dict "
+                   "(default); onnx: the network as an ONNX file (input 'images', N x 3 x size "
+                   "x size, output 'logits'; any batch size), for onnxruntime; needs pip "
+                   "install 'ddlstudy[onnx]'")
     e.add_argument("--force", action="store_true", help="replace those files if they exist")
     p.set_defaults(func=cmd_export)
     p = sub.add_parser("compare", help="what differs between two runs, and by how much")
@@ -81,7 +86,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.export_command == "model":
         from ddlstudy.models.trained import export as export_model
 
-        for path in export_model(args.run, args.out, args.force):
+        for path in export_model(args.run, args.out, args.force, args.format):
             print(f"wrote {path}")
         return 0
     if args.export_command == "mlflow":

@@ -9,6 +9,9 @@ label order, the image size). Loading it back takes three lines::
     model = load("model.pt")  # the network with the run's weights
     model.eval()
 
+``--format onnx`` writes the network as an ONNX file instead (``onnx_export``), with the
+same ``model.usecase.json`` beside it.
+
 ``--init-weights FILE`` starts a run from a state dict of one's own (fine-tuning; never a
 download): it must fit the model, parameter for parameter (``check_weights``).
 """
@@ -28,6 +31,7 @@ from ddlstudy.config.recipe import MEAN, STD
 from ddlstudy.errors import ConfigError, UsageError
 from ddlstudy.files import check_output, write_outputs
 from ddlstudy.models import shapes_only
+from ddlstudy.models.onnx_export import check_installed, onnx_bytes
 from ddlstudy.models.sources import made, named, sha256_of
 from ddlstudy.reading import BadFile, check_regular, read_json
 from ddlstudy.runfolder import load_manifest
@@ -96,12 +100,15 @@ def load_initial(model: nn.Module, path: Path) -> None:
     model.load_state_dict(read_weights(path, "--init-weights"))
 
 
-def export(run: Path, out: Path, force: bool = False) -> list[Path]:
+def export(run: Path, out: Path, force: bool = False, fmt: str = "pt") -> list[Path]:
     """The final weights of ``run`` (its snapshot's model) into ``out``, its use case
-    beside them (``force``: replacing what is there)."""
+    beside them (``force``: replacing what is there): a state dict (``fmt`` "pt") or the
+    network as an ONNX file ("onnx")."""
     run, out = Path(run), Path(out)
     for path in (out, sidecar(out)):
         check_output("--out", path, force)
+    if fmt == "onnx":
+        check_installed()
     manifest_file = run / "manifest.json"
     if not manifest_file.exists():
         raise UsageError(f"{run} is not a run folder (it has no manifest.json)")
@@ -117,12 +124,14 @@ def export(run: Path, out: Path, force: bool = False) -> list[Path]:
                          f"is") from None
     usecase = usecase_from_dict(_usecase_dict(manifest))
     with named(f"run manifest {manifest_file}: config.usecase.model.arch"):
-        _fits(state, usecase, snapshot)  # a name it records that no longer builds
+        model = _fits(state, usecase, snapshot)  # a name it records that no longer builds
+    pre = _preprocessing(manifest, usecase)
     text = json.dumps({"usecase": _usecase_dict(manifest), "run": manifest.get("id"),
                        "epochs": len(manifest.get("epochs", [])), "model": manifest.get("model"),
-                       "classes": list(usecase.classes or ()),
-                       "preprocessing": _preprocessing(manifest, usecase)}, indent=2)
-    write_outputs("--out", {out: lambda f: torch.save(state, f),
+                       "classes": list(usecase.classes or ()), "format": fmt,
+                       "preprocessing": pre}, indent=2)
+    data = onnx_bytes(model, pre["size"], usecase.model.arch) if fmt == "onnx" else None
+    write_outputs("--out", {out: lambda f: torch.save(state, f) if data is None else f.write(data),
                             sidecar(out): lambda f: f.write(text.encode())})
     return [out, sidecar(out)]
 
@@ -138,15 +147,18 @@ def _preprocessing(manifest: dict[str, Any], usecase: UseCase) -> dict[str, Any]
             "std": list(STD), "classes": list(usecase.classes or ())}
 
 
-def _fits(state: dict, usecase: UseCase, snapshot: Path) -> None:
-    """Refuse weights that the use case's model (as the manifest records it) cannot take:
-    the export would write a model.pt that ``load`` fails on."""
+def _fits(state: dict, usecase: UseCase, snapshot: Path) -> nn.Module:
+    """The use case's model (as the manifest records it) with the weights ``state``;
+    weights it cannot take are refused: the export would write a model.pt that ``load``
+    fails on."""
+    model = made(usecase.model, len(usecase.classes))
     try:
-        made(usecase.model, len(usecase.classes)).load_state_dict(state)
+        model.load_state_dict(state)
     except (RuntimeError, KeyError, TypeError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc)
         raise UsageError(f"{snapshot} does not fit the model its manifest records "
                          f"({usecase.model.arch}): {first}; nothing written") from None
+    return model
 
 
 def _usecase_dict(manifest: dict[str, Any]) -> dict[str, Any]:
@@ -168,6 +180,10 @@ def load(weights: Path) -> nn.Module:
     if not isinstance(described, dict) or not isinstance(described.get("usecase"), dict):
         raise BadFile("model description", side, "records no use case; export the weights "
                       "again with `ddlstudy export model RUN --out FILE`")
+    if described.get("format") == "onnx":
+        raise UsageError(f"{weights} is an ONNX file (exported with --format onnx): run it with "
+                         f"onnxruntime (docs/examples/predict_onnx.py), or export the run "
+                         f"again with --format pt for PyTorch")
     usecase: UseCase = usecase_from_dict(described["usecase"])
     with named(f"model description {side}: usecase.model.arch"):
         model = made(usecase.model, len(usecase.classes))
