@@ -301,7 +301,8 @@ def test_run_mlflow_logs_each_epoch_as_it_ends_and_export_completes_that_run(
     model_id = _the_model_loads_in_a_fresh_process(client, uri, done, folder.path, tmp_path)
     assert main(["export", "mlflow", str(folder.path), "--tracking-uri", uri]) == 0
     assert [m.model_id for m in _models(client, done)] == [model_id]  # not logged twice
-    _a_damaged_snapshot_logs_the_run_without_its_model(folder.path, tmp_path, capsys)
+    _a_damaged_snapshot_logs_the_run_without_its_model(client, uri, done, folder.path,
+                                                       tmp_path, capsys)
 
 
 def _models(client, run) -> list:
@@ -351,19 +352,21 @@ def _the_model_loads_in_a_fresh_process(client, uri: str, run, folder: Path,
     return model.model_id
 
 
-def _a_damaged_snapshot_logs_the_run_without_its_model(folder: Path, tmp_path: Path, capsys):
-    """A model that cannot be logged is a warning: the run is logged all the same."""
+def _a_damaged_snapshot_logs_the_run_without_its_model(client, uri: str, run, folder: Path,
+                                                       tmp_path: Path, capsys) -> None:
+    """A model that cannot be logged (the run's snapshot damaged since) is a warning: the
+    run is logged all the same, and the model logged before stays."""
+    before = [m.model_id for m in _models(client, run)]
     copy = tmp_path / "copy" / folder.name
     shutil.copytree(folder, copy)
     (copy / "snapshot.pt").write_bytes(b"not a snapshot")
-    uri = f"sqlite:///{tmp_path / 'other.db'}"
-    assert main(["export", "mlflow", str(copy), "--tracking-uri", uri]) == 0
+    assert main(["export", "mlflow", str(copy), "--tracking-uri", uri, "--experiment",
+                 "runs"]) == 0
     said = capsys.readouterr()
     assert "1 run(s) exported" in said.out
     assert f"the model of run {folder.name} is not logged" in said.err, said.err
-    client = _client(uri)
-    (run,) = _logged(client, "copy")[0].values()
-    assert set(run.data.params) == set(KEY) and _models(client, run) == []
+    assert client.get_run(run.info.run_id).info.status == "FINISHED"
+    assert [m.model_id for m in _models(client, run)] == before
 
 
 def test_a_tracking_store_that_fails_never_fails_the_run(quick_config, capsys):
