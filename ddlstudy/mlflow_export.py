@@ -15,7 +15,8 @@ One MLflow run per run folder (``tracking`` says where it goes and how it is fou
   under MLflow's system-metric names, ``system/<scope>-rank<r>/<name>`` (``SYSTEM``),
   at their time (step = milliseconds since the run started);
 - artifacts: manifest.json (as ``run-manifest.json``: no reader of runs takes the copy
-  for a run), metrics.csv, steps.csv, samples.parquet, error.log and any figures.
+  for a run), metrics.csv, steps.csv, samples.parquet, error.log and any figures;
+- its trained model (``runs:/<id>/model``, ``ddlstudy.mlflow_model``), where it kept one.
 
 A study folder (one with study.json) is an experiment of its name whose parent run holds
 the report (tables, findings, figures) and study.json (as ``study-record.json``); its
@@ -40,6 +41,7 @@ from typing import Any
 from ddlstudy import tracking
 from ddlstudy.errors import UsageError
 from ddlstudy.formats import Study, load
+from ddlstudy.mlflow_model import log_model
 from ddlstudy.reading import CAPS, BadFile, check_regular, read_bytes, read_text
 from ddlstudy.report import STUDY_FILE, Report, load_runs, runs_frame
 from ddlstudy.report.runs import KEY
@@ -269,6 +271,7 @@ def write_run(mlflow, exp: str, run: RunRead, parent: str | None, tmp: Path) -> 
                                      if k not in have])
     tracking.log_batch(mlflow, run_id, _new(mlflow, found, new, _metrics(run)))
     _upload(mlflow, run_id, run, tmp)
+    log_model(mlflow, exp, run_id, run.path, tmp)
     status = tracking.STATUS.get(m.get("status"), "RUNNING")
     if status != "RUNNING":
         mlflow.set_terminated(run_id, status, _ms(m.get("ended_at")))

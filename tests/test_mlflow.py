@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -153,6 +154,7 @@ def test_export_is_read_back_through_the_client_and_exporting_again_adds_nothing
             rows[run_id]["images_per_s"])
         files = {a.path for a in client.list_artifacts(run.info.run_id)}
         assert {"run-manifest.json", "metrics.csv", "steps.csv", "samples.parquet"} <= files
+        assert _models(client, run) == []  # kept with --no-snapshot: no model to log
         histories[run_id] = {k: len(client.get_metric_history(run.info.run_id, k))
                              for k in run.data.metrics}
     base = [by_id[r] for r, row in rows.items() if row["config"] == "sequential"]
@@ -296,6 +298,75 @@ def test_run_mlflow_logs_each_epoch_as_it_ends_and_export_completes_that_run(
     assert done.info.run_id == logged["run_id"] and done.info.status == "FINISHED"
     assert set(done.data.params) == set(KEY)
     assert len(client.get_metric_history(done.info.run_id, "val_accuracy")) == 2
+    model_id = _the_model_loads_in_a_fresh_process(client, uri, done, folder.path, tmp_path)
+    assert main(["export", "mlflow", str(folder.path), "--tracking-uri", uri]) == 0
+    assert [m.model_id for m in _models(client, done)] == [model_id]  # not logged twice
+    _a_damaged_snapshot_logs_the_run_without_its_model(client, uri, done, folder.path,
+                                                       tmp_path, capsys)
+
+
+def _models(client, run) -> list:
+    """The models that MLflow run ``run`` logged."""
+    return client.search_logged_models([run.info.experiment_id],
+                                       filter_string=f"source_run_id = '{run.info.run_id}'")
+
+
+FRESH = """
+import json, sys, mlflow.artifacts, mlflow.pytorch, torch
+uri, run_id, out = sys.argv[1:]
+mlflow.set_tracking_uri(uri)
+model = mlflow.pytorch.load_model(f"runs:/{run_id}/model")
+with torch.no_grad():
+    torch.save(model(torch.load(out + "/batch.pt")), out + "/logits.pt")
+found = mlflow.artifacts.load_dict(f"runs:/{run_id}/model/usecase.json")
+open(out + "/usecase.json", "w").write(json.dumps(found))
+"""
+
+
+def _the_model_loads_in_a_fresh_process(client, uri: str, run, folder: Path,
+                                        tmp_path: Path) -> str:
+    """The logged model, loaded by MLflow alone in a new Python process, gives the logits
+    of the run's exported weights on a fixed batch; its usecase.json is the sidecar's."""
+    import torch
+
+    from ddlstudy.models.trained import load
+
+    (model,) = _models(client, run)
+    assert model.name == "model" and str(model.status) == "READY"
+    assert main(["export", "model", str(folder), "--out", str(tmp_path / "w.pt")]) == 0
+    torch.manual_seed(0)
+    batch = torch.randn(5, 3, 64, 64)  # another batch size than the traced example's
+    torch.save(batch, tmp_path / "batch.pt")
+    out = subprocess.run([sys.executable, "-c", FRESH, uri, run.info.run_id, str(tmp_path)],
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                         env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    logits = torch.load(tmp_path / "logits.pt")
+    with torch.no_grad():
+        expected = load(tmp_path / "w.pt").eval()(batch)
+    assert logits.shape == (5, 3)
+    assert torch.equal(logits.argmax(1), expected.argmax(1))
+    assert torch.allclose(logits, expected, atol=1e-5, rtol=0)
+    assert json.loads((tmp_path / "usecase.json").read_text()) == json.loads(
+        (tmp_path / "w.usecase.json").read_text())
+    return model.model_id
+
+
+def _a_damaged_snapshot_logs_the_run_without_its_model(client, uri: str, run, folder: Path,
+                                                       tmp_path: Path, capsys) -> None:
+    """A model that cannot be logged (the run's snapshot damaged since) is a warning: the
+    run is logged all the same, and the model logged before stays."""
+    before = [m.model_id for m in _models(client, run)]
+    copy = tmp_path / "copy" / folder.name
+    shutil.copytree(folder, copy)
+    (copy / "snapshot.pt").write_bytes(b"not a snapshot")
+    assert main(["export", "mlflow", str(copy), "--tracking-uri", uri, "--experiment",
+                 "runs"]) == 0
+    said = capsys.readouterr()
+    assert "1 run(s) exported" in said.out
+    assert f"the model of run {folder.name} is not logged" in said.err, said.err
+    assert client.get_run(run.info.run_id).info.status == "FINISHED"
+    assert [m.model_id for m in _models(client, run)] == before
 
 
 def test_a_tracking_store_that_fails_never_fails_the_run(quick_config, capsys):
