@@ -380,6 +380,9 @@ CASES = [
      "tensor parallelism splits pairs of consecutive Linear layers"),
     (["run", "--strategy", "sharded", "--workers", "2", "--tensor", "3"],
      "--tensor: 3 does not divide the 2 processes"),
+    (["run", "--strategy", "sharded", "--workers", "2", "--tensor", "2"],
+     "--tensor: 2 of the 2 processes leaves none to shard over (the mesh would be 1 x 2): "
+     "that is --strategy tensor --workers 2"),
     (["run", "--strategy", "cpu-processes", "--tensor", "2"],
      "--tensor: splits Linear pairs over processes inside a mesh: cpu-processes has none"),
     (["run", "--strategy", "sharded", "--backend", "spark", "--nodes", "2"],

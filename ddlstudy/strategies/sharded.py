@@ -104,6 +104,10 @@ class Sharded(_Sharding):
         if k % t:
             raise ConfigError("--tensor", f"{t} does not divide the {k} processes "
                               f"(--workers): the mesh is {k} / T data-parallel groups of T")
+        if t == k > 1:
+            raise ConfigError("--tensor", f"{t} of the {k} processes leaves none to shard "
+                              f"over (the mesh would be 1 x {t}): that is --strategy tensor "
+                              f"--workers {k}; or give --workers a multiple of {t} above it")
         if t > 1:
             _check_tensor_pairs(cfg)
         require_batch_per_worker(cfg, k // t, "data-parallel shards")
