@@ -291,21 +291,21 @@ def test_the_two_efficiencies_have_two_names_each_defined():
     assert "the report's `efficiency` (its tables' and runs.csv's: speedup / the cores" in row
 
 
-@pytest.mark.parametrize("fmt, strategies", [("csv", "cpu-intraop"), ("json", "sequential")],
-                         ids=["csv", "json"])
-def test_advise_prints_csv_or_json_for_scripts(fmt, strategies, datasets_dir, tmp_path,
-                                               capsys):
+@pytest.mark.parametrize("fmt, flags", [("csv", ["--strategies", "cpu-intraop"]),
+                                        ("json", ["--memory", "64MiB"])], ids=["csv", "json"])
+def test_advise_prints_csv_or_json_for_scripts(fmt, flags, datasets_dir, tmp_path, capsys):
     """CSV's rows follow the ranking's (two probes: two rows to order); JSON is
-    advise.json's content whatever it ranks (the baseline's probe alone)."""
+    advise.json's content whatever it ranks (the baseline's probe alone: --memory 64MiB
+    leaves out every other layout, predicted from it, and names each with its need)."""
     assert main(["advise", "--usecase", "tiny", "--datasets-dir", str(datasets_dir), "--nodes",
-                 "1", "--strategies", strategies, "--budget", "20", "--rounds", "1",
-                 "--steps", "2", "--out", str(tmp_path / "adv"), "--quiet", "--format",
-                 fmt]) == 0
+                 "1", *flags, "--budget", "20", "--rounds", "1", "--steps", "2", "--out",
+                 str(tmp_path / "adv"), "--quiet", "--format", fmt]) == 0
     out, err = capsys.readouterr()
     advice = json.loads((tmp_path / "adv" / "advise.json").read_text())
     assert f"wrote {tmp_path / 'adv' / 'advise.json'}" in err  # not in what a script reads
     if fmt == "json":
         assert json.loads(out) == advice
+        _left_out_for_memory(advice, (tmp_path / "adv" / "advise.md").read_text())
         return
     rows = list(csv.DictReader(io.StringIO(out)))
     assert [r["label"] for r in rows] == [r["label"] for r in advice["ranking"]]
@@ -313,6 +313,24 @@ def test_advise_prints_csv_or_json_for_scripts(fmt, strategies, datasets_dir, tm
         assert int(row["rank"]) == ranked["rank"] and row["command"] == ranked["command"]
         assert float(row["scaling_efficiency"]) == pytest.approx(ranked["scaling_efficiency"])
         assert float(row["images_per_s"]) == pytest.approx(ranked["images_per_s"])
+
+
+def _left_out_for_memory(advice: dict, text: str) -> None:
+    """Every layout but the baseline left out for --memory 64MiB, never probed, named in
+    advise.md's 'not ranked' with its predicted need; the baseline ranked as the reference
+    (it measured more: a note says so), its prediction its own probe's peak."""
+    base = next(p for p in advice["probes"] if p["label"] == "sequential")
+    assert base["predicted_peak_node_bytes"] == base["measured_peak_node_bytes"] > 64 * 2**20
+    left = [p for p in advice["probes"] if "--memory" in p.get("skipped", "")]
+    assert {p["label"] for p in left} >= {"cpu-intraop (2 threads)", "cpu-processes (2 "
+                                          "processes)", "sharded (2 processes)"}
+    for p in left:
+        assert "images_per_s" not in p and p["skipped"] == (
+            f"needs about {p['predicted_peak_node_bytes'] / 2**30:.2f} GiB a node, and "
+            "--memory is 0.06 GiB")
+        assert f"- {p['label']}: needs about " in text
+    assert [r["label"] for r in advice["ranking"]] == ["sequential"]
+    assert "\nnot ranked:\n" in text and "over --memory 0.06 GiB" in " ".join(text.split())
 
 
 def test_labels_are_cut_between_words_not_inside_one():

@@ -6,7 +6,14 @@ import argparse
 import sys
 from pathlib import Path
 
-from ddlstudy.cli.common import add_what, check_positive, host_count, seconds, usecase_of
+from ddlstudy.cli.common import (
+    add_what,
+    check_positive,
+    host_count,
+    seconds,
+    size_bytes,
+    usecase_of,
+)
 from ddlstudy.config.loading import is_usecase_path
 from ddlstudy.config.options import path_arg
 from ddlstudy.errors import ConfigError
@@ -33,6 +40,10 @@ def register(sub) -> None:
     p.add_argument("--strategies", help="probe only these strategies' layouts, "
                    "comma-separated (default: every installed strategy; sequential, the "
                    "baseline, is always probed: speedups are against it)")
+    p.add_argument("--memory", help="the memory a node may use, e.g. 1GiB, 512MiB or 2.5GB: "
+                   "each configuration's peak a node is predicted from the baseline's probe "
+                   "before it is probed, and those that would need more are left out, named "
+                   "(default: the memory this host has available)")
     p.add_argument("--rounds", type=int, default=3, help="most probe rounds")
     p.add_argument("--steps", type=int, default=24, help="steady steps a probe times")
     p.add_argument("--wait-quiet", action="store_true", help="before each probe, wait until "
@@ -62,6 +73,7 @@ def cmd_advise(args: argparse.Namespace) -> int:
     sets = {"datasets_dir": str(args.datasets_dir)} if args.datasets_dir else {}
     uc = cell_config(usecase, data | sets, args.out or DEFAULT_RUNS_DIR).usecase
     budget = seconds("--budget", args.budget)
+    memory = size_bytes("--memory", args.memory) if args.memory is not None else None
     check_positive(args, "rounds", "steps")
     if args.link is not None:
         from ddlstudy.hosts import rate_bits
@@ -90,7 +102,8 @@ def cmd_advise(args: argparse.Namespace) -> int:
     result = advise.advise(usecase, nodes, args.hosts, args.link, budget, out,
                            runs=args.runs, rounds=args.rounds, steps=args.steps,
                            datasets_dir=args.datasets_dir, host_count=count,
-                           wait=args.wait_quiet, data=data, strategies=strategies)
+                           wait=args.wait_quiet, data=data, strategies=strategies,
+                           memory=memory)
     shown = {"markdown": advise.markdown, "csv": advise.as_csv, "json": advise.as_json}
     print(shown[args.format](result).rstrip("\n"))
     for path in advise.write(result, out):  # beside a script's CSV or JSON: not in it

@@ -45,6 +45,25 @@ class Probe:
     gpus: bool = False
 
 
+@dataclass(frozen=True)
+class Footprint:
+    """What one node of a strategy holds at its peak, in the sequential baseline's units:
+    ``advise --memory`` predicts a node's peak from the baseline's probe with it."""
+
+    processes: int = 1
+    """Processes: each holds its own interpreter, torch, data and loaders."""
+    models: float = 1.0
+    """Copies of the parameters and gradients over the node (sharded over k: 1)."""
+    states: float = 1.0
+    """Copies of the optimizer state over the node (ZeRO's, sharded: 1)."""
+    activations: float = 1.0
+    """Activations held at once, in units of those of the node's batch in one model
+    (k processes that each compute the whole batch: k)."""
+    tensor: int = 1
+    """The processes each pair of consecutive Linear layers is split over (tensor
+    parallel): those layers' weights count ``models / tensor`` times."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class Layout:
     """How one node of a strategy is laid out: its processes, threads and devices. The
@@ -147,6 +166,14 @@ class Strategy(ABC):
     def data_parallel(self, cfg: RunConfig) -> int:
         """Workers on one node that each take a slice of every batch."""
         return 1
+
+    def footprint(self, cfg: RunConfig) -> Footprint:
+        """What a node holds (advise's memory prediction): by default, a whole replica
+        and its optimizer state in each process (or each replica of one), the batch's
+        activations once."""
+        layout = self.layout(cfg)
+        copies = max(layout.processes, layout.replicas or 1)
+        return Footprint(layout.processes, copies, copies)
 
     def label(self, layout: dict[str, Any]) -> str:
         """The report's short name of a run of it, from its manifest's layout (``Layout``

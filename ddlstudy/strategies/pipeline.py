@@ -31,7 +31,14 @@ from ddlstudy.config import RunConfig
 from ddlstudy.config.run import stages_a_process
 from ddlstudy.environment import usable_cores
 from ddlstudy.errors import ConfigError
-from ddlstudy.strategies.base import Layout, Probe, Strategy, register, warn_if_oversubscribed
+from ddlstudy.strategies.base import (
+    Footprint,
+    Layout,
+    Probe,
+    Strategy,
+    register,
+    warn_if_oversubscribed,
+)
 from ddlstudy.strategies.processes import cuda_devices
 
 log = logging.getLogger("ddlstudy")
@@ -54,6 +61,13 @@ class Pipeline(Strategy):
 
     def data_parallel(self, cfg: RunConfig) -> int:
         return self.replicas(cfg)
+
+    def footprint(self, cfg: RunConfig) -> Footprint:
+        """R pipelines of S processes, each pipeline one model cut into stages; GPipe holds
+        every micro-batch's activations until its backward, 1F1B at most S of the M."""
+        r, s, m = self.replicas(cfg), self.stages(cfg), cfg.micro_batches
+        held = 1.0 if cfg.schedule == "gpipe" else min(s, m) / m
+        return Footprint(r * s, r, r, held)
 
     def stages(self, cfg: RunConfig) -> int:
         """Processes a pipeline (each holds ``chunks`` stages)."""

@@ -29,6 +29,7 @@ from ddlstudy.config import RunConfig
 from ddlstudy.environment import usable_cores
 from ddlstudy.errors import ConfigError, Unavailable
 from ddlstudy.strategies.base import (
+    Footprint,
     Layout,
     Probe,
     register,
@@ -116,6 +117,13 @@ class Sharded(_Sharding):
     def data_parallel(self, cfg: RunConfig) -> int:
         return self.workers(cfg) // (cfg.tensor or 1)
 
+    def footprint(self, cfg: RunConfig) -> Footprint:
+        """Parameters, gradients and optimizer state cut in k shards: one copy over the
+        node (with --no-reshard-after-forward each process keeps the gathered
+        parameters, half a model, from forward to backward)."""
+        k = self.workers(cfg)
+        return Footprint(k, 1.0 if cfg.reshard_after_forward else 1 + k / 2)
+
     def label(self, layout: dict[str, Any]) -> str:
         tensor = layout.get("tensor")
         inside = f", tensor {tensor}" if tensor else ""
@@ -133,6 +141,11 @@ class Zero(_Sharding):
     accumulates = True
     trains = "train_zero"
     whole_replicas = True
+
+    def footprint(self, cfg: RunConfig) -> Footprint:
+        """A whole replica in each process, the optimizer state cut in k shards."""
+        k = self.workers(cfg)
+        return Footprint(k, k, 1.0)
 
     def check(self, cfg: RunConfig) -> None:
         _Sharding.check(self, cfg)
@@ -159,6 +172,12 @@ class Tensor(_Sharding):
 
     def data_parallel(self, cfg: RunConfig) -> int:
         return 1
+
+    def footprint(self, cfg: RunConfig) -> Footprint:
+        """k processes, each the model but its half of each Linear pair, each computing
+        the whole batch."""
+        k = self.workers(cfg)
+        return Footprint(k, k, k, k, tensor=k)
 
     def tensor_degree(self, cfg: RunConfig) -> int | None:
         return self.workers(cfg)

@@ -9,7 +9,14 @@ from typing import Any
 
 from ddlstudy.config import RunConfig
 from ddlstudy.environment import usable_cores
-from ddlstudy.strategies.base import Layout, Probe, Strategy, register, require_batch_per_worker
+from ddlstudy.strategies.base import (
+    Footprint,
+    Layout,
+    Probe,
+    Strategy,
+    register,
+    require_batch_per_worker,
+)
 from ddlstudy.strategies.single import worker_counts
 
 
@@ -37,6 +44,11 @@ class CpuThreads(Strategy):
 
     def label(self, layout: dict[str, Any]) -> str:
         return f"{self.name} ({layout.get('replicas', '?')} replicas)"
+
+    def footprint(self, cfg: RunConfig) -> Footprint:
+        """One process of k replicas, each its weights and gradients; replica 0 alone
+        steps (one optimizer state)."""
+        return Footprint(models=self.workers(cfg))
 
     def probes(self, cores: int, gpus: int) -> list[Probe]:
         return [Probe(f"cpu-threads ({w} replicas)", {"strategy": self.name, "workers": w}, w,

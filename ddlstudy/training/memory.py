@@ -33,11 +33,20 @@ def reset_peak() -> str:
 
 def peak_rss() -> int:
     """The peak resident bytes since ``reset_peak`` (or the process's start)."""
+    return _status("VmHWM:") or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def resident() -> int | None:
+    """The bytes resident now (None where /proc does not say)."""
+    return _status("VmRSS:")
+
+
+def _status(key: str) -> int | None:
     with contextlib.suppress(OSError, ValueError, IndexError):
         for line in STATUS.read_text().splitlines():
-            if line.startswith("VmHWM:"):
+            if line.startswith(key):
                 return int(line.split()[1]) * 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return None
 
 
 def _bytes(tensors) -> int:
@@ -59,7 +68,11 @@ def held(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
             "optimizer_state": _bytes(state), "buffers": _bytes(model.buffers())}
 
 
-def record(peak_method: str, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
-    """This process's figures: its peak, how it was measured, and what it holds."""
+def record(peak_method: str, model: nn.Module, optimizer: torch.optim.Optimizer,
+           setup_rss: int | None = None) -> dict:
+    """This process's figures: its peak, how it was measured, what it holds, and what it
+    held resident once set up (``setup_rss``: before its first step made gradients,
+    optimizer state and activations)."""
     return {"peak_rss_bytes": peak_rss(), "peak_method": peak_method,
-            "held_bytes": held(model, optimizer)}
+            "held_bytes": held(model, optimizer)} | (
+        {"setup_rss_bytes": setup_rss} if setup_rss is not None else {})

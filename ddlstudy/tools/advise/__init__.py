@@ -44,6 +44,7 @@ recommendations and says whether the first-ranked is the fastest measured.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -57,17 +58,18 @@ from ddlstudy.models import facts
 from ddlstudy.plan import cell_config
 from ddlstudy.tools.advise.checking import NOT_THE_CONFIGURATION, check, check_text
 from ddlstudy.tools.advise.exchange import COMPRESSORS, Exchange, measure_exchange, on_link
+from ddlstudy.tools.advise.memory import gib, linear_share
 from ddlstudy.tools.advise.nodes import Setting, mpi_candidates
 from ddlstudy.tools.advise.output import as_csv, as_json, markdown, write
 from ddlstudy.tools.advise.probes import (
-    BYTES_PER_WEIGHT,
     CONTENDER,
-    MEMORY_SHARE,
     PROBE_STEADY_STEPS,
     Candidate,
+    admit,
     candidates,
     check_fit,
     fastest,
+    over,
     probe,
     probe_all,
     probe_settings,
@@ -127,13 +129,13 @@ def advise(usecase: str | None, nodes: list[int], hosts: str | None, link: str |
            budget: float, out: Path, runs: Path | None = None, rounds: int = 3,
            steps: int = PROBE_STEADY_STEPS, datasets_dir: Path | None = None,
            host_count: int | None = None, wait: bool = False,
-           data: dict[str, Any] | None = None, strategies: list[str] | None = None
-           ) -> dict:
+           data: dict[str, Any] | None = None, strategies: list[str] | None = None,
+           memory: int | None = None) -> dict:
     """Probe, measure, predict and rank (see the module's docstring): advise.json's
     content. ``host_count``: how many ``hosts`` there are (MPI probes up to that many);
     ``wait``: each probe waits for a quiet host first; ``data``: run flags of every probe
     that say what it trains (``data_dir``, ``model``); ``strategies``: the only ones whose
-    layouts are probed (and sequential)."""
+    layouts are probed (and sequential); ``memory``: --memory's bytes (``_memory``)."""
     started = time.monotonic()
     deadline = started + budget
     probes_dir = out / "probes"
@@ -142,17 +144,17 @@ def advise(usecase: str | None, nodes: list[int], hosts: str | None, link: str |
     conv = convergence(runs, uc)  # --runs read (or refused) before anything is probed
     settings = probe_settings(uc, steps) | given
     cores, gpus = environment.usable_cores(), len(environment.gpus())
-    found = facts(uc.model, len(uc.classes))
-    params, gradient = found.parameters, found.gradient_bytes
+    gradient = facts(uc.model, len(uc.classes)).gradient_bytes
     cands = skip_unasked(candidates(cores, gpus), strategies)
-    check_fit(cands, usecase, params, psutil.virtual_memory().available, probes_dir, given)
+    check_fit(cands, usecase, probes_dir, given)
+    limit, fits = _memory(cands, uc, memory)
     where = Setting(cores, shared=link is None and (hosts is None
                                                    or emulated_prefix(hosts) is not None),
                     exchange=None, hosts=hosts, link=link,
                     placeable=0 if link else host_count or cores)
     skip_non_nodes(cands, nodes, where)
     say(f"advise {usecase}: {sum(not c.skip for c in cands)} local configurations to probe "
-        f"on {cores} cores, {gpus} GPU(s); budget {budget:.0f} s")
+        f"on {cores} cores, {gpus} GPU(s); budget {budget:.0f} s, {gib(limit)} a node")
     say_skipped(cands)
     if any(n > 1 for n in nodes):
         t0 = time.monotonic()
@@ -162,27 +164,51 @@ def advise(usecase: str | None, nodes: list[int], hosts: str | None, link: str |
             f"{time.monotonic() - t0:.0f} s")
     done, waited = probe_all(cands, usecase, settings, probes_dir, deadline, rounds,
                              lambda done: mpi_candidates(done, nodes, where, gradient),
-                             wait)
+                             wait, fits)
     refuse_if_all_failed(cands)
-    batch = uc.train.batch_size
-    rows, notes = predictions(cands, nodes, where, batch, gradient,
+    rows, notes = predictions(cands, nodes, where, uc.train.batch_size, gradient,
                               train_images(uc, given.get("data_dir")))
-    notes = _shared(where, nodes) + notes
+    rows, left_out = fitting(rows, limit)
+    notes = _shared(where, nodes) + _over(cands, limit) + notes
     rank(rows, conv, max(c.speed for c in cands if c.speeds and c.nodes == 1))
     for r in rows:
         r["command"] = command(usecase, (data or {}) | r["flags"])
     return {"usecase": uc.name, "origin": origin(usecase, uc, given), "nodes": nodes,
             "hosts": hosts, "link": link, "budget_s": budget,
             "seconds": round(time.monotonic() - started, 1), "waited_s": round(waited, 1),
-            "rounds": done, "cores": cores, "gpus": gpus, "batch": batch,
-            "gradient_bytes": gradient, "probe_settings": settings,
+            "rounds": done, "cores": cores, "gpus": gpus, "batch": uc.train.batch_size,
+            "gradient_bytes": gradient, "probe_settings": settings, "memory_bytes": limit,
             "probes": [c.record() for c in cands],
             "exchange": where.exchange.record() if where.exchange else None,
             "convergence": conv | ({"factor": {k: finite(v) for k, v in
                                                conv["factor"].items()}}
                                    if "factor" in conv else {}),
             "notes": notes, "sureness": sureness(rows),
-            "ranking": rows, "host": environment.host()}
+            "ranking": rows, "left_out": left_out, "host": environment.host()}
+
+
+def _memory(cands: list[Candidate], uc: UseCase, memory: int | None
+            ) -> tuple[int, Callable[[list[Candidate]], None]]:
+    """--memory's bytes (None: what this host has available now), and the check that
+    leaves out what would need more once the baseline has been probed (``admit``)."""
+    limit = memory or psutil.virtual_memory().available
+    linear = linear_share(uc.model, len(uc.classes)) if any(
+        c.footprint and c.footprint.tensor > 1 for c in cands if not c.skip) else 0.0
+    return limit, lambda them: admit(them, limit, uc.train.batch_size, linear)
+
+
+def fitting(rows: list[dict], limit: int) -> tuple[list[dict], list[dict]]:
+    """The rows whose predicted peak a node fits ``limit`` bytes (and the baseline's,
+    whatever it measured), and the others, each with why it was left out."""
+    fit, left = [], []
+    for r in rows:
+        need = r.get("predicted_peak_node_bytes")
+        if need is None or need <= limit or r["label"] == "sequential":
+            fit.append(r)
+        else:
+            left.append({"label": r["label"], "nodes": r["nodes"],
+                         "predicted_peak_node_bytes": need, "skipped": over(need, limit)})
+    return fit, left
 
 
 def origin(usecase: str | None, uc: UseCase, given: dict[str, Any]) -> dict[str, Any]:
@@ -194,6 +220,16 @@ def origin(usecase: str | None, uc: UseCase, given: dict[str, Any]) -> dict[str,
             "datasets_dir": given.get("datasets_dir")}
 
 
+def _over(cands: list[Candidate], limit: int) -> list[str]:
+    """The note a baseline that measured more than --memory needs."""
+    base = next((c for c in cands if c.label == "sequential" and c.memory), None)
+    peak = base.measured_peak() if base else None
+    if peak is None or peak <= limit:
+        return []
+    return [f"the baseline (sequential) measured {gib(peak)} a node, over --memory "
+            f"{gib(limit)}: it is ranked all the same, the reference of every speedup"]
+
+
 def _shared(where: Setting, nodes: list[int]) -> list[str]:
     """The note a ranking of nodes that all share this host needs."""
     if not where.shared or all(n == 1 for n in nodes):
@@ -203,9 +239,9 @@ def _shared(where: Setting, nodes: list[int]) -> list[str]:
             "to plan for separate machines give --link RATE (predicted) or --hosts"]
 
 
-__all__ = ["BYTES_PER_WEIGHT", "COMPRESSORS", "CONTENDER", "MEMORY_SHARE",
-           "NOT_THE_CONFIGURATION", "PROBE_STEADY_STEPS", "Candidate", "Exchange", "Setting",
-           "advise", "as_csv", "as_json", "candidates", "check", "check_fit", "check_text",
-           "command", "convergence", "convergence_key", "fastest", "finite", "markdown",
-           "measure_exchange", "mpi_candidates", "on_link", "predictions", "probe", "probe_all",
-           "probe_settings", "rank", "say", "settle_noisy", "sureness", "train_images", "write"]
+__all__ = ["COMPRESSORS", "CONTENDER", "NOT_THE_CONFIGURATION", "PROBE_STEADY_STEPS",
+           "Candidate", "Exchange", "Setting", "admit", "advise", "as_csv", "as_json",
+           "candidates", "check", "check_fit", "check_text", "command", "convergence",
+           "convergence_key", "fastest", "finite", "fitting", "markdown", "measure_exchange",
+           "mpi_candidates", "on_link", "predictions", "probe", "probe_all", "probe_settings",
+           "rank", "say", "settle_noisy", "sureness", "train_images", "write"]

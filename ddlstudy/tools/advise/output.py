@@ -23,7 +23,8 @@ SCALING_EFFICIENCY = ("scaling efficiency: images/s / (nodes x the fastest one-n
                       "probe's images/s); not the report's efficiency (speedup / cores)")
 CSV_COLUMNS = ["rank", "list", "label", "nodes", "images_per_s", "low", "high", "basis",
                "noisy", "speedup", "scaling_efficiency", "time_to_target_s",
-               "convergence", "runnable", "command"]
+               "convergence", "predicted_peak_node_bytes", "measured_peak_node_bytes",
+               "runnable", "command"]
 """``advise --format csv``: a row a ranked configuration."""
 
 
@@ -61,7 +62,9 @@ def markdown(result: dict, top: int = 10) -> str:
     lines += ["", wrapped("images/s: the fastest probe's (*: a busy host's probes only; every "
                           "probe's range in advise.json); basis: probed, or a probe's compute + "
                           f"the exchange's model, or a model of one node; {SCALING_EFFICIENCY}; "
-                          "epochs: to the target, against the baseline's (measured in --runs)")]
+                          "epochs: to the target, against the baseline's (measured in --runs); "
+                          "GiB: the predicted peak resident memory a node (--memory leaves "
+                          "out what would not fit)")]
     lines += ["", f"best per node count ({SAME}), and how to run it:", ""]
     lines += [wrapped(f"- {n}: {r['label']}, {r['images_per_s']:.1f} images/s (rank "
                       f"{r['rank']})", "  ") for n, r in sorted(best.items())]
@@ -80,9 +83,9 @@ def markdown(result: dict, top: int = 10) -> str:
             f"cores of this host busy (up to {max(n['others_cores'] for n in noisy):.2f}): "
             "not counted where the configuration had a quiet probe; rows marked 'busy host' "
             "had none. --wait-quiet waits for a quiet host before each probe", "  "))
-    skipped = [p for p in result["probes"] if "skipped" in p]
+    skipped = [p for p in result["probes"] + result.get("left_out", []) if "skipped" in p]
     if skipped:
-        lines += ["", "not probed:", ""] + [wrapped(f"- {p['label']}: {p['skipped']}", "  ")
+        lines += ["", "not ranked:", ""] + [wrapped(f"- {p['label']}: {p['skipped']}", "  ")
                                              for p in skipped]
     return "\n".join(lines)
 
@@ -96,6 +99,7 @@ def _table(rows: list[dict], conv: dict, notes: dict[str, int]) -> str:
         "images/s": cell_text(r["images_per_s"]) + ("*" if r.get("noisy") else ""),
         "basis": r["basis"].replace(" + ", "+"), "speedup": cell_text(r["speedup"]),
         "scaling eff.": f"{scaling(r):.0%}",
+        "GiB": _gib(r.get("predicted_peak_node_bytes")),
         **({"to target": _figure(r.get("time_to_target_s"), " s")} if factors else {}),
         "epochs": _converges(r.get("convergence_key", "baseline"), factors)} for r in rows])
     return fitted_markdown(table, ["epochs", "configuration"], notes, WIDTH)
@@ -158,3 +162,8 @@ def write(result: dict, out: Path) -> list[Path]:
 
 def _figure(value: float | None, unit: str = "") -> str:
     return "never" if value is None else f"{value:.1f}{unit}"
+
+
+def _gib(nbytes: int | None) -> str:
+    """A row's predicted peak a node in GiB ('?' where the baseline recorded no memory)."""
+    return "?" if nbytes is None else f"{nbytes / 2**30:.2f}"

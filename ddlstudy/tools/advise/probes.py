@@ -22,7 +22,9 @@ from ddlstudy.runfolder import MANIFEST, load_manifest, new_run_id, run_env
 from ddlstudy.runner import preflight
 from ddlstudy.sampler import NOISY_CORES, OthersLoad, wait_quiet_at_most
 from ddlstudy.strategies import REGISTRY as STRATEGIES
-from ddlstudy.training import WARMUP_STEPS, recipe
+from ddlstudy.strategies.base import Footprint
+from ddlstudy.tools.advise.memory import Split, gib, measured, predict, split
+from ddlstudy.training import WARMUP_STEPS
 
 log = logging.getLogger("ddlstudy")
 PROBE_STEADY_STEPS = 24
@@ -31,11 +33,6 @@ takes: enough that a tiny probe's figure is not one step's noise."""
 CONTENDER = 0.8
 """After the first round, only candidates whose fastest probe reaches this share of the
 leader's speed (its fastest probe, ``fastest``) are probed again."""
-MEMORY_SHARE = 0.8
-"""Of the memory available now, what the probes' replicas may plan to use."""
-BYTES_PER_WEIGHT = 12
-"""A training replica's weights, gradients and one copy in flight (float32), beside the
-optimizer's state (``recipe.states_per_weight``: SGD's momentum, Adam's two moments)."""
 
 
 @dataclass
@@ -62,13 +59,39 @@ class Candidate:
     kept for the record, left out of ``speeds`` unless no quiet probe came (``busy``)."""
     busy: bool = False
     """Whether its figure comes from noisy probes only."""
+    footprint: Footprint | None = None
+    """What a node of it holds, in the baseline's units (``check_fit``)."""
+    split: Split | None = None
+    """The baseline's probe's memory in parts, once it has run (``admit``)."""
+    memory: dict[str, Any] | None = None
+    """Its last probe's ``backend.memory`` record."""
 
     @property
     def speed(self) -> float:
         return fastest(self.speeds)
 
+    def node_batch(self, batch: int) -> int:
+        """The images a node of it computes a step, of the use case's ``batch``."""
+        weak = self.flags.get("scaling") == "weak"
+        return batch if weak else math.ceil(batch / self.nodes)
+
+    def peak(self, node_batch: int) -> int | None:
+        """Its predicted peak bytes a node computing ``node_batch`` images a step (None
+        before the baseline's probe)."""
+        fp = (self.node or self).footprint
+        return predict(fp, self.split, node_batch) if fp and self.split else None
+
+    def measured_peak(self) -> int | None:
+        """Its last probe's peak a node, as recorded."""
+        return measured(self.memory, self.nodes) if self.memory else None
+
     def record(self) -> dict[str, Any]:
         out = {"label": self.label, "flags": self.flags, "cores": self.cores}
+        if self.split:  # the baseline's probe: in the parts every prediction scales
+            out["predicted_peak_node_bytes"] = self.peak(self.node_batch(self.split.batch))
+            out |= {"memory_split": self.split.record()} if self.label == "sequential" else {}
+        if self.memory:
+            out["measured_peak_node_bytes"] = self.measured_peak()
         if self.skip:
             return out | {"skipped": self.skip}
         return out | {"images_per_s": [round(s, 2) for s in self.speeds], "runs": self.runs,
@@ -93,25 +116,39 @@ def candidates(cores: int, gpus: int) -> list[Candidate]:
     return out
 
 
-def check_fit(cands: list[Candidate], usecase: str, params: int, available: int,
-              runs_dir: Path, given: dict[str, Any] | None = None) -> None:
-    """Mark what this machine cannot run: preflight's refusals (no GPU, a layout the model
-    does not allow) and replicas whose weights would not fit in memory."""
+def check_fit(cands: list[Candidate], usecase: str, runs_dir: Path,
+              given: dict[str, Any] | None = None) -> None:
+    """Mark what this machine cannot run (preflight's refusals: no GPU, a layout the model
+    does not allow); give the rest their strategy's ``Footprint`` (memory: ``admit``)."""
     for c in cands:
         if c.skip:
             continue
         try:
             cfg = cell_config(usecase, (given or {}) | c.flags, runs_dir)
-            each = BYTES_PER_WEIGHT + 4 * recipe.states_per_weight(cfg.usecase.train)
-            need = c.replicas * params * each
-            if need > MEMORY_SHARE * available:
-                c.skip = (f"{c.replicas} replica(s) need about {need / 2**30:.1f} GiB of "
-                          f"weights, gradients and optimizer state; "
-                          f"{available / 2**30:.1f} GiB is available")
-                continue
             preflight(cfg)
+            c.footprint = STRATEGIES.named(cfg.strategy)().footprint(cfg)
         except (Unavailable, ConfigError) as exc:
             c.skip = str(exc)
+
+
+def admit(cands: list[Candidate], limit: int, batch: int, linear: float = 0.0) -> None:
+    """Once the baseline has been probed: every candidate's predicted peak a node from
+    its probe, and those over ``limit`` bytes (--memory) left out, never started (the
+    baseline is ranked whatever it measured: speedups are against it)."""
+    base = next((c for c in cands if c.label == "sequential" and c.memory), None)
+    found = base and (base.split or split(base.memory, batch, linear))
+    if not found:
+        return
+    for c in cands:
+        c.split = found
+        need = c.peak(c.node_batch(batch))
+        if c is not base and not c.skip and need is not None and need > limit:
+            c.skip = over(need, limit)
+
+
+def over(need: int, limit: int) -> str:
+    """Why a configuration is left out for --memory."""
+    return f"needs about {gib(need)} a node, and --memory is {gib(limit)}"
 
 
 def train_images(uc: UseCase, folder: Path | None = None) -> int:
@@ -159,6 +196,7 @@ def probe(c: Candidate, usecase: str, settings: dict[str, Any], runs_dir: Path) 
         c.skip = f"the probe failed: {tail}"
         return
     m = load_manifest(manifest)
+    c.memory = (m.get("backend") or {}).get("memory") or c.memory
     speed = statistics.median(e["steady_images_per_s"] for e in m["epochs"])
     exchange = None
     if c.nodes > 1:
@@ -193,7 +231,9 @@ def say(text: str) -> None:
 def probe_all(cands: list[Candidate], usecase: str, settings: dict[str, Any],
               runs_dir: Path, deadline: float, rounds: int,
               grow: Callable[[list[Candidate]], list[Candidate]] = lambda done: [],
-              wait: bool = False) -> tuple[int, float]:
+              wait: bool = False,
+              fits: Callable[[list[Candidate]], None] = lambda cands: None
+              ) -> tuple[int, float]:
     """Rounds of probes while the deadline allows. The first probes every candidate; after
     it ``grow`` adds those that depend on it (MPI nodes of the fastest local strategies),
     probed first in the second round; later rounds probe first again those whose probes
@@ -201,14 +241,17 @@ def probe_all(cands: list[Candidate], usecase: str, settings: dict[str, Any],
     first: those whose fastest probe reaches ``CONTENDER`` of the leader's speed (a
     candidate far behind needs no more probes to be ranked below it). A probe starts only
     if the slowest earlier probe of it (or of any, before its first) would end before the
-    deadline; the baseline always runs once. With ``wait``, each probe first waits for a
-    quiet host (at most WAIT_MOST_S), and the wait is not charged to the budget. Returns
+    deadline; the baseline always runs once, first. Before each probe ``fits`` leaves out
+    what would not fit in memory (``admit``, once the baseline has run). With ``wait``,
+    each probe first waits for a quiet host (at most WAIT_MOST_S), and the wait is not
+    charged to the budget. Returns
     the rounds probes ran in (the last perhaps cut by the budget) and the seconds waited."""
     count, waited, ran_in = 0, 0.0, 0
     try:
         for r in range(rounds):
-            if r == 0:
-                order = [c for c in cands if not c.skip]
+            if r == 0:  # the baseline first: what else fits is predicted from its probe
+                order = sorted((c for c in cands if not c.skip),
+                               key=lambda c: c.label != "sequential")
             else:
                 more = grow(cands) if r == 1 else []
                 cands += more
@@ -219,6 +262,7 @@ def probe_all(cands: list[Candidate], usecase: str, settings: dict[str, Any],
                     (c for c in ran if max(c.speeds) >= CONTENDER * lead),
                     key=lambda c: -c.speed)
             for c in order:
+                fits(cands)  # after the baseline's probe: what would not fit is left out
                 if c.skip or len(c.speeds) > r:
                     continue
                 if wait:
@@ -231,6 +275,7 @@ def probe_all(cands: list[Candidate], usecase: str, settings: dict[str, Any],
                 count, ran_in = count + 1, r + 1
         return rounds, waited
     finally:
+        fits(cands)
         settle_noisy(cands)
 
 

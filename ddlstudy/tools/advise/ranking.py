@@ -71,7 +71,7 @@ def predictions(cands: list[Candidate], nodes: list[int], where: Setting, batch:
     for n in nodes:
         if n == 1:
             rows += [_row(c.node or c, 1, None, c.speeds, base, train_images,
-                          (batch, batch), "probed", busy=c.busy)
+                          (batch, batch), "probed", busy=c.busy, probe=c)
                      for c in probed if c.nodes == 1]
             continue
         nodes_ = _computes([c for c in probed if c.nodes == n], batch, n)
@@ -145,7 +145,7 @@ def _node_rows(node: Candidate, by_scaling: dict, n: int, where: Setting, batch:
                 basis = "probe + model" if everyone else "model"
             rows.append(_row(node, n, method, speeds, base, train_images, (images, batch),
                              basis, where, exchange,
-                             busy=node.busy or any(p.busy for p in probes)))
+                             busy=node.busy or any(p.busy for p in probes), probe=probed))
     return rows
 
 
@@ -170,9 +170,10 @@ def in_run(run: Candidate | None, where: Setting, n: int, gradient_bytes: int) -
 def _row(c: Candidate, n: int, method: str | None, speeds: list[float], base: float,
          train_images: int, batches: tuple[int, int], basis: str,
          where: Setting | None = None, exchange: float = 0.0,
-         busy: bool = False) -> dict[str, Any]:
+         busy: bool = False, probe: Candidate | None = None) -> dict[str, Any]:
     """A ranked row of local candidate ``c`` on ``n`` nodes: ``batches`` is (global batch,
-    the use case's batch); ``busy``: its figures come from noisy probes only."""
+    the use case's batch); ``busy``: its figures come from noisy probes only; ``probe``:
+    the probe of this very configuration, if any (its measured memory)."""
     flags = dict(c.flags)
     label = c.label
     weak = batches[0] != batches[1]
@@ -190,7 +191,9 @@ def _row(c: Candidate, n: int, method: str | None, speeds: list[float], base: fl
             "low": min(speeds), "high": max(speeds), "speedup": speed / base,
             "exchange_s": exchange, "epoch_s": train_images / speed, "basis": basis,
             "convergence_key": convergence_key(flags, *batches),
-            "runnable": n == 1 or where.link is None, "noisy": busy}
+            "runnable": n == 1 or where.link is None, "noisy": busy,
+            "predicted_peak_node_bytes": c.peak(math.ceil(batches[0] / n)),
+            "measured_peak_node_bytes": probe.measured_peak() if probe else None}
 
 
 SAME, CHANGES = "same convergence", "changes convergence"

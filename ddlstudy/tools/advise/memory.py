@@ -1,0 +1,86 @@
+"""``advise --memory``: every candidate's peak resident memory a node, predicted before it
+is probed from the sequential baseline's probe (probed first).
+
+The baseline's one process peaks at its ``rest`` (the interpreter, torch, the data and
+the loaders: resident once set up, less its parameters and buffers), its model
+(parameters, buffers and gradients, counted), its optimizer state (counted) and its
+``activations`` (what its steps added beyond those: the batch's activations and the
+step's transients). A node of another layout holds (its strategy's ``Footprint``) the
+rest once a process, the model and optimizer state as many times as it keeps copies
+(a Linear pair split over T processes counts 1/T a copy), and the activations of its
+node's batch (strong scaling over N nodes: 1/N of the batch) as many times as it computes
+them at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ddlstudy.config import ModelSpec
+from ddlstudy.models import shapes_only
+from ddlstudy.strategies.base import Footprint
+from ddlstudy.training.tensor_plan import linear_pairs
+
+
+def gib(nbytes: float) -> str:
+    return f"{nbytes / 2**30:.2f} GiB"
+
+
+@dataclass(frozen=True)
+class Split:
+    """The baseline probe's peak in parts (bytes), and what it computed them on."""
+
+    rest: int
+    model: int
+    states: int
+    activations: int
+    batch: int
+    linear: float = 0.0
+    """The share of the parameters in pairs of consecutive Linear layers (what tensor
+    parallelism splits)."""
+
+    def record(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def split(memory: dict[str, Any], batch: int, linear: float = 0.0) -> Split | None:
+    """The baseline's probe's memory in parts, from its manifest's ``backend.memory``
+    (None where it did not record what set-up held)."""
+    rank = next(iter(memory.get("per_rank") or []), None)
+    if not rank or rank.get("setup_rss_bytes") is None:
+        return None
+    held, peak, setup = rank["held_bytes"], rank["peak_rss_bytes"], rank["setup_rss_bytes"]
+    model = held["parameters"] + held["buffers"] + held["gradients"]
+    static = held["parameters"] + held["buffers"]
+    return Split(rest=max(setup - static, 0), model=model, states=held["optimizer_state"],
+                 activations=max(peak - setup - held["gradients"] - held["optimizer_state"],
+                                 0), batch=batch, linear=linear)
+
+
+def linear_share(spec: ModelSpec, classes: int) -> float:
+    """The share of the model's parameters in its pairs of consecutive Linear layers."""
+    model, _ = shapes_only(spec, classes)
+    names = {name for pair in linear_pairs(spec, classes) for name in pair}
+    total = sum(p.numel() for p in model.parameters())
+    inside = sum(p.numel() for name, m in model.named_modules() if name in names
+                 for p in m.parameters())
+    return inside / total if total else 0.0
+
+
+def predict(fp: Footprint, base: Split, node_batch: int) -> int:
+    """A node's predicted peak bytes: ``fp``'s copies of the baseline's parts, its
+    activations for ``node_batch`` images."""
+    split_share = (1 - base.linear) + base.linear / fp.tensor
+    return round(fp.processes * base.rest + fp.models * split_share * base.model
+                 + fp.states * split_share * base.states
+                 + fp.activations * base.activations * node_batch / base.batch)
+
+
+def measured(memory: dict[str, Any], nodes: int = 1) -> int | None:
+    """A run's peak a node from its manifest's ``backend.memory``: its host's processes'
+    peaks summed (``nodes`` sharing one host: that sum over how many there are on it)."""
+    hosts = memory.get("per_host_bytes")
+    if not hosts:
+        return None
+    return round(max(hosts.values()) / max(1, nodes // len(hosts)))
