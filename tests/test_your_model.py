@@ -35,6 +35,10 @@ SETUPS = {
 # mode, which averages the weights and the BatchNorm buffers, is the Spark case here.
 CASES = [*((OWN_NET, s) for s in SETUPS if s != "spark"), ("resnet18", "pipeline"),
          ("mobilenet_v3_small", "hybrid")]
+RECIPE = ("--optimizer", "AdamW", "--optimizer-args", '{"weight_decay": 0.05}',
+          "--lr-schedule", "cosine")
+"""The BatchNorm net of one's own trains with a recipe of one's own under every setup
+(each strategy and backend builds the declared optimizer and schedule)."""
 
 
 def ddlstudy(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
@@ -57,10 +61,13 @@ def test_any_model_trains_under_every_strategy_and_backend(model, setup, tmp_pat
     out = ddlstudy("run", "--usecase", "tiny", "--model", model, "--epochs", "1",
                    "--max-steps", "3", "--no-snapshot", "--sample-hz", "0", "--quiet",
                    "--datasets-dir", str(datasets_dir), "--runs-dir", str(runs),
-                   *SETUPS[setup])
+                   *SETUPS[setup], *(RECIPE if model == OWN_NET else ()))
     assert out.returncode == 0, out.stderr[-3000:]
     m = manifest_in(runs)
     assert m["status"] == "completed" and m["model"]["name"] == model
+    train = m["config"]["usecase"]["train"]
+    assert (train["optimizer"], train["lr_schedule"]) == (
+        ("AdamW", "cosine") if model == OWN_NET else ("SGD", "none"))
     assert m["model"]["buffers"] > 0  # all three have BatchNorm
     epoch = m["epochs"][0]
     assert epoch["train_images"] == 48 and np.isfinite(epoch["train_loss"])
