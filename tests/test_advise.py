@@ -414,7 +414,7 @@ def test_max_val_steps_validates_on_batches_spread_over_every_class(quick_config
 @pytest.mark.slow
 def test_advise_probes_and_ranks_and_a_study_of_its_top_2_checks_the_ranking(
         tmp_path, datasets_dir, capsys):
-    """Advise probes real runs within its budget, ranks them, prints its progress; a study
+    """Advise probes real runs of the strategies asked, ranks them, prints its progress; a study
     of its top 2 checks the ranking against what it measures (advice-check). Whether the
     first comes within 10 % of the best is this host's speed between the probes and the
     study (a host that slowed down between them measured 0.85): the check reports it,
@@ -423,9 +423,11 @@ def test_advise_probes_and_ranks_and_a_study_of_its_top_2_checks_the_ranking(
     # A speed comparison: both sides wait for a quiet host before each probe and cell,
     # and leave out what another process disturbed all the same (noisy).
     # Probes of 4 steady steps (6 steps, one epoch, not 2 x 15; start-up is most of a
-    # probe: 7.5 to 16 s here): the budget stops the first round of the 9 layouts that fit
-    # 2 cores after 4 to 6 of them.
-    code = main(["advise", "--usecase", "tiny", "--nodes", "1", "--budget", "60s",
+    # probe: 7.5 to 16 s here) of 4 strategies, one round: as many probes on a busy host
+    # as on a quiet one (a budget of 60 s stopped after 4 to 6 of the 9 layouts here, and
+    # after 3 on a host loaded threefold, which this test then failed).
+    code = main(["advise", "--usecase", "tiny", "--nodes", "1", "--budget", "30m",
+                 "--rounds", "1", "--strategies", "sequential,cpu-intraop,cpu-processes,zero",
                  "--steps", "4", "--datasets-dir", str(datasets_dir), "--out", str(out),
                  "--wait-quiet"])
     captured = capsys.readouterr()
@@ -434,9 +436,10 @@ def test_advise_probes_and_ranks_and_a_study_of_its_top_2_checks_the_ranking(
     assert "| # | configuration |" in captured.out
     result = json.loads((out / "advise.json").read_text())
     probes = [p for p in result["probes"] if "images_per_s" in p]
-    assert len(probes) >= 4 and all(len(p["images_per_s"]) >= 1 for p in probes)
-    waited = result["waited_s"]
-    assert result["seconds"] <= 60 + waited + max(s for p in probes for s in p["probe_s"])
+    assert sorted(p["flags"].get("strategy", "sequential") for p in probes) == [
+        "cpu-intraop", "cpu-processes", "sequential", "zero"], probes
+    for p in probes:  # one round: one run (a noisy one is marked, and counted if alone)
+        assert len(set(p["runs"]) | {n["run"] for n in p.get("noisy", [])}) == 1, p
     assert result["ranking"][0]["rank"] == 1
     assert [r["images_per_s"] for r in result["ranking"]] == sorted(
         (r["images_per_s"] for r in result["ranking"]), reverse=True)
