@@ -305,3 +305,23 @@ def test_tasks_run_their_strategys_worker_as_mpi_nodes_do(tmp_path, datasets_dir
     assert manifest["strategy"]["replicas"] == theirs["strategy"]["replicas"] == 2
     assert manifest["effective"]["data_parallel_workers"] == 4
     assert _losses(manifest["epochs"]) == _losses(theirs["epochs"])
+
+
+def test_a_jvm_call_that_fails_after_a_ctrl_c_is_the_interrupt():
+    """A Ctrl-C inside collect() leaves its connection to the JVM without an answer; the
+    call pyspark makes on the way out then fails (Py4JNetworkError, 'Answer from Java side
+    is empty': a full run here recorded the run failed). That failure is the interrupt."""
+    from py4j.protocol import Py4JNetworkError
+
+    from ddlstudy.backends.spark.driver import interrupted
+
+    def collect():
+        try:
+            raise KeyboardInterrupt
+        finally:
+            raise Py4JNetworkError("Answer from Java side is empty")
+
+    with pytest.raises(Py4JNetworkError) as caught:
+        collect()
+    assert interrupted(caught.value)
+    assert not interrupted(Py4JNetworkError("the JVM died alone"))

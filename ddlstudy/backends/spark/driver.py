@@ -133,6 +133,10 @@ def _fit(job: Job, n: int, start: float) -> None:
         attempts = _stage_attempts(sc)
     except Py4JJavaError as exc:
         raise SparkJobFailed(_spark_reason(exc)) from None
+    except Py4JError as exc:  # a Ctrl-C in collect, then pyspark's own last call to the
+        if interrupted(exc):  # JVM (its call site's reset) found the connection broken
+            raise KeyboardInterrupt from None
+        raise
     finally:
         # An interrupt (Ctrl-C) that lands inside a call to the JVM leaves that call's
         # connection without its answer: stopping may then fail, and must not turn the
@@ -151,6 +155,17 @@ def _fit(job: Job, n: int, start: float) -> None:
 
 class SparkJobFailed(RuntimeError):
     """Spark gave up on the barrier stage (after its retries)."""
+
+
+def interrupted(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised while an interrupt (KeyboardInterrupt) was handled."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, KeyboardInterrupt):
+            return True
+        seen.add(id(exc))
+        exc = exc.__context__
+    return False
 
 
 def _stage_attempts(sc) -> int:
