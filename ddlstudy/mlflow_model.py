@@ -4,7 +4,7 @@ logs beside the run's metrics, so that MLflow gives it back::
     import mlflow.pytorch
     model = mlflow.pytorch.load_model("runs:/<run id>/model")   # logits of (N, 3, size, size)
 
-The model is the run's final weights (its snapshot, as ``ddlstudy export model`` writes
+The model is the run's final weights (its snapshot, as ``ddlstudy export model`` reads
 them) in MLflow's PyTorch flavour, saved as ``torch.export`` saves a program ("pt2"): no
 pickle, and no Python code of the model needed to load it, so a model of one's own
 (``--model file.py:FUNCTION``) loads in a fresh process as a torchvision one does. Its batch
@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from ddlstudy.models.sources import sha256_of
-from ddlstudy.models.trained import export, load, sidecar
+from ddlstudy.models.trained import trained
 
 log = logging.getLogger("ddlstudy")
 
@@ -95,10 +95,8 @@ def _log(mlflow, experiment_id: str, run_id: str, folder: Path, tmp: Path,
 
     work = tmp / "models" / folder.name
     shutil.rmtree(work, ignore_errors=True)
-    weights = work / "model.pt"
-    export(folder, weights, force=True)
-    described = json.loads(sidecar(weights).read_text())
-    model = load(weights).eval()
+    model, _, described = trained(folder)
+    model.eval()
     made = mlflow.create_logged_model(experiment_id, name=MODEL, source_run_id=run_id,
                                       tags={DIGEST_TAG: digest,
                                             "ddlstudy_run_id": described.get("run") or ""})
@@ -113,7 +111,7 @@ def _log(mlflow, experiment_id: str, run_id: str, folder: Path, tmp: Path,
                    signature=_signature(size, len(described["classes"])),
                    input_example=(torch.zeros(EXAMPLE_BATCH, 3, size, size),),
                    pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"])
-        shutil.copyfile(sidecar(weights), saved / USECASE)
+        (saved / USECASE).write_text(json.dumps(described, indent=2))
         mlflow.log_model_artifacts(made.model_id, str(saved))
         mlflow.log_outputs(run_id, [LoggedModelOutput(made.model_id, step=0)])
         mlflow.finalize_logged_model(made.model_id, LoggedModelStatus.READY)

@@ -104,11 +104,26 @@ def export(run: Path, out: Path, force: bool = False, fmt: str = "pt") -> list[P
     """The final weights of ``run`` (its snapshot's model) into ``out``, its use case
     beside them (``force``: replacing what is there): a state dict (``fmt`` "pt") or the
     network as an ONNX file ("onnx")."""
-    run, out = Path(run), Path(out)
+    out = Path(out)
     for path in (out, sidecar(out)):
         check_output("--out", path, force)
     if fmt == "onnx":
         check_installed()
+    model, state, described = trained(run, fmt)
+    text = json.dumps(described, indent=2)
+    data = None if fmt != "onnx" else onnx_bytes(model, described["preprocessing"]["size"],
+                                                 described["usecase"]["model"]["arch"])
+    write_outputs("--out", {out: lambda f: torch.save(state, f) if data is None else f.write(data),
+                            sidecar(out): lambda f: f.write(text.encode())})
+    return [out, sidecar(out)]
+
+
+def trained(run: Path, fmt: str = "pt") -> tuple[nn.Module, dict[str, torch.Tensor],
+                                                 dict[str, Any]]:
+    """The network ``run`` trained (its snapshot's weights in the model its manifest
+    records), those weights, and what ``model.usecase.json`` says of them (the use case,
+    the run, the classes, ``fmt`` and the preprocessing a new image needs)."""
+    run = Path(run)
     manifest_file = run / "manifest.json"
     if not manifest_file.exists():
         raise UsageError(f"{run} is not a run folder (it has no manifest.json)")
@@ -125,15 +140,11 @@ def export(run: Path, out: Path, force: bool = False, fmt: str = "pt") -> list[P
     usecase = usecase_from_dict(_usecase_dict(manifest))
     with named(f"run manifest {manifest_file}: config.usecase.model.arch"):
         model = _fits(state, usecase, snapshot)  # a name it records that no longer builds
-    pre = _preprocessing(manifest, usecase)
-    text = json.dumps({"usecase": _usecase_dict(manifest), "run": manifest.get("id"),
-                       "epochs": len(manifest.get("epochs", [])), "model": manifest.get("model"),
-                       "classes": list(usecase.classes or ()), "format": fmt,
-                       "preprocessing": pre}, indent=2)
-    data = onnx_bytes(model, pre["size"], usecase.model.arch) if fmt == "onnx" else None
-    write_outputs("--out", {out: lambda f: torch.save(state, f) if data is None else f.write(data),
-                            sidecar(out): lambda f: f.write(text.encode())})
-    return [out, sidecar(out)]
+    return model, state, {
+        "usecase": _usecase_dict(manifest), "run": manifest.get("id"),
+        "epochs": len(manifest.get("epochs", [])), "model": manifest.get("model"),
+        "classes": list(usecase.classes or ()), "format": fmt,
+        "preprocessing": _preprocessing(manifest, usecase)}
 
 
 def _preprocessing(manifest: dict[str, Any], usecase: UseCase) -> dict[str, Any]:
