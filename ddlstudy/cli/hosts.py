@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ddlstudy.cli.common import check_positive
+from ddlstudy.cli.common import check_positive, size_bytes
 
 
 def register(sub) -> None:
@@ -18,6 +18,9 @@ def register(sub) -> None:
                    "unlimited)")
     h.add_argument("--cpus", help="CPU time per host in cores, e.g. 1,0.5 for unequal nodes "
                    "(default: unlimited)")
+    h.add_argument("--memory", help="memory each host's processes may hold together, e.g. "
+                   "2GiB (a cgroup's limit: past it the kernel kills one, and a run says "
+                   "which; default: unlimited)")
     h.add_argument("--subnet", default="10.77.0", help="their /24 (default 10.77.0)")
     hsub.add_parser("down", help="remove the hosts and what runs on them (only what hosts up "
                     "recorded as made)")
@@ -34,11 +37,14 @@ def cmd_hosts(args: argparse.Namespace) -> int:
     from ddlstudy import hosts
 
     if args.hosts_command == "up":
+        memory = size_bytes("--memory", args.memory) if args.memory is not None else None
         made = hosts.up(args.count, args.prefix, args.subnet, args.delay, args.rate,
-                        hosts.parse_cpus(args.cpus))
+                        hosts.parse_cpus(args.cpus), memory)
         link = ", ".join(x for x in (made.delay and f"delay {made.delay}",
                                      made.rate and f"rate {made.rate}",
-                                     made.cpus and f"cpus {args.cpus}") if x) or "unshaped"
+                                     made.cpus and f"cpus {args.cpus}",
+                                     made.memory and f"memory {args.memory} each")
+                         if x) or "unshaped"
         print(f"{made.count} hosts up ({link}): "
               + ", ".join(f"{n} {a}" for n, a in made.members))
         flag = "emulated" if args.prefix == hosts.DEFAULT_PREFIX else f"emulated:{args.prefix}"

@@ -20,6 +20,7 @@ everything ``hosts up`` made, and ``hosts down`` deletes that and nothing else
 (``state.py``): a bridge or namespace that merely shares the prefix is never touched.
 """
 
+from ddlstudy.hosts.cgroups import HostMemory, MemoryWatch, out_of_memory
 from ddlstudy.hosts.namespaces import can_emulate, down, load, up
 from ddlstudy.hosts.spark import spark_down, spark_secret_file, spark_up
 from ddlstudy.hosts.spec import (
@@ -38,7 +39,7 @@ from ddlstudy.hosts.spec import (
 from ddlstudy.hosts.state import prefixes
 from ddlstudy.hosts.status import status
 
-__all__ = ["DEFAULT_PREFIX", "DEFAULT_SUBNET", "MPI_ENV", "SPARK_PORT", "STATE_DIR", "Hosts",
-           "can_emulate", "check_prefix", "down", "emulated_prefix", "load", "parse_cpus",
-           "prefixes", "rate_bits", "spark_down", "spark_secret_file", "spark_up", "status", "up",
-           "validate"]
+__all__ = ["DEFAULT_PREFIX", "DEFAULT_SUBNET", "MPI_ENV", "SPARK_PORT", "STATE_DIR", "HostMemory",
+           "Hosts", "MemoryWatch", "can_emulate", "check_prefix", "down", "emulated_prefix",
+           "load", "out_of_memory", "parse_cpus", "prefixes", "rate_bits", "spark_down",
+           "spark_secret_file", "spark_up", "status", "up", "validate"]

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from ddlstudy.errors import ConfigError, Unavailable, UsageError
-from ddlstudy.hosts import state
+from ddlstudy.hosts import cgroups, state
 from ddlstudy.hosts.processes import _ip, _kill, _namespaces
 from ddlstudy.hosts.spark import spark_down
 from ddlstudy.hosts.spec import (
@@ -36,35 +36,6 @@ def can_emulate() -> str | None:
         if shutil.which(tool) is None:
             return f"emulated hosts need {tool!r} (Debian: apt install iproute2 util-linux)"
     return None
-
-
-def _cgroup(name: str) -> Path | None:
-    """The CPU cgroup of a host (v1's cpu controller, or the unified hierarchy)."""
-    root = Path("/sys/fs/cgroup")
-    if (root / "cpu" / "cpu.cfs_quota_us").exists() or (root / "cpu" / "tasks").exists():
-        return root / "cpu" / f"ddlstudy-{name}"
-    if (root / "cgroup.controllers").exists():
-        return root / f"ddlstudy-{name}"
-    return None
-
-
-def _limit_cpu(name: str, cores: float, made: state.State) -> None:
-    group = _cgroup(name)
-    if group is None:
-        raise Unavailable("--cpus", "no CPU cgroup here (/sys/fs/cgroup/cpu or cgroup v2), so "
-                          "hosts cannot be given unequal CPU shares")
-    try:
-        group.mkdir()  # absent: up refuses a set whose names exist
-        made.record("cgroups", str(group))
-        period = 10_000  # 10 ms: throttled in slices finer than a training step
-        if (group / "cpu.cfs_quota_us").exists():
-            (group / "cpu.cfs_period_us").write_text(str(period))
-            (group / "cpu.cfs_quota_us").write_text(str(int(cores * period)))
-        else:
-            (group / "cpu.max").write_text(f"{int(cores * period)} {period}")
-    except OSError as exc:
-        raise Unavailable("--cpus", f"cannot set a CPU quota in {group}: {exc.strerror}") \
-            from None
 
 
 def health(prefix: str = DEFAULT_PREFIX) -> tuple[Hosts | None, str]:
@@ -99,14 +70,14 @@ def load(prefix: str = DEFAULT_PREFIX, flag: str | None = "--hosts") -> Hosts:
 
 def up(count: int, prefix: str = DEFAULT_PREFIX, subnet: str = DEFAULT_SUBNET,
        delay: str | None = None, rate: str | None = None,
-       cpus: list[float] | None = None) -> Hosts:
+       cpus: list[float] | None = None, memory: int | None = None) -> Hosts:
     """Create ``count`` hosts (replacing a set of the same prefix that ddlstudy made),
     recording each thing as it is made so that ``down`` can undo even a half-made set."""
-    validate(count, prefix, subnet, delay, rate, cpus)
+    validate(count, prefix, subnet, delay, rate, cpus, memory)
     why = can_emulate()
     if why:
         raise Unavailable("hosts", why)
-    hosts = Hosts(prefix, count, subnet, delay, rate, cpus)
+    hosts = Hosts(prefix, count, subnet, delay, rate, cpus, memory)
     down(prefix)
     _refuse_foreign(hosts)
     made = state.State(hosts)
@@ -135,8 +106,7 @@ def _refuse_foreign(hosts: Hosts) -> None:
     taken = [n for n in hosts.names if n in _namespaces()]
     taken += [link for link in (hosts.bridge, *hosts.veths) if _link_exists(link)]
     taken += [str(ETC_NETNS / n) for n in hosts.names if os.path.lexists(ETC_NETNS / n)]
-    groups = [_cgroup(n) for n in hosts.names] if hosts.cpus else []
-    taken += [str(g) for g in groups if g is not None and g.exists()]
+    taken += [str(g) for n in hosts.names for g in _groups(hosts, n) if g.exists()]
     if taken:
         raise ConfigError("--prefix", f"{', '.join(taken)} already exist(s) and ddlstudy did "
                           f"not make them (they are not in {_state_file(hosts.prefix)}); "
@@ -172,7 +142,9 @@ def _build(hosts: Hosts, made: state.State) -> None:
             + f"{hosts.gateway} {hosts.prefix}-gw\n")
     _shape(hosts)
     for name, cores in zip(hosts.names, hosts.cpus or [], strict=False):
-        _limit_cpu(name, cores, made)
+        cgroups.limit_cpu(name, cores, made)
+    for name in hosts.names if hosts.memory else []:
+        cgroups.limit_memory(name, hosts.memory, made)
     _write_launcher(hosts)
     made.record("files", str(hosts.launcher))
 
@@ -210,9 +182,8 @@ def _shape(hosts: Hosts) -> None:
 
 def _write_launcher(hosts: Hosts) -> None:
     """The script hydra calls instead of ssh: ``launcher [-x ...] host command...``."""
-    def enter(name: str) -> str:  # join the host's CPU cgroup, if it has one
-        group = _cgroup(name) if hosts.cpus else None
-        return f" echo $$ > {group}/cgroup.procs;" if group else ""
+    def enter(name: str) -> str:  # join the host's cgroups (CPU share, memory), if any
+        return "".join(f" echo $$ > {g}/cgroup.procs;" for g in _groups(hosts, name))
 
     cases = "".join(f"  {a}|{n}) ns={n};{enter(n)};\n" for n, a in hosts.members)
     script = f"""#!/bin/sh
@@ -228,6 +199,10 @@ exec ip netns exec "$ns" unshare --uts sh -c "hostname $ns && exec $*"
     tmp.write_text(script)
     tmp.chmod(0o755)
     tmp.replace(hosts.launcher)
+
+
+def _groups(hosts: Hosts, name: str) -> list[Path]:
+    return cgroups.groups(name, bool(hosts.cpus), bool(hosts.memory))
 
 
 def down(prefix: str = DEFAULT_PREFIX) -> bool:

@@ -19,6 +19,8 @@ DEFAULT_SUBNET = "10.77.0"
 SPARK_PORT = 7077
 MPI_ENV = {"MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp"}
 """The netmod that sends between emulated hosts over TCP (UCX would use shared memory)."""
+MIN_MEMORY = 64 << 20
+"""The smallest ``--memory`` a host may be given."""
 # Checked with fullmatch: "$" would pass a name that ends in a newline.
 _PREFIX = re.compile(r"[a-z][a-z0-9]{0,5}")
 _RATE = re.compile(r"[0-9]+(\.[0-9]+)?(bit|kbit|mbit|gbit|tbit)")
@@ -36,6 +38,9 @@ class Hosts:
     rate: str | None = None
     cpus: list[float] | None = None
     """CPU time each host may use, in cores (a CFS quota): unequal nodes on one machine."""
+    memory: int | None = None
+    """Memory each host's processes may hold together, in bytes (a cgroup's limit): past
+    it the kernel kills one of them, as on a machine of that size."""
 
     @property
     def names(self) -> list[str]:
@@ -111,7 +116,7 @@ def state_dir() -> Path:
 
 
 def validate(count: int, prefix: str, subnet: str, delay: str | None, rate: str | None,
-             cpus: list[float] | None = None) -> None:
+             cpus: list[float] | None = None, memory: int | None = None) -> None:
     if not 1 <= count <= 16:
         raise ConfigError("--count", f"{count} hosts; between 1 and 16 can be emulated")
     check_prefix(prefix)
@@ -125,6 +130,10 @@ def validate(count: int, prefix: str, subnet: str, delay: str | None, rate: str 
     if cpus is not None and (len(cpus) != count or not all(0.05 <= c <= 64 for c in cpus)):
         raise ConfigError("--cpus", f"{','.join(map(str, cpus))}; give one CPU share per host "
                           f"({count}), each from 0.05 to 64 cores, e.g. 1,0.5")
+    if memory is not None and not MIN_MEMORY <= memory <= 2**50:
+        raise ConfigError("--memory", f"{memory} bytes a host; give at least "
+                          f"{MIN_MEMORY >> 20} MiB (a Python process with torch holds about "
+                          "0.5 GiB), e.g. 2GiB")
 
 
 def parse_cpus(text: str | None) -> list[float] | None:

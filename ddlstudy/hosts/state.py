@@ -114,17 +114,20 @@ def _text(path: Path) -> str | None:
 def _hosts(prefix: str, data: object) -> Hosts:
     """The set the record describes, every field of the type and range ``up`` allows."""
     names = {f.name for f in fields(Hosts)}
+    if isinstance(data, dict):  # a record from before --memory
+        data = {"memory": None} | data
     if not isinstance(data, dict) or set(data) != names or data["prefix"] != prefix:
         raise ValueError(f"'hosts' is not the set {prefix!r}")
-    count, subnet, delay, rate, cpus = (data[k] for k in ("count", "subnet", "delay", "rate",
-                                                          "cpus"))
+    count, subnet, delay, rate, cpus, memory = (
+        data[k] for k in ("count", "subnet", "delay", "rate", "cpus", "memory"))
     if type(count) is not int or not isinstance(subnet, str) \
             or not all(v is None or isinstance(v, str) for v in (delay, rate)) \
             or not (cpus is None or isinstance(cpus, list) and all(
-                type(c) in (int, float) for c in cpus)):
+                type(c) in (int, float) for c in cpus)) \
+            or not (memory is None or type(memory) is int):
         raise ValueError("'hosts' has a field of the wrong type")
     try:
-        validate(count, prefix, subnet, delay, rate, cpus)
+        validate(count, prefix, subnet, delay, rate, cpus, memory)
     except ConfigError as exc:
         raise ValueError(f"'hosts' {exc}") from None
     return Hosts(**data)
@@ -137,7 +140,7 @@ def _made(prefix: str, made: object) -> dict[str, list[str]]:
     host = r"-h([1-9]|1[0-6])"
     allowed = {"namespaces": prefix + host, "veths": prefix + r"-v([1-9]|1[0-6])",
                "bridges": prefix + "br0", "etc": prefix + host,
-               "cgroups": rf"/sys/fs/cgroup/(cpu/)?ddlstudy-{prefix}{host}",
+               "cgroups": rf"/sys/fs/cgroup/(cpu/|memory/)?ddlstudy-{prefix}{host}",
                "files": re.escape(str(spec.STATE_DIR / f"{prefix}-launch"))}
     for kind, names in made.items():
         if not isinstance(names, list) or not all(

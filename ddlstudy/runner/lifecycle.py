@@ -385,10 +385,13 @@ def start(cfg: RunConfig, argv: list[str], resume: Path | None = None) -> RunFol
     path = Path(cfg.runs_dir) / run_id
     if not (path / MANIFEST).is_file():
         if code:
-            raise UsageError(f"the launcher exited with code {code} before the run started")
+            raise UsageError(f"the launcher exited with code {code} before the run started"
+                             + (f": {ended.cause}" if ended.cause else ""))
         raise UsageError("the launcher ended without writing a run folder")
     folder = RunFolder.open(path)
-    if folder.manifest["status"] == "running":  # node 0 was killed before it could say
+    if ended.cause and folder.manifest["status"] in ("running", "failed"):
+        folder.finish("failed", code or 1, ended.cause)  # over what the ranks saw of it
+    elif folder.manifest["status"] == "running":  # node 0 was killed before it could say
         pids = folder.manifest["backend"].get("pids", [])
         who = f"MPI rank {pids.index(dead_pid)} (PID {dead_pid})" if dead_pid in pids \
             else "an MPI rank"

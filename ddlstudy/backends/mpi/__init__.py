@@ -192,7 +192,10 @@ class Mpi(Backend):
             return None
         # emulated hosts that are not up are refused here
         where = launch.placement(cfg.hosts, self.nodes(cfg), cfg.hostfile)
+        watch = launch.memory_watch(cfg.hosts, self.nodes(cfg))
         ended = launch.launch(argv, self.nodes(cfg), run_id, where)
+        if watch is not None and ended.code:
+            ended.cause = launch.killed_for_memory(watch, self.nodes(cfg))
         if ended.signal in signals.STOPPED:
             _record_stop(Path(cfg.runs_dir) / run_id, ended.signal)
         return ended

@@ -101,6 +101,29 @@ def placement(hosts: str | None, nodes: int,
     return ["-hosts", hosts], {}
 
 
+def memory_watch(hosts: str | None, nodes: int) -> emulated.MemoryWatch | None:
+    """A watch on the kernel's memory kills, where ``--hosts`` names emulated hosts given
+    a memory size (``hosts up --memory``); None elsewhere."""
+    prefix = emulated.emulated_prefix(hosts)
+    if prefix is None:
+        return None
+    found = emulated.load(prefix)
+    return emulated.MemoryWatch.start(found.names[:nodes], found.memory) \
+        if found.memory else None
+
+
+def killed_for_memory(watch: emulated.MemoryWatch, nodes: int) -> str | None:
+    """The kernel's memory kills on the watched hosts since the run started, in words
+    naming the ranks each host ran (hydra's round robin, a slot a host); None if none."""
+    killed = watch.killed()
+    if not killed:
+        return None
+    on = {n: [str(r) for r in range(nodes) if r % len(watch.names) == i]
+          for i, n in enumerate(watch.names)}
+    return emulated.out_of_memory(killed, {
+        n: f"a process of MPI rank{'s' * (len(r) > 1)} {', '.join(r)}" for n, r in on.items()})
+
+
 class FirstToEnd(threading.Thread):
     """Which of the ranks mpiexec started on this host ended first, seen through their pidfds.
 
@@ -164,6 +187,9 @@ class Launched:
     dead_pid: int | None = None
     failure: str | None = None
     signal: int | None = None
+    cause: str | None = None
+    """What ended the run that the ranks could not see (the kernel killing one for its
+    host's memory): it replaces what they recorded."""
 
 
 STOP_GRACE_S = 30.0
