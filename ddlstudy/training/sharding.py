@@ -154,9 +154,10 @@ def _fsdp_no_sync(model: nn.Module):
 def between_nodes(link: Link, params: list[nn.Parameter]) -> Callable[[int], None] | None:
     """Where the run's nodes are several (MPI ranks leading nodes of processes): each
     process's local gradients (its shards) averaged with the same shards of every other
-    node, HSDP's exchange. The node's shards meet on its leader, which averages them
-    between the leaders by the run's reducer (``link.between``) and hands them back; None
-    on a run of one node."""
+    node, HSDP's exchange. The node's shards meet on its leader, each received straight
+    into its place in one buffer of the node's whole gradient (the leader holds that one
+    copy more, no other), which the leaders average by the run's reducer
+    (``link.between``) and hand back; None on a run of one node."""
     k = dist.get_world_size()
     if link.world == k:
         return None
@@ -164,22 +165,25 @@ def between_nodes(link: Link, params: list[nn.Parameter]) -> Callable[[int], Non
 
     def exchange(step: int) -> None:
         local = [getattr(p.grad, "_local_tensor", p.grad) for p in params]
-        flat = torch.cat([g.reshape(-1) for g in local])
+        mine = sum(g.numel() for g in local)
         sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(k)]
-        dist.all_gather(sizes, torch.tensor([flat.numel()]))
+        dist.all_gather(sizes, torch.tensor([mine]))
         counts = [int(n) for n in sizes]
-        padded = torch.zeros(max(counts))
-        padded[:flat.numel()] = flat
-        parts = [torch.empty_like(padded) for _ in range(k)] if leader else None
-        dist.gather(padded, parts, dst=0)
         if leader:  # a node of one process averages through the link's own exchange
-            whole = torch.cat([part[:n] for part, n in zip(parts, counts, strict=True)])
+            whole = torch.empty(sum(counts), dtype=local[0].dtype, device=local[0].device)
+            parts = whole.split(counts)
+            flat = torch.cat([g.reshape(-1) for g in local], out=parts[0])
+            for src in range(1, k):
+                dist.recv(parts[src], src=src)
             (link.between or link.exchange)(whole, step)
-            for part, mine in zip(parts, whole.split(counts), strict=True):
-                part[:mine.numel()] = mine
-        dist.scatter(padded, parts, src=0)
+            for dst in range(1, k):
+                dist.send(parts[dst], dst=dst)
+        else:
+            flat = torch.cat([g.reshape(-1) for g in local])
+            dist.send(flat, dst=0)
+            dist.recv(flat, src=0)
         torch._foreach_copy_(local, [part.view_as(g) for part, g in zip(
-            padded[:flat.numel()].split([g.numel() for g in local]), local, strict=True)])
+            flat.split([g.numel() for g in local]), local, strict=True)])
 
     return exchange
 
