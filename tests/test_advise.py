@@ -420,16 +420,16 @@ def test_advise_probes_and_ranks_and_a_study_of_its_top_2_checks_the_ranking(
     study (a host that slowed down between them measured 0.85): the check reports it,
     and this test asserts the check's arithmetic and verdict, not the host's speed."""
     out = tmp_path / "advice"
-    # A speed comparison: both sides wait for a quiet host before each probe and cell,
-    # and leave out what another process disturbed all the same (noisy).
+    # A speed comparison: each side leaves out what another process disturbed (noisy), and
+    # the test asserts that it says so; it does not wait for a quiet host (--wait-quiet
+    # waited up to 5 minutes a probe and a cell on a busy CI host; test_sampler tests it).
     # Probes of 4 steady steps (6 steps, one epoch, not 2 x 15; start-up is most of a
     # probe: 7.5 to 16 s here) of 4 strategies, one round: as many probes on a busy host
     # as on a quiet one (a budget of 60 s stopped after 4 to 6 of the 9 layouts here, and
     # after 3 on a host loaded threefold, which this test then failed).
     code = main(["advise", "--usecase", "tiny", "--nodes", "1", "--budget", "30m",
                  "--rounds", "1", "--strategies", "sequential,cpu-intraop,cpu-processes,zero",
-                 "--steps", "4", "--datasets-dir", str(datasets_dir), "--out", str(out),
-                 "--wait-quiet"])
+                 "--steps", "4", "--datasets-dir", str(datasets_dir), "--out", str(out)])
     captured = capsys.readouterr()
     assert code == 0, captured.err
     assert "[probe 1, round 1] sequential:" in captured.err
@@ -458,7 +458,7 @@ def test_advise_probes_and_ranks_and_a_study_of_its_top_2_checks_the_ranking(
     # runs), 6 steps each, 4 of them steady
     code = main(["study", "--from-advice", str(out / "advise.json"), "--top", "2",
                  "--repeat", "1", "--epochs", "1", "--max-steps", "6", "--runs-dir",
-                 str(confirm), "--wait-quiet"])
+                 str(confirm)])
     captured = capsys.readouterr()
     assert code == 0, captured.err
     check = json.loads((confirm / "report" / "advice-check.json").read_text())
