@@ -149,23 +149,10 @@ class Host(_Record):
     gpus: list[Any] = []
 
 
-class SlurmStep(_Record):
-    """The Slurm job step whose tasks were the MPI ranks (launcher ``srun``)."""
-    job_id: Count
-    step_id: Count | None = None
-    nodes: Text | None = None  # the step's node list as Slurm writes it, e.g. ddl-h[1-2]
-    node_count: Positive | None = None
-    tasks: Positive | None = None
-    partition: Text | None = None
-    cluster: Text | None = None
-    mpi: Text | None = None  # srun's --mpi plugin, e.g. pmi2
-
-
 class Launch(_Record):
     """How it was started."""
     launcher: str | None = None
     world: Positive = 1
-    slurm: SlurmStep | None = None
 
 
 class HostLoad(_Record):

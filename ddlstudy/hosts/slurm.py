@@ -32,7 +32,7 @@ from ddlstudy.hosts.spec import MPI_ENV, STATE_DIR, Hosts, check_prefix
 from ddlstudy.hosts.state import read
 
 INSTALL = "apt-get install slurm-wlm munge"
-PROGRAMS = ("munged", "slurmctld", "slurmd", "srun", "sinfo")
+PROGRAMS = ("munged", "slurmctld", "slurmd", "srun", "sinfo", "scontrol")
 _PLUGINS = """ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
@@ -115,23 +115,27 @@ def _write(path: Path, text: str, mode: int = 0o644) -> None:
         f.write(text)
 
 
-def _files(hosts: Hosts, folder: Path) -> Path:
+def _files(hosts: Hosts, folder: Path) -> tuple[Path, int]:
     """The folder's files: munge's key (this user's alone), slurm.conf, cgroup.conf (the
     cgroup plugin slurmd loads even with proctrack/linuxproc: v1, which needs no mount in
     the host's namespace), the task prolog that gives every task the netmod that crosses
-    the hosts' links (``MPI_ENV``), and the names the controller resolves."""
+    the hosts' links (``MPI_ENV``), the names the controller resolves, the nodes' spool
+    folders; with the controller's port (a free one on the gateway)."""
     folder.mkdir(parents=True)
     folder.chmod(0o755)  # munged wants every folder above its socket searchable
     (folder / "ctld").mkdir()
     _write(folder / "munge.key", os.urandom(1024).hex(), 0o600)
     conf = folder / "slurm.conf"
-    _write(conf, _conf(hosts, folder, _free_port(hosts.gateway)))
+    port = _free_port(hosts.gateway)
+    _write(conf, _conf(hosts, folder, port))
     _write(folder / "cgroup.conf", "CgroupPlugin=cgroup/v1\n")
     _write(folder / "task-prolog", "#!/bin/sh\n" + "".join(
         f"echo export {k}={v}\n" for k, v in MPI_ENV.items()), 0o755)
     _write(folder / "hosts", "127.0.0.1 localhost\n" + "".join(
         f"{a} {n}\n" for n, a in [*hosts.members, (f"{hosts.prefix}-gw", hosts.gateway)]))
-    return conf
+    for name in hosts.names:  # slurmd's spool folders (SlurmdSpoolDir)
+        (folder / name).mkdir()
+    return conf, port
 
 
 def _record(folder: Path, started: list[dict]) -> None:
@@ -157,28 +161,40 @@ def _start(folder: Path, started: list[dict], name: str, command: list[str]) -> 
 
 def slurm_up(hosts: Hosts, timeout: float = 60) -> Path:
     """munged, slurmctld and a slurmd per host, replacing any the set had; returns the
-    slurm.conf once every node is idle."""
+    slurm.conf once every node is idle. Daemons that did not come up are stopped (their
+    logs stay in the folder until ``hosts down``)."""
     require_slurm()
     slurm_down(hosts.prefix)
     folder = slurm_folder(hosts.prefix)
-    conf = _files(hosts, folder)
+    conf, port = _files(hosts, folder)
+    try:
+        _daemons(hosts, folder, conf, port, timeout)
+    except BaseException:
+        _stop(hosts.prefix, folder)
+        raise
+    return conf
+
+
+def _daemons(hosts: Hosts, folder: Path, conf: Path, port: int, timeout: float) -> None:
+    """Each daemon once the one it needs answers: slurmd that starts before its controller
+    listens registers only at its next try, half a minute later."""
     started: list[dict] = []
     _record(folder, started)
     _start(folder, started, "munged", [
         "munged", "-F", f"--key-file={folder}/munge.key", f"--socket={folder}/munge.socket",
         f"--pid-file={folder}/munged.pid", f"--seed-file={folder}/munged.seed"])
     _wait(lambda: (folder / "munge.socket").exists(), timeout, folder, "munged")
-    gateway = f"{hosts.prefix}-gw"
     _start(folder, started, "slurmctld", [
         "unshare", "--uts", "--mount", "sh", "-c",
-        f'hostname {gateway} && mount --bind "$0/hosts" /etc/hosts && '
-        f'exec slurmctld -D -f "$0/slurm.conf"', str(folder)])
+        f'hostname {hosts.prefix}-gw && mount --bind "$0/hosts" /etc/hosts && '
+        'exec slurmctld -D -f "$0/slurm.conf"', str(folder)])
+    _wait(lambda: " is UP" in ask(hosts.prefix, "scontrol", "ping"), timeout, folder,
+          f"slurmctld answering on {hosts.gateway}:{port}")
     for i, name in enumerate(hosts.names, start=1):
         _start(folder, started, f"slurmd-{name}",
                hosts.command(i, ["slurmd", "-D", "-N", name, "-f", str(conf)]))
     _wait(lambda: idle_nodes(hosts.prefix) >= hosts.count, timeout, folder,
           f"{hosts.count} idle Slurm node(s)")
-    return conf
 
 
 def _wait(done, timeout: float, folder: Path, what: str) -> None:
@@ -190,10 +206,10 @@ def _wait(done, timeout: float, folder: Path, what: str) -> None:
         time.sleep(0.2)
 
 
-def sinfo(prefix: str, *args: str) -> str:
-    """sinfo's answer about the hosts' Slurm ('' if it gave none)."""
+def ask(prefix: str, *command: str) -> str:
+    """What a Slurm command (sinfo, scontrol) answers of the hosts' Slurm ('' if none)."""
     try:
-        return subprocess.run(["sinfo", *args], capture_output=True, text=True, timeout=20,
+        return subprocess.run(list(command), capture_output=True, text=True, timeout=20,
                               env=os.environ | {"SLURM_CONF": str(slurm_conf(prefix))}).stdout
     except (OSError, subprocess.TimeoutExpired):
         return ""
@@ -201,7 +217,7 @@ def sinfo(prefix: str, *args: str) -> str:
 
 def idle_nodes(prefix: str) -> int:
     return sum(line.split()[1:] == ["idle"] for line in
-               sinfo(prefix, "-h", "-N", "-o", "%N %t").splitlines())
+               ask(prefix, "sinfo", "-h", "-N", "-o", "%N %t").splitlines())
 
 
 def _alive(daemon: dict) -> psutil.Process | None:
@@ -216,12 +232,18 @@ def _alive(daemon: dict) -> psutil.Process | None:
 
 
 def slurm_down(prefix: str) -> bool:
-    """Stop the daemons the set's record lists (slurmd first, munged last) and every
-    slurmd or slurmstepd left in the hosts' namespaces, then delete the set's Slurm folder;
-    whether there was one."""
+    """Stop the set's Slurm (``_stop``) and delete its folder; whether there was one."""
     folder = slurm_folder(prefix)
     if not folder.is_dir():
         return False
+    _stop(prefix, folder)
+    shutil.rmtree(folder)
+    return True
+
+
+def _stop(prefix: str, folder: Path) -> None:
+    """Stop the daemons the set's record lists (slurmd first, munged last), then every
+    slurmd or slurmstepd left in the hosts' namespaces."""
     try:
         daemons = json.loads((folder / "slurm.json").read_text())["daemons"]
     except (OSError, ValueError, KeyError, TypeError):
@@ -234,8 +256,6 @@ def slurm_down(prefix: str) -> bool:
     made = read(prefix)
     if made is not None:
         _kill(made.made["namespaces"], signal.SIGKILL, only="slurm")
-    shutil.rmtree(folder)
-    return True
 
 
 def slurm_status(prefix: str) -> str:
@@ -245,7 +265,7 @@ def slurm_status(prefix: str) -> str:
         return ""
     keys = dict(line.split("=", 1) for line in conf.read_text().splitlines()
                 if line.startswith("Slurmctld") and "=" in line)
-    nodes = sinfo(prefix, "-h", "-o", "%D %t").split()
+    nodes = ask(prefix, "sinfo", "-h", "-o", "%D %t").split()
     return (f"Slurm controller {keys.get('SlurmctldHost')} port {keys.get('SlurmctldPort')}: "
             f"{' '.join(nodes) or 'not answering'} node(s); "
             f"export SLURM_CONF={conf}")
