@@ -26,9 +26,10 @@ from pathlib import Path
 
 import psutil
 
+import ddlstudy.hosts.spec as spec
 from ddlstudy.errors import Unavailable
 from ddlstudy.hosts.processes import _kill
-from ddlstudy.hosts.spec import MPI_ENV, STATE_DIR, Hosts, check_prefix
+from ddlstudy.hosts.spec import MPI_ENV, Hosts, check_prefix
 from ddlstudy.hosts.state import read
 
 INSTALL = "apt-get install slurm-wlm munge"
@@ -52,7 +53,7 @@ MailProg=/bin/true
 
 
 def slurm_folder(prefix: str) -> Path:
-    return STATE_DIR / f"{check_prefix(prefix)}-slurm"
+    return spec.STATE_DIR / f"{check_prefix(prefix)}-slurm"
 
 
 def slurm_conf(prefix: str) -> Path:
