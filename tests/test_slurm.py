@@ -18,7 +18,7 @@ from ddlstudy import hosts
 from ddlstudy.runfolder import MANIFEST
 
 WHY_NOT = hosts.can_emulate() or hosts.can_slurm()
-PREFIX, SUBNET = "stest", "10.81.0"  # nobody else's set (ddl, dtest)
+PREFIX, SUBNET = "stest", "10.86.51"  # nobody else's set (ddl, dtest)
 needs_slurm = pytest.mark.skipif(WHY_NOT is not None, reason=WHY_NOT or "")
 TINY_RUN = ("run", "--usecase", "tiny", "--backend", "mpi", "--epochs", "1", "--max-steps",
             "3", "--max-val-steps", "2", "--sample-hz", "0", "--no-snapshot", "--quiet")
@@ -60,15 +60,15 @@ def test_sinfo_sees_each_host_as_an_idle_node_with_its_cpus(slurm):
     task = subprocess.run(["srun", "-N", "2", "-n", "2", "-l", "sh", "-c",
                            "echo $(hostname) $(ip -4 -o addr show dev eth0 | awk '{print $4}')"],
                           env=slurm, capture_output=True, text=True, check=True, timeout=60)
-    assert sorted(task.stdout.splitlines()) == ["0: stest-h1 10.81.0.1/24",
-                                                "1: stest-h2 10.81.0.2/24"]
+    assert sorted(task.stdout.splitlines()) == ["0: stest-h1 10.86.51.1/24",
+                                                "1: stest-h2 10.86.51.2/24"]
     # the controller listens on the bridge's gateway alone
     (ctld,) = [d for d in _daemons() if d["name"] == "slurmctld"]
     listening = {c.laddr.ip for c in psutil.Process(ctld["pid"]).net_connections("tcp")
                  if c.status == psutil.CONN_LISTEN}
-    assert listening == {"10.81.0.254"}
+    assert listening == {"10.86.51.254"}
     status = ddlstudy("hosts", "status", "--prefix", PREFIX).stdout
-    assert "Slurm controller stest-gw(10.81.0.254)" in status and "2 idle node(s)" in status
+    assert "Slurm controller stest-gw(10.86.51.254)" in status and "2 idle node(s)" in status
 
 
 def _losses(runs: Path) -> tuple[dict, list[float]]:
