@@ -26,6 +26,16 @@ SAFE_PATH_ENV = {"PYTHONSAFEPATH": "1"}
 working directory is not put first on its path (``python_module``'s ``-P``)."""
 
 
+RANK_ENV = ("PMI_RANK", "PMI_FD", "PMIX_RANK", "OMPI_COMM_WORLD_RANK")
+"""Set in a rank an MPI launcher started: hydra's mpiexec, srun --mpi=pmi2 (PMI_FD), srun
+--mpi=pmix or another PMIx launcher (PMIX_RANK), Open MPI's mpirun."""
+
+
+def under_launcher() -> bool:
+    """Whether an MPI launcher started this process as one of its ranks."""
+    return any(v in os.environ for v in RANK_ENV)
+
+
 def python_module(module: str, *argv: str) -> list[str]:
     """``python -P -m module argv`` with this interpreter: how ddlstudy starts every Python
     of its own (study cells, advise probes, MPI ranks, bench runs). ``-P`` keeps the working

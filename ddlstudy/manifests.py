@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from ddlstudy.config import RunConfig, usecase_from_dict
 from ddlstudy.config.fields import FORKS, MAX_PROCESSES
 from ddlstudy.errors import UsageError
 from ddlstudy.reading import CAPS, read_bytes
-from ddlstudy.runfolder import GIB, MANIFEST, load_manifest, memory_of
+from ddlstudy.runfolder import CHILD_ENV, GIB, MANIFEST, load_manifest, memory_of
 
 log = logging.getLogger("ddlstudy")
 
@@ -71,18 +72,22 @@ def config_from_manifest(manifest: dict[str, Any], runs_dir: Path | None = None)
 def _same_world(manifest: dict[str, Any], kwargs: dict[str, Any]) -> None:
     """A run that someone else's launcher started (``--nodes`` left out, the world its
     ``-n``) replays with as many ranks from ddlstudy's own mpiexec, on this host; one whose
-    ranks ran on several hosts cannot be placed again from the manifest, and is refused."""
+    ranks ran on several hosts cannot be placed again from the manifest, and is refused
+    with the command that replays it (under srun or mpiexec, whose ranks are the world)."""
     backend = manifest.get("backend") or {}
-    if backend.get("name") != "mpi" or kwargs.get("nodes") is not None:
-        return
+    if backend.get("name") != "mpi" or kwargs.get("nodes") is not None or \
+            environment.under_launcher() and CHILD_ENV not in os.environ:
+        return  # a replay under srun or your mpiexec: its ranks are the world
     launched = manifest.get("launch") or {}
     world = int(launched.get("world") or backend.get("nodes") or 1)
     hosts = sorted(set(backend.get("hosts") or []))
     if len(hosts) > 1 and not (kwargs.get("hosts") or kwargs.get("hostfile")):
+        how = (f"srun --mpi=pmi2 -N {len(hosts)} -n {world}" if launched.get("launcher") ==
+               "srun" else f"mpiexec -n {world} -hosts {','.join(hosts)}")
         raise UsageError(f"run {manifest.get('id')} ran {world} MPI ranks on hosts "
                          f"{','.join(hosts)} under {launched.get('launcher', 'your mpiexec')}; "
-                         f"replay it the same way: mpiexec -n {world} -hosts "
-                         f"{','.join(hosts)} ddlstudy replay {manifest.get('path', 'RUN')}")
+                         f"replay it the same way: {how} ddlstudy replay "
+                         f"{manifest.get('path', 'RUN')}")
     if world > 1 and launched.get("launcher") != "ddlstudy's mpiexec":
         if world > MAX_PROCESSES:  # refused before it is said to be replayed
             raise UsageError(f"run {manifest.get('id')} records {world} MPI ranks, above the "

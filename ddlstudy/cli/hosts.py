@@ -28,6 +28,8 @@ def register(sub) -> None:
     h = hsub.add_parser("spark", help="a Spark standalone master on host 1 and a worker on "
                         "each")
     h.add_argument("--cores", type=int, default=1, help="task slots per worker (default 1)")
+    hsub.add_parser("slurm", help="a real Slurm: munge, a slurmctld on the bridge and a slurmd "
+                    "on each host, for srun --mpi=pmi2 (root, apt-get install slurm-wlm munge)")
     for h in hsub.choices.values():
         h.add_argument("--prefix", default="ddl", help="names the set (default ddl)")
     p.set_defaults(func=cmd_hosts)
@@ -65,9 +67,24 @@ def cmd_hosts(args: argparse.Namespace) -> int:
         print(f"Spark master {master} with {up.count} worker(s) of {args.cores} core(s); "
               f"run with --backend spark --spark-master {master} --spark-secret-file "
               f"{hosts.spark_secret_file(up.prefix)}")
+    elif args.hosts_command == "slurm":
+        _slurm(args.prefix)
     else:
         _status(args.prefix)
     return 0
+
+
+def _slurm(prefix: str) -> None:
+    from ddlstudy import hosts
+
+    hosts.require_slurm()
+    up = hosts.load(prefix, flag=None)  # slurm has no --hosts to name
+    conf = hosts.slurm_up(up)
+    print(f"Slurm up: controller {up.prefix}-gw on {up.gateway}, partition {up.prefix}, "
+          f"{up.count} idle node(s) {', '.join(up.names)}; srun and sinfo need:")
+    print(f"  export SLURM_CONF={conf}")
+    print(f"  srun --mpi=pmi2 -N {up.count} -n {up.count} ddlstudy run --usecase tiny "
+          "--backend mpi")
 
 
 def _status(prefix: str) -> None:
@@ -79,7 +96,8 @@ def _status(prefix: str) -> None:
     made = hosts.prefixes()
     if prefix in made:
         up, problem = health(prefix)
-        print(problem or hosts.status(up))
+        print(problem or "\n".join(filter(None, (hosts.status(up),
+                                                  hosts.slurm_status(prefix)))))
     elif made:
         print(f"no emulated hosts are up with prefix {hosts.check_prefix(prefix)}; sets that "
               f"are: {', '.join(made)} (give --prefix)")

@@ -3,6 +3,7 @@
     ddlstudy hosts up --count 3 [--delay 1ms] [--rate 1gbit]
     ddlstudy run --usecase tiny --backend mpi --nodes 3 --hosts emulated
     ddlstudy hosts spark          # a Spark standalone master and one worker per host
+    ddlstudy hosts slurm          # munge, a slurmctld and one slurmd per host (Slurm)
     ddlstudy hosts down
 
 Each host is a Linux network namespace (``<prefix>-h1``...) with one veth interface whose
@@ -22,6 +23,14 @@ everything ``hosts up`` made, and ``hosts down`` deletes that and nothing else
 
 from ddlstudy.hosts.cgroups import HostMemory, MemoryWatch, out_of_memory
 from ddlstudy.hosts.namespaces import can_emulate, down, load, up
+from ddlstudy.hosts.slurm import (
+    can_slurm,
+    require_slurm,
+    slurm_conf,
+    slurm_down,
+    slurm_status,
+    slurm_up,
+)
 from ddlstudy.hosts.spark import spark_down, spark_secret_file, spark_up
 from ddlstudy.hosts.spec import (
     DEFAULT_PREFIX,
@@ -40,6 +49,7 @@ from ddlstudy.hosts.state import prefixes
 from ddlstudy.hosts.status import status
 
 __all__ = ["DEFAULT_PREFIX", "DEFAULT_SUBNET", "MPI_ENV", "SPARK_PORT", "STATE_DIR", "HostMemory",
-           "Hosts", "MemoryWatch", "can_emulate", "check_prefix", "down", "emulated_prefix",
-           "load", "out_of_memory", "parse_cpus", "prefixes", "rate_bits", "spark_down",
+           "Hosts", "MemoryWatch", "can_emulate", "can_slurm", "check_prefix", "down",
+           "emulated_prefix", "load", "out_of_memory", "parse_cpus", "prefixes", "rate_bits",
+           "require_slurm", "slurm_conf", "slurm_down", "slurm_status", "slurm_up", "spark_down",
            "spark_secret_file", "spark_up", "status", "up", "validate"]

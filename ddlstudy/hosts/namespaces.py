@@ -13,6 +13,7 @@ from pathlib import Path
 from ddlstudy.errors import ConfigError, Unavailable, UsageError
 from ddlstudy.hosts import cgroups, state
 from ddlstudy.hosts.processes import _ip, _kill, _namespaces
+from ddlstudy.hosts.slurm import slurm_down
 from ddlstudy.hosts.spark import spark_down
 from ddlstudy.hosts.spec import (
     DEFAULT_PREFIX,
@@ -214,6 +215,7 @@ def down(prefix: str = DEFAULT_PREFIX) -> bool:
     made.complete = False
     state.write(made)
     spark_down(prefix)
+    slurm_down(prefix)
     _kill(made.made["namespaces"], signal.SIGKILL)
     for kind in state.KINDS:
         made.made[kind] = [name for name in made.made[kind] if not _remove(kind, name)]

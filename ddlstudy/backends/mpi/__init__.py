@@ -130,7 +130,9 @@ class Mpi(Backend):
         env = os.environ
         how = ("ddlstudy's mpiexec" if launch.CHILD_ENV in env else
                "srun" if "SLURM_JOB_ID" in env else "your mpiexec")
-        return {"launcher": how, "mpich": environment.mpi_library()}
+        step = launch.slurm_step() if how == "srun" else None
+        return {"launcher": how, "mpich": environment.mpi_library()} | (
+            {"slurm": step} if step else {})
 
     def check(self, cfg: RunConfig, strategy: Strategy, resuming: bool) -> None:
         """What MPI can do with the node's strategy (the strategy has checked its own

@@ -21,7 +21,7 @@ from ddlstudy import signals
 from ddlstudy.backends.mpi.leftovers import Leftovers
 from ddlstudy.config.fields import MAX_PROCESSES
 from ddlstudy.config.mpi import check_hosts, read_hostfile
-from ddlstudy.environment import python_module
+from ddlstudy.environment import python_module, under_launcher
 from ddlstudy.errors import ConfigError, Unavailable
 from ddlstudy.runfolder import CHILD_ENV, RUN_ID_ENV
 from ddlstudy.sampler import TREE_ROOT_ENV
@@ -48,9 +48,25 @@ why in the manifest when that rank is not rank 0 (which mpiexec then ends unanno
 
 
 def under_mpiexec() -> bool:
-    # PMI_FD: srun --mpi=pmi2; PMIX_RANK: srun --mpi=pmix or a PMIx launcher
-    return any(v in os.environ for v in ("PMI_RANK", "PMI_FD", "PMIX_RANK",
-                                         "OMPI_COMM_WORLD_RANK", CHILD_ENV))
+    return under_launcher() or CHILD_ENV in os.environ
+
+
+_SLURM_STEP = {"job_id": "SLURM_JOB_ID", "step_id": "SLURM_STEP_ID",
+               "node_count": "SLURM_STEP_NUM_NODES", "tasks": "SLURM_STEP_NUM_TASKS"}
+_SLURM_TEXT = {"nodes": "SLURM_STEP_NODELIST", "partition": "SLURM_JOB_PARTITION",
+               "cluster": "SLURM_CLUSTER_NAME", "mpi": "SLURM_MPI_TYPE"}
+"""What the manifest records of the Slurm step srun started the ranks as (numbers, text),
+from the task's environment."""
+
+
+def slurm_step() -> dict[str, int | str | None] | None:
+    """The Slurm job step this task belongs to (None outside Slurm)."""
+    env = os.environ
+    if not env.get("SLURM_JOB_ID", "").isdigit():
+        return None
+    numbers = {k: int(env[v]) if env.get(v, "").isdigit() else None
+               for k, v in _SLURM_STEP.items()}
+    return numbers | {k: env.get(v) or None for k, v in _SLURM_TEXT.items()}
 
 
 def launcher_world() -> int:
