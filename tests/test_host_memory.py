@@ -77,3 +77,18 @@ def test_a_host_size_that_cannot_be_is_refused(tmp_path, capsys, monkeypatch, si
     assert main(["hosts", "up", "--prefix", "dbad", "--memory", size]) == 2
     assert message in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
+
+
+@needs_hosts
+def test_a_subnet_another_set_uses_is_refused(capsys):
+    """Two bridges with one gateway address route neither (a Slurm test's daemons could
+    not reach their controller so): the second set is refused, nothing of it made."""
+    hosts.up(1, prefix="dsub", subnet="10.84.0")
+    try:
+        assert main(["hosts", "up", "--count", "1", "--prefix", "dsub2", "--subnet",
+                     "10.84.0"]) == 2
+        assert "--subnet: 10.84.0 is in use here (by the emulated hosts 'dsub'); give " \
+            "another, e.g. --subnet 10." in capsys.readouterr().err
+        assert state.read("dsub2") is None
+    finally:
+        hosts.down("dsub")

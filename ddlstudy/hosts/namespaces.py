@@ -81,6 +81,7 @@ def up(count: int, prefix: str = DEFAULT_PREFIX, subnet: str = DEFAULT_SUBNET,
     hosts = Hosts(prefix, count, subnet, delay, rate, cpus, memory)
     down(prefix)
     _refuse_foreign(hosts)
+    _refuse_subnet_in_use(hosts)
     made = state.State(hosts)
     state.write(made)
     try:
@@ -112,6 +113,23 @@ def _refuse_foreign(hosts: Hosts) -> None:
         raise ConfigError("--prefix", f"{', '.join(taken)} already exist(s) and ddlstudy did "
                           f"not make them (they are not in {_state_file(hosts.prefix)}); "
                           "choose another --prefix, or remove them yourself if they are yours")
+
+
+def _refuse_subnet_in_use(hosts: Hosts) -> None:
+    """Refuse a subnet whose gateway address this machine has already (another set's
+    bridge, or an interface of its own): two bridges with one address route neither."""
+    fields = [line.split() for line in _ip("-o", "-4", "addr", "show",
+                                           check=False).stdout.splitlines()]
+    have = {f[3].split("/")[0]: f[1] for f in fields if len(f) > 3}
+    if hosts.gateway not in have:
+        return
+    users = [p for p in state.prefixes() if p != hosts.prefix
+             and (made := state.read(p)) is not None and made.hosts.subnet == hosts.subnet]
+    free = next(f"10.{i}.0" for i in range(77, 256) if f"10.{i}.0.254" not in have)
+    raise ConfigError("--subnet", f"{hosts.subnet} is in use here ("
+                      + (f"by the emulated hosts {users[0]!r}" if users else
+                         f"{hosts.gateway} is on {have[hosts.gateway]}")
+                      + f"); give another, e.g. --subnet {free}")
 
 
 def _link_exists(name: str) -> bool:
