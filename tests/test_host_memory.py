@@ -56,6 +56,11 @@ def test_a_host_too_small_fails_the_run_and_names_rank_host_limit_and_peak(tmp_p
     assert found and int(found[2]) == int(found[1]) + 1, error  # rank 0 on host 1
     assert "the host has 0.68 GiB, and its processes held 0.68 GiB at their peak" in error
     assert "hosts up --memory" in error and "sharded" in error
+    charged = failed["backend"]["memory"]["hosts"]  # each host's own account, as recorded
+    assert set(charged) == {"dmem-h1", "dmem-h2"}
+    assert charged[f"dmem-h{found[2]}"]["oom_kills"] >= 1
+    assert all(h["limit_bytes"] == LIMIT and 0 < h["peak_charged_bytes"] <= LIMIT
+               for h in charged.values()), charged
 
 
 def test_a_record_from_before_memory_reads_as_unlimited(tmp_path, monkeypatch):

@@ -43,7 +43,8 @@ def register(sub) -> None:
     p.add_argument("--memory", help="the memory a node may use, e.g. 1GiB, 512MiB or 2.5GB: "
                    "each configuration's peak a node is predicted from the baseline's probe "
                    "before it is probed, and those that would need more are left out, named "
-                   "(default: the memory this host has available)")
+                   "(default: the memory each of --hosts' emulated hosts was given by hosts up "
+                   "--memory, else the memory this host has available)")
     p.add_argument("--rounds", type=int, default=3, help="most probe rounds")
     p.add_argument("--steps", type=int, default=24, help="steady steps a probe times")
     p.add_argument("--wait-quiet", action="store_true", help="before each probe, wait until "
@@ -95,6 +96,11 @@ def cmd_advise(args: argparse.Namespace) -> int:
 
         placement(args.hosts, 2)  # hosts that are not up: refused before probing
         count = host_count(args.hosts)
+        if memory is None:  # emulated hosts of a given size: theirs
+            from ddlstudy import hosts
+
+            prefix = hosts.emulated_prefix(args.hosts)
+            memory = hosts.load(prefix).memory if prefix else None
     nodes = parse_list("--nodes", args.nodes) if args.nodes else \
         list(range(1, count + 1)) if count else [1, 2, 4]
     from ddlstudy.tools import advise

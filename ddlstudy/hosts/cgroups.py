@@ -166,11 +166,19 @@ class MemoryWatch:
             reset_peak(name)
         return cls(tuple(names), limit, tuple(oom_kills(n) for n in names))
 
+    def now(self) -> list[HostMemory]:
+        return [memory_of(n, self.limit, k) for n, k in zip(self.names, self.before,
+                                                            strict=True)]
+
     def killed(self) -> list[HostMemory]:
         """The hosts where the kernel killed a process for memory since ``start``."""
-        found = [memory_of(n, self.limit, k) for n, k in zip(self.names, self.before,
-                                                              strict=True)]
-        return [h for h in found if h.oom_kills > 0]
+        return [h for h in self.now() if h.oom_kills > 0]
+
+    def record(self) -> dict[str, dict[str, int | None]]:
+        """Each host's limit, the most its processes were charged together (``peak``),
+        and the kernel's kills there since ``start``: for the run's manifest."""
+        return {h.host: {"limit_bytes": h.limit, "peak_charged_bytes": h.peak,
+                         "oom_kills": h.oom_kills} for h in self.now()}
 
 
 def out_of_memory(killed: list[HostMemory], who: dict[str, str]) -> str:

@@ -389,6 +389,10 @@ def start(cfg: RunConfig, argv: list[str], resume: Path | None = None) -> RunFol
                              + (f": {ended.cause}" if ended.cause else ""))
         raise UsageError("the launcher ended without writing a run folder")
     folder = RunFolder.open(path)
+    if ended.hosts_memory is not None:  # what each host of a given size was charged
+        backend = folder.manifest["backend"]
+        backend["memory"] = backend.get("memory", {}) | {"hosts": ended.hosts_memory}
+        folder.write_manifest()
     if ended.cause and folder.manifest["status"] in ("running", "failed"):
         folder.finish("failed", code or 1, ended.cause)  # over what the ranks saw of it
     elif folder.manifest["status"] == "running":  # node 0 was killed before it could say

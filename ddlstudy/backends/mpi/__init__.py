@@ -196,8 +196,10 @@ class Mpi(Backend):
         where = launch.placement(cfg.hosts, self.nodes(cfg), cfg.hostfile)
         watch = launch.memory_watch(cfg.hosts, self.nodes(cfg))
         ended = launch.launch(argv, self.nodes(cfg), run_id, where)
-        if watch is not None and ended.code:
-            ended.cause = launch.killed_for_memory(watch, self.nodes(cfg))
+        if watch is not None:
+            ended.hosts_memory = watch.record()
+            if ended.code:
+                ended.cause = launch.killed_for_memory(watch, self.nodes(cfg))
         if ended.signal in signals.STOPPED:
             _record_stop(Path(cfg.runs_dir) / run_id, ended.signal)
         return ended
