@@ -67,10 +67,11 @@ def test_preflight_refusals_become_reasons_and_the_rest_get_their_footprint(tmp_
 MIB = 2**20
 
 
-def _baseline_memory(peak: int, setup: int, params: int, optimizer: int) -> dict:
+def _baseline_memory(peak: int, setup: int, params: int, optimizer: int,
+                     shared: int = 0) -> dict:
     """A made-up ``backend.memory`` record of the baseline's one process (MiB)."""
     return {"per_rank": [{"rank": 0, "host": "h", "peak_rss_bytes": peak * MIB,
-                          "setup_rss_bytes": setup * MIB,
+                          "setup_rss_bytes": setup * MIB, "setup_file_bytes": shared * MIB,
                           "held_bytes": {"parameters": params * MIB, "gradients": params * MIB,
                                          "optimizer_state": optimizer * MIB, "buffers": 0}}],
             "per_host_bytes": {"h": peak * MIB}}
@@ -112,13 +113,35 @@ def test_each_layout_s_peak_a_node_is_predicted_from_the_baseline_s_parts(tmp_pa
     assert strong.peak(strong.node_batch(16)) / MIB == 950 and not strong.skip
     assert weak.peak(weak.node_batch(16)) / MIB == 1000 and "0.98 GiB a node" in weak.skip
     # rows predicted for nodes no probe ran: left out alike; the baseline's is kept
-    rows = [{"label": "sequential", "nodes": 1, "predicted_peak_node_bytes": 1000 * MIB},
-            {"label": "zero x 4", "nodes": 4, "predicted_peak_node_bytes": 1800 * MIB},
-            {"label": "old", "nodes": 1, "predicted_peak_node_bytes": None}]
+    rows = [{"label": "sequential", "nodes": 1, "predicted_need_node_bytes": 1000 * MIB},
+            {"label": "zero x 4", "nodes": 4, "predicted_need_node_bytes": 1800 * MIB,
+             "predicted_peak_node_bytes": 2000 * MIB},
+            {"label": "old", "nodes": 1, "predicted_need_node_bytes": None}]
     fit, left = advise.fitting(rows, 900 * MIB)
     assert [r["label"] for r in fit] == ["sequential", "old"]
-    assert left == [{"label": "zero x 4", "nodes": 4, "predicted_peak_node_bytes": 1800 * MIB,
+    assert left == [{"label": "zero x 4", "nodes": 4, "predicted_peak_node_bytes": 2000 * MIB,
+                     "predicted_need_node_bytes": 1800 * MIB,
                      "skipped": "needs about 1.76 GiB a node, and --memory is 0.88 GiB"}]
+
+
+def test_a_node_needs_the_pages_its_processes_share_once(tmp_path):
+    """300 of the baseline's 700 MiB set up are files' pages (torch's libraries): a node
+    of 2 processes peaks at 1900 MiB of resident memory counted a process, and needs 1600
+    of its memory; --memory 1700 MiB holds it to the need (a host's cgroup charges a
+    shared page once)."""
+    cands = advise.candidates(2, 0)
+    advise.check_fit(cands, "tiny", runs_dir=tmp_path)
+    by = {c.label: c for c in cands}
+    by["sequential"].memory = _baseline_memory(1000, 700, 100, 100, shared=300)
+    advise.admit(cands, 1700 * MIB, batch=16, linear=0.5)
+    processes = by["cpu-processes (2 processes)"]
+    assert processes.peak(16) / MIB == 1900 and processes.need(16) / MIB == 1600
+    assert not processes.skip
+    assert by["sequential"].need(16) == by["sequential"].peak(16) == 1000 * MIB
+    assert by["cpu-threads (2 replicas)"].need(16) / MIB == 1200  # one process: all its own
+    record = processes.record()
+    assert (record["predicted_peak_node_bytes"], record["predicted_need_node_bytes"]) == (
+        1900 * MIB, 1600 * MIB)
 
 
 def test_an_mpi_probe_s_measured_peak_is_its_node_s_share_of_the_host():

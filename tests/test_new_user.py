@@ -326,7 +326,7 @@ def _left_out_for_memory(advice: dict, text: str) -> None:
                                           "processes)", "sharded (2 processes)"}
     for p in left:
         assert "images_per_s" not in p and p["skipped"] == (
-            f"needs about {p['predicted_peak_node_bytes'] / 2**30:.2f} GiB a node, and "
+            f"needs about {p['predicted_need_node_bytes'] / 2**30:.2f} GiB a node, and "
             "--memory is 0.06 GiB")
         assert f"- {p['label']}: needs about " in text
     assert [r["label"] for r in advice["ranking"]] == ["sequential"]

@@ -41,6 +41,13 @@ def resident() -> int | None:
     return _status("VmRSS:")
 
 
+def shared_resident() -> int | None:
+    """The bytes resident now that are files' pages (torch's libraries, mapped data):
+    pages the processes of a node share, which its memory holds once (None where /proc
+    does not say)."""
+    return _status("RssFile:")
+
+
 def _status(key: str) -> int | None:
     with contextlib.suppress(OSError, ValueError, IndexError):
         for line in STATUS.read_text().splitlines():
@@ -69,10 +76,11 @@ def held(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
 
 
 def record(peak_method: str, model: nn.Module, optimizer: torch.optim.Optimizer,
-           setup_rss: int | None = None) -> dict:
+           setup_rss: int | None = None, setup_shared: int | None = None) -> dict:
     """This process's figures: its peak, how it was measured, what it holds, and what it
     held resident once set up (``setup_rss``: before its first step made gradients,
-    optimizer state and activations)."""
+    optimizer state and activations; ``setup_shared``: of which files' pages)."""
     return {"peak_rss_bytes": peak_rss(), "peak_method": peak_method,
             "held_bytes": held(model, optimizer)} | (
-        {"setup_rss_bytes": setup_rss} if setup_rss is not None else {})
+        {"setup_rss_bytes": setup_rss} if setup_rss is not None else {}) | (
+        {"setup_file_bytes": setup_shared} if setup_shared is not None else {})

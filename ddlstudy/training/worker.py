@@ -79,7 +79,7 @@ def train_worker(job: Job, link: Link, model: nn.Module, optimizer: torch.optim.
         own()
 
     peak_method = memory.reset_peak()  # set-up done: its peak is not training's
-    setup_rss = memory.resident()
+    setup_rss, setup_shared = memory.resident(), memory.shared_resident()
     trainer = Trainer(model, step, train, val, max_steps=job.cfg.max_steps,
                       warmup_steps=job.cfg.warmup_steps,
                       show_progress=job.show_progress and link.rank == 0, reduce=link.sum,
@@ -90,7 +90,8 @@ def train_worker(job: Job, link: Link, model: nn.Module, optimizer: torch.optim.
                  gather=link.gather, barrier=link.barrier, states=states)
     if link.world > 1 and hasattr(step, "times"):
         record_exchange(job, link, step)
-    record_memory(job, link, memory.record(peak_method, model, optimizer, setup_rss))
+    record_memory(job, link, memory.record(peak_method, model, optimizer, setup_rss,
+                                                  setup_shared))
 
 
 def record_memory(job: Job, link: Link, mine: dict) -> None:
@@ -108,7 +109,8 @@ def record_memory(job: Job, link: Link, mine: dict) -> None:
         "note": "peak_rss_bytes: the most any one process held resident while training; "
                 "per_host_bytes: the sum of its processes' peaks (an upper bound: they need "
                 "not peak at once); held_bytes: counted from the process's own tensors; "
-                "setup_rss_bytes: resident once set up, before the first step"})
+                "setup_rss_bytes: resident once set up, before the first step (of which "
+                "setup_file_bytes are files' pages, shared with the node's other processes)"})
 
 
 def same_buffers(buffers: list[torch.Tensor], link: Link) -> None:

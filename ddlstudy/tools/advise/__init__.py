@@ -202,12 +202,13 @@ def fitting(rows: list[dict], limit: int) -> tuple[list[dict], list[dict]]:
     whatever it measured), and the others, each with why it was left out."""
     fit, left = [], []
     for r in rows:
-        need = r.get("predicted_peak_node_bytes")
+        need = r.get("predicted_need_node_bytes")
         if need is None or need <= limit or r["label"] == "sequential":
             fit.append(r)
         else:
             left.append({"label": r["label"], "nodes": r["nodes"],
-                         "predicted_peak_node_bytes": need, "skipped": over(need, limit)})
+                         "predicted_peak_node_bytes": r.get("predicted_peak_node_bytes"),
+                         "predicted_need_node_bytes": need, "skipped": over(need, limit)})
     return fit, left
 
 

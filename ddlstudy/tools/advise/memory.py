@@ -9,7 +9,9 @@ step's transients). A node of another layout holds (its strategy's ``Footprint``
 rest once a process, the model and optimizer state as many times as it keeps copies
 (a Linear pair split over T processes counts 1/T a copy), and the activations of its
 node's batch (strong scaling over N nodes: 1/N of the batch) as many times as it computes
-them at once.
+them at once. What --memory is held to is the node's ``need``: those peaks summed, less the
+files' pages (torch's libraries) every process but one counts again, which the node's
+memory holds once (a host's memory cgroup charges them once).
 """
 
 from __future__ import annotations
@@ -39,6 +41,9 @@ class Split:
     linear: float = 0.0
     """The share of the parameters in pairs of consecutive Linear layers (what tensor
     parallelism splits)."""
+    shared: int = 0
+    """Of ``rest``, the files' pages (torch's libraries): a node's processes share them,
+    and its memory holds them once."""
 
     def record(self) -> dict[str, Any]:
         return asdict(self)
@@ -55,7 +60,8 @@ def split(memory: dict[str, Any], batch: int, linear: float = 0.0) -> Split | No
     static = held["parameters"] + held["buffers"]
     return Split(rest=max(setup - static, 0), model=model, states=held["optimizer_state"],
                  activations=max(peak - setup - held["gradients"] - held["optimizer_state"],
-                                 0), batch=batch, linear=linear)
+                                 0), batch=batch, linear=linear,
+                 shared=rank.get("setup_file_bytes") or 0)
 
 
 def linear_share(spec: ModelSpec, classes: int) -> float:
@@ -75,6 +81,12 @@ def predict(fp: Footprint, base: Split, node_batch: int) -> int:
     return round(fp.processes * base.rest + fp.models * split_share * base.model
                  + fp.states * split_share * base.states
                  + fp.activations * base.activations * node_batch / base.batch)
+
+
+def need(fp: Footprint, base: Split, node_batch: int) -> int:
+    """What a node needs of its memory: ``predict``'s peaks of its processes, the files'
+    pages they share counted once (not once a process, as resident memory counts them)."""
+    return predict(fp, base, node_batch) - (fp.processes - 1) * base.shared
 
 
 def measured(memory: dict[str, Any], nodes: int = 1) -> int | None:

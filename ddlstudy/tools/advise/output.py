@@ -23,7 +23,8 @@ SCALING_EFFICIENCY = ("scaling efficiency: images/s / (nodes x the fastest one-n
                       "probe's images/s); not the report's efficiency (speedup / cores)")
 CSV_COLUMNS = ["rank", "list", "label", "nodes", "images_per_s", "low", "high", "basis",
                "noisy", "speedup", "scaling_efficiency", "time_to_target_s",
-               "convergence", "predicted_peak_node_bytes", "measured_peak_node_bytes",
+               "convergence", "predicted_peak_node_bytes", "predicted_need_node_bytes",
+               "measured_peak_node_bytes",
                "runnable", "command"]
 """``advise --format csv``: a row a ranked configuration."""
 
@@ -63,8 +64,9 @@ def markdown(result: dict, top: int = 10) -> str:
                           "probe's range in advise.json); basis: probed, or a probe's compute + "
                           f"the exchange's model, or a model of one node; {SCALING_EFFICIENCY}; "
                           "epochs: to the target, against the baseline's (measured in --runs); "
-                          "GiB: the predicted peak resident memory a node (--memory leaves "
-                          "out what would not fit)")]
+                          "GiB: the memory a node is predicted to need (its processes' peak "
+                          "resident memory, the files' pages they share counted once; "
+                          "--memory leaves out what would not fit)")]
     lines += ["", f"best per node count ({SAME}), and how to run it:", ""]
     lines += [wrapped(f"- {n}: {r['label']}, {r['images_per_s']:.1f} images/s (rank "
                       f"{r['rank']})", "  ") for n, r in sorted(best.items())]
@@ -99,7 +101,7 @@ def _table(rows: list[dict], conv: dict, notes: dict[str, int]) -> str:
         "images/s": cell_text(r["images_per_s"]) + ("*" if r.get("noisy") else ""),
         "basis": r["basis"].replace(" + ", "+"), "speedup": cell_text(r["speedup"]),
         "scaling eff.": f"{scaling(r):.0%}",
-        "GiB": _gib(r.get("predicted_peak_node_bytes")),
+        "GiB": _gib(r.get("predicted_need_node_bytes")),
         **({"to target": _figure(r.get("time_to_target_s"), " s")} if factors else {}),
         "epochs": _converges(r.get("convergence_key", "baseline"), factors)} for r in rows])
     return fitted_markdown(table, ["epochs", "configuration"], notes, WIDTH)

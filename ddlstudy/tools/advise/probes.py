@@ -23,7 +23,7 @@ from ddlstudy.runner import preflight
 from ddlstudy.sampler import NOISY_CORES, OthersLoad, wait_quiet_at_most
 from ddlstudy.strategies import REGISTRY as STRATEGIES
 from ddlstudy.strategies.base import Footprint
-from ddlstudy.tools.advise.memory import Split, gib, measured, predict, split
+from ddlstudy.tools.advise.memory import Split, gib, measured, need, predict, split
 from ddlstudy.training import WARMUP_STEPS
 
 log = logging.getLogger("ddlstudy")
@@ -81,6 +81,11 @@ class Candidate:
         fp = (self.node or self).footprint
         return predict(fp, self.split, node_batch) if fp and self.split else None
 
+    def need(self, node_batch: int) -> int | None:
+        """What a node of it is predicted to need of its memory (``memory.need``)."""
+        fp = (self.node or self).footprint
+        return need(fp, self.split, node_batch) if fp and self.split else None
+
     def measured_peak(self) -> int | None:
         """Its last probe's peak a node, as recorded."""
         return measured(self.memory, self.nodes) if self.memory else None
@@ -89,6 +94,7 @@ class Candidate:
         out = {"label": self.label, "flags": self.flags, "cores": self.cores}
         if self.split:  # the baseline's probe: in the parts every prediction scales
             out["predicted_peak_node_bytes"] = self.peak(self.node_batch(self.split.batch))
+            out["predicted_need_node_bytes"] = self.need(self.node_batch(self.split.batch))
             out |= {"memory_split": self.split.record()} if self.label == "sequential" else {}
         if self.memory:
             out["measured_peak_node_bytes"] = self.measured_peak()
@@ -141,9 +147,9 @@ def admit(cands: list[Candidate], limit: int, batch: int, linear: float = 0.0) -
         return
     for c in cands:
         c.split = found
-        need = c.peak(c.node_batch(batch))
-        if c is not base and not c.skip and need is not None and need > limit:
-            c.skip = over(need, limit)
+        needs = c.need(c.node_batch(batch))
+        if c is not base and not c.skip and needs is not None and needs > limit:
+            c.skip = over(needs, limit)
 
 
 def over(need: int, limit: int) -> str:

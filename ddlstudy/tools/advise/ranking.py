@@ -193,6 +193,7 @@ def _row(c: Candidate, n: int, method: str | None, speeds: list[float], base: fl
             "convergence_key": convergence_key(flags, *batches),
             "runnable": n == 1 or where.link is None, "noisy": busy,
             "predicted_peak_node_bytes": c.peak(math.ceil(batches[0] / n)),
+            "predicted_need_node_bytes": c.need(math.ceil(batches[0] / n)),
             "measured_peak_node_bytes": probe.measured_peak() if probe else None}
 
 
