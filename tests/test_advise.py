@@ -621,3 +621,26 @@ def test_strategies_asked_for_are_probed_with_the_baseline_and_the_others_say_wh
                if c.flags.get("strategy") not in ("hybrid", None))
     with pytest.raises(ConfigError, match="cpu-loaders has no layout to probe"):
         advise.skip_unasked(advise.candidates(2, 0), ["cpu-loaders"])
+
+
+def test_nodes_sharing_one_host_fit_its_memory_together():
+    """2 MPI nodes on this host, each needing 600 MiB of a per-node --memory of 1000:
+    together 1200 MiB of a host with 1000 left out; on 2 emulated hosts (a node each), or
+    predicted for a --link (a machine each), each node alone counts."""
+    rows = [{"label": "sequential", "nodes": 1, "predicted_need_node_bytes": 700 * MIB},
+            {"label": "s x 2", "nodes": 2, "predicted_need_node_bytes": 600 * MIB},
+            {"label": "s x 3", "nodes": 3, "predicted_need_node_bytes": 300 * MIB}]
+
+    def setting(hosts, link, placeable):
+        return advise.Setting(2, shared=link is None, exchange=None, hosts=hosts, link=link,
+                              placeable=placeable, host_memory=None if link else 1000 * MIB)
+
+    fit, left = advise.fitting(rows, 1000 * MIB, setting(None, None, 2))
+    assert [r["label"] for r in fit] == ["sequential", "s x 3"]  # 3 x 300 fits 1000
+    assert left[0]["skipped"] == ("its 2 nodes on one host need about 1.17 GiB together, "
+                                  "and the host has 0.98 GiB")
+    # emulated hosts: hydra's round robin puts 2 of 3 nodes on one of 2 hosts
+    fit, left = advise.fitting(rows, 1000 * MIB, setting("emulated:x", None, 2))
+    assert [r["label"] for r in fit] == ["sequential", "s x 2", "s x 3"] and not left
+    fit, left = advise.fitting(rows, 1000 * MIB, setting(None, "1gbit", 0))
+    assert len(fit) == 3 and not left

@@ -54,6 +54,7 @@ from ddlstudy import environment
 from ddlstudy.config import UseCase
 from ddlstudy.errors import ConfigError
 from ddlstudy.hosts import emulated_prefix
+from ddlstudy.hosts import load as load_hosts
 from ddlstudy.models import facts
 from ddlstudy.plan import cell_config
 from ddlstudy.tools.advise.checking import NOT_THE_CONFIGURATION, check, check_text
@@ -151,7 +152,8 @@ def advise(usecase: str | None, nodes: list[int], hosts: str | None, link: str |
     where = Setting(cores, shared=link is None and (hosts is None
                                                    or emulated_prefix(hosts) is not None),
                     exchange=None, hosts=hosts, link=link,
-                    placeable=0 if link else host_count or cores)
+                    placeable=0 if link else host_count or cores,
+                    host_memory=_host_memory(hosts, link))
     skip_non_nodes(cands, nodes, where)
     say(f"advise {usecase}: {sum(not c.skip for c in cands)} local configurations to probe "
         f"on {cores} cores, {gpus} GPU(s); budget {budget:.0f} s, {gib(limit)} a node")
@@ -168,7 +170,7 @@ def advise(usecase: str | None, nodes: list[int], hosts: str | None, link: str |
     refuse_if_all_failed(cands)
     rows, notes = predictions(cands, nodes, where, uc.train.batch_size, gradient,
                               train_images(uc, given.get("data_dir")))
-    rows, left_out = fitting(rows, limit)
+    rows, left_out = fitting(rows, limit, where)
     notes = _shared(where, nodes) + _over(cands, limit) + notes
     rank(rows, conv, max(c.speed for c in cands if c.speeds and c.nodes == 1))
     for r in rows:
@@ -197,19 +199,41 @@ def _memory(cands: list[Candidate], uc: UseCase, memory: int | None
     return limit, lambda them: admit(them, limit, uc.train.batch_size, linear)
 
 
-def fitting(rows: list[dict], limit: int) -> tuple[list[dict], list[dict]]:
-    """The rows whose predicted peak a node fits ``limit`` bytes (and the baseline's,
-    whatever it measured), and the others, each with why it was left out."""
+def fitting(rows: list[dict], limit: int, where: Setting | None = None
+            ) -> tuple[list[dict], list[dict]]:
+    """The rows whose predicted need a node fits ``limit`` bytes, and whose nodes sharing
+    one host fit its memory together (``where.host_memory``), the baseline's whatever it
+    measured; and the others, each with why it was left out."""
     fit, left = [], []
     for r in rows:
         need = r.get("predicted_need_node_bytes")
-        if need is None or need <= limit or r["label"] == "sequential":
+        together = where.on_one_host(r["nodes"]) if where and where.host_memory else 1
+        why = None
+        if need is None or r["label"] == "sequential":
+            pass
+        elif need > limit:
+            why = over(need, limit)
+        elif together > 1 and need * together > where.host_memory:
+            why = (f"its {together} nodes on one host need about {gib(need * together)} "
+                   f"together, and the host has {gib(where.host_memory)}")
+        if why is None:
             fit.append(r)
         else:
             left.append({"label": r["label"], "nodes": r["nodes"],
                          "predicted_peak_node_bytes": r.get("predicted_peak_node_bytes"),
-                         "predicted_need_node_bytes": need, "skipped": over(need, limit)})
+                         "predicted_need_node_bytes": need, "skipped": why})
     return fit, left
+
+
+def _host_memory(hosts: str | None, link: str | None) -> int | None:
+    """The memory of the one host nodes share: this one's available, or the emulated
+    hosts' --memory; None for real hosts or a predicted --link (a machine a node)."""
+    if link is not None:
+        return None
+    if hosts is None:
+        return psutil.virtual_memory().available
+    prefix = emulated_prefix(hosts)
+    return load_hosts(prefix).memory if prefix else None
 
 
 def origin(usecase: str | None, uc: UseCase, given: dict[str, Any]) -> dict[str, Any]:

@@ -22,9 +22,19 @@ class Setting:
     hosts: str | None
     link: str | None
     placeable: int
+    host_memory: int | None = None
+    """The memory of one host the nodes share (this host's available memory, or the
+    emulated hosts' --memory); None where each node is a machine of its own."""
 
     def per_node(self, n: int) -> int:
         return self.cores // n if self.shared else self.cores
+
+    def on_one_host(self, n: int) -> int:
+        """How many of ``n`` nodes share one host: all on this host, hydra's round robin
+        on ``--hosts``, one a machine for a predicted ``--link``."""
+        if self.link is not None:
+            return 1
+        return -(-n // max(1, self.placeable)) if self.hosts else n
 
     def methods(self) -> list[str]:
         return [*self.exchange.reduce, *self.exchange.compress] if self.exchange else []
