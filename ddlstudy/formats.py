@@ -120,6 +120,18 @@ StagesTime = create_model(  # strategies.pipeline.stage_times; older runs have n
         str | None, None), replicas_transport=(str | None, None))
 
 
+Bytes = Annotated[int, Field(ge=0, le=2**60)]
+RankMemory = create_model(  # held_bytes: its own tensors' (a sharded strategy's shards)
+    "RankMemory", __base__=_Record, __doc__="A process's memory while training.",
+    rank=(Count, ...), host=(str, ...), peak_rss_bytes=(Bytes, ...), peak_method=(str, ...),
+    held_bytes=(dict[str, Bytes], ...), setup_rss_bytes=(Bytes | None, None),
+    setup_file_bytes=(Bytes | None, None))
+Memory = create_model(  # training.worker.record_memory; hosts: hosts up --memory's cgroups
+    "Memory", __base__=_Record, __doc__="What each process held (concepts: memory).",
+    per_rank=(list[RankMemory], []), peak_rss_bytes=(Bytes | None, None), per_host_bytes=(
+        dict[str, Bytes], {}), hosts=(dict[str, dict[str, Bytes | None]] | None, None))
+
+
 class BackendBlock(_Record):
     """The backend and its nodes."""
     name: str
@@ -129,6 +141,7 @@ class BackendBlock(_Record):
     hosts: list[str] | None = None
     exchange: Exchange | None = None
     stages_time: StagesTime | None = None  # type: ignore[valid-type]
+    memory: Memory | None = None  # type: ignore[valid-type]
 
 
 class Data(_Record):
@@ -153,6 +166,7 @@ class Launch(_Record):
     """How it was started."""
     launcher: str | None = None
     world: Positive = 1
+    slurm: dict[str, Any] | None = None  # srun: its job, step and nodes
 
 
 class HostLoad(_Record):
@@ -347,19 +361,16 @@ def problem(error: ValidationError) -> str:
 
 def check(doc: Any, model: type[_Record], path: Path | str, what: str) -> dict[str, Any]:
     """``doc`` if it is a valid ``model``, else BadFile naming the field."""
+    a = f"{'an' if what[:1].lower() in 'aeiou' else 'a'} {what}"
     if not isinstance(doc, dict):
-        raise BadFile(what, path, f"is not {_a(what)} (a JSON object was expected, not "
+        raise BadFile(what, path, f"is not {a} (a JSON object was expected, not "
                       f"{type(doc).__name__})")
     try:
         model.model_validate(doc)
     except ValidationError as exc:
-        raise BadFile(what, path, f"{problem(exc)}; is it {_a(what)} ddlstudy wrote, and "
+        raise BadFile(what, path, f"{problem(exc)}; is it {a} ddlstudy wrote, and "
                       "complete?") from None
     return doc
-
-
-def _a(what: str) -> str:
-    return f"{'an' if what[:1].lower() in 'aeiou' else 'a'} {what}"
 
 
 def load(path: Path | str, model: type[_Record], what: str,
@@ -381,19 +392,7 @@ def reference() -> str:
                   "| field | type | required | meaning |", "|---|---|---|---|"]
         lines += field_rows(schema, schema.get("$defs", {}), "")
         lines.append("")
-    return "\n".join(lines + _samples_reference())
-
-
-def _samples_reference() -> list[str]:
-    """The samples table's columns (``sampler.read_samples`` checks them)."""
-    lines = ["## samples.parquet", "",
-             "A run's resource samples (`ddlstudy.sampler`), one row a sample. Any column may "
-             "be null (nothing measured: no GPU, say); other columns pass. The report's "
-             "figures also need the columns they draw, and leave out (naming it) a run whose "
-             "samples lack one.", "", "| column | type | required |", "|---|---|---|"]
-    lines += [f"| `{c}` | {sampler.KIND_WORDS[sampler.KINDS.get(c, 'number')]} | "
-              f"{'yes' if c in sampler.IDENTITY else 'no'} |" for c in sampler.COLUMNS]
-    return [*lines, ""]
+    return "\n".join(lines + sampler.samples_reference())
 
 
 if __name__ == "__main__":

@@ -573,3 +573,17 @@ def test_every_reader_of_samples_refuses_a_bad_file_alike(finished, tmp_path, ca
     frame = RunFolder.open(run).write_samples([{"time": 1.7e9, "scope": "node", "rank": 0}])
     assert len(frame) == 1 and (run / "samples.parquet.damaged").exists()
     assert said in capsys.readouterr().err
+
+
+def test_a_manifest_s_memory_record_is_checked_against_its_schema(finished, tmp_path):
+    """backend.memory (what each process held) is in the manifest's schema: a real run
+    records it; a damaged figure is refused naming its field."""
+    memory = finished["backend"]["memory"]
+    assert memory["per_rank"][0]["peak_rss_bytes"] > 0 and memory["per_host_bytes"]
+    doc = copy.deepcopy(finished)
+    doc["backend"]["memory"]["per_rank"][0]["peak_rss_bytes"] = "big"
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / MANIFEST).write_text(json.dumps(doc))
+    with pytest.raises(UsageError, match=r"backend\.memory\.per_rank\[0\]\.peak_rss_bytes: "
+                                         "must be a valid integer"):
+        read_manifest(tmp_path / "bad")
