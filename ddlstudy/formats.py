@@ -125,7 +125,8 @@ RankMemory = create_model(  # held_bytes: its own tensors' (a sharded strategy's
     "RankMemory", __base__=_Record, __doc__="A process's memory while training.",
     rank=(Count, ...), host=(str, ...), peak_rss_bytes=(Bytes, ...), peak_method=(str, ...),
     held_bytes=(dict[str, Bytes], ...), setup_rss_bytes=(Bytes | None, None),
-    setup_file_bytes=(Bytes | None, None))
+    setup_file_bytes=(Bytes | None, None), gpu_max_allocated_bytes=(Bytes | None, None),
+    gpu_max_reserved_bytes=(Bytes | None, None))
 Memory = create_model(  # training.worker.record_memory; hosts: hosts up --memory's cgroups
     "Memory", __base__=_Record, __doc__="What each process held (concepts: memory).",
     per_rank=(list[RankMemory], []), peak_rss_bytes=(Bytes | None, None), per_host_bytes=(

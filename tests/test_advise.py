@@ -629,7 +629,8 @@ def test_nodes_sharing_one_host_fit_its_memory_together():
     predicted for a --link (a machine each), each node alone counts."""
     rows = [{"label": "sequential", "nodes": 1, "predicted_need_node_bytes": 700 * MIB},
             {"label": "s x 2", "nodes": 2, "predicted_need_node_bytes": 600 * MIB},
-            {"label": "s x 3", "nodes": 3, "predicted_need_node_bytes": 300 * MIB}]
+            {"label": "s x 3", "nodes": 3, "predicted_need_node_bytes": 300 * MIB},
+            {"label": "s x 4", "nodes": 4, "predicted_need_node_bytes": 600 * MIB}]
 
     def setting(hosts, link, placeable):
         return advise.Setting(2, shared=link is None, exchange=None, hosts=hosts, link=link,
@@ -639,8 +640,19 @@ def test_nodes_sharing_one_host_fit_its_memory_together():
     assert [r["label"] for r in fit] == ["sequential", "s x 3"]  # 3 x 300 fits 1000
     assert left[0]["skipped"] == ("its 2 nodes on one host need about 1.17 GiB together, "
                                   "and the host has 0.98 GiB")
-    # emulated hosts: hydra's round robin puts 2 of 3 nodes on one of 2 hosts
+    # emulated hosts: hydra's round robin puts 2 of 3 or 4 nodes on one of 2 hosts
     fit, left = advise.fitting(rows, 1000 * MIB, setting("emulated:x", None, 2))
-    assert [r["label"] for r in fit] == ["sequential", "s x 2", "s x 3"] and not left
+    assert [r["label"] for r in fit] == ["sequential", "s x 2", "s x 3"]
+    assert [r["skipped"] for r in left] == ["its 2 nodes on one host need about 1.17 GiB "
+                                            "together, and the host has 0.98 GiB"]
     fit, left = advise.fitting(rows, 1000 * MIB, setting(None, "1gbit", 0))
-    assert len(fit) == 3 and not left
+    assert len(fit) == 4 and not left
+    # before any probe of MPI nodes: the same rule leaves them out, never started
+    (seq,) = [c for c in advise.candidates(2, 0) if c.label == "sequential"]
+    seq.footprint, seq.memory = Footprint(), _baseline_memory(600, 400, 50, 50)
+    pair = advise.Candidate("s x 2", {"strategy": "sequential", "backend": "mpi",
+                                      "nodes": 2}, 1, nodes=2, node=seq)
+    where = setting(None, None, 2)
+    advise.admit([seq, pair], 1000 * MIB, 16, sharing=where.on_one_host,
+                 host=where.host_memory)
+    assert pair.skip.startswith("its 2 nodes on one host need about") and not seq.skip

@@ -74,7 +74,7 @@ def test_a_record_from_before_memory_reads_as_unlimited(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("size, message", [
-    ("1MiB", "--memory: 1048576 bytes a host; give at least 64 MiB"),
+    ("1MiB", "--memory: 1048576 bytes a host; give from 64 MiB"),
     ("lots", "--memory: 'lots'; give a size"),
 ])
 def test_a_host_size_that_cannot_be_is_refused(tmp_path, capsys, monkeypatch, size, message):

@@ -111,8 +111,8 @@ class HostMemory:
     limit: int
     oom_kills: int
     peak: int | None
-    """The most the host's processes held together (v1 since the run started; v2's
-    ``memory.peak`` since the host came up); None where the kernel does not say."""
+    """The most the host's processes held together since the run started (cgroup v1);
+    None where the kernel does not say (v2)."""
 
 
 def oom_kills(name: str) -> int:
@@ -125,7 +125,7 @@ def oom_kills(name: str) -> int:
 
 
 def reset_peak(name: str) -> None:
-    """Start the host's peak afresh (v1 only: v2's peak is not reset before kernel 6.12)."""
+    """Start the host's peak afresh (v1's ``memory.max_usage_in_bytes``)."""
     path = group(name, "memory")
     try:
         if path is not None and (path / "memory.max_usage_in_bytes").exists():
@@ -135,16 +135,13 @@ def reset_peak(name: str) -> None:
 
 
 def memory_of(name: str, limit: int, kills_before: int) -> HostMemory:
-    """Host ``name``'s memory now: its limit, the kills since ``kills_before``, its peak."""
+    """Host ``name``'s memory now: its limit, the kills since ``kills_before``, its peak
+    since ``reset_peak`` (None under cgroup v2, whose ``memory.peak`` counts from the
+    host's making, not the run's start)."""
     path = group(name, "memory")
-    peak = None
-    if path is not None:
-        for file in ("memory.max_usage_in_bytes", "memory.peak"):
-            text = _read(path / file).strip()
-            if text.isdigit():
-                peak = int(text)
-                break
-    return HostMemory(name, limit, oom_kills(name) - kills_before, peak)
+    text = _read(path / "memory.max_usage_in_bytes").strip() if path is not None else ""
+    return HostMemory(name, limit, oom_kills(name) - kills_before,
+                      int(text) if text.isdigit() else None)
 
 
 def _gib(nbytes: int) -> str:
@@ -187,6 +184,8 @@ def out_of_memory(killed: list[HostMemory], who: dict[str, str]) -> str:
     said = []
     for h in killed:
         peak = f", and its processes held {_gib(h.peak)} at their peak" if h.peak else ""
+        if h.peak is not None and h.peak < 0.9 * h.limit:  # not the host's limit: the machine's
+            peak += " (below it: the machine itself ran out of memory)"
         kills = f" ({h.oom_kills} processes)" if h.oom_kills > 1 else ""
         said.append(f"{who.get(h.host, 'a process')} on host {h.host} was killed by the "
                     f"kernel for memory{kills}: the host has {_gib(h.limit)}{peak}")

@@ -125,11 +125,12 @@ def _refuse_subnet_in_use(hosts: Hosts) -> None:
         return
     users = [p for p in state.prefixes() if p != hosts.prefix
              and (made := state.read(p)) is not None and made.hosts.subnet == hosts.subnet]
-    free = next(f"10.{i}.0" for i in range(77, 256) if f"10.{i}.0.254" not in have)
+    free = next((f"10.{i}.0" for i in range(77, 256) if f"10.{i}.0.254" not in have), None)
     raise ConfigError("--subnet", f"{hosts.subnet} is in use here ("
                       + (f"by the emulated hosts {users[0]!r}" if users else
                          f"{hosts.gateway} is on {have[hosts.gateway]}")
-                      + f"); give another, e.g. --subnet {free}")
+                      + (f"); give another, e.g. --subnet {free}" if free else
+                         "); give another 10.x.y"))
 
 
 def _link_exists(name: str) -> bool:
@@ -202,7 +203,8 @@ def _shape(hosts: Hosts) -> None:
 def _write_launcher(hosts: Hosts) -> None:
     """The script hydra calls instead of ssh: ``launcher [-x ...] host command...``."""
     def enter(name: str) -> str:  # join the host's cgroups (CPU share, memory), if any
-        return "".join(f" echo $$ > {g}/cgroup.procs;" for g in _groups(hosts, name))
+        return "".join(f" echo $$ > {g}/cgroup.procs || exit 255;"  # no limit unnoticed
+                       for g in _groups(hosts, name))
 
     cases = "".join(f"  {a}|{n}) ns={n};{enter(n)};\n" for n, a in hosts.members)
     script = f"""#!/bin/sh

@@ -131,9 +131,9 @@ def validate(count: int, prefix: str, subnet: str, delay: str | None, rate: str 
         raise ConfigError("--cpus", f"{','.join(map(str, cpus))}; give one CPU share per host "
                           f"({count}), each from 0.05 to 64 cores, e.g. 1,0.5")
     if memory is not None and not MIN_MEMORY <= memory <= 2**50:
-        raise ConfigError("--memory", f"{memory} bytes a host; give at least "
+        raise ConfigError("--memory", f"{memory} bytes a host; give from "
                           f"{MIN_MEMORY >> 20} MiB (a Python process with torch holds about "
-                          "0.5 GiB), e.g. 2GiB")
+                          "0.5 GiB) to 1 PiB, e.g. 2GiB")
 
 
 def parse_cpus(text: str | None) -> list[float] | None:

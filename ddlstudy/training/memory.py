@@ -22,8 +22,11 @@ HWM = "VmHWM (reset after set-up)"
 RUSAGE = "getrusage ru_maxrss (set-up included)"
 
 
-def reset_peak() -> str:
-    """Start measuring the peak from now; how it is measured (HWM or RUSAGE)."""
+def reset_peak(device: torch.device | None = None) -> str:
+    """Start measuring the peak from now (on a GPU ``device``, its allocator's peaks too);
+    how it is measured (HWM or RUSAGE)."""
+    if device is not None and device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
     try:
         CLEAR_REFS.write_text("5")
         return HWM
@@ -76,11 +79,16 @@ def held(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
 
 
 def record(peak_method: str, model: nn.Module, optimizer: torch.optim.Optimizer,
-           setup_rss: int | None = None, setup_shared: int | None = None) -> dict:
+           setup_rss: int | None = None, setup_shared: int | None = None,
+           device: torch.device | None = None) -> dict:
     """This process's figures: its peak, how it was measured, what it holds, and what it
     held resident once set up (``setup_rss``: before its first step made gradients,
-    optimizer state and activations; ``setup_shared``: of which files' pages)."""
+    optimizer state and activations; ``setup_shared``: of which files' pages); on a GPU
+    ``device``, its allocator's peaks since ``reset_peak`` beside them."""
+    gpu = {"gpu_max_allocated_bytes": torch.cuda.max_memory_allocated(device),
+           "gpu_max_reserved_bytes": torch.cuda.max_memory_reserved(device)} \
+        if device is not None and device.type == "cuda" else {}
     return {"peak_rss_bytes": peak_rss(), "peak_method": peak_method,
-            "held_bytes": held(model, optimizer)} | (
+            "held_bytes": held(model, optimizer)} | gpu | (
         {"setup_rss_bytes": setup_rss} if setup_rss is not None else {}) | (
         {"setup_file_bytes": setup_shared} if setup_shared is not None else {})

@@ -170,7 +170,8 @@ def between_nodes(link: Link, params: list[nn.Parameter]) -> Callable[[int], Non
         dist.all_gather(sizes, torch.tensor([mine]))
         counts = [int(n) for n in sizes]
         if leader:  # a node of one process averages through the link's own exchange
-            whole = torch.empty(sum(counts), dtype=local[0].dtype, device=local[0].device)
+            dtype = functools.reduce(torch.promote_types, (g.dtype for g in local))
+            whole = torch.empty(sum(counts), dtype=dtype, device=local[0].device)
             parts = whole.split(counts)
             flat = torch.cat([g.reshape(-1) for g in local], out=parts[0])
             for src in range(1, k):

@@ -78,7 +78,7 @@ def train_worker(job: Job, link: Link, model: nn.Module, optimizer: torch.optim.
             same_buffers(buffers, link)
         own()
 
-    peak_method = memory.reset_peak()  # set-up done: its peak is not training's
+    peak_method = memory.reset_peak(device)  # set-up done: its peak is not training's
     setup_rss, setup_shared = memory.resident(), memory.shared_resident()
     trainer = Trainer(model, step, train, val, max_steps=job.cfg.max_steps,
                       warmup_steps=job.cfg.warmup_steps,
@@ -91,7 +91,7 @@ def train_worker(job: Job, link: Link, model: nn.Module, optimizer: torch.optim.
     if link.world > 1 and hasattr(step, "times"):
         record_exchange(job, link, step)
     record_memory(job, link, memory.record(peak_method, model, optimizer, setup_rss,
-                                                  setup_shared))
+                                                  setup_shared, device))
 
 
 def record_memory(job: Job, link: Link, mine: dict) -> None:

@@ -204,11 +204,11 @@ class Launched:
     failure: str | None = None
     signal: int | None = None
     cause: str | None = None
+    """What ended the run that the ranks could not see (the kernel killing one for its
+    host's memory): it replaces what they recorded."""
     hosts_memory: dict | None = None
     """Emulated hosts of a given size: each one's limit, the peak it was charged and the
     kernel's kills (``MemoryWatch.record``), for the manifest's ``backend.memory``."""
-    """What ended the run that the ranks could not see (the kernel killing one for its
-    host's memory): it replaces what they recorded."""
 
 
 STOP_GRACE_S = 30.0

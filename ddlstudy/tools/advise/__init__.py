@@ -148,12 +148,8 @@ def advise(usecase: str | None, nodes: list[int], hosts: str | None, link: str |
     gradient = facts(uc.model, len(uc.classes)).gradient_bytes
     cands = skip_unasked(candidates(cores, gpus), strategies)
     check_fit(cands, usecase, probes_dir, given)
-    limit, fits = _memory(cands, uc, memory)
-    where = Setting(cores, shared=link is None and (hosts is None
-                                                   or emulated_prefix(hosts) is not None),
-                    exchange=None, hosts=hosts, link=link,
-                    placeable=0 if link else host_count or cores,
-                    host_memory=_host_memory(hosts, link))
+    where = _setting(cores, hosts, link, host_count)
+    limit, fits = _memory(cands, uc, memory, where)
     skip_non_nodes(cands, nodes, where)
     say(f"advise {usecase}: {sum(not c.skip for c in cands)} local configurations to probe "
         f"on {cores} cores, {gpus} GPU(s); budget {budget:.0f} s, {gib(limit)} a node")
@@ -189,14 +185,27 @@ def advise(usecase: str | None, nodes: list[int], hosts: str | None, link: str |
             "ranking": rows, "left_out": left_out, "host": environment.host()}
 
 
-def _memory(cands: list[Candidate], uc: UseCase, memory: int | None
+def _setting(cores: int, hosts: str | None, link: str | None, host_count: int | None
+             ) -> Setting:
+    """Where the nodes are: sharing this machine (this host, or emulated hosts) or not,
+    how many can be probed for real, the memory of the one host nodes share."""
+    return Setting(cores, shared=link is None and (hosts is None
+                                                  or emulated_prefix(hosts) is not None),
+                   exchange=None, hosts=hosts, link=link,
+                   placeable=0 if link else host_count or cores,
+                   host_memory=_host_memory(hosts, link))
+
+
+def _memory(cands: list[Candidate], uc: UseCase, memory: int | None, where: Setting
             ) -> tuple[int, Callable[[list[Candidate]], None]]:
     """--memory's bytes (None: what this host has available now), and the check that
-    leaves out what would need more once the baseline has been probed (``admit``)."""
+    leaves out what would need more once the baseline has been probed (``admit``): a
+    node alone, and the nodes sharing one host together."""
     limit = memory or psutil.virtual_memory().available
     linear = linear_share(uc.model, len(uc.classes)) if any(
         c.footprint and c.footprint.tensor > 1 for c in cands if not c.skip) else 0.0
-    return limit, lambda them: admit(them, limit, uc.train.batch_size, linear)
+    return limit, lambda them: admit(them, limit, uc.train.batch_size, linear,
+                                     where.on_one_host, where.host_memory)
 
 
 def fitting(rows: list[dict], limit: int, where: Setting | None = None
@@ -207,15 +216,9 @@ def fitting(rows: list[dict], limit: int, where: Setting | None = None
     fit, left = [], []
     for r in rows:
         need = r.get("predicted_need_node_bytes")
-        together = where.on_one_host(r["nodes"]) if where and where.host_memory else 1
-        why = None
-        if need is None or r["label"] == "sequential":
-            pass
-        elif need > limit:
-            why = over(need, limit)
-        elif together > 1 and need * together > where.host_memory:
-            why = (f"its {together} nodes on one host need about {gib(need * together)} "
-                   f"together, and the host has {gib(where.host_memory)}")
+        why = None if need is None or r["label"] == "sequential" else over(
+            need, limit, where.on_one_host(r["nodes"]) if where else 1,
+            where.host_memory if where else None)
         if why is None:
             fit.append(r)
         else:

@@ -64,9 +64,8 @@ def markdown(result: dict, top: int = 10) -> str:
                           "probe's range in advise.json); basis: probed, or a probe's compute + "
                           f"the exchange's model, or a model of one node; {SCALING_EFFICIENCY}; "
                           "epochs: to the target, against the baseline's (measured in --runs); "
-                          "GiB: the memory a node is predicted to need (its processes' peak "
-                          "resident memory, the files' pages they share counted once; "
-                          "--memory leaves out what would not fit)")]
+                          "GiB: a node's predicted need (its processes' peaks, the pages they "
+                          "share once; --memory leaves out what would not fit)")]
     lines += ["", f"best per node count ({SAME}), and how to run it:", ""]
     lines += [wrapped(f"- {n}: {r['label']}, {r['images_per_s']:.1f} images/s (rank "
                       f"{r['rank']})", "  ") for n, r in sorted(best.items())]

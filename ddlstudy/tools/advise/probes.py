@@ -137,10 +137,12 @@ def check_fit(cands: list[Candidate], usecase: str, runs_dir: Path,
             c.skip = str(exc)
 
 
-def admit(cands: list[Candidate], limit: int, batch: int, linear: float = 0.0) -> None:
-    """Once the baseline has been probed: every candidate's predicted peak a node from
-    its probe, and those over ``limit`` bytes (--memory) left out, never started (the
-    baseline is ranked whatever it measured: speedups are against it)."""
+def admit(cands: list[Candidate], limit: int, batch: int, linear: float = 0.0,
+          sharing: Callable[[int], int] = lambda nodes: 1, host: int | None = None) -> None:
+    """Once the baseline has been probed: every candidate's predicted need a node from
+    its probe, and those over ``limit`` bytes (--memory), or whose nodes sharing one host
+    (``sharing``: how many of N do) need more than its ``host`` bytes together, left out,
+    never started (the baseline is ranked whatever it measured: speedups are against it)."""
     base = next((c for c in cands if c.label == "sequential" and c.memory), None)
     found = base and (base.split or split(base.memory, batch, linear))
     if not found:
@@ -148,13 +150,19 @@ def admit(cands: list[Candidate], limit: int, batch: int, linear: float = 0.0) -
     for c in cands:
         c.split = found
         needs = c.need(c.node_batch(batch))
-        if c is not base and not c.skip and needs is not None and needs > limit:
-            c.skip = over(needs, limit)
+        if c is not base and not c.skip and needs is not None:
+            c.skip = over(needs, limit, sharing(c.nodes), host) or ""
 
 
-def over(need: int, limit: int) -> str:
-    """Why a configuration is left out for --memory."""
-    return f"needs about {gib(need)} a node, and --memory is {gib(limit)}"
+def over(need: int, limit: int, together: int = 1, host: int | None = None) -> str | None:
+    """Why a configuration is left out for memory (None: it fits): a node's need over
+    --memory, or its ``together`` nodes on one host over the host's ``host`` bytes."""
+    if need > limit:
+        return f"needs about {gib(need)} a node, and --memory is {gib(limit)}"
+    if together > 1 and host is not None and need * together > host:
+        return (f"its {together} nodes on one host need about {gib(need * together)} "
+                f"together, and the host has {gib(host)}")
+    return None
 
 
 def train_images(uc: UseCase, folder: Path | None = None) -> int:
