@@ -107,8 +107,10 @@ def test_under_mpi_each_trains_as_its_local_twin(twin):
     node of as many processes (tensor's twin: the 2-D mesh of sharded --tensor). The local
     twins of sharded and zero are the test above's runs."""
     mpi = ("--backend", "mpi", "--nodes", "2")
-    pairs = {"sharded": (("--strategy", "sharded", "--workers", "1", *mpi),
-                         ("--strategy", "sharded", "--workers", "2")),
+    # sharded: nodes of 2, whose shards (of unequal sizes: a Linear of 3 outputs) meet
+    # on the leader between nodes
+    pairs = {"sharded": (("--strategy", "sharded", "--workers", "2", *mpi),
+                         ("--strategy", "sharded", "--workers", "4")),
              "zero": (("--strategy", "zero", "--workers", "1", *mpi),
                       ("--strategy", "cpu-processes", "--workers", "2")),
              "tensor": (("--strategy", "tensor", "--workers", "2", *mpi),
