@@ -20,6 +20,7 @@ from torch import nn
 from ddlstudy.config import WARMUP_STEPS
 from ddlstudy.environment import seconds_since_command
 from ddlstudy.progress import progress
+from ddlstudy.training.memory import SavedForBackward
 from ddlstudy.training.metrics import Tally, scores, unpack
 from ddlstudy.training.steps import Batch, StepFn
 
@@ -123,6 +124,8 @@ class Trainer:
         self.epoch_start_generator: torch.Tensor | None = None
         self._clock: tuple[float, float | None, int] = (time.perf_counter(), None, 0)
         self.first_step_s: float | None = None
+        self.activation_bytes: int | None = None
+        """What the first step saved for backward in this thread (its activations)."""
         self.step_log: list[tuple[int, int, float, int, float]] = []
         """This process's steps since the run folder last took them: (epoch, step in the
         epoch, mean loss, images, seconds since the step before)."""
@@ -173,6 +176,14 @@ class Trainer:
         dtype = torch.float16 if self.precision == "fp16" else torch.bfloat16
         return torch.autocast(device, dtype=dtype)
 
+    def _first(self) -> contextlib.AbstractContextManager:
+        """The first step's context: when it started noted, what it saves for backward
+        counted (``activation_bytes``); nothing for the others."""
+        if self.first_step_s is not None:
+            return contextlib.nullcontext()
+        self.first_step_s = seconds_since_command()
+        return SavedForBackward(self.model, lambda n: setattr(self, "activation_bytes", n))
+
     def train_epoch(self, epoch: int) -> EpochResult:
         self.model.train()
         gen = self.generator
@@ -189,9 +200,7 @@ class Trainer:
         autocast = self.autocast()
         last = start
         for batch in batches:
-            if self.first_step_s is None:
-                self.first_step_s = seconds_since_command()
-            with autocast:
+            with autocast, self._first():
                 batch_loss, batch_correct, n = self.step(batch)
             now = time.perf_counter()
             self.step_log.append((epoch, sums["steps"] + 1, batch_loss / max(n, 1), n,

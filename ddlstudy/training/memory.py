@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import resource
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -59,6 +60,34 @@ def _status(key: str) -> int | None:
     return None
 
 
+class SavedForBackward:
+    """While entered, the bytes autograd saves for backward in this thread (saved-tensor
+    hooks), each storage once and ``model``'s parameters left out: what one step's
+    forward holds until its backward, its activations. Threads of their own (cpu-threads'
+    replicas) are not seen; a checkpointed block counts the inputs it keeps."""
+
+    def __init__(self, model: nn.Module, done: Callable[[int], None]) -> None:
+        self.bytes, self.done = 0, done
+        self._seen = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        with contextlib.suppress(RuntimeError, NotImplementedError):  # no storage: skip
+            storage = t.untyped_storage()
+            if storage.data_ptr() not in self._seen:
+                self._seen.add(storage.data_ptr())
+                self.bytes += storage.nbytes()
+        return t
+
+    def __enter__(self) -> SavedForBackward:
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._hooks.__exit__(*exc)
+        self.done(self.bytes)
+
+
 def _bytes(tensors) -> int:
     total = 0
     for t in tensors:
@@ -80,15 +109,17 @@ def held(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
 
 def record(peak_method: str, model: nn.Module, optimizer: torch.optim.Optimizer,
            setup_rss: int | None = None, setup_shared: int | None = None,
-           device: torch.device | None = None) -> dict:
+           device: torch.device | None = None, activations: int | None = None) -> dict:
     """This process's figures: its peak, how it was measured, what it holds, and what it
     held resident once set up (``setup_rss``: before its first step made gradients,
     optimizer state and activations; ``setup_shared``: of which files' pages); on a GPU
-    ``device``, its allocator's peaks since ``reset_peak`` beside them."""
+    ``device``, its allocator's peaks since ``reset_peak`` beside them; ``activations``:
+    what its first step saved for backward (``SavedForBackward``), among what it holds."""
     gpu = {"gpu_max_allocated_bytes": torch.cuda.max_memory_allocated(device),
            "gpu_max_reserved_bytes": torch.cuda.max_memory_reserved(device)} \
         if device is not None and device.type == "cuda" else {}
+    holds = held(model, optimizer) | ({"activations": activations} if activations else {})
     return {"peak_rss_bytes": peak_rss(), "peak_method": peak_method,
-            "held_bytes": held(model, optimizer)} | gpu | (
+            "held_bytes": holds} | gpu | (
         {"setup_rss_bytes": setup_rss} if setup_rss is not None else {}) | (
         {"setup_file_bytes": setup_shared} if setup_shared is not None else {})

@@ -91,7 +91,8 @@ def train_worker(job: Job, link: Link, model: nn.Module, optimizer: torch.optim.
     if link.world > 1 and hasattr(step, "times"):
         record_exchange(job, link, step)
     record_memory(job, link, memory.record(peak_method, model, optimizer, setup_rss,
-                                                  setup_shared, device))
+                                                  setup_shared, device,
+                                                  trainer.activation_bytes))
 
 
 def record_memory(job: Job, link: Link, mine: dict) -> None:
