@@ -656,3 +656,19 @@ def test_nodes_sharing_one_host_fit_its_memory_together():
     advise.admit([seq, pair], 1000 * MIB, 16, sharing=where.on_one_host,
                  host=where.host_memory)
     assert pair.skip.startswith("its 2 nodes on one host need about") and not seq.skip
+
+
+def test_with_checkpointing_every_layout_that_can_is_a_configuration_of_its_own():
+    """--with-checkpointing: each layout whose strategy checkpoints is probed again with
+    its activations checkpointed (its own row, its own command); cpu-threads and the
+    pipelines cannot, so they have no such twin."""
+    plain = {c.label: c for c in advise.candidates(2, 0)}
+    both = {c.label: c for c in advise.candidates(2, 0, checkpointed=True)}
+    twins = {label.removesuffix(", checkpointed") for label in both if
+             label.endswith(", checkpointed")}
+    assert twins == {label for label, c in plain.items() if not c.skip or c.flags} - {
+        "cpu-threads (2 replicas)", "pipeline (2 stages x 4 mb)",
+        "pipeline (2 stages x 4 mb, 1f1b)", "hybrid (2 x 2 stages)"}
+    seq = both["sequential, checkpointed"]
+    assert seq.flags == plain["sequential"].flags | {"checkpoint_activations": True}
+    assert "--checkpoint-activations" in advise.command("tiny", seq.flags)

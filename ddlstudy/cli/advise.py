@@ -45,6 +45,10 @@ def register(sub) -> None:
                    "before it is probed, and those that would need more are left out, named "
                    "(default: the memory each of --hosts' emulated hosts was given by hosts up "
                    "--memory, else the memory this host has available)")
+    p.add_argument("--with-checkpointing", action="store_true", help="probe every layout "
+                   "whose strategy can checkpoint also with --checkpoint-activations: the "
+                   "memory it saves a node against the recomputation's time, both measured, "
+                   "and what fits --memory only so")
     p.add_argument("--rounds", type=int, default=3, help="most probe rounds")
     p.add_argument("--steps", type=int, default=24, help="steady steps a probe times")
     p.add_argument("--wait-quiet", action="store_true", help="before each probe, wait until "
@@ -109,7 +113,7 @@ def cmd_advise(args: argparse.Namespace) -> int:
                            runs=args.runs, rounds=args.rounds, steps=args.steps,
                            datasets_dir=args.datasets_dir, host_count=count,
                            wait=args.wait_quiet, data=data, strategies=strategies,
-                           memory=memory)
+                           memory=memory, checkpointed=args.with_checkpointing)
     shown = {"markdown": advise.markdown, "csv": advise.as_csv, "json": advise.as_json}
     print(shown[args.format](result).rstrip("\n"))
     for path in advise.write(result, out):  # beside a script's CSV or JSON: not in it

@@ -131,12 +131,13 @@ def advise(usecase: str | None, nodes: list[int], hosts: str | None, link: str |
            steps: int = PROBE_STEADY_STEPS, datasets_dir: Path | None = None,
            host_count: int | None = None, wait: bool = False,
            data: dict[str, Any] | None = None, strategies: list[str] | None = None,
-           memory: int | None = None) -> dict:
+           memory: int | None = None, checkpointed: bool = False) -> dict:
     """Probe, measure, predict and rank (see the module's docstring): advise.json's
     content. ``host_count``: how many ``hosts`` there are (MPI probes up to that many);
     ``wait``: each probe waits for a quiet host first; ``data``: run flags of every probe
     that say what it trains (``data_dir``, ``model``); ``strategies``: the only ones whose
-    layouts are probed (and sequential); ``memory``: --memory's bytes (``_memory``)."""
+    layouts are probed (and sequential); ``memory``: --memory's bytes (``_memory``);
+    ``checkpointed``: each layout also with its activations checkpointed."""
     started = time.monotonic()
     deadline = started + budget
     probes_dir = out / "probes"
@@ -146,7 +147,7 @@ def advise(usecase: str | None, nodes: list[int], hosts: str | None, link: str |
     settings = probe_settings(uc, steps) | given
     cores, gpus = environment.usable_cores(), len(environment.gpus())
     gradient = facts(uc.model, len(uc.classes)).gradient_bytes
-    cands = skip_unasked(candidates(cores, gpus), strategies)
+    cands = skip_unasked(candidates(cores, gpus, checkpointed), strategies)
     check_fit(cands, usecase, probes_dir, given)
     where = _setting(cores, hosts, link, host_count)
     limit, fits = _memory(cands, uc, memory, where)

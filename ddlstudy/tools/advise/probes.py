@@ -106,9 +106,11 @@ class Candidate:
             {"noisy": self.noisy, "only_noisy": self.busy} if self.noisy else {})
 
 
-def candidates(cores: int, gpus: int) -> list[Candidate]:
+def candidates(cores: int, gpus: int, checkpointed: bool = False) -> list[Candidate]:
     """Every strategy's layouts worth probing on a machine of ``cores`` and ``gpus`` (its
-    ``Strategy.probes``; those that cannot fit carry the reason in ``skip``)."""
+    ``Strategy.probes``; those that cannot fit carry the reason in ``skip``); with
+    ``checkpointed``, each one whose strategy checkpoints again with its activations
+    checkpointed (the memory saved against the recomputation's time, both probed)."""
     out = []
     for cls in STRATEGIES.loaded().values():
         for p in cls().probes(cores, gpus):
@@ -116,6 +118,9 @@ def candidates(cores: int, gpus: int) -> list[Candidate]:
                 f"needs {p.cores} processes, one a core, and this machine has {cores} "
                 f"usable cores")
             out.append(Candidate(p.label, p.flags, p.cores, p.replicas, skip=skip))
+            if checkpointed and cls.checkpoints:
+                out.append(Candidate(f"{p.label}, checkpointed", p.flags | {
+                    "checkpoint_activations": True}, p.cores, p.replicas, skip=skip))
     if cores < 2:
         out.append(Candidate("layouts of 2 or more workers", {}, 2,
                              skip=f"this machine has {cores} usable core"))
