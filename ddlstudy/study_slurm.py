@@ -23,8 +23,6 @@ import logging
 import math
 import re
 import shlex
-import shutil
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +32,7 @@ from ddlstudy.errors import UsageError
 from ddlstudy.files import atomic_write_text, folder_lock
 from ddlstudy.formats import Study as StudyRecord
 from ddlstudy.formats import load
+from ddlstudy.hosts.slurm import Sbatch, require_client, slurm_call
 from ddlstudy.plan import Plan, run_flags
 from ddlstudy.report import STUDY_FILE
 from ddlstudy.runfolder import MANIFEST, new_run_id, run_env
@@ -51,22 +50,6 @@ ACTIVE = {"PENDING": "pending", "CONFIGURING": "pending", "REQUEUED": "pending",
 WAITING = ("submitted", "pending", "running")
 SRUN_DECIDES = ("nodes", "hosts", "hostfile")
 """An MPI cell's flags that srun's world replaces (its nodes are the job's)."""
-
-
-@dataclass(frozen=True)
-class Sbatch:
-    """What the user asks of every job: --partition, --account, --time, --sbatch-arg."""
-
-    partition: str | None = None
-    account: str | None = None
-    time: str | None = None
-    args: tuple[str, ...] = ()
-
-    def lines(self) -> list[str]:
-        named = [f"--{k}={v}" for k, v in (("partition", self.partition),
-                                           ("account", self.account), ("time", self.time))
-                 if v]
-        return [*named, *self.args]
 
 
 @dataclass
@@ -142,7 +125,7 @@ class SlurmStudy(Study):
             (self.plan.runs_dir / sub).mkdir(exist_ok=True)
         path = self.plan.runs_dir / "slurm" / f"{cell.run}.sbatch"
         atomic_write_text(path, self.script(cell, sbatch))
-        out = _call("sbatch", "--parsable", str(path), env=run_env(cell.run), check=False)
+        out = slurm_call("sbatch", "--parsable", str(path), env=run_env(cell.run), check=False)
         job = out.stdout.strip().split(";")[0]
         if out.returncode == 0 and job.isdigit():
             cell.status, cell.job = "submitted", int(job)
@@ -154,40 +137,10 @@ class SlurmStudy(Study):
         log.error("%s on %s: %s (%s)", cell.label, cell.usecase, cell.reason, path)
 
 
-def _call(*command: str, env: dict[str, str] | None = None,
-          check: bool = True) -> subprocess.CompletedProcess:
-    """A Slurm command's answer; refused in one line where it cannot be run or (``check``)
-    fails."""
-    try:
-        out = subprocess.run(list(command), capture_output=True, text=True, timeout=60,
-                             env=env, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise UsageError(f"--submit slurm: {command[0]} did not answer ({exc})") from None
-    if check and out.returncode != 0:
-        said = (out.stderr.strip().splitlines() or ["no output"])[-1]
-        raise UsageError(f"--submit slurm: {' '.join(command)} failed: {said}")
-    return out
-
-
-def require_slurm() -> None:
-    """Refuse where sbatch is missing or no Slurm controller answers."""
-    missing = [c for c in ("sbatch", "scontrol") if shutil.which(c) is None]
-    if missing:
-        raise UsageError(f"--submit slurm: {', '.join(missing)} not found; install Slurm's "
-                         "client commands (apt-get install slurm-client) or run the study "
-                         "here without --submit")
-    out = _call("scontrol", "ping", check=False)
-    if " is UP" not in out.stdout:
-        said = (out.stdout + out.stderr).strip().splitlines() or ["no answer"]
-        raise UsageError(f"--submit slurm: Slurm's controller does not answer ({said[-1]}); "
-                         "set SLURM_CONF to your cluster's slurm.conf (on emulated hosts, "
-                         "`ddlstudy hosts slurm` prints it)")
-
-
 def _jobs() -> dict[int, dict[str, str]]:
     """Every job Slurm's controller remembers, by id: its fields (JobState, Reason, ...)."""
     jobs = {}
-    for line in _call("scontrol", "show", "job", "-o").stdout.splitlines():
+    for line in slurm_call("scontrol", "show", "job", "-o").stdout.splitlines():
         keys = dict(re.findall(r"(\w+)=(\S*)", line))
         if keys.get("JobId", "").isdigit():
             jobs[int(keys["JobId"])] = keys
@@ -245,7 +198,7 @@ def slurm_study(plan: Plan, *, resume: bool, resubmit: bool, sbatch: Sbatch,
                 overrides: dict[str, Any], fmt: str) -> int:
     """Submit a plan's cells as jobs (0: every cell submitted or skipped), or, ``resume``,
     read where a submitted study's jobs stand (``_resume``)."""
-    require_slurm()
+    require_client()
     if not resume and submitted(plan.runs_dir):
         raise UsageError(f"{plan.runs_dir} already holds the jobs of study {plan.name!r}; "
                          "--resume shows where they stand, --resume --resubmit submits its "

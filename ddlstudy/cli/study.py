@@ -61,6 +61,11 @@ def cmd_study(args: argparse.Namespace) -> int:
     check_positive(args, "epochs", "max_steps", "top")
     overrides = {name: getattr(args, name) for name in ("epochs", "max_steps")
                  if getattr(args, name) is not None}
+    sbatch = _sbatch(args)
+    if args.submit or args.resubmit:
+        from ddlstudy.hosts.slurm import require_client
+
+        require_client()
     if (args.plan is None) == (args.from_advice is None):
         raise UsageError("give a study plan (e.g. usecases/demo.toml) or --from-advice "
                          "advise.json, one of them")
@@ -72,7 +77,6 @@ def cmd_study(args: argparse.Namespace) -> int:
         plan = load_plan(args.plan, args.repeat, args.runs_dir)
     # A bad plan or cell is refused before torch is imported.
     configs(plan, overrides)
-    sbatch = _sbatch(args)
     from ddlstudy.study_slurm import slurm_study, submitted
 
     if args.submit or (args.resume and submitted(plan.runs_dir)) or args.resubmit:
@@ -87,7 +91,7 @@ def cmd_study(args: argparse.Namespace) -> int:
 def _sbatch(args: argparse.Namespace):
     """The jobs' options (--partition, --account, --time, --sbatch-arg), refused where no
     job is submitted."""
-    from ddlstudy.study_slurm import Sbatch
+    from ddlstudy.hosts.slurm import Sbatch
 
     given = [f"--{n.replace('_', '-')}" for n in ("partition", "account", "time", "sbatch_arg")
              if getattr(args, n)]
