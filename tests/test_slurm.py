@@ -186,7 +186,8 @@ def test_a_study_submitted_as_slurm_jobs_is_resumed_and_reported(slurm, tmp_path
         == jobs
     two = json.loads((runs / cells[1]["run"] / MANIFEST).read_text())
     assert two["status"] == "completed" and two["study"]["name"] == "jobs"
-    assert two["launch"]["slurm"]["job_id"] == jobs[1]
+    assert two["launch"]["slurm"]["job_id"] == jobs[1] and two["host"]["slurm_partition"] == \
+        PREFIX  # the report's setting: the partition, not the node each job ran on
     assert (two["launch"]["slurm"]["node_count"], two["backend"]["hosts"]) == \
         (2, ["stest-h1", "stest-h2"])
     assert "mpi 2 nodes" in report and (runs / "report" / "speedup.md").is_file()
