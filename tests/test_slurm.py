@@ -201,6 +201,10 @@ def test_a_cancelled_job_is_a_failed_cell_with_slurms_reason(slurm, tmp_path, da
     ddlstudy("study", str(plan), "--submit", "slurm", *later, env=slurm)
     (cell,) = _record(plan)
     assert _script(plan, cell)[0][-2:] == ["--time=5:00", "--begin=now+1hour"]
+    again = ddlstudy("study", str(plan), env=slurm, code=2)  # never run here as well
+    assert again.stderr == f"ddlstudy: error: {plan.parent / 'runs'} already holds the jobs " \
+        "of study 'cancel'; --resume shows where they stand, --resume --resubmit submits its " \
+        "failed cells again\n"
     waiting = ddlstudy("study", str(plan), "--resume", env=slurm).stdout
     assert [line.split() for line in waiting.splitlines() if line.startswith("sequential")] \
         == [["sequential", "tiny", "1", str(cell["job"]), "pending", "BeginTime"]]

@@ -79,7 +79,7 @@ def cmd_study(args: argparse.Namespace) -> int:
     configs(plan, overrides)
     from ddlstudy.study_slurm import slurm_study, submitted
 
-    if args.submit or (args.resume and submitted(plan.runs_dir)) or args.resubmit:
+    if args.submit or args.resubmit or submitted(plan.runs_dir):  # its jobs: never run here
         return slurm_study(plan, resume=args.resume, resubmit=args.resubmit, sbatch=sbatch,
                            overrides=overrides, fmt=args.format)
     from ddlstudy.study import study
