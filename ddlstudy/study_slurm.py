@@ -69,8 +69,8 @@ class JobCell(Cell):
 
     @classmethod
     def recorded(cls, r: dict[str, Any]) -> JobCell:
-        return cls(usecase=r["usecase"], flags=r["flags"], repeat=r["repeat"], id=r["id"],
-                   label=r["label"], cores=r["cores"], status=r["status"],
+        return cls(usecase=r["usecase"], flags=r.get("flags") or {}, repeat=r.get("repeat", 0),
+                   id=r["id"], label=r["label"], cores=r.get("cores", 0), status=r["status"],
                    reason=r.get("reason", ""), run=r.get("run") or "",
                    seconds=r.get("seconds") or 0.0, job=r.get("job") or 0,
                    gpus=r.get("gpus") or 0)
