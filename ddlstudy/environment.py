@@ -132,6 +132,8 @@ def host() -> dict[str, Any]:
         "usable_cores": usable_cores(),
         "ram_bytes": psutil.virtual_memory().total,
         "gpus": gpus(),
+        **({"slurm_partition": os.environ["SLURM_JOB_PARTITION"]}  # a job's: alike nodes
+           if os.environ.get("SLURM_JOB_PARTITION") else {}),
     }
 
 

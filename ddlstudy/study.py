@@ -48,7 +48,7 @@ from ddlstudy.formats import Study as StudyRecord
 from ddlstudy.formats import load
 from ddlstudy.plan import Plan, configs, load_plan, run_flags
 from ddlstudy.report import STUDY_FILE, Report, config_label, cores_used
-from ddlstudy.runfolder import MANIFEST, load_manifest, new_run_id, now_iso, run_env
+from ddlstudy.runfolder import MANIFEST, RUN_ID_ENV, load_manifest, new_run_id, now_iso, run_env
 from ddlstudy.runner import preflight, resolve
 from ddlstudy.sampler import check_load
 from ddlstudy.signals import SETUP_TIMEOUT_ENV, TimedOut, time_limit
@@ -176,7 +176,7 @@ def _study_runs(runs_dir: Path, study: str) -> list[dict[str, Any]]:
     return runs
 
 
-def _status(manifest: Path) -> str | None:
+def run_status(manifest: Path) -> str | None:
     """The status a cell's run recorded (None: no manifest, or one that cannot be read)."""
     try:
         return load_manifest(manifest)["status"] if manifest.is_file() else None
@@ -210,6 +210,9 @@ def _clock(seconds: float) -> str:
 
 
 class Study:
+    submit = ""
+    """Where its cells went as jobs ("slurm"), recorded in study.json; "": run here."""
+
     def __init__(self, plan: Plan, cells: list[Cell], wait_quiet: bool = False) -> None:
         self.plan = plan
         self.cells = cells
@@ -220,11 +223,13 @@ class Study:
         record = {"name": self.plan.name, "plan": str(self.plan.path),
                   "description": self.plan.description, "repeat": self.plan.repeat,
                   "started_at": self.started, "updated_at": now_iso(),
-                  "cells": [c.record() for c in self.cells]}
+                  "cells": [c.record() for c in self.cells],
+                  **({"submit": self.submit} if self.submit else {})}
         atomic_write_json(self.plan.runs_dir / STUDY_FILE, record)
 
-    def run(self, resume: bool) -> int:
-        """Run every pending cell; 0 when none failed, 1 otherwise (130/143 interrupted)."""
+    def open(self, resume: bool) -> list[dict[str, Any]]:
+        """The manifests of the study's earlier runs in its runs folder (refused there
+        unless ``resume``), the folder made and a damaged study.json kept aside."""
         runs_dir = self.plan.runs_dir
         earlier = _study_runs(runs_dir, self.plan.name)
         if not resume and earlier:
@@ -233,6 +238,12 @@ class Study:
                              f"--runs-dir")
         runs_dir.mkdir(parents=True, exist_ok=True)
         _keep_damaged(runs_dir / STUDY_FILE)
+        return earlier
+
+    def run(self, resume: bool) -> int:
+        """Run every pending cell; 0 when none failed, 1 otherwise (130/143 interrupted)."""
+        runs_dir = self.plan.runs_dir
+        earlier = self.open(resume)
         if resume:
             done = _finished(earlier)
             for c in self.cells:
@@ -265,14 +276,19 @@ class Study:
                 return 130
         return code
 
+    def cell_vars(self, cell: Cell) -> dict[str, str]:
+        """The variables that make a cell's ``ddlstudy run`` one of this study's: its run
+        id (the folder it writes), the study and cell it records, the set-up's limit."""
+        return {RUN_ID_ENV: cell.run, SETUP_TIMEOUT_ENV: str(self.plan.setup_timeout_s),
+                "DDLSTUDY_STUDY": json.dumps({"name": self.plan.name, "cell": cell.id,
+                                              "repeat": cell.repeat})}
+
     def _run_cell(self, cell: Cell) -> int:
         runs_dir = self.plan.runs_dir
         cell.run = new_run_id(cell.cfg.usecase.name, cell.cfg.strategy, cell.cfg.backend)
         logs = runs_dir / "logs"
         logs.mkdir(exist_ok=True)
-        env = run_env(cell.run, DDLSTUDY_STUDY=json.dumps({
-            "name": self.plan.name, "cell": cell.id, "repeat": cell.repeat}),
-            **{SETUP_TIMEOUT_ENV: str(self.plan.setup_timeout_s)})
+        env = run_env(cell.run, **self.cell_vars(cell))
         cmd = python_module("ddlstudy", *cell.argv(runs_dir))
         start = time.monotonic()
         with open(logs / f"{cell.run}.log", "w") as out:
@@ -283,7 +299,7 @@ class Study:
                 code = 130
         cell.seconds = time.monotonic() - start
         manifest = runs_dir / cell.run / MANIFEST
-        status = _status(manifest)
+        status = run_status(manifest)
         if code == 0 and status == "completed":
             cell.status = "completed"
             return 0
@@ -314,6 +330,13 @@ def study(plan: Plan | Path, *, repeat: int | None = None, resume: bool = False,
 
 def _study(plan: Plan, cells: list[Cell], resume: bool, fmt: str, wait_quiet: bool) -> int:
     code = Study(plan, cells, wait_quiet).run(resume)
+    write_report(plan, cells, fmt)
+    return code
+
+
+def write_report(plan: Plan, cells: list[Cell], fmt: str) -> None:
+    """The study's report (tables, figures) into <runs_dir>/report, its tables printed; the
+    MLflow parent run and the advice checked where the plan asks."""
     report = Report(plan.runs_dir)
     paths = report.write(plan.runs_dir / "report", fmt)
     print(report.text(fmt))
@@ -325,7 +348,6 @@ def _study(plan: Plan, cells: list[Cell], resume: bool, fmt: str, wait_quiet: bo
         after_study(plan.runs_dir, uris, paths)
     if plan.path.suffix == ".json":
         _check_advice(plan)
-    return code
 
 
 def _check_advice(plan: Plan) -> None:

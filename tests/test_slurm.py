@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -24,11 +26,11 @@ TINY_RUN = ("run", "--usecase", "tiny", "--backend", "mpi", "--epochs", "1", "--
             "3", "--max-val-steps", "2", "--sample-hz", "0", "--no-snapshot", "--quiet")
 
 
-def ddlstudy(*args: str, launcher: tuple[str, ...] = (), code: int = 0,
+def ddlstudy(*args: str, launcher: tuple[str, ...] = (), code: int | None = 0,
              env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     out = subprocess.run([*launcher, sys.executable, "-m", "ddlstudy", *args],
                          capture_output=True, text=True, timeout=300, env=env)
-    assert out.returncode == code, out.stdout[-2000:] + out.stderr[-3000:]
+    assert code is None or out.returncode == code, out.stdout[-2000:] + out.stderr[-3000:]
     return out
 
 
@@ -106,6 +108,143 @@ def test_srun_pmi2_trains_as_ddlstudys_own_mpiexec_does(slurm, tmp_path, dataset
     replay, again = _losses(tmp_path / "replay")
     assert again == losses and replay["config"]["replay_of"] == srun["id"]
     assert replay["launch"]["slurm"]["job_id"] > step["job_id"]
+
+
+def _plan(folder: Path, datasets_dir: Path, *cells: str) -> Path:
+    """A plan of ``cells`` (TOML bodies) on tiny, as short as a run gets, into ``folder``."""
+    folder.mkdir()
+    plan = folder / "plan.toml"
+    plan.write_text(f"""[study]
+name = "{folder.name}"
+usecases = ["tiny"]
+repeat = 1
+runs_dir = "{folder / 'runs'}"
+
+[settings]
+epochs = 1
+max_steps = 3
+max_val_steps = 1
+no_snapshot = true
+sample_hz = 0
+datasets_dir = "{datasets_dir}"
+""" + "".join(f"\n[[cells]]\n{c}\n" for c in cells))
+    return plan
+
+
+def _record(plan: Path) -> list[dict]:
+    record = json.loads((plan.parent / "runs" / "study.json").read_text())
+    assert record["submit"] == "slurm"
+    return record["cells"]
+
+
+def _script(plan: Path, cell: dict) -> tuple[list[str], str]:
+    """A cell's batch script: its #SBATCH lines, its last line (the command)."""
+    lines = (plan.parent / "runs" / "slurm" / f"{cell['run']}.sbatch").read_text().splitlines()
+    return [x.removeprefix("#SBATCH ") for x in lines if x.startswith("#SBATCH ")], lines[-1]
+
+
+def _resumed_until_done(plan: Path, env: dict, code: int = 0, most_s: float = 240) -> str:
+    """`study --resume` again until no cell is queued or running (at most ``most_s``)."""
+    deadline = time.monotonic() + most_s
+    while True:
+        out = ddlstudy("study", str(plan), "--resume", env=env, code=None)
+        if "queued or running" not in out.stdout:
+            assert out.returncode == code, out.stdout + out.stderr[-2000:]
+            return out.stdout
+        assert out.returncode == 0 and time.monotonic() < deadline, out.stdout
+        time.sleep(2)
+
+
+@pytest.mark.slow
+@needs_slurm
+def test_a_study_submitted_as_slurm_jobs_is_resumed_and_reported(slurm, tmp_path,
+                                                                  datasets_dir):
+    """3 cells as 3 jobs of their own size: the baseline, MPI on 2 nodes and on 1 (srun's
+    world: no --nodes flag); --resume reads their states and writes the report."""
+    plan = _plan(tmp_path / "jobs", datasets_dir, 'strategy = "sequential"',
+                 'strategy = "sequential"\nbackend = "mpi"\nnodes = 2',
+                 'strategy = "sequential"\nbackend = "mpi"\nnodes = 1')
+    said = ddlstudy("study", str(plan), "--submit", "slurm", env=slurm).stdout
+    cells = _record(plan)
+    assert [(c["backend"], c["nodes"], c["status"]) for c in cells] == [
+        ("local", 1, "submitted"), ("mpi", 2, "submitted"), ("mpi", 1, "submitted")]
+    jobs = [c["job"] for c in cells]
+    assert len(set(jobs)) == 3 and all(j >= 1 for j in jobs)
+    assert [int(line.split(": job ")[1].split()[0]) for line in said.splitlines()] == jobs
+    runs = plan.parent / "runs"
+    for cell, nodes in zip(cells, (1, 2, 1), strict=True):
+        sbatch, command = _script(plan, cell)
+        assert sbatch == [f"--job-name={cell['run']}", f"--nodes={nodes}",
+                          "--ntasks-per-node=1", "--cpus-per-task=1",
+                          f"--output={runs}/logs/{cell['run']}.log"]
+        assert command.startswith("srun --mpi=pmi2 " if cell["backend"] == "mpi" else "exec ")
+        assert " -m ddlstudy run --quiet --usecase tiny " in command
+        assert "--nodes" not in command and f"--runs-dir {runs} " in command
+    report = _resumed_until_done(plan, slurm)
+    cells = _record(plan)
+    assert [c["status"] for c in cells] == ["completed"] * 3 and [c["job"] for c in cells] \
+        == jobs
+    two = json.loads((runs / cells[1]["run"] / MANIFEST).read_text())
+    assert two["status"] == "completed" and two["study"]["name"] == "jobs"
+    assert two["launch"]["slurm"]["job_id"] == jobs[1] and two["host"]["slurm_partition"] == \
+        PREFIX  # the report's setting: the partition, not the node each job ran on
+    assert (two["launch"]["slurm"]["node_count"], two["backend"]["hosts"]) == \
+        (2, ["stest-h1", "stest-h2"])
+    assert "mpi 2 nodes" in report and (runs / "report" / "speedup.md").is_file()
+
+
+@pytest.mark.slow
+@needs_slurm
+def test_a_cancelled_job_is_a_failed_cell_with_slurms_reason(slurm, tmp_path, datasets_dir):
+    plan = _plan(tmp_path / "cancel", datasets_dir, 'strategy = "sequential"')
+    later = ("--sbatch-arg=--begin=now+1hour", "--time", "5:00")
+    ddlstudy("study", str(plan), "--submit", "slurm", *later, env=slurm)
+    (cell,) = _record(plan)
+    assert _script(plan, cell)[0][-2:] == ["--time=5:00", "--begin=now+1hour"]
+    again = ddlstudy("study", str(plan), env=slurm, code=2)  # never run here as well
+    assert again.stderr == f"ddlstudy: error: {plan.parent / 'runs'} already holds the jobs " \
+        "of study 'cancel'; --resume shows where they stand, --resume --resubmit submits its " \
+        "failed cells again\n"
+    waiting = ddlstudy("study", str(plan), "--resume", env=slurm).stdout
+    assert [line.split() for line in waiting.splitlines() if line.startswith("sequential")] \
+        == [["sequential", "tiny", "1", str(cell["job"]), "pending", "BeginTime"]]
+    subprocess.run(["scancel", str(cell["job"])], env=slurm, check=True)
+    _resumed_until_done(plan, slurm, code=1)
+    (failed,) = _record(plan)
+    assert (failed["status"], failed["run"], failed["job"]) == ("failed", "", cell["job"])
+    assert failed["reason"] == f"Slurm job {cell['job']} CANCELLED (reason: BeginTime)"
+    assert (plan.parent / "runs" / "report" / "speedup.md").is_file()
+    # --resubmit submits the failed cell again, as a new job into a new run folder
+    ddlstudy("study", str(plan), "--resume", "--resubmit", *later, env=slurm)
+    (again,) = _record(plan)
+    assert again["status"] == "submitted" and again["job"] > cell["job"]
+    assert again["run"] not in ("", cell["run"])
+    subprocess.run(["scancel", str(again["job"])], env=slurm, check=True)
+
+
+def test_submit_without_slurm_or_its_controller_is_refused_in_one_line(tmp_path,
+                                                                       datasets_dir):
+    plan = _plan(tmp_path / "refused", datasets_dir, 'strategy = "sequential"')
+    out = ddlstudy("study", str(plan), "--submit", "slurm", code=2,
+                   env=os.environ | {"PATH": str(tmp_path)})
+    assert out.stderr == (
+        "ddlstudy: error: --submit slurm: sbatch, scontrol not found; install Slurm's client "
+        "commands (apt-get install slurm-client) or run the study here without --submit\n")
+    out = ddlstudy("study", str(plan), "--time", "1:00", code=2)
+    assert out.stderr == ("ddlstudy: error: --time: an option of Slurm jobs; give it with "
+                          "--submit slurm or --resume --resubmit\n")
+    if shutil.which("scontrol"):
+        out = ddlstudy("study", str(plan), "--submit", "slurm", code=2,
+                       env=os.environ | {"SLURM_CONF": str(tmp_path / "none.conf")})
+        assert out.stderr == (f"ddlstudy: error: --submit slurm: SLURM_CONF names "
+                              f"{tmp_path / 'none.conf'}, which is not a file; set it to your "
+                              "cluster's slurm.conf (on emulated hosts, `ddlstudy hosts slurm` "
+                              "prints it)\n")
+        out = ddlstudy("study", str(plan), "--submit", "slurm", code=2,
+                       env={k: v for k, v in os.environ.items() if k != "SLURM_CONF"})
+        assert out.stderr.startswith("ddlstudy: error: --submit slurm: Slurm's controller "
+                                     "does not answer (") and out.stderr.count("\n") == 1
+    assert not (plan.parent / "runs").exists()
 
 
 def test_hosts_slurm_without_the_packages_names_the_install_line(tmp_path):

@@ -9,6 +9,11 @@ from ddlstudy.config.options import path_arg
 from ddlstudy.errors import UsageError
 from ddlstudy.sampler import NOISY_CORES, WAIT_MOST_S
 
+JOB_OPTIONS = {"partition": "the jobs' partition (default: the cluster's)",
+               "account": "the account the jobs are charged to (default: yours)",
+               "time": "each job's time limit, e.g. 1:00:00 (default: the partition's)"}
+"""The options of every Slurm job of a study (sbatch's flags of the same names)."""
+
 
 def register(sub) -> None:
     p = sub.add_parser("study", help="run a study plan: use cases x configurations x repeats")
@@ -31,6 +36,17 @@ def register(sub) -> None:
                    f"{WAIT_MOST_S:.0f} s)")
     p.add_argument("--quiet", action="store_true", help="warnings and errors only")
 
+    p.add_argument("--submit", choices=["slurm"], help="submit every cell as a Slurm job "
+                   "(a batch script each, kept in <runs dir>/slurm) and return; --resume then "
+                   "shows where they stand and writes the report once all are done")
+    for name, what in JOB_OPTIONS.items():
+        p.add_argument(f"--{name}", help=f"with --submit slurm: {what}")
+    p.add_argument("--sbatch-arg", action="append", default=[], metavar="ARG",
+                   help="with --submit slurm: one more #SBATCH line of every job, e.g. "
+                   "--sbatch-arg=--mem=8G (repeatable)")
+    p.add_argument("--resubmit", action="store_true", help="with --resume of a study "
+                   "submitted to Slurm: submit its failed cells (and cells it lacks) again")
+
     p.add_argument("--from-advice", type=path_arg, metavar="ADVISE_JSON", help="instead of a "
                    "plan: run the top recommendations of `ddlstudy advise` (and the baseline)"
                    " and check its first place against what they measure (default: none)")
@@ -45,6 +61,11 @@ def cmd_study(args: argparse.Namespace) -> int:
     check_positive(args, "epochs", "max_steps", "top")
     overrides = {name: getattr(args, name) for name in ("epochs", "max_steps")
                  if getattr(args, name) is not None}
+    sbatch = _sbatch(args)
+    if args.submit or args.resubmit:
+        from ddlstudy.hosts.slurm import require_client
+
+        require_client()
     if (args.plan is None) == (args.from_advice is None):
         raise UsageError("give a study plan (e.g. usecases/demo.toml) or --from-advice "
                          "advise.json, one of them")
@@ -56,7 +77,34 @@ def cmd_study(args: argparse.Namespace) -> int:
         plan = load_plan(args.plan, args.repeat, args.runs_dir)
     # A bad plan or cell is refused before torch is imported.
     configs(plan, overrides)
+    from ddlstudy.study_slurm import slurm_study, submitted
+
+    if args.submit or args.resubmit or submitted(plan.runs_dir):  # its jobs: never run here
+        return slurm_study(plan, resume=args.resume, resubmit=args.resubmit, sbatch=sbatch,
+                           overrides=overrides, fmt=args.format)
     from ddlstudy.study import study
 
     return study(plan, resume=args.resume, overrides=overrides, fmt=args.format,
                  wait_quiet=args.wait_quiet)
+
+
+def _sbatch(args: argparse.Namespace):
+    """The jobs' options (--partition, --account, --time, --sbatch-arg), refused where no
+    job is submitted."""
+    from ddlstudy.hosts.slurm import Sbatch
+
+    given = [f"--{n.replace('_', '-')}" for n in ("partition", "account", "time", "sbatch_arg")
+             if getattr(args, n)]
+    if args.resubmit and not args.resume:
+        raise UsageError("--resubmit goes with --resume (of a study submitted with --submit "
+                         "slurm)")
+    if args.submit and args.resume:
+        raise UsageError("--submit slurm submits a new study's jobs, --resume reads where a "
+                         "submitted study's jobs stand; give one of them")
+    if given and not (args.submit or args.resubmit):
+        raise UsageError(f"{', '.join(given)}: an option of Slurm jobs; give it with "
+                         "--submit slurm or --resume --resubmit")
+    if args.wait_quiet and (args.submit or args.resubmit):
+        raise UsageError("--wait-quiet waits for this host before each cell; a study "
+                         "submitted to Slurm runs its cells elsewhere: leave it out")
+    return Sbatch(args.partition, args.account, args.time, tuple(args.sbatch_arg))

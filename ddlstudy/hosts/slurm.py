@@ -22,12 +22,13 @@ import signal
 import socket
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 
 import ddlstudy.hosts.spec as spec
-from ddlstudy.errors import Unavailable
+from ddlstudy.errors import Unavailable, UsageError
 from ddlstudy.hosts.processes import _kill
 from ddlstudy.hosts.spec import MPI_ENV, Hosts, check_prefix
 from ddlstudy.hosts.state import read
@@ -272,3 +273,54 @@ def slurm_status(prefix: str) -> str:
     return (f"Slurm controller {keys.get('SlurmctldHost')} port {keys.get('SlurmctldPort')}: "
             f"{' '.join(nodes) or 'not answering'} node(s); "
             f"export SLURM_CONF={conf}")
+
+
+def slurm_call(*command: str, env: dict[str, str] | None = None,
+               check: bool = True) -> subprocess.CompletedProcess:
+    """A Slurm command's answer; refused in one line where it cannot be run or (``check``)
+    fails."""
+    try:
+        out = subprocess.run(list(command), capture_output=True, text=True, timeout=60,
+                             env=env, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise UsageError(f"--submit slurm: {command[0]} did not answer ({exc})") from None
+    if check and out.returncode != 0:
+        said = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        raise UsageError(f"--submit slurm: {' '.join(command)} failed: {said}")
+    return out
+
+
+def require_client() -> None:
+    """Refuse where sbatch is missing or no Slurm controller answers."""
+    missing = [c for c in ("sbatch", "scontrol") if shutil.which(c) is None]
+    if missing:
+        raise UsageError(f"--submit slurm: {', '.join(missing)} not found; install Slurm's "
+                         "client commands (apt-get install slurm-client) or run the study "
+                         "here without --submit")
+    conf = os.environ.get("SLURM_CONF")
+    if conf and not Path(conf).is_file():  # Slurm's commands would retry for a minute
+        raise UsageError(f"--submit slurm: SLURM_CONF names {conf}, which is not a file; "
+                         "set it to your cluster's slurm.conf (on emulated hosts, `ddlstudy "
+                         "hosts slurm` prints it)")
+    out = slurm_call("scontrol", "ping", check=False)
+    if " is UP" not in out.stdout:
+        said = (out.stdout + out.stderr).strip().splitlines() or ["no answer"]
+        raise UsageError(f"--submit slurm: Slurm's controller does not answer ({said[-1]}); "
+                         "set SLURM_CONF to your cluster's slurm.conf (on emulated hosts, "
+                         "`ddlstudy hosts slurm` prints it)")
+
+
+@dataclass(frozen=True)
+class Sbatch:
+    """What the user asks of every job: --partition, --account, --time, --sbatch-arg."""
+
+    partition: str | None = None
+    account: str | None = None
+    time: str | None = None
+    args: tuple[str, ...] = ()
+
+    def lines(self) -> list[str]:
+        named = [f"--{k}={v}" for k, v in (("partition", self.partition),
+                                           ("account", self.account), ("time", self.time))
+                 if v]
+        return [*named, *self.args]

@@ -163,12 +163,12 @@ def config_label(manifest: dict) -> str:
 
 
 def setting(manifest: dict) -> str:
-    """What a run measured apart from its parallelism: epochs (and --max-steps), the
-    per-run batch, the learning rate given (and its warm-up), the optimizer and schedule
-    where not the paper's, the image size, the data (its
-    fingerprint) and the host. Runs of different settings are never repeats of each other,
-    and a speedup divides by the baseline of the same setting."""
-    config = manifest.get("config") or {}
+    """What a run measured apart from its parallelism: epochs (and --max-steps), the per-run
+    batch, the learning rate given (and its warm-up), the optimizer and schedule where not the
+    paper's, the image size, the data (its fingerprint) and the host (a Slurm job's partition,
+    of alike nodes). Runs of different settings never repeat each other; a speedup divides by
+    the baseline of the same setting."""
+    config, host = manifest.get("config") or {}, manifest.get("host") or {}
     train = (config.get("usecase") or {}).get("train") or {}
     parts = [f"{train.get('epochs', '?')} epochs"]
     if config.get("max_steps"):
@@ -185,7 +185,7 @@ def setting(manifest: dict) -> str:
         parts.append(f"target {train['target_metric']}")
     parts += [f"{train.get('image_size', '?')} px",
               f"data {str((manifest.get('data') or {}).get('fingerprint') or '?')[:8]}",
-              f"host {(manifest.get('host') or {}).get('hostname', '?')}"]
+              f"host {host.get('slurm_partition') or host.get('hostname', '?')}"]
     return ", ".join(parts)
 
 
