@@ -62,21 +62,24 @@ def _status(key: str) -> int | None:
 
 class SavedForBackward:
     """While entered, the bytes autograd saves for backward in this thread (saved-tensor
-    hooks), each storage once and ``model``'s parameters left out: what one step's
+    hooks), each storage once and parameters left out (``model``'s, and any leaf that
+    requires grad: FSDP's gathered ones): what one step's
     forward holds until its backward, its activations. Threads of their own (cpu-threads'
     replicas) are not seen; a checkpointed block counts the inputs it keeps."""
 
     def __init__(self, model: nn.Module, done: Callable[[int], None]) -> None:
         self.bytes, self.done = 0, done
-        self._seen = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        self._seen = {_storage(p)[0] for p in model.parameters()}
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
-        with contextlib.suppress(RuntimeError, NotImplementedError):  # no storage: skip
-            storage = t.untyped_storage()
-            if storage.data_ptr() not in self._seen:
-                self._seen.add(storage.data_ptr())
-                self.bytes += storage.nbytes()
+        base = t if t._base is None else t._base  # a view's: a weight's transpose
+        if base.is_leaf and base.requires_grad:  # a parameter (FSDP's gathered ones too)
+            return t
+        where, size = _storage(t)
+        if where is not None and where not in self._seen:
+            self._seen.add(where)
+            self.bytes += size
         return t
 
     def __enter__(self) -> SavedForBackward:
@@ -86,6 +89,17 @@ class SavedForBackward:
     def __exit__(self, *exc) -> None:
         self._hooks.__exit__(*exc)
         self.done(self.bytes)
+
+
+def _storage(t: torch.Tensor) -> tuple[int | None, int]:
+    """Where ``t``'s memory is and how large (a DTensor's: its local shard's), or None
+    where it has none of its own (a meta or sparse tensor, FSDP's freed parameters)."""
+    local = getattr(t, "_local_tensor", t)
+    try:
+        storage = local.untyped_storage()
+        return storage.data_ptr(), storage.nbytes()
+    except (RuntimeError, NotImplementedError, TypeError):
+        return None, 0
 
 
 def _bytes(tensors) -> int:
