@@ -11,6 +11,7 @@ say so."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,33 +46,42 @@ def _make(path: Path, made) -> None:
         made.record("cgroups", str(path))
 
 
-def limit_cpu(name: str, cores: float, made) -> None:
-    path = group(name, "cpu")
+_SIZES = {"cpu": ("--cpus", "unequal CPU shares"), "memory": ("--memory", "a memory size")}
+
+
+def _limit(name: str, controller: str, made, write: Callable[[Path], None]) -> None:
+    """Make host ``name``'s group for ``controller`` (once) and set its limit by
+    ``write``; Unavailable, naming the flag that asked, where this kernel cannot."""
+    flag, what = _SIZES[controller]
+    path = group(name, controller)
     if path is None:
-        raise Unavailable("--cpus", "no CPU cgroup here (/sys/fs/cgroup/cpu or cgroup v2), so "
-                          "hosts cannot be given unequal CPU shares")
+        raise Unavailable(flag, f"no {controller} cgroup here (/sys/fs/cgroup/{controller} "
+                          f"or cgroup v2), so hosts cannot be given {what}")
     try:
         _make(path, made)
+        write(path)
+    except OSError as exc:
+        raise Unavailable(flag, f"cannot set a {controller} limit in {path}: "
+                          f"{exc.strerror}") from None
+
+
+def limit_cpu(name: str, cores: float, made) -> None:
+    """At most ``cores`` of CPU time for the host's processes (a CFS quota)."""
+    def write(path: Path) -> None:
         period = 10_000  # 10 ms: throttled in slices finer than a training step
         if (path / "cpu.cfs_quota_us").exists():
             (path / "cpu.cfs_period_us").write_text(str(period))
             (path / "cpu.cfs_quota_us").write_text(str(int(cores * period)))
         else:
             (path / "cpu.max").write_text(f"{int(cores * period)} {period}")
-    except OSError as exc:
-        raise Unavailable("--cpus", f"cannot set a CPU quota in {path}: {exc.strerror}") \
-            from None
+
+    _limit(name, "cpu", made, write)
 
 
 def limit_memory(name: str, nbytes: int, made) -> None:
     """At most ``nbytes`` of memory for the host's processes together, swap included (a
     host of that size: past it the kernel kills one of them)."""
-    path = group(name, "memory")
-    if path is None:
-        raise Unavailable("--memory", "no memory cgroup here (/sys/fs/cgroup/memory or cgroup "
-                          "v2), so hosts cannot be given a memory size")
-    try:
-        _make(path, made)
+    def write(path: Path) -> None:
         if (path / "memory.limit_in_bytes").exists():  # v1; memsw must stay >= the limit
             (path / "memory.limit_in_bytes").write_text(str(nbytes))
             if (path / "memory.memsw.limit_in_bytes").exists():
@@ -83,9 +93,8 @@ def limit_memory(name: str, nbytes: int, made) -> None:
         else:
             raise Unavailable("--memory", f"{path} has no memory controller (cgroup v2 "
                               f"without +memory in {ROOT}/cgroup.subtree_control)")
-    except OSError as exc:
-        raise Unavailable("--memory", f"cannot set a memory limit in {path}: "
-                          f"{exc.strerror}") from None
+
+    _limit(name, "memory", made, write)
 
 
 def _read(path: Path) -> str:
