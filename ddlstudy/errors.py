@@ -21,3 +21,8 @@ class Unavailable(ConfigError):
     """The configuration is valid but this machine or this version cannot run it: a GPU
     strategy without GPUs, a backend or a combination not available. A study records
     such a cell as skipped, with this message as the reason."""
+
+
+class NotHere(Unavailable):
+    """Unavailable for want of this machine's hardware (GPUs): a study submitted to a
+    cluster leaves it to the node its job runs on."""

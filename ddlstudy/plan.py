@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, PlainValidator, TypeAdapter, ValidationError, create_model
 
 from ddlstudy.config import DEFAULT_RUNS_DIR, HOME, USECASES_DIR, RunConfig
-from ddlstudy.config.limits import most, why
+from ddlstudy.config.limits import most, size_bytes, why
 from ddlstudy.config.loading import is_usecase_path, load_usecase
 from ddlstudy.config.options import (
     cell_keys,
@@ -54,6 +54,8 @@ class Plan:
     settings: dict[str, Any] = field(default_factory=dict)
     setup_timeout_s: float = SETUP_TIMEOUT_S
     """How long a cell's set-up may take (``StudyTable.setup_timeout_s``)."""
+    mem_per_node: int | None = None
+    """Bytes of memory a node of every cell asks of a scheduler (``--submit slurm``)."""
     usecase_settings: dict[str, dict[str, Any]] = field(default_factory=dict)
     """``[settings.<use case>]``: what differs for one use case (a VGG16 step takes 20
     times an AlexNet one: fewer --max-steps), between [settings] and the cells."""
@@ -85,6 +87,9 @@ class StudyTable:
     """Seconds a cell's set-up may take (its checks, its model built: a factory of one's
     own that never returns) before it is a failed cell, with that reason, and the study
     goes on with the next (default 600)."""
+    mem_per_node: str | None = None
+    """The memory each node of a cell asks for when the study is submitted to Slurm
+    (``--submit slurm``: each job's ``--mem``), e.g. "3GiB"; default: the partition's."""
 
     def __post_init__(self) -> None:
         if not self.usecases or not all(self.usecases):
@@ -100,6 +105,8 @@ class StudyTable:
                 not 0 < self.setup_timeout_s <= most("seconds"):  # NaN too
             raise ConfigError("study.setup_timeout_s", f"must be seconds above 0, at most "
                               f"{most('seconds'):g}, got {self.setup_timeout_s!r}")
+        if self.mem_per_node is not None:
+            size_bytes("study.mem_per_node", self.mem_per_node)
 
 
 STUDY_KEYS = {f.name for f in dataclasses.fields(StudyTable)}
@@ -204,7 +211,8 @@ def load_plan(path: Path, repeat: int | None = None, runs_dir: Path | None = Non
             runs_dir = HOME / runs_dir
     return Plan(name=name, path=path, usecases=usecases, cells=cells, repeat=repeat,
                 runs_dir=runs_dir, description=study.description, settings=settings,
-                setup_timeout_s=study.setup_timeout_s,
+                setup_timeout_s=study.setup_timeout_s, mem_per_node=None
+                if study.mem_per_node is None else size_bytes("", study.mem_per_node),
                 usecase_settings={_beside(u, path.parent): v for u, v in own.items()})
 
 

@@ -42,7 +42,7 @@ from ddlstudy.backends import get_backend
 from ddlstudy.config import DataSpec, RunConfig, TrainSpec
 from ddlstudy.config.run import jsonable
 from ddlstudy.environment import python_module, usable_cores
-from ddlstudy.errors import Unavailable, UsageError
+from ddlstudy.errors import NotHere, Unavailable, UsageError
 from ddlstudy.files import atomic_write_json, atomic_write_text, folder_lock
 from ddlstudy.formats import Study as StudyRecord
 from ddlstudy.formats import load
@@ -113,9 +113,10 @@ def _not_default(values: dict[str, Any], spec: type,
     return {k: v for k, v in values.items() if not (k in defaults and defaults[k] == v)}
 
 
-def expand(plan: Plan, overrides: dict[str, Any]) -> list[Cell]:
+def expand(plan: Plan, overrides: dict[str, Any], elsewhere: bool = False) -> list[Cell]:
     """Every cell of the plan, validated: repeats outermost so slow drift spreads over
-    all configurations; the baseline first in each use case."""
+    all configurations; the baseline first in each use case. ``elsewhere`` (the cells run
+    on a cluster's nodes): a cell this machine lacks the hardware for stays pending."""
     checked = configs(plan, overrides)
     out: list[Cell] = []
     timed_out: dict[str, str] = {}  # a cell whose set-up ran out is not waited on again
@@ -130,6 +131,9 @@ def expand(plan: Plan, overrides: dict[str, Any]) -> list[Cell]:
                     raise TimedOut(timed_out[cell.id])
                 with time_limit(plan.setup_timeout_s, f"the set-up of {cell.label} on {uc}"):
                     cell.cfg = preflight(cell.cfg)
+            except NotHere as exc:
+                if not elsewhere:
+                    cell.status, cell.reason = "skipped", str(exc)
             except Unavailable as exc:
                 cell.status, cell.reason = "skipped", str(exc)
             except UsageError as exc:

@@ -10,8 +10,8 @@ import pytest
 
 from ddlstudy import hosts
 from ddlstudy.cli import main
-from ddlstudy.cli.common import size_bytes
 from ddlstudy.config import load_usecase
+from ddlstudy.config.limits import size_bytes
 from ddlstudy.strategies.base import Footprint
 from ddlstudy.tools import advise
 from ddlstudy.tools.advise.memory import measured

@@ -84,6 +84,7 @@ FILES = {
     "hostfile-bad": "node-a:x\n",
     # issue 37: the classes behind the probe's 117 defects
     "plan-runs5.toml": PLAN + 'runs_dir = 5\n[[cells]]\nstrategy = "sequential"\n',
+    "plan-mem.toml": PLAN + 'mem_per_node = "lots"\n[[cells]]\nstrategy = "sequential"\n',
     "plan-newline.toml": '[study]\nname = "x\\n"\nusecases = ["tiny"]\n[[cells]]\n'
                          'strategy = "sequential"\n',
     "deep.toml": "a = " + "[" * 3000 + "]" * 3000 + "\n",
@@ -128,6 +129,7 @@ CASES = [
      "error: --name: '../up': a use case's name"),
     # issue 37: one gate for every file read, every output path, every bound
     (["study", "{tmp}/plan-runs5.toml"], "study.runs_dir: must be a valid string (got 5)"),
+    (["study", "{tmp}/plan-mem.toml"], "study.mem_per_node: 'lots'; give a size a node may use"),
     (["study", "{tmp}/plan-newline.toml"], "study.name: 'x\\n': a study's name is the folder"),
     (["study", "{tmp}/deep.toml"], "nests more than 48 levels deep"),
     (["replay", "{tmp}/deep"], "nests more than 48 levels deep"),

@@ -159,37 +159,56 @@ def _resumed_until_done(plan: Path, env: dict, code: int = 0, most_s: float = 24
 @needs_slurm
 def test_a_study_submitted_as_slurm_jobs_is_resumed_and_reported(slurm, tmp_path,
                                                                   datasets_dir):
-    """3 cells as 3 jobs of their own size: the baseline, MPI on 2 nodes and on 1 (srun's
-    world: no --nodes flag); --resume reads their states and writes the report."""
+    """4 cells: the baseline and MPI on 1 node (srun's world: no --nodes flag) share a size,
+    so they go as one job array; MPI on 2 nodes is a job of its own; a gpu-data cell (no GPU
+    here: the node decides) asks for a GPU this Slurm does not have, and sbatch refuses it.
+    --resume reads their states and writes the report."""
     plan = _plan(tmp_path / "jobs", datasets_dir, 'strategy = "sequential"',
                  'strategy = "sequential"\nbackend = "mpi"\nnodes = 2',
-                 'strategy = "sequential"\nbackend = "mpi"\nnodes = 1')
-    said = ddlstudy("study", str(plan), "--submit", "slurm", env=slurm).stdout
+                 'strategy = "sequential"\nbackend = "mpi"\nnodes = 1',
+                 'strategy = "gpu-data"\ndevices = 1')
+    plan.write_text(plan.read_text().replace("repeat = 1\n", 'repeat = 1\nmem_per_node = '
+                                             '"0.5GiB"\n'))
+    said = ddlstudy("study", str(plan), "--submit", "slurm", env=slurm, code=1).stdout
     cells = _record(plan)
-    assert [(c["backend"], c["nodes"], c["status"]) for c in cells] == [
-        ("local", 1, "submitted"), ("mpi", 2, "submitted"), ("mpi", 1, "submitted")]
+    assert [(c["strategy"], c["nodes"], c["status"]) for c in cells] == [
+        ("sequential", 1, "submitted"), ("sequential", 2, "submitted"),
+        ("sequential", 1, "submitted"), ("gpu-data", 1, "failed")]
     jobs = [c["job"] for c in cells]
-    assert len(set(jobs)) == 3 and all(j >= 1 for j in jobs)
-    assert [int(line.split(": job ")[1].split()[0]) for line in said.splitlines()] == jobs
+    array = jobs[0].split("_")[0]
+    assert jobs[0] == f"{array}_0" and jobs[2] == f"{array}_1" and jobs[1].isdigit()
+    assert cells[3]["reason"].startswith("sbatch refused it: ") and "gres" in cells[3]["reason"]
+    assert sorted(line.split(": job ")[1].split()[0] for line in said.splitlines()) == \
+        sorted(jobs[:3])  # the array's two first
     runs = plan.parent / "runs"
-    for cell, nodes in zip(cells, (1, 2, 1), strict=True):
+    for cell, nodes in zip(cells[:3], (1, 2, 1), strict=True):
         sbatch, command = _script(plan, cell)
         assert sbatch == [f"--job-name={cell['run']}", f"--nodes={nodes}",
-                          "--ntasks-per-node=1", "--cpus-per-task=1",
+                          "--ntasks-per-node=1", "--cpus-per-task=1", "--mem=512M",
                           f"--output={runs}/logs/{cell['run']}.log"]
         assert command.startswith("srun --mpi=pmi2 " if cell["backend"] == "mpi" else "exec ")
         assert " -m ddlstudy run --quiet --usecase tiny " in command
         assert "--nodes" not in command and f"--runs-dir {runs} " in command
-    report = _resumed_until_done(plan, slurm)
+    (script,) = (runs / "slurm").glob("array-*.sbatch")
+    lines = script.read_text().splitlines()
+    assert [x for x in lines if x.startswith("#SBATCH ")] == [
+        "#SBATCH --job-name=jobs", "#SBATCH --array=0-1", "#SBATCH --nodes=1",
+        "#SBATCH --ntasks-per-node=1", "#SBATCH --cpus-per-task=1", "#SBATCH --mem=512M",
+        f"#SBATCH --output={runs}/logs/{cells[0]['run']}_%a.array.log"]
+    assert lines[-3] == f"scripts=({runs}/slurm/{cells[0]['run']}.sbatch " \
+        f"{runs}/slurm/{cells[2]['run']}.sbatch)"
+    report = _resumed_until_done(plan, slurm, code=1)
     cells = _record(plan)
-    assert [c["status"] for c in cells] == ["completed"] * 3 and [c["job"] for c in cells] \
-        == jobs
+    assert [c["status"] for c in cells] == ["completed"] * 3 + ["failed"]
+    assert [c["job"] for c in cells] == jobs
     two = json.loads((runs / cells[1]["run"] / MANIFEST).read_text())
     assert two["status"] == "completed" and two["study"]["name"] == "jobs"
-    assert two["launch"]["slurm"]["job_id"] == jobs[1] and two["host"]["slurm_partition"] == \
-        PREFIX  # the report's setting: the partition, not the node each job ran on
+    assert str(two["launch"]["slurm"]["job_id"]) == jobs[1] and \
+        two["host"]["slurm_partition"] == PREFIX  # the report's setting, not each job's node
     assert (two["launch"]["slurm"]["node_count"], two["backend"]["hosts"]) == \
         (2, ["stest-h1", "stest-h2"])
+    one = json.loads((runs / cells[2]["run"] / MANIFEST).read_text())["launch"]["slurm"]
+    assert (str(one["array_job_id"]), one["array_task_id"]) == (array, 1)
     assert "mpi 2 nodes" in report and (runs / "report" / "speedup.md").is_file()
 
 
@@ -217,7 +236,7 @@ def test_a_cancelled_job_is_a_failed_cell_with_slurms_reason(slurm, tmp_path, da
     # --resubmit submits the failed cell again, as a new job into a new run folder
     ddlstudy("study", str(plan), "--resume", "--resubmit", *later, env=slurm)
     (again,) = _record(plan)
-    assert again["status"] == "submitted" and again["job"] > cell["job"]
+    assert again["status"] == "submitted" and int(again["job"]) > int(cell["job"])
     assert again["run"] not in ("", cell["run"])
     subprocess.run(["scancel", str(again["job"])], env=slurm, check=True)
 

@@ -11,9 +11,9 @@ from ddlstudy.cli.common import (
     check_positive,
     host_count,
     seconds,
-    size_bytes,
     usecase_of,
 )
+from ddlstudy.config.limits import size_bytes
 from ddlstudy.config.loading import is_usecase_path
 from ddlstudy.config.options import path_arg
 from ddlstudy.errors import ConfigError

@@ -1,10 +1,10 @@
-"""What several subcommands share: refusing values below 1, durations, sizes, host counts."""
+"""What several subcommands share: refusing values below 1, durations, sizes (read by
+``config.limits.size_bytes``, which study plans share), host counts."""
 
 from __future__ import annotations
 
 import argparse
 import math
-import re
 
 from ddlstudy.config.limits import most, why
 from ddlstudy.config.options import path_arg
@@ -42,22 +42,6 @@ def seconds(flag: str, text: str) -> float:
         raise ConfigError(flag, f"{text!r} is above the limit of {most('seconds'):g}"
                           f"{why('seconds')}")
     return value
-
-
-UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6,
-         "mib": 2**20, "g": 10**9, "gb": 10**9, "gib": 2**30, "t": 10**12, "tb": 10**12,
-         "tib": 2**40}
-"""--memory's units: SI (kB, MB, GB, TB) and binary (KiB, MiB, GiB, TiB), any case."""
-
-
-def size_bytes(flag: str, text: str) -> int:
-    """``text`` (1GiB, 512MiB, 2.5GB, 3000000) as bytes; ConfigError where it is not one."""
-    found = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-z]*)\s*", text.lower())
-    value = float(found[1]) * UNITS[found[2]] if found and found[2] in UNITS else math.nan
-    if not math.isfinite(value) or value < 1 or value > 2**60:
-        raise ConfigError(flag, f"{text!r}; give a size a node may use, e.g. 1GiB, 512MiB "
-                          "or 2.5GB")
-    return int(value)
 
 
 def host_count(spec: str) -> int:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from ddlstudy.cli.common import check_positive, size_bytes
+from ddlstudy.cli.common import check_positive
+from ddlstudy.config.limits import size_bytes
 
 
 def register(sub) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 
 from ddlstudy.config import RunConfig
 from ddlstudy.environment import usable_cores
-from ddlstudy.errors import Unavailable
+from ddlstudy.errors import NotHere
 from ddlstudy.strategies.base import (
     Layout,
     Probe,
@@ -85,11 +85,11 @@ class GpuData(OneModel):
 
     def check(self, cfg: RunConfig) -> None:
         if not cuda_devices():
-            raise Unavailable("--strategy", "gpu-data needs CUDA GPUs and this machine has none "
+            raise NotHere("--strategy", "gpu-data needs CUDA GPUs and this machine has none "
                               "(torch.cuda.is_available() is False); use cpu-processes for "
                               "data parallelism on CPU")
         if self.devices(cfg) > cuda_devices():
-            raise Unavailable("--devices", f"{self.devices(cfg)} GPUs asked for but only "
+            raise NotHere("--devices", f"{self.devices(cfg)} GPUs asked for but only "
                               f"{cuda_devices()} are visible")
         require_batch_per_worker(cfg, self.devices(cfg), "GPUs")
 

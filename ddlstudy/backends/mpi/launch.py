@@ -52,7 +52,8 @@ def under_mpiexec() -> bool:
 
 
 _SLURM_STEP = {"job_id": "SLURM_JOB_ID", "step_id": "SLURM_STEP_ID",
-               "node_count": "SLURM_STEP_NUM_NODES", "tasks": "SLURM_STEP_NUM_TASKS"}
+               "node_count": "SLURM_STEP_NUM_NODES", "tasks": "SLURM_STEP_NUM_TASKS",
+               "array_job_id": "SLURM_ARRAY_JOB_ID", "array_task_id": "SLURM_ARRAY_TASK_ID"}
 _SLURM_TEXT = {"nodes": "SLURM_STEP_NODELIST", "partition": "SLURM_JOB_PARTITION",
                "cluster": "SLURM_CLUSTER_NAME", "mpi": "SLURM_MPI_TYPE"}
 """What the manifest records of the Slurm step srun started the ranks as (numbers, text),
