@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ddlstudy import tracking
 from ddlstudy.backends import get_backend
 from ddlstudy.config import DataSpec, RunConfig, TrainSpec
 from ddlstudy.config.run import jsonable
@@ -345,13 +346,23 @@ def write_report(plan: Plan, cells: list[Cell], fmt: str) -> None:
     paths = report.write(plan.runs_dir / "report", fmt)
     print(report.text(fmt))
     log.info("report: %d files in %s", len(paths), plan.runs_dir / "report")
-    uris = {c.cfg.mlflow for c in cells if c.cfg is not None and c.cfg.mlflow}
+    uris = {uri for c in cells if (uri := tracking_of(c, plan.runs_dir))}
     if uris:  # the mlflow setting: the report in the study's parent run
         from ddlstudy.mlflow_export import after_study
 
         after_study(plan.runs_dir, uris, paths)
     if plan.path.suffix == ".json":
         _check_advice(plan)
+
+
+def tracking_of(cell: Cell, runs_dir: Path) -> str | None:
+    """The MLflow store a cell's run logs to: its configuration's, else (a cell read back
+    from study.json, whose job ran it elsewhere) its recorded mlflow flag's."""
+    if cell.cfg is not None:
+        return cell.cfg.mlflow
+    value = cell.flags.get("mlflow")
+    return None if not value else \
+        tracking.resolved(tracking.DEFAULT if value is True else str(value), runs_dir)
 
 
 def _check_advice(plan: Plan) -> None:

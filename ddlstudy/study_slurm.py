@@ -37,6 +37,7 @@ from ddlstudy.formats import Study as StudyRecord
 from ddlstudy.formats import load
 from ddlstudy.hosts.slurm import Sbatch, require_client, slurm_call
 from ddlstudy.plan import Plan, run_flags
+from ddlstudy.redact import redact
 from ddlstudy.report import STUDY_FILE
 from ddlstudy.runfolder import MANIFEST, new_run_id, run_env
 from ddlstudy.strategies import get_strategy
@@ -251,6 +252,19 @@ def _settle(cell: JobCell, job: dict[str, str] | None, runs_dir: Path) -> None:
         cell.run = ""  # no folder: the report shows the cell from study.json
 
 
+def no_secret(checked: list[tuple[str, dict[str, Any], Any]]) -> None:
+    """Refuse a plan whose cells (``plan.configs``) would log to MLflow through a URI that
+    holds a secret: a batch script, kept on disk, would hold it."""
+    for usecase, _, cfg in checked:
+        if (uri := cfg.mlflow) and redact(uri) != uri:
+            raise UsageError(f"--submit slurm: the mlflow URI {redact(uri)!r} of a cell on "
+                             f"{Path(usecase).stem} holds a secret, which its batch script "
+                             "would keep on disk; give the URI without it, and the "
+                             "credentials as MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_"
+                             "PASSWORD in the environment you submit from (sbatch passes it "
+                             "to the jobs)")
+
+
 def submitted(runs_dir: Path) -> bool:
     """Whether the study in ``runs_dir`` went to Slurm as jobs."""
     record = Path(runs_dir) / STUDY_FILE
@@ -265,13 +279,13 @@ def slurm_study(plan: Plan, *, resume: bool, resubmit: bool, sbatch: Sbatch,
                 overrides: dict[str, Any], fmt: str) -> int:
     """Submit a plan's cells as jobs (0: every cell submitted or skipped), or, ``resume``,
     read where a submitted study's jobs stand (``_resume``)."""
+    cells = [JobCell.of(c) for c in expand(plan, overrides, elsewhere=True)] \
+        if not resume or resubmit else []
     require_client()
     if not resume and submitted(plan.runs_dir):
         raise UsageError(f"{plan.runs_dir} already holds the jobs of study {plan.name!r}; "
                          "--resume shows where they stand, --resume --resubmit submits its "
                          "failed cells again")
-    cells = [JobCell.of(c) for c in expand(plan, overrides, elsewhere=True)] \
-        if not resume or resubmit else []
     with folder_lock(plan.runs_dir, "study"):
         if resume:
             return _resume(plan, cells, sbatch, fmt)

@@ -168,7 +168,8 @@ def test_a_study_submitted_as_slurm_jobs_is_resumed_and_reported(slurm, tmp_path
                  'strategy = "sequential"\nbackend = "mpi"\nnodes = 1',
                  'strategy = "gpu-data"\ndevices = 1')
     plan.write_text(plan.read_text().replace("repeat = 1\n", 'repeat = 1\nmem_per_node = '
-                                             '"0.5GiB"\n'))
+                                             '"0.5GiB"\n').replace(
+        "sample_hz = 0\n", "sample_hz = 0\nmlflow = true\n"))
     said = ddlstudy("study", str(plan), "--submit", "slurm", env=slurm, code=1).stdout
     cells = _record(plan)
     assert [(c["strategy"], c["nodes"], c["status"]) for c in cells] == [
@@ -210,6 +211,18 @@ def test_a_study_submitted_as_slurm_jobs_is_resumed_and_reported(slurm, tmp_path
     one = json.loads((runs / cells[2]["run"] / MANIFEST).read_text())["launch"]["slurm"]
     assert (str(one["array_job_id"]), one["array_task_id"]) == (array, 1)
     assert "mpi 2 nodes" in report and (runs / "report" / "speedup.md").is_file()
+    # each job logged its run to the study's MLflow store; the report went into the parent
+    from mlflow.tracking import MlflowClient
+
+    from ddlstudy.tracking import PARENT_TAG, RUN_TAG
+
+    client = MlflowClient(f"sqlite:///{runs / 'mlflow.db'}")
+    logged = client.search_runs([client.get_experiment_by_name("jobs").experiment_id])
+    assert sorted(r.data.tags[RUN_TAG] for r in logged if RUN_TAG in r.data.tags) == \
+        sorted(c["run"] for c in cells[:3])
+    (parent,) = [r for r in logged if PARENT_TAG in r.data.tags]
+    assert "report/speedup.md" in {a.path for a in client.list_artifacts(parent.info.run_id,
+                                                                          "report")}
 
 
 @pytest.mark.slow
@@ -264,6 +277,14 @@ def test_submit_without_slurm_or_its_controller_is_refused_in_one_line(tmp_path,
         assert out.stderr.startswith("ddlstudy: error: --submit slurm: Slurm's controller "
                                      "does not answer (") and out.stderr.count("\n") == 1
     assert not (plan.parent / "runs").exists()
+    plan.write_text(plan.read_text() + 'mlflow = "http://me:hunter2@127.0.0.1:5000"\n')
+    out = ddlstudy("study", str(plan), "--submit", "slurm", code=2)
+    assert out.stderr == (
+        "ddlstudy: error: --submit slurm: the mlflow URI 'http://127.0.0.1:5000' of a cell on "
+        "tiny holds a secret, which its batch script would keep on disk; give the URI without "
+        "it, and the credentials as MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD in "
+        "the environment you submit from (sbatch passes it to the jobs)\n")
+    assert not (plan.parent / "runs").exists() and "hunter2" not in out.stdout + out.stderr
 
 
 def test_hosts_slurm_without_the_packages_names_the_install_line(tmp_path):

@@ -62,10 +62,6 @@ def cmd_study(args: argparse.Namespace) -> int:
     overrides = {name: getattr(args, name) for name in ("epochs", "max_steps")
                  if getattr(args, name) is not None}
     sbatch = _sbatch(args)
-    if args.submit or args.resubmit:
-        from ddlstudy.hosts.slurm import require_client
-
-        require_client()
     if (args.plan is None) == (args.from_advice is None):
         raise UsageError("give a study plan (e.g. usecases/demo.toml) or --from-advice "
                          "advise.json, one of them")
@@ -76,7 +72,13 @@ def cmd_study(args: argparse.Namespace) -> int:
     else:
         plan = load_plan(args.plan, args.repeat, args.runs_dir)
     # A bad plan or cell is refused before torch is imported.
-    configs(plan, overrides)
+    checked = configs(plan, overrides)
+    if args.submit or args.resubmit:
+        from ddlstudy.hosts.slurm import require_client
+        from ddlstudy.study_slurm import no_secret
+
+        no_secret(checked)
+        require_client()
     from ddlstudy.study_slurm import slurm_study, submitted
 
     if args.submit or args.resubmit or submitted(plan.runs_dir):  # its jobs: never run here
