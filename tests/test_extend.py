@@ -109,9 +109,10 @@ nodes = 2
 
 @pytest.fixture(scope="module")
 def studied(plugin, tmp_path_factory, datasets_dir) -> dict[str, dict]:
-    """One study of the plugin's strategy (a local run) and its backend (two local-nodes
-    of sequential) with QUICK's settings, and the baseline: each run's manifest by its
-    cell's label, shared by the tests below (each of those runs once, not once a test)."""
+    """One study, with QUICK's settings, of the plugin's strategy (a local run), its
+    backend (two local-nodes of sequential) and the baseline, made once for the module:
+    the tests below read its runs (each run's manifest by its cell's label) instead of
+    training their own."""
     root = tmp_path_factory.mktemp("studied")
     plan = root / "plan.toml"
     plan.write_text(STUDY.format(runs=root / "study", data=datasets_dir))
