@@ -88,42 +88,83 @@ def test_a_broken_plugin_is_named_in_one_warning_and_the_rest_works(tmp_path):
     assert "cpu-loaders" in out.stdout and "sequential" in out.stdout
 
 
+STUDY = """[study]
+usecases = ["tiny"]
+repeat = 1
+runs_dir = "{runs}"
+[settings]
+epochs = 2
+max_steps = 4
+max_val_steps = 1
+no_snapshot = true
+sample_hz = 0
+datasets_dir = "{data}"
+[[cells]]
+strategy = "cpu-loaders"
+[[cells]]
+backend = "local-nodes"
+nodes = 2
+"""
+
+
+@pytest.fixture(scope="module")
+def studied(plugin, tmp_path_factory, datasets_dir) -> dict[str, dict]:
+    """One study, with QUICK's settings, of the plugin's strategy (a local run), its
+    backend (two local-nodes of sequential) and the baseline, made once for the module:
+    the tests below read its runs (each run's manifest by its cell's label) instead of
+    training their own."""
+    root = tmp_path_factory.mktemp("studied")
+    plan = root / "plan.toml"
+    plan.write_text(STUDY.format(runs=root / "study", data=datasets_dir))
+    study = cli(plugin, "study", str(plan), "--quiet")
+    assert study.returncode == 0, study.stderr[-2000:]
+    cells = json.loads((root / "study" / "study.json").read_text())["cells"]
+    assert [c["status"] for c in cells] == ["completed"] * 3, cells
+    return {"folder": root / "study"} | {
+        c["label"]: json.loads((root / "study" / c["run"] / MANIFEST).read_text())
+        for c in cells}
+
+
+def _trained(m: dict, backend: str) -> None:
+    """A cpu-loaders run of QUICK that ``backend`` ran."""
+    assert m["status"] == "completed" and m["strategy"]["name"] == "cpu-loaders"
+    assert m["strategy"]["loader_workers"] == m["strategy"]["threads_per_process"] == 1
+    assert m["backend"]["name"] == backend
+    assert m["effective"]["data_parallel_workers"] == (1 if backend == "local" else 2)
+    assert losses(m)[-1] < losses(m)[0] or backend != "local"  # 8 steps: it learns
+    assert m["epochs"][-1]["train_images"] == 4 * 16
+
+
 @pytest.mark.slow
 def test_a_plugin_strategy_trains_locally_in_mpi_nodes_and_in_spark_tasks(plugin, tmp_path,
-                                                                            datasets_dir):
+                                                                            datasets_dir,
+                                                                            studied):
+    """Locally: the study's cell; in MPI nodes and Spark tasks: a run of its own."""
+    _trained(studied["cpu-loaders (1 threads)"], "local")
     data = ("--datasets-dir", str(datasets_dir))
-    for backend in ("local", "mpi", "spark"):
+    for backend in ("mpi", "spark"):
         if backend == "spark" and shutil.which("java") is None:
             continue
         runs = tmp_path / backend
         out = cli(plugin, "run", *QUICK, *data, "--strategy", "cpu-loaders", "--backend",
-                  backend, *(["--nodes", "2"] if backend != "local" else []),
-                  "--runs-dir", str(runs))
+                  backend, "--nodes", "2", "--runs-dir", str(runs))
         assert out.returncode == 0, out.stderr[-2000:]
-        m = manifest_in(runs)
-        assert m["status"] == "completed" and m["strategy"]["name"] == "cpu-loaders"
-        assert m["strategy"]["loader_workers"] == m["strategy"]["threads_per_process"] == 1
-        assert m["effective"]["data_parallel_workers"] == (1 if backend == "local" else 2)
-        assert losses(m)[-1] < losses(m)[0] or backend != "local"  # 8 steps: it learns
-        assert m["epochs"][-1]["train_images"] == 4 * 16
+        _trained(manifest_in(runs), backend)
 
 
 @pytest.mark.slow
-def test_a_plugin_backend_runs_the_strategys_worker(plugin, tmp_path, datasets_dir):
-    """Two local-nodes of sequential are two processes in one group, each the baseline's
-    worker on its slice: what cpu-processes computes, to the bit."""
+def test_a_plugin_backend_runs_the_strategys_worker(plugin, tmp_path, datasets_dir, studied):
+    """Two local-nodes of sequential (the study's cell) are two processes in one group,
+    each the baseline's worker on its slice: what cpu-processes computes, to the bit."""
     data = ("--datasets-dir", str(datasets_dir))
-    ours = cli(plugin, "run", *QUICK, *data, "--backend", "local-nodes", "--nodes", "2",
-               "--runs-dir", str(tmp_path / "ours"))
-    assert ours.returncode == 0, ours.stderr[-2000:]
-    local = cli(plugin, "run", *QUICK, *data, "--strategy", "cpu-processes", "--workers", "2",
-                "--runs-dir", str(tmp_path / "local"))
+    local = cli(plugin, "run", *QUICK, *data, "--max-val-steps", "1", "--strategy",
+                "cpu-processes", "--workers", "2", "--runs-dir", str(tmp_path / "local"))
     assert local.returncode == 0, local.stderr[-2000:]
-    mine, theirs = manifest_in(tmp_path / "ours"), manifest_in(tmp_path / "local")
+    mine, theirs = studied["local-nodes 2 nodes: sequential"], manifest_in(tmp_path / "local")
     assert mine["backend"] == {"name": "local-nodes", "nodes": 2, **{
         k: v for k, v in mine["backend"].items() if k not in ("name", "nodes")}}
     assert mine["effective"]["data_parallel_workers"] == 2
-    assert losses(mine) == losses(theirs)
+    assert len(losses(mine)) == 2 and losses(mine) == losses(theirs)
     refused = cli(plugin, "run", *QUICK, *data, "--backend", "local-nodes", "--strategy",
                   "pipeline", "--stages", "2", "--runs-dir", str(tmp_path / "no"))
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1
@@ -133,27 +174,8 @@ def test_a_plugin_backend_runs_the_strategys_worker(plugin, tmp_path, datasets_d
 
 
 @pytest.mark.slow
-def test_a_plugin_is_studied_reported_and_advised(plugin, tmp_path, datasets_dir):
-    plan = tmp_path / "plan.toml"
-    plan.write_text(f"""[study]
-usecases = ["tiny"]
-repeat = 1
-runs_dir = "{tmp_path / 'study'}"
-[settings]
-epochs = 1
-max_steps = 4
-max_val_steps = 1
-no_snapshot = true
-datasets_dir = "{datasets_dir}"
-[[cells]]
-strategy = "cpu-loaders"
-[[cells]]
-backend = "local-nodes"
-nodes = 2
-""")
-    study = cli(plugin, "study", str(plan), "--quiet")
-    assert study.returncode == 0, study.stderr[-2000:]
-    report = cli(plugin, "report", str(tmp_path / "study"))
+def test_a_plugin_is_studied_reported_and_advised(plugin, tmp_path, datasets_dir, studied):
+    report = cli(plugin, "report", str(studied["folder"]))
     assert report.returncode == 0, report.stderr[-2000:]
     def table(n: int) -> str:  # its rows: from its title's line to the next title
         return report.stdout.split(f"**Table {n}")[1].split("\n", 1)[1].split("\n**")[0]

@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 import torch
 
+from ddlstudy.config import RunConfig, with_overrides
 from ddlstudy.errors import ConfigError
 from ddlstudy.report import config_label
 from ddlstudy.runfolder import MANIFEST, METRICS, SAMPLES, SNAPSHOT
@@ -182,9 +183,35 @@ def test_sigterm_between_an_epochs_record_and_its_snapshot_waits_for_the_snapsho
     assert torch.load(path / SNAPSHOT, weights_only=True)["epoch"] == 1
 
 
-def test_cpu_processes_merges_every_workers_samples(quick_config):
-    folder = run(quick_config(strategy="cpu-processes", workers=2, sample_hz=20, snapshot=False),
-                 show_progress=False)
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory, datasets_dir, tiny):
+    """cpu-processes on two ranks through shared memory (the default transport), 16
+    images a step at lr 0.006 for 2 epochs, sampled at 20 Hz: run once for the tests that
+    read it."""
+    cfg = RunConfig(usecase=with_overrides(tiny, epochs=2, batch_size=16, lr=0.006),
+                    datasets_dir=datasets_dir, runs_dir=tmp_path_factory.mktemp("ranks"),
+                    sample_hz=20, snapshot=False, strategy="cpu-processes", workers=2)
+    return run(cfg, show_progress=False)
+
+
+def test_cpu_processes_through_shared_memory_train_as_over_gloo(quick_config, two_ranks):
+    """Two ranks on one host average through /dev/shm by default, and learn what DDP over
+    gloo learns: (a + b) / 2 and a / 2 + b / 2 are the same floats. The first run also
+    merges every worker's samples into its own."""
+    runs = [two_ranks, run(quick_config(strategy="cpu-processes", workers=2, epochs=2,
+                                        batch_size=16, lr=0.006, snapshot=False,
+                                        transport="gloo"), show_progress=False)]
+    assert [r.manifest["transport"] for r in runs] == ["shared-memory", "gloo"]
+    assert [r.manifest["config"]["transport"] for r in runs] == ["auto", "gloo"]
+    assert [config_label(r.manifest) for r in runs] == [  # unlike runs: unlike rows
+        "cpu-processes (2 processes)", "cpu-processes (2 processes) over gloo"]
+    losses = [[e["train_loss"] for e in r.manifest["epochs"]] for r in runs]
+    assert losses[0] == pytest.approx(losses[1], rel=1e-6)
+    assert losses[0][1] < losses[0][0]
+    _merges_every_workers_samples(runs[0])
+
+
+def _merges_every_workers_samples(folder):
     samples = pd.read_parquet(folder.path / SAMPLES)
     workers = samples[samples["scope"] == "worker"]
     assert sorted(workers["rank"].unique()) == [0, 1]
@@ -194,21 +221,6 @@ def test_cpu_processes_merges_every_workers_samples(quick_config):
     assert samples["time"].is_monotonic_increasing
     assert not list(folder.path.glob(".samples-rank*"))
     assert folder.manifest["samples"]["workers_sampled"] == 2
-
-
-def test_cpu_processes_through_shared_memory_train_as_over_gloo(quick_config):
-    """Two ranks on one host average through /dev/shm by default, and learn what DDP over
-    gloo learns: (a + b) / 2 and a / 2 + b / 2 are the same floats."""
-    runs = [run(quick_config(strategy="cpu-processes", workers=2, epochs=2, snapshot=False,
-                             transport=transport), show_progress=False)
-            for transport in ("auto", "gloo")]
-    assert [r.manifest["transport"] for r in runs] == ["shared-memory", "gloo"]
-    assert [r.manifest["config"]["transport"] for r in runs] == ["auto", "gloo"]
-    assert [config_label(r.manifest) for r in runs] == [  # unlike runs: unlike rows
-        "cpu-processes (2 processes)", "cpu-processes (2 processes) over gloo"]
-    losses = [[e["train_loss"] for e in r.manifest["epochs"]] for r in runs]
-    assert losses[0] == pytest.approx(losses[1], rel=1e-6)
-    assert losses[0][1] < losses[0][0]
 
 
 def test_cpu_intraop_records_its_threads(quick_config):
@@ -342,12 +354,11 @@ def test_fp16_where_no_scaler_is_wired_is_refused_with_the_reason(quick_config, 
         preflight(quick_config(precision="fp16", **kwargs))
 
 
-def test_weak_scaling_grows_the_global_batch_with_the_workers(quick_config):
+def test_weak_scaling_grows_the_global_batch_with_the_workers(quick_config, two_ranks):
     weak = run(quick_config(strategy="cpu-processes", workers=2, batch_size=8,
                             scaling="weak", lr_scaling="linear", epochs=2),
                show_progress=False).manifest
-    strong = run(quick_config(strategy="cpu-processes", workers=2, batch_size=16, lr=0.006,
-                              epochs=2), show_progress=False).manifest
+    strong = two_ranks.manifest  # 16 images a step at lr 0.006
     assert weak["effective"]["global_batch"] == 16
     assert weak["effective"]["lr"] == pytest.approx(0.006)  # linear: 0.003 x 16 / 8
     assert [e["steps"] for e in weak["epochs"]] == [15, 15]  # 240 images / 16

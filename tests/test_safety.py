@@ -22,6 +22,7 @@ import pytest
 from test_extend import install
 
 from ddlstudy.runfolder import MANIFEST
+from ddlstudy.runner import run as train
 
 PASSWORD = "Pw-s3cr3t-52"
 TOKEN = "Tk-s3cr3t-52"
@@ -78,38 +79,34 @@ def _holding(root: Path, secret: str) -> list[Path]:
 
 def test_a_password_in_a_tracking_uri_is_used_and_never_written(tmp_path, datasets_dir,
                                                                  server):
-    """A run, a study and an export with a tracking URI holding a password: the run still
-    trains and records the tracking error; MLflow got the credentials; no file written,
-    no output, no uploaded artifact holds the password or the token."""
-    runs = tmp_path / "runs"
-    data = ("--datasets-dir", str(datasets_dir))
-    run = cli("run", *QUICK, *data, "--runs-dir", str(runs), "--mlflow", server)
-    assert run.returncode == 0, run.stderr[-2000:]
-    assert base64.b64encode(f"someone:{PASSWORD}".encode()).decode() in " ".join(
-        _Recorder.seen)  # the credentials are what connects
+    """A study (one run) and an export with a tracking URI holding a password:
+    the run still trains and records the tracking error; MLflow got the credentials; no
+    file written, no output, no uploaded artifact holds the password or the token."""
+    plan, runs = tmp_path / "plan.toml", tmp_path / "study"
+    plan.write_text(f'[study]\nname = "sec"\nusecases = ["tiny"]\nrepeat = 1\n'
+                    f'[settings]\nepochs = 1\nmax_steps = 2\nno_snapshot = true\nsample_hz = 0\n'
+                    f'datasets_dir = "{datasets_dir}"\nmlflow = "{server}"\n'
+                    f'[[cells]]\nstrategy = "sequential"\n')
+    study = cli("study", str(plan), "--runs-dir", str(runs))
+    assert study.returncode == 0, study.stderr[-2000:]
+    assert "MLflow (http://127.0.0.1:" in study.stderr  # the error is said, the URI redacted
+    credentials = base64.b64encode(f"someone:{PASSWORD}".encode()).decode()
+    # the credentials are what connects: every request has them, the run's too (its 401)
+    assert _Recorder.seen and all(credentials in sent for sent in _Recorder.seen)
     (manifest,) = runs.glob(f"*/{MANIFEST}")
     m = json.loads(manifest.read_text())
     assert m["status"] == "completed" and "401" in m["mlflow"]["error"]
     assert m["config"]["mlflow"].startswith("http://127.0.0.1:") and "token=***" in \
         m["config"]["mlflow"] and any("token=***" in a for a in m["command"])
-    plan = tmp_path / "plan.toml"
-    plan.write_text(f'[study]\nname = "sec"\nusecases = ["tiny"]\n[settings]\nepochs = 1\n'
-                    f'max_steps = 2\nno_snapshot = true\nsample_hz = 0\n'
-                    f'datasets_dir = "{datasets_dir}"\nmlflow = "{server}"\n'
-                    f'[[cells]]\nstrategy = "sequential"\n')
-    study = cli("study", str(plan), "--runs-dir", str(tmp_path / "study"))
-    assert study.returncode == 0, study.stderr[-2000:]
-    assert "MLflow (http://127.0.0.1:" in study.stderr  # the error is said, the URI redacted
     store = f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}"
     exported = cli("export", "mlflow", str(runs), "--tracking-uri", store)
     assert exported.returncode == 0, exported.stderr[-2000:]
     refused = cli("export", "mlflow", str(runs), "--tracking-uri", server)
     assert "MLflow cannot use tracking URI http://127.0.0.1:" in one_line(refused)
     assert list((tmp_path / "store" / "mlartifacts").rglob("run-manifest.json"))  # uploaded
-    for out in (run, study, exported, refused):
+    for out in (study, exported, refused):
         assert PASSWORD not in out.stdout + out.stderr and TOKEN not in out.stdout + out.stderr
-    assert (tmp_path / "study" / "study.json").is_file() and \
-        list((tmp_path / "study" / "logs").glob("*.log"))
+    assert (runs / "study.json").is_file() and list((runs / "logs").glob("*.log"))
     for secret in (PASSWORD, TOKEN):
         assert _holding(tmp_path, secret) == [plan], secret  # only the user's own plan
 
@@ -339,14 +336,12 @@ def _half_written(mnt: Path) -> list[Path]:
 
 
 def test_a_full_disk_outside_run_is_said_in_one_line(tmp_path, datasets_dir, small_disk,
-                                                     tiny):
+                                                     tiny, quick_config):
     """dataset make, usecase new, export model, report --out and run --mlflow onto a full
     disk: one line, exit 2, nothing half-written left."""
-    runs = tmp_path / "runs"
-    made = cli("run", "--usecase", "tiny", "--epochs", "1", "--max-steps", "2", "--sample-hz",
-               "0", "--datasets-dir", str(datasets_dir), "--runs-dir", str(runs))
-    assert made.returncode == 0, made.stderr[-2000:]
-    (run,) = runs.glob("*/")
+    made = train(quick_config(max_steps=2), show_progress=False)  # in this process: set-up
+    runs, run = made.path.parent, made.path
+    assert runs == tmp_path / "runs" and (run / "snapshot.pt").is_file()
     said = one_line(cli("dataset", "make", "--usecase", "tiny", "--out",
                         str(small_disk / "tiny")))  # 1 MiB holds no data set
     assert "the disk is full" in said and not list(small_disk.iterdir())
