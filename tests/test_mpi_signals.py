@@ -129,18 +129,16 @@ def test_a_killed_rank_0_fails_the_run_and_leaves_nothing(tmp_path, datasets_dir
 
 @pytest.mark.slow
 def test_a_refused_resume_is_said_once_before_any_rank_starts(tmp_path, datasets_dir, capfd):
-    """The resumes go through ``ddlstudy``'s main in this process (the run through its own:
-    a real MPI run to resume); capfd reads what this process and anything it started wrote
-    to the terminal."""
+    """The run (a real MPI run to resume: mpiexec and its ranks) and the resumes go
+    through ``ddlstudy``'s main in this process; capfd reads what this process and
+    anything it started wrote to the terminal."""
     from ddlstudy.cli import main
 
     runs = tmp_path / "runs"
-    out = subprocess.run([sys.executable, "-m", "ddlstudy", "run", "--usecase", "tiny",
-                          "--datasets-dir", str(datasets_dir), "--runs-dir", str(runs),
-                          "--backend", "mpi", "--nodes", "2", "--epochs", "1",
-                          "--max-steps", "2", "--sample-hz", "0"],
-                         capture_output=True, text=True, timeout=DEADLINE_S)
-    assert out.returncode == 0, out.stderr[-3000:]
+    code = main(["run", "--usecase", "tiny", "--datasets-dir", str(datasets_dir), "--runs-dir",
+                 str(runs), "--backend", "mpi", "--nodes", "2", "--epochs", "1", "--max-steps",
+                 "2", "--sample-hz", "0"])
+    assert code == 0, capfd.readouterr().err[-3000:]
     (folder,) = runs.iterdir()
     completed = (folder / MANIFEST).read_text()
     assert json.loads(completed)["status"] == "completed" and (folder / SNAPSHOT).is_file()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_faults import _cli, _identical, _manifest, run_and_kill
+from test_faults import _identical, _manifest, ddlstudy, run_and_kill
 
 from ddlstudy.config import load_usecase
 from ddlstudy.models import build_model
@@ -20,9 +20,9 @@ OWN_NET = f"{Path(__file__).parent / 'models' / 'own_net.py'}:small_resnet"
 
 def _run(runs: Path, datasets_dir: Path, *extra: str) -> Path:
     workers = () if "--workers" in extra else ("--workers", "2")
-    out = _cli("run", "--usecase", "tiny", "--datasets-dir", str(datasets_dir), "--runs-dir",
-               str(runs), "--sample-hz", "0", "--quiet", *workers, *extra)
-    assert out.returncode == 0, out.stderr[-3000:]
+    assert ddlstudy("run", "--usecase", "tiny", "--datasets-dir", str(datasets_dir),
+                    "--runs-dir", str(runs), "--sample-hz", "0", "--quiet", *workers,
+                    *extra) == 0
     (folder,) = runs.glob("*/")
     return folder
 
@@ -77,8 +77,7 @@ def test_killed_then_resumed_ends_bit_identical(strategy, tmp_path, datasets_dir
                                    after_epochs=1)
     assert code != 0 and _manifest(folder)["status"] == "failed"
     assert torch.load(folder / SNAPSHOT, weights_only=True)["epoch"] < 3
-    resumed = _cli("run", "--resume", str(folder), "--quiet")
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert ddlstudy("run", "--resume", str(folder), "--quiet") == 0
     reference = _run(tmp_path / "reference", datasets_dir, *args[3:])
     assert _identical(folder, reference)
     assert _losses(folder) == _losses(reference)
@@ -89,8 +88,7 @@ def test_a_sharded_snapshot_exports_into_a_plain_model(tmp_path, datasets_dir):
     folder = _run(tmp_path / "runs", datasets_dir, "--strategy", "sharded", "--epochs", "1",
                   "--max-steps", "2")
     assert _manifest(folder)["backend"]["mesh"]["shard"] == 2
-    out = _cli("export", "model", str(folder), "--out", str(tmp_path / "weights.pt"))
-    assert out.returncode == 0, out.stderr
+    assert ddlstudy("export", "model", str(folder), "--out", str(tmp_path / "weights.pt")) == 0
     tiny = load_usecase("tiny")
     plain = build_model(tiny.model, len(tiny.classes))
     plain.load_state_dict(torch.load(tmp_path / "weights.pt", weights_only=True))  # strict
