@@ -28,17 +28,22 @@ SETUPS = {
     "spark-allgather": ["--backend", "spark", "--nodes", "2", "--spark-sync", "allgather",
                         "--sync-every", "2"],
 }
-# One network of one's own under every setup. MPI nodes and Spark tasks run the strategy's
-# own worker, so what a torchvision network adds is where it is cut into stages: each one
-# under the strategy that cuts it. Spark's gloo sync is MPI's path in a barrier task (the
-# same worker, DDP over gloo: test_spark holds it to cpu-processes' bits); its allgather
-# mode, which averages the weights and the BatchNorm buffers, is the Spark case here.
-CASES = [*((OWN_NET, s) for s in SETUPS if s != "spark"), ("resnet18", "pipeline"),
-         ("mobilenet_v3_small", "hybrid")]
+# A network under every setup, the one of one's own under all but hybrid. MPI nodes and
+# Spark tasks run the strategy's own worker, so what a torchvision network adds is where it
+# is cut into stages: each one under the strategy that cuts it (hybrid's the one of its
+# setup; the own network's stages are the pipeline's). Spark's gloo sync is MPI's path in a
+# barrier task (the same worker, DDP over gloo: test_spark holds it to cpu-processes'
+# bits); its allgather mode, which averages the weights and the BatchNorm buffers, is the
+# Spark case here. One run a setup: the setups whose BatchNorm statistics are checked train
+# the own network with the recipe in that test (checked for both), the replay test's run
+# is sequential's.
+BATCHNORM_SETUPS = ["cpu-threads", "cpu-processes", "pipeline", "mpi"]
+CASES = [(OWN_NET, "spark-allgather"), ("resnet18", "pipeline"), ("mobilenet_v3_small", "hybrid")]
+assert {s for _, s in CASES} | {"sequential", "spark", *BATCHNORM_SETUPS} == set(SETUPS)
 RECIPE = ("--optimizer", "AdamW", "--optimizer-args", '{"weight_decay": 0.05}',
           "--lr-schedule", "cosine")
-"""The BatchNorm net of one's own trains with a recipe of one's own under every setup
-(each strategy and backend builds the declared optimizer and schedule)."""
+"""Every network trains with a recipe of one's own under every setup (each strategy and
+backend builds the declared optimizer and schedule)."""
 
 
 def ddlstudy(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
@@ -61,17 +66,21 @@ def test_any_model_trains_under_every_strategy_and_backend(model, setup, tmp_pat
     out = ddlstudy("run", "--usecase", "tiny", "--model", model, "--epochs", "1",
                    "--max-steps", "3", "--no-snapshot", "--sample-hz", "0", "--quiet",
                    "--datasets-dir", str(datasets_dir), "--runs-dir", str(runs),
-                   *SETUPS[setup], *(RECIPE if model == OWN_NET else ()))
+                   *SETUPS[setup], *RECIPE)
     assert out.returncode == 0, out.stderr[-3000:]
-    m = manifest_in(runs)
+    _trained_as_declared(manifest_in(runs), model, steps=3)
+
+
+def _trained_as_declared(m: dict, model: str, steps: int) -> None:
+    """The run completed ``steps`` steps of 16 images a epoch with ``model`` and the
+    recipe (AdamW, cosine)."""
     assert m["status"] == "completed" and m["model"]["name"] == model
     train = m["config"]["usecase"]["train"]
-    assert (train["optimizer"], train["lr_schedule"]) == (
-        ("AdamW", "cosine") if model == OWN_NET else ("SGD", "none"))
+    assert (train["optimizer"], train["lr_schedule"]) == ("AdamW", "cosine")
     assert m["model"]["buffers"] > 0  # all three have BatchNorm
-    epoch = m["epochs"][0]
-    assert epoch["train_images"] == 48 and np.isfinite(epoch["train_loss"])
-    assert 0 <= epoch["val_accuracy"] <= 1
+    for epoch in m["epochs"]:
+        assert epoch["train_images"] == 16 * steps and np.isfinite(epoch["train_loss"])
+        assert 0 <= epoch["val_accuracy"] <= 1
 
 
 @pytest.mark.slow
@@ -104,20 +113,23 @@ def _evaluated(cfg, state: dict) -> float:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("setup", ["cpu-threads", "cpu-processes", "pipeline", "mpi"])
+@pytest.mark.parametrize("setup", BATCHNORM_SETUPS)
 def test_batchnorm_statistics_follow_ddps_rule(setup, quick_config, tmp_path, datasets_dir):
     """Worker 0's running statistics are the model's (each pipeline stage its own): after
     the run they have moved from their initial values, every worker validated with them
     (the run's validation loss is worker 0's model's on the whole set), and the final
-    model holds them (a stage's that were not gathered would still be initial)."""
+    model holds them (a stage's that were not gathered would still be initial). The run
+    is also this setup's case of the network of one's own with its recipe (AdamW, cosine)
+    under every strategy and backend."""
     cfg = quick_config(model=OWN_NET, epochs=2, max_steps=4, sample_hz=0)
     runs = tmp_path / "runs"
     flags = ["--usecase", "tiny", "--model", OWN_NET, "--epochs", "2", "--max-steps", "4",
              "--sample-hz", "0", "--quiet", "--datasets-dir", str(datasets_dir),
-             "--runs-dir", str(runs), *SETUPS[setup]]
+             "--runs-dir", str(runs), *SETUPS[setup], *RECIPE]
     out = ddlstudy("run", *flags)
     assert out.returncode == 0, out.stderr[-3000:]
     m = manifest_in(runs)
+    _trained_as_declared(m, OWN_NET, steps=4)
     state = torch.load(runs / m["id"] / "snapshot.pt", weights_only=True)["model"]
     means = [v for k, v in state.items() if k.endswith("running_mean")]
     variances = [v for k, v in state.items() if k.endswith("running_var")]
@@ -209,13 +221,16 @@ workers = 2
 
 
 def test_a_run_of_ones_own_model_replays_to_the_same_losses(tmp_path, datasets_dir):
+    """The network of one's own with its recipe, sequential (its case of every strategy
+    and backend), and its replay."""
     from ddlstudy.cli import main
 
     runs = tmp_path / "runs"
     assert main(["run", "--usecase", "tiny", "--model", OWN_NET, "--epochs", "2",
                  "--max-steps", "3", "--no-snapshot", "--sample-hz", "0", "--quiet",
-                 "--datasets-dir", str(datasets_dir), "--runs-dir", str(runs)]) == 0
+                 "--datasets-dir", str(datasets_dir), "--runs-dir", str(runs), *RECIPE]) == 0
     first = manifest_in(runs)
+    _trained_as_declared(first, OWN_NET, steps=3)
     assert main(["replay", str(runs / first["id"]), "--runs-dir", str(tmp_path / "again"),
                  "--quiet"]) == 0
     again = manifest_in(tmp_path / "again")
