@@ -17,12 +17,13 @@ def test_bench_all_writes_every_ratio_with_its_spread(tmp_path, datasets_dir, ca
     from ddlstudy.tools import bench_all
 
     # One of the strategies that fit here (each one more run a repeat: the same code; the
-    # pipeline group times pipeline's layouts against the baseline).
+    # pipeline group times pipeline's layouts against the baseline): cpu-intraop, one
+    # process like the baseline (cpu-processes, 2 is transport's setting, run there).
     every = bench_all.strategy_flags
     assert {"cpu-intraop", "cpu-threads", "cpu-processes", "pipeline"} <= set(every(2))
     assert "hybrid" not in every(2) and "hybrid" in every(4)  # one process a core
     monkeypatch.setattr(bench_all, "strategy_flags", lambda cores: {
-        k: v for k, v in every(cores).items() if k == "cpu-processes"})
+        k: v for k, v in every(cores).items() if k == "cpu-intraop"})
     out = tmp_path / "bench"
     assert main(["bench", "all", "--only",
                  "overhead,ceiling,sampler,loader,reducers,strategies,transport,mpi",
@@ -37,7 +38,7 @@ def test_bench_all_writes_every_ratio_with_its_spread(tmp_path, datasets_dir, ca
                          "step time, sampler on (10 Hz) / off",
                          "DataLoader from the decoded cache / in-memory tensors",
                          "DataLoader decoding every image in the loop / in-memory tensors"]
-    assert [n for n in names if n.endswith("/ sequential")] == ["cpu-processes / sequential"]
+    assert [n for n in names if n.endswith("/ sequential")] == ["cpu-intraop / sequential"]
     starts = [f for f in result["figures"] if f["group"] == "start"]  # the same runs' start-up
     assert len(starts) == 4 and all(0 < s for f in starts for s in f["a"] + f["b"])
     assert "cpu-processes, 2, shared memory / cpu-processes, 2 (DDP over gloo)" in names
@@ -51,7 +52,7 @@ def test_bench_all_writes_every_ratio_with_its_spread(tmp_path, datasets_dir, ca
                               "max": max(ratios)}
     table = (out / "bench.md").read_text()
     assert table.count("\n| ") == len(names) + 1  # a header and a row per figure
-    assert "| strategies | cpu-processes / sequential |" in capsys.readouterr().out
+    assert "| strategies | cpu-intraop / sequential |" in capsys.readouterr().out
 
 
 @pytest.mark.slow

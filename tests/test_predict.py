@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -93,22 +91,24 @@ def test_the_interleaved_order_is_torchs(processes, micro, chunks):
 
 
 @pytest.mark.slow
-def test_predict_from_real_runs_checks_itself_against_them(tmp_path, datasets_dir):
+def test_predict_from_real_runs_checks_itself_against_them(tmp_path, datasets_dir, capsys):
     """One MPI node, two MPI nodes and a pipeline, an epoch of 6 steps each (4 of them
-    steady) validating on one batch: predict's node, its check and its pipeline row."""
+    steady) validating on one batch: predict's node, its check and its pipeline row. Each
+    command runs in this process (the ranks are processes of their own), so none starts
+    an interpreter that imports torch again."""
     runs = tmp_path / "runs"
     short = ["--epochs", "1", "--max-steps", "6", "--max-val-steps", "1", "--no-snapshot",
              "--quiet", "--sample-hz", "0"]
     for layout in (["--backend", "mpi", "--nodes", "1"], ["--backend", "mpi", "--nodes", "2"],
                    ["--strategy", "pipeline", "--stages", "2"]):
-        out = subprocess.run([sys.executable, "-m", "ddlstudy", "run", "--usecase", "tiny",
-                              "--datasets-dir", str(datasets_dir), "--runs-dir", str(runs),
-                              *layout, *short], capture_output=True, text=True, timeout=300)
-        assert out.returncode == 0, out.stderr[-2000:]
-    out = subprocess.run([sys.executable, "-m", "ddlstudy", "predict", str(runs),
-                          "--repeats", "2", "--nodes", "1,2,4,256", "--links", "10gbit"],
-                         capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
+        assert main(["run", "--usecase", "tiny", "--datasets-dir", str(datasets_dir),
+                     "--runs-dir", str(runs), *layout, *short]) == 0, \
+            capsys.readouterr().err[-2000:]
+    capsys.readouterr()
+    code = main(["predict", str(runs), "--repeats", "2", "--nodes", "1,2,4,256", "--links",
+                 "10gbit"])
+    out = capsys.readouterr()
+    assert code == 0, out.err[-2000:]
     result = json.loads((runs / "predict" / "predict.json").read_text())
     assert (runs / "predict" / "predict.png").stat().st_size > 10_000
     (check,) = result["validation"]
@@ -120,11 +120,11 @@ def test_predict_from_real_runs_checks_itself_against_them(tmp_path, datasets_di
     assert [r["nodes"] for r in rows] == [1, 2, 4, 256] and rows[0]["speedup"] == 1
     assert rows[-1]["scaling_efficiency"] < rows[1]["scaling_efficiency"]
     assert result["costs"]["allreduce"]["beta_s_per_byte"] > 0
-    assert "| ResNet-101 | 90% |" in out.stdout
+    assert "| ResNet-101 | 90% |" in out.out
     (pipe,) = result["pipelines"]  # the pipeline run, predicted from its piece costs
     assert pipe["schedule"] == "gpipe" and pipe["measured_step_s"] > 0
     assert pipe["predicted_step_s"] > 0 and set(pipe["other_schedules"]) == {"1f1b"}
-    assert f"| {pipe['run']} | 2 stages x 4 mb, gpipe |" in out.stdout
+    assert f"| {pipe['run']} | 2 stages x 4 mb, gpipe |" in out.out
 
 
 @pytest.mark.parametrize("args, message", [

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -40,22 +43,22 @@ data_dir = "{broken}"
 """
 
 
-def _study(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ddlstudy", "study", *args],
-                          capture_output=True, text=True, timeout=600)
-
-
 @pytest.fixture(scope="module")
 def study_dir(tmp_path_factory, datasets_dir):
     """One real study: the baseline (added by the runner), cpu-intraop, a GPU cell this
-    machine skips and a cell whose data folder has a wrong class name (it fails)."""
+    machine skips and a cell whose data folder has a wrong class name (it fails). Run by
+    ``ddlstudy study`` in this process (each cell is a process of its own): its exit code
+    and what it printed."""
     root = tmp_path_factory.mktemp("study")
     broken = root / "broken"
     for name in ("fire", "smoke", "Nofire"):
         (broken / name).mkdir(parents=True)
     plan = root / "plan.toml"
     plan.write_text(PLAN.format(datasets=datasets_dir, broken=broken))
-    out = _study(str(plan), "--runs-dir", str(root / "runs"))
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        code = main(["study", str(plan), "--runs-dir", str(root / "runs")])
+    out = SimpleNamespace(returncode=code, stdout=stdout.getvalue(), stderr=stderr.getvalue())
     return plan, root / "runs", out
 
 
@@ -99,14 +102,15 @@ def test_the_study_writes_tables_and_figures(study_dir):
         intraop["speedup"] / 2)
 
 
-def test_resume_reuses_finished_cells_and_retries_failed_ones(study_dir):
+def test_resume_reuses_finished_cells_and_retries_failed_ones(study_dir, capsys):
+    """In this process (each cell runs in a process of its own either way)."""
     plan, runs, _ = study_dir
     before = sorted(p.name for p in runs.iterdir())
-    again = _study(str(plan), "--runs-dir", str(runs))
-    assert again.returncode == 2 and "--resume" in again.stderr  # nothing overwritten
+    assert main(["study", str(plan), "--runs-dir", str(runs)]) == 2
+    assert "--resume" in capsys.readouterr().err  # nothing overwritten
     assert sorted(p.name for p in runs.iterdir()) == before
-    resumed = _study(str(plan), "--runs-dir", str(runs), "--resume")
-    assert resumed.returncode == 1  # the broken cell was tried again and failed again
+    # the broken cell was tried again and failed again
+    assert main(["study", str(plan), "--runs-dir", str(runs), "--resume"]) == 1
     study = json.loads((runs / "study.json").read_text())
     statuses = sorted(c["status"] for c in study["cells"])
     assert statuses == ["failed", "reused", "reused", "skipped"]
