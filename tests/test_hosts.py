@@ -27,6 +27,7 @@ def three_hosts():
     made = hosts.up(3, prefix=PREFIX, subnet=SUBNET)
     yield made
     hosts.down(PREFIX)
+    assert not hosts.spark_secret_file(PREFIX).parent.exists()  # Spark's secret and logs too
 
 
 def _run(tmp_path, datasets_dir, *flags: str) -> tuple[dict, pd.DataFrame]:

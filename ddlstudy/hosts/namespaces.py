@@ -14,7 +14,7 @@ from ddlstudy.errors import ConfigError, Unavailable, UsageError
 from ddlstudy.hosts import cgroups, state
 from ddlstudy.hosts.processes import _ip, _kill, _namespaces
 from ddlstudy.hosts.slurm import slurm_down
-from ddlstudy.hosts.spark import spark_down
+from ddlstudy.hosts.spark import spark_down, spark_secret_file
 from ddlstudy.hosts.spec import (
     DEFAULT_PREFIX,
     DEFAULT_SUBNET,
@@ -245,6 +245,7 @@ def down(prefix: str = DEFAULT_PREFIX) -> bool:
         raise UsageError(f"could not remove {', '.join(left)} (still in use?); they stay "
                          f"listed in {made.path}: stop what uses them, then run: "
                          f"ddlstudy hosts down --prefix {prefix}")
+    shutil.rmtree(spark_secret_file(prefix).parent, ignore_errors=True)  # its secret, logs
     state.forget(prefix)
     return True
 
