@@ -212,7 +212,8 @@ def load_plan(path: Path, repeat: int | None = None, runs_dir: Path | None = Non
     return Plan(name=name, path=path, usecases=usecases, cells=cells, repeat=repeat,
                 runs_dir=runs_dir, description=study.description, settings=settings,
                 setup_timeout_s=study.setup_timeout_s, mem_per_node=None
-                if study.mem_per_node is None else size_bytes("", study.mem_per_node),
+                if study.mem_per_node is None else size_bytes("study.mem_per_node",
+                                                              study.mem_per_node),
                 usecase_settings={_beside(u, path.parent): v for u, v in own.items()})
 
 

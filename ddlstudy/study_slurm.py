@@ -279,13 +279,13 @@ def slurm_study(plan: Plan, *, resume: bool, resubmit: bool, sbatch: Sbatch,
                 overrides: dict[str, Any], fmt: str) -> int:
     """Submit a plan's cells as jobs (0: every cell submitted or skipped), or, ``resume``,
     read where a submitted study's jobs stand (``_resume``)."""
-    cells = [JobCell.of(c) for c in expand(plan, overrides, elsewhere=True)] \
-        if not resume or resubmit else []
     require_client()
     if not resume and submitted(plan.runs_dir):
         raise UsageError(f"{plan.runs_dir} already holds the jobs of study {plan.name!r}; "
                          "--resume shows where they stand, --resume --resubmit submits its "
                          "failed cells again")
+    cells = [JobCell.of(c) for c in expand(plan, overrides, elsewhere=True)] \
+        if not resume or resubmit else []
     with folder_lock(plan.runs_dir, "study"):
         if resume:
             return _resume(plan, cells, sbatch, fmt)
