@@ -10,7 +10,7 @@ built on it), which refuses, in one line naming the file and the fix,
 - text that is not UTF-8, and documents nested deeper than ``MAX_DEPTH`` (a parser would
   recurse until Python's stack gives out).
 
-What passes is then checked against its format's schema (``ddlstudy.formats``).
+What passes is then checked against its format's schema (``ddlstudy.records.formats``).
 """
 
 from __future__ import annotations

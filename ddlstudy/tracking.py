@@ -10,7 +10,7 @@ folder its runs are in), nested under the study's parent run. While it trains, n
 opens that run when the run folder is made (``start``), the rank that records epochs logs
 each one as it ends (``log_epoch``, step = the epoch), and the run's status follows when
 its folder is closed (``finish``); the rest (params, samples, files) is
-``ddlstudy.mlflow_export``'s. MLflow failing never fails the run: it is said in a
+``ddlstudy.exports.mlflow_runs``'s. MLflow failing never fails the run: it is said in a
 warning, recorded in the manifest's ``mlflow`` block, and the run goes on.
 """
 
@@ -302,7 +302,7 @@ def log_epoch(manifest: dict, record: dict[str, Any]) -> None:
 
 def finish(manifest: dict) -> None:
     """``run --mlflow``, as the run folder is closed: the run's status in MLflow (the rest
-    follows from `ddlstudy.mlflow_export`, or at the end of its study)."""
+    follows from `ddlstudy.exports.mlflow_runs`, or at the end of its study)."""
     where = manifest.get("mlflow") or {}
     if not where.get("run_id") or where.get("error"):
         return

@@ -8,7 +8,7 @@ import statistics
 import pytest
 
 from ddlstudy.cli import main
-from ddlstudy.environment import usable_cores
+from ddlstudy.machine.environment import usable_cores
 
 
 @pytest.mark.slow

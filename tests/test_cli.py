@@ -222,7 +222,7 @@ def test_speedups_carry_a_95_percent_interval():
 
 
 def test_compare_never_calls_runs_with_other_losses_identical_without_a_reason():
-    from ddlstudy.manifests import compare
+    from ddlstudy.records.manifests import compare
 
     def manifest(loss, threads="1"):
         return {"id": "x", "status": "completed", "config": {"lr": 0.01},

@@ -91,7 +91,7 @@ def test_a_replayed_pipeline_cuts_where_its_run_did(tiny):
     """The cut decides which process draws each dropout mask: a replay of a pipeline whose
     cut was measured takes the recorded one; a given cut stays given."""
     from ddlstudy.config import RunConfig
-    from ddlstudy.manifests import config_from_manifest
+    from ddlstudy.records.manifests import config_from_manifest
 
     measured = RunConfig(usecase=tiny, strategy="pipeline", stages=2)
     manifest = {"config": measured.to_dict(), "id": "run-1",

@@ -121,7 +121,7 @@ def _example(name: str):
 
 
 def test_the_quickstart_plan_is_a_valid_plan():
-    from ddlstudy.plan import configs, load_plan
+    from ddlstudy.records.plan import configs, load_plan
 
     plan = load_plan(EXAMPLES / "quickstart.toml")
     assert [cfg.strategy for _, _, cfg in configs(plan, {})] == \

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from ddlstudy.config import REPO_ROOT
-from ddlstudy.runfolder import MANIFEST
+from ddlstudy.records.runfolder import MANIFEST
 
 PLUGIN = Path(__file__).parent / "plugin"
 QUICK = ("--usecase", "tiny", "--epochs", "2", "--max-steps", "4", "--no-snapshot",

@@ -20,7 +20,7 @@ import torch
 from listening import LOOPBACK, addresses, listening_while_running
 
 from ddlstudy.cli import main
-from ddlstudy.runfolder import MANIFEST, SNAPSHOT
+from ddlstudy.records.runfolder import MANIFEST, SNAPSHOT
 
 EPOCHS = 6
 STEPS = 5

@@ -15,9 +15,9 @@ from matplotlib.text import Text
 from matplotlib.transforms import Bbox
 from test_findings import _manifest, _report, memory_block
 
+from ddlstudy.records.runfolder import SAMPLES
 from ddlstudy.report.figures import FIGURES, interval_bounds
 from ddlstudy.report.tables import interval, only_main, spread_of
-from ddlstudy.runfolder import SAMPLES
 from ddlstudy.tools.predict import REDUCERS, Cost, Node
 from ddlstudy.tools.predict import figure as predict_figure
 

@@ -9,9 +9,9 @@ import pandas as pd
 import pytest
 
 from ddlstudy.cli import main
+from ddlstudy.records.runfolder import RunFolder
 from ddlstudy.report import Report, speedup_table
 from ddlstudy.report.findings import findings, render_findings
-from ddlstudy.runfolder import RunFolder
 from ddlstudy.runner.lifecycle import time_to_target
 
 

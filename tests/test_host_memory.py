@@ -12,7 +12,7 @@ import pytest
 from ddlstudy import hosts
 from ddlstudy.cli import main
 from ddlstudy.hosts import cgroups, spec, state
-from ddlstudy.runfolder import MANIFEST
+from ddlstudy.records.runfolder import MANIFEST
 
 WHY_NOT = hosts.can_emulate()
 needs_hosts = pytest.mark.skipif(WHY_NOT is not None, reason=WHY_NOT or "")

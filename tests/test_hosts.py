@@ -15,7 +15,7 @@ import pytest
 from ddlstudy import hosts
 from ddlstudy.cli import main
 from ddlstudy.hosts import namespaces, spec
-from ddlstudy.runfolder import MANIFEST, SAMPLES
+from ddlstudy.records.runfolder import MANIFEST, SAMPLES
 
 WHY_NOT = hosts.can_emulate()
 needs_hosts = pytest.mark.skipif(WHY_NOT is not None, reason=WHY_NOT or "")

@@ -122,7 +122,7 @@ def test_a_use_case_name_that_is_not_a_plain_name_is_refused(name):
 
 def test_a_run_id_cannot_leave_the_runs_folder(tmp_path):
     from ddlstudy.errors import UsageError
-    from ddlstudy.runfolder import RunFolder
+    from ddlstudy.records.runfolder import RunFolder
 
     runs = tmp_path / "runs"
     with pytest.raises(UsageError, match="not a plain folder name"):

@@ -13,7 +13,7 @@ import torch
 from listening import LOOPBACK, addresses, listening_while_running
 
 from ddlstudy.cli import main
-from ddlstudy.runfolder import MANIFEST, SAMPLES
+from ddlstudy.records.runfolder import MANIFEST, SAMPLES
 from ddlstudy.runner import run
 
 
@@ -131,7 +131,7 @@ def test_exact_reducers_train_like_allreduce_on_three_nodes(tmp_path, datasets_d
     while 4 steps leave ~1e-8."""
     import torch
 
-    from ddlstudy.runfolder import SNAPSHOT
+    from ddlstudy.records.runfolder import SNAPSHOT
 
     reference, ref = allreduce_on_three_nodes
     assert reference["backend"]["reduce"] == "allreduce"
@@ -155,7 +155,7 @@ def test_step_wise_trains_and_validates_rank_0s_model_on_the_whole_set(tmp_path,
 
     from ddlstudy.data import prepare_data
     from ddlstudy.models import build_model
-    from ddlstudy.runfolder import SNAPSHOT
+    from ddlstudy.records.runfolder import SNAPSHOT
     from ddlstudy.runner import resolve
     from ddlstudy.training import evaluate, val_loader
 
@@ -279,7 +279,7 @@ def test_nodes_of_processes_step_like_local_processes(tmp_path, datasets_dir, qu
     float32 sums differs (reduce on the leader, then MPI), measured ~1e-8."""
     import torch
 
-    from ddlstudy.runfolder import SNAPSHOT
+    from ddlstudy.records.runfolder import SNAPSHOT
 
     manifest, folder = _mpi_run(tmp_path, datasets_dir, "--nodes", nodes, "--strategy",
                                 "cpu-processes", "--workers", workers, "--reduce", reduce,
@@ -330,7 +330,7 @@ def test_nodes_of_pipelines_step_like_a_local_hybrid(tmp_path, datasets_dir, qui
     this host's shared memory: the three ways give the same weights."""
     import torch
 
-    from ddlstudy.runfolder import SNAPSHOT
+    from ddlstudy.records.runfolder import SNAPSHOT
 
     # Cut where the reference cuts: the cut decides which process draws a dropout mask.
     manifest, folder = _mpi_run(tmp_path, datasets_dir, "--nodes", "2", *node,
@@ -373,7 +373,7 @@ def test_buckets_start_during_backward_and_train_like_one_allreduce(tmp_path, da
     parameters, closed at 0.25 MiB (the 9 MiB classifier weight is a bucket of its own),
     each started by its last gradient's hook while backward runs on (after the last
     micro-batch only), and the training is the one whole-buffer Allreduce gives."""
-    from ddlstudy.runfolder import SNAPSHOT
+    from ddlstudy.records.runfolder import SNAPSHOT
 
     assert THREE_NODES[THREE_NODES.index("--accumulate") + 1] == accumulate
     bucketed, folder = _mpi_run(tmp_path, datasets_dir, *THREE_NODES, "--bucket-mb", "0.25",

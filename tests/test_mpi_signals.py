@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from ddlstudy.runfolder import MANIFEST, SNAPSHOT
+from ddlstudy.records.runfolder import MANIFEST, SNAPSHOT
 
 DEADLINE_S = 300.0
 """Generous: a busy 2-core host takes seconds to start ranks that import torch."""

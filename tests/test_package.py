@@ -79,8 +79,8 @@ def test_every_option_says_its_choices_or_its_default():
 
 
 def test_strategies_answers_without_importing_torch():
-    # nor does ddlstudy.sparkjvm: the CLI starts a Spark run's JVM from it before torch
-    code = ("import sys; import ddlstudy.sparkjvm; from ddlstudy.cli import main; "
+    # nor does ddlstudy.machine.sparkjvm: the CLI starts a Spark run's JVM from it before torch
+    code = ("import sys; import ddlstudy.machine.sparkjvm; from ddlstudy.cli import main; "
             "main(['strategies']); "
             "assert 'torch' not in sys.modules, 'torch imported'")
     start = time.perf_counter()
@@ -242,7 +242,7 @@ def test_export_tensorboard_refuses_what_an_event_file_cannot_hold(quick_config,
 def test_steps_are_appended_and_cut_back_with_the_epochs_on_resume(tmp_path):
     """steps.csv grows by each epoch's rows (a long run does not rewrite its past), and a
     resume that cuts the epochs back cuts their steps and numbers on from there."""
-    from ddlstudy.runfolder import RunFolder
+    from ddlstudy.records.runfolder import RunFolder
 
     folder = RunFolder.create(tmp_path, "r1", {})
     folder.record_steps([(1, 1, 0.9, 16, 0.1), (1, 2, 0.8, 16, 0.1)])

@@ -12,9 +12,9 @@ import logging
 import pytest
 from test_findings import _manifest
 
-from ddlstudy import formats
 from ddlstudy.config import RunConfig, with_overrides
-from ddlstudy.environment import usable_cores
+from ddlstudy.machine.environment import usable_cores
+from ddlstudy.records import formats
 from ddlstudy.report import Report, make_figures
 from ddlstudy.report.timeline import plot_timeline
 from ddlstudy.runner import run

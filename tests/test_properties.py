@@ -18,7 +18,7 @@ from ddlstudy.config.options import flag, train_options
 from ddlstudy.config.run import options
 from ddlstudy.config.usecase import DataSpec, ModelSpec, TrainSpec
 from ddlstudy.errors import ConfigError, UsageError
-from ddlstudy.plan import CELL_KEYS, configs, load_plan
+from ddlstudy.records.plan import CELL_KEYS, configs, load_plan
 
 ANY = st.one_of(
     st.none(), st.booleans(), st.integers(), st.integers(min_value=-3, max_value=3),

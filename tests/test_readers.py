@@ -1,5 +1,5 @@
 """Every file ddlstudy reads, under arbitrary content (hypothesis, in process): the gate
-(``ddlstudy.reading``) and each format's schema (``ddlstudy.formats``) let through a valid
+(``ddlstudy.reading``) and each format's schema (``ddlstudy.records.formats``) let through a valid
 document or refuse it with a one-line UsageError naming the file; nothing else escapes,
 and the readers built on them (report, replay, compare, resume, export, --from-advice, a
 hostfile, a secret file, a cache index) never raise anything else either."""
@@ -15,15 +15,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ddlstudy import formats, reading
+from ddlstudy import reading
 from ddlstudy.config.mpi import read_hostfile
 from ddlstudy.config.spark import read_secret
 from ddlstudy.errors import UsageError
-from ddlstudy.manifests import compare, config_from_manifest, read_manifest
-from ddlstudy.plan import advice_plan
 from ddlstudy.reading import MAX_DEPTH, BadFile
+from ddlstudy.records import formats
+from ddlstudy.records.manifests import compare, config_from_manifest, read_manifest
+from ddlstudy.records.plan import advice_plan
+from ddlstudy.records.runfolder import MANIFEST, load_manifest
 from ddlstudy.report import Report
-from ddlstudy.runfolder import MANIFEST, load_manifest
 
 FUZZ = settings(max_examples=int(os.environ.get("DDLSTUDY_EXAMPLES", 120)), deadline=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture,
@@ -302,7 +303,7 @@ def test_target_accuracy_none_measures_no_time_to_accuracy(cli):
 
 
 def test_the_formats_reference_is_generated_from_the_schemas():
-    """docs/formats.md is what `python -m ddlstudy.formats` writes: the reference cannot
+    """docs/formats.md is what `python -m ddlstudy.records.formats` writes: the reference cannot
     drift from the checks (regenerate it when a schema changes)."""
     written = (Path(__file__).parents[1] / "docs" / "formats.md").read_text()
     assert written == formats.reference() + "\n"
@@ -330,7 +331,7 @@ def test_a_replay_never_writes_at_a_recorded_data_path(finished, datasets_dir, t
 
 
 def test_the_manifest_schema_version_is_the_one_written():
-    from ddlstudy.runfolder import SCHEMA_VERSION
+    from ddlstudy.records.runfolder import SCHEMA_VERSION
 
     assert formats.SCHEMA_VERSION == SCHEMA_VERSION
 
@@ -338,7 +339,7 @@ def test_the_manifest_schema_version_is_the_one_written():
 def test_a_damaged_samples_file_is_kept_aside_not_lost(finished, tmp_path):
     """Resuming a run whose samples.parquet was damaged: the file is kept as
     samples.parquet.damaged (never overwritten), the new samples are written."""
-    from ddlstudy.runfolder import RunFolder
+    from ddlstudy.records.runfolder import RunFolder
 
     (tmp_path / "r").mkdir()
     (tmp_path / "r" / MANIFEST).write_text(json.dumps(finished))
@@ -355,7 +356,7 @@ def test_a_samples_file_without_its_time_column_is_kept_aside(finished, tmp_path
     as samples.parquet.damaged, not overwritten by the new samples."""
     import pandas as pd
 
-    from ddlstudy.runfolder import RunFolder
+    from ddlstudy.records.runfolder import RunFolder
 
     (tmp_path / "r").mkdir()
     (tmp_path / "r" / MANIFEST).write_text(json.dumps(finished))
@@ -433,7 +434,7 @@ def test_any_samples_table_is_read_valid_or_refused(tmp_path_factory, columns):
     hold what the schema says, or refuses it in one line naming the file and the column."""
     import pandas as pd
 
-    from ddlstudy.sampler import KINDS, read_samples
+    from ddlstudy.machine.sampler import KINDS, read_samples
 
     path = tmp_path_factory.getbasetemp() / "samples-table.parquet"
     try:
@@ -556,7 +557,7 @@ def test_every_reader_of_samples_refuses_a_bad_file_alike(finished, tmp_path, ca
     import pandas as pd
 
     from ddlstudy.cli import main
-    from ddlstudy.runfolder import RunFolder
+    from ddlstudy.records.runfolder import RunFolder
 
     run = _run_copy(finished, tmp_path)
     said = "column proc_cpu_percent must hold numbers, not str 'busy'"

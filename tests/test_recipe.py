@@ -18,9 +18,9 @@ from ddlstudy.cli import main
 from ddlstudy.config import TrainSpec
 from ddlstudy.errors import UsageError
 from ddlstudy.models.trained import load
-from ddlstudy.plan import cell_config
+from ddlstudy.records.plan import cell_config
+from ddlstudy.records.runfolder import SNAPSHOT
 from ddlstudy.report.runs import setting
-from ddlstudy.runfolder import SNAPSHOT
 from ddlstudy.training import recipe
 
 

@@ -13,10 +13,10 @@ import torch
 
 from ddlstudy.config import RunConfig, with_overrides
 from ddlstudy.errors import ConfigError
+from ddlstudy.machine.sampler import COLUMNS
+from ddlstudy.records.runfolder import MANIFEST, METRICS, SAMPLES, SNAPSHOT
 from ddlstudy.report import config_label
-from ddlstudy.runfolder import MANIFEST, METRICS, SAMPLES, SNAPSHOT
 from ddlstudy.runner import resolve, run
-from ddlstudy.sampler import COLUMNS
 
 
 def _metrics(folder):
@@ -153,7 +153,7 @@ def test_a_process_start_is_read_on_the_wall_clock():
     before = time.time()
     out = subprocess.run(
         [sys.executable, "-c", "import time; now = time.time(); "
-         "from ddlstudy.environment import process_start; print(process_start(), now)"],
+         "from ddlstudy.machine.environment import process_start; print(process_start(), now)"],
         capture_output=True, text=True, check=True).stdout
     after = time.time()
     started, now = map(float, out.split())
@@ -164,7 +164,7 @@ def test_sigterm_between_an_epochs_record_and_its_snapshot_waits_for_the_snapsho
         quick_config, monkeypatch):
     """The window CI once hit: the epoch is on record, the signal lands before its snapshot
     is written. The snapshot is written first, so every recorded epoch can be resumed."""
-    import ddlstudy.runfolder as runfolder_module
+    import ddlstudy.records.runfolder as runfolder_module
     import ddlstudy.runner.lifecycle as runner_module
 
     real_record = runfolder_module.RunFolder.record_epoch
@@ -270,7 +270,7 @@ def test_doctor_finds_the_venvs_mpiexec(capsys):
 def test_sigterm_during_a_write_lands_after_it(tmp_path):
     """The signal arrives mid-write: the file is finished and renamed, then Terminated."""
     from ddlstudy import signals
-    from ddlstudy.runfolder import atomic_write
+    from ddlstudy.records.runfolder import atomic_write
 
     target = tmp_path / "snapshot.bin"
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from test_extend import install
 
-from ddlstudy.runfolder import MANIFEST
+from ddlstudy.records.runfolder import MANIFEST
 from ddlstudy.runner import run as train
 
 PASSWORD = "Pw-s3cr3t-52"

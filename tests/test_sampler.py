@@ -6,7 +6,7 @@ import time
 
 import psutil
 
-from ddlstudy.sampler import COLUMNS, ResourceSampler, samples_frame
+from ddlstudy.machine.sampler import COLUMNS, ResourceSampler, samples_frame
 
 
 def test_rows_have_every_column_and_the_rate():
@@ -70,9 +70,9 @@ def test_a_run_beside_a_busy_process_is_marked_noisy(quick_config):
     noisy; without samples it says it could not tell."""
     import json
 
-    from ddlstudy.runfolder import MANIFEST
+    from ddlstudy.machine.sampler import NOISY_CORES
+    from ddlstudy.records.runfolder import MANIFEST
     from ddlstudy.runner import run
-    from ddlstudy.sampler import NOISY_CORES
 
     busy = _spin_elsewhere()
     try:
@@ -94,7 +94,7 @@ def test_a_run_beside_a_busy_process_is_marked_noisy(quick_config):
 def test_others_load_counts_what_this_process_did_not_run_and_reap():
     """Over one span a process spinning elsewhere counts as others' load; a child run to
     its end inside the span (a probe) counts as this process's own."""
-    from ddlstudy.sampler import OthersLoad
+    from ddlstudy.machine.sampler import OthersLoad
 
     spin = "import time; t = time.time()\nwhile time.time() - t < 1.5: pass"
     elsewhere = _spin_elsewhere()
@@ -121,7 +121,7 @@ def test_others_load_counts_what_this_process_did_not_run_and_reap():
 
 
 def test_the_load_check_sees_a_busy_host_and_waiting_gives_up_when_told():
-    from ddlstudy.sampler import NOISY_CORES, check_load, wait_quiet
+    from ddlstudy.machine.sampler import NOISY_CORES, check_load, wait_quiet
 
     busy = _spin_elsewhere()
     said = []

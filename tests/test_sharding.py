@@ -13,7 +13,7 @@ from test_faults import _identical, _manifest, ddlstudy, run_and_kill
 
 from ddlstudy.config import load_usecase
 from ddlstudy.models import build_model
-from ddlstudy.runfolder import MANIFEST, SNAPSHOT
+from ddlstudy.records.runfolder import MANIFEST, SNAPSHOT
 
 OWN_NET = f"{Path(__file__).parent / 'models' / 'own_net.py'}:small_resnet"
 

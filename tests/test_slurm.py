@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from ddlstudy import hosts
-from ddlstudy.runfolder import MANIFEST
+from ddlstudy.records.runfolder import MANIFEST
 
 WHY_NOT = hosts.can_emulate() or hosts.can_slurm()
 PREFIX, SUBNET = "stest", "10.86.51"  # nobody else's set (ddl, dtest)

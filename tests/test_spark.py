@@ -15,7 +15,7 @@ from listening import LOOPBACK, addresses, listening_while_running
 
 from ddlstudy.cli import main
 from ddlstudy.config import REPO_ROOT
-from ddlstudy.runfolder import MANIFEST
+from ddlstudy.records.runfolder import MANIFEST
 from ddlstudy.runner import run
 
 pytestmark = pytest.mark.skipif(shutil.which("java") is None, reason="Spark needs Java")
@@ -209,7 +209,7 @@ def test_what_the_jvm_printed_before_the_run_folder_goes_into_its_spark_log(tmp_
     wait for the run's spark.log; what comes after a run ends is not the next run's."""
     import io
 
-    from ddlstudy.sparkjvm import _JvmOutput
+    from ddlstudy.machine.sparkjvm import _JvmOutput
 
     output, log_path = _JvmOutput(), tmp_path / "spark.log"
     output.pump(io.BytesIO(b"Using Spark's default log4j profile\nSetting level WARN\n"))
@@ -231,7 +231,7 @@ def test_an_early_context_serves_its_own_settings_only(tmp_path):
 import dataclasses, sys
 from ddlstudy.cli import build_parser
 from ddlstudy.config.options import config_from_args
-from ddlstudy import sparkjvm
+from ddlstudy.machine import sparkjvm
 args = build_parser().parse_args(["run", "--usecase", "tiny", "--backend", "spark",
                                   "--runs-dir", {str(tmp_path)!r}])
 cfg = config_from_args(args)

@@ -16,7 +16,7 @@ import pytest
 from ddlstudy.cli import main
 from ddlstudy.config import REPO_ROOT
 from ddlstudy.report import Report, to_latex
-from ddlstudy.study import expand, load_plan
+from ddlstudy.study.matrix import expand, load_plan
 
 PLAN = """
 [study]
@@ -265,7 +265,7 @@ def test_replay_and_compare_refuse_what_is_not_a_manifest(tmp_path, capsys):
 
 
 def test_runs_recorded_before_a_setting_existed_still_match(quick_config):
-    from ddlstudy.study import config_key
+    from ddlstudy.study.matrix import config_key
 
     config = quick_config().to_dict()
     older = {k: v for k, v in config.items() if k not in ("spark_sync", "sync_every")}
@@ -289,7 +289,7 @@ def test_runs_recorded_before_a_setting_existed_still_match(quick_config):
 
 
 def test_time_left_counts_each_cell_as_its_earlier_repeat_or_its_use_cases_cells():
-    from ddlstudy.study import Cell, time_left
+    from ddlstudy.study.matrix import Cell, time_left
 
     def cell(usecase: str, id: str, seconds: float = 0.0) -> Cell:
         return Cell(usecase=usecase, flags={}, repeat=1, id=id, seconds=seconds)

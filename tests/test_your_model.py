@@ -14,7 +14,7 @@ import pytest
 import torch
 from PIL import Image
 
-from ddlstudy.runfolder import MANIFEST
+from ddlstudy.records.runfolder import MANIFEST
 
 OWN_NET = f"{Path(__file__).parent / 'models' / 'own_net.py'}:small_resnet"
 SETUPS = {

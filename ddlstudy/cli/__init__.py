@@ -24,7 +24,7 @@ import logging
 import os
 import sys
 
-from ddlstudy import __version__, environment
+from ddlstudy import __version__
 from ddlstudy.cli import (
     advise,
     bench,
@@ -42,8 +42,9 @@ from ddlstudy.config.paths import HOME_PROBLEM
 from ddlstudy.errors import UsageError
 from ddlstudy.files import FREE, WriteFailed, full
 from ddlstudy.logs import setup_logging
+from ddlstudy.machine import environment
+from ddlstudy.records.runfolder import CHILD_ENV
 from ddlstudy.redact import redact
-from ddlstudy.runfolder import CHILD_ENV
 
 COMMANDS = (run, dataset, usecase, listing, report, study, advise, hosts, predict, bench)
 """The modules of the subcommands, each registering its own parsers (``register``) and

@@ -18,7 +18,7 @@ from ddlstudy.config.loading import is_usecase_path
 from ddlstudy.config.options import path_arg
 from ddlstudy.errors import ConfigError
 from ddlstudy.files import check_folder
-from ddlstudy.sampler import NOISY_CORES, WAIT_MOST_S
+from ddlstudy.machine.sampler import NOISY_CORES, WAIT_MOST_S
 
 
 def register(sub) -> None:
@@ -67,7 +67,7 @@ def register(sub) -> None:
 
 def cmd_advise(args: argparse.Namespace) -> int:
     from ddlstudy.config import DEFAULT_RUNS_DIR
-    from ddlstudy.plan import cell_config
+    from ddlstudy.records.plan import cell_config
     from ddlstudy.tools.predict import parse_list
 
     usecase, data = _what(args)

@@ -67,7 +67,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from ddlstudy.config.catalog import bench_groups
 
     groups = bench_groups(args.only) if args.bench_command == "all" else []
-    from ddlstudy.sampler import check_load
+    from ddlstudy.machine.sampler import check_load
     from ddlstudy.tools.bench import gradient_floats
 
     out = getattr(args, "out", None) or DEFAULT_RUNS_DIR / "bench" / time.strftime(

@@ -91,9 +91,9 @@ def cmd_export(args: argparse.Namespace) -> int:
         return 0
     if args.export_command == "mlflow":
         return _export_mlflow(args)
+    from ddlstudy.exports.tensorboard import export, write_hparams
     from ddlstudy.report import Report
     from ddlstudy.report.runs import KEY
-    from ddlstudy.tensorboard import export, write_hparams
 
     written = export(args.runs, args.out)
     try:  # the configurations, as the report groups the runs written
@@ -108,7 +108,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def _export_mlflow(args: argparse.Namespace) -> int:
-    from ddlstudy.mlflow_export import export
+    from ddlstudy.exports.mlflow_runs import export
     from ddlstudy.tracking import experiment_name_most
 
     if args.experiment is not None and (not args.experiment.strip() or
@@ -130,7 +130,7 @@ def _export_mlflow(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from ddlstudy.manifests import compare, read_manifest
+    from ddlstudy.records.manifests import compare, read_manifest
 
     print(compare(read_manifest(args.a), read_manifest(args.b)))
     return 0

@@ -12,9 +12,9 @@ from pathlib import Path
 
 from ddlstudy.config.options import add_run_options, path_arg
 from ddlstudy.errors import ConfigError
+from ddlstudy.machine.sparkjvm import start_early
 from ddlstudy.progress import on_terminal
-from ddlstudy.runfolder import CHILD_ENV
-from ddlstudy.sparkjvm import start_early
+from ddlstudy.records.runfolder import CHILD_ENV
 
 log = logging.getLogger("ddlstudy")
 PREPARING_NOTICE_S = 1.0
@@ -49,7 +49,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise ConfigError("--max-restarts", f"must be 0 or more, got {args.max_restarts}")
     if args.resume is not None:
         from ddlstudy.config.options import given_options
-        from ddlstudy.manifests import resume_config
+        from ddlstudy.records.manifests import resume_config
 
         given = given_options(args)
         if given:
@@ -88,7 +88,7 @@ def train(cfg, argv: list[str], resume: Path | None = None, max_restarts: int = 
 
 
 def _train(cfg, argv: list[str], resume: Path | None, max_restarts: int, fmt: str) -> int:
-    from ddlstudy.runfolder import SNAPSHOT, RunFolder
+    from ddlstudy.records.runfolder import SNAPSHOT, RunFolder
     from ddlstudy.runner import RunFailed, start
 
     restarts = 0
@@ -129,7 +129,7 @@ def _to_mlflow(cfg, folder) -> None:
     leaves it to the study's end, which logs every run against the study's baseline."""
     if cfg.mlflow and folder is not None and not os.environ.get(CHILD_ENV) and \
             not folder.manifest.get("study"):
-        from ddlstudy.mlflow_export import after_run
+        from ddlstudy.exports.mlflow_runs import after_run
 
         after_run(folder.path, cfg.mlflow)
 
@@ -158,7 +158,7 @@ def _reached(tta: dict) -> str:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from ddlstudy.manifests import config_from_manifest, differences, read_manifest
+    from ddlstudy.records.manifests import config_from_manifest, differences, read_manifest
 
     manifest = read_manifest(args.manifest)
     runs_dir = args.runs_dir or Path(manifest["path"]).parent

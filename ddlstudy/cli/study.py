@@ -7,7 +7,7 @@ import argparse
 from ddlstudy.cli.common import check_positive
 from ddlstudy.config.options import path_arg
 from ddlstudy.errors import UsageError
-from ddlstudy.sampler import NOISY_CORES, WAIT_MOST_S
+from ddlstudy.machine.sampler import NOISY_CORES, WAIT_MOST_S
 
 JOB_OPTIONS = {"partition": "the jobs' partition (default: the cluster's)",
                "account": "the account the jobs are charged to (default: yours)",
@@ -56,7 +56,7 @@ def register(sub) -> None:
 
 
 def cmd_study(args: argparse.Namespace) -> int:
-    from ddlstudy.plan import configs, load_plan
+    from ddlstudy.records.plan import configs, load_plan
 
     check_positive(args, "epochs", "max_steps", "top")
     overrides = {name: getattr(args, name) for name in ("epochs", "max_steps")
@@ -66,7 +66,7 @@ def cmd_study(args: argparse.Namespace) -> int:
         raise UsageError("give a study plan (e.g. usecases/demo.toml) or --from-advice "
                          "advise.json, one of them")
     if args.from_advice is not None:
-        from ddlstudy.plan import advice_plan
+        from ddlstudy.records.plan import advice_plan
 
         plan = advice_plan(args.from_advice, args.top, args.repeat, args.runs_dir)
     else:
@@ -75,16 +75,16 @@ def cmd_study(args: argparse.Namespace) -> int:
     checked = configs(plan, overrides)
     if args.submit or args.resubmit:
         from ddlstudy.hosts.slurm import require_client
-        from ddlstudy.study_slurm import no_secret
+        from ddlstudy.study.slurm import no_secret
 
         no_secret(checked)
         require_client()
-    from ddlstudy.study_slurm import slurm_study, submitted
+    from ddlstudy.study.slurm import slurm_study, submitted
 
     if args.submit or args.resubmit or submitted(plan.runs_dir):  # its jobs: never run here
         return slurm_study(plan, resume=args.resume, resubmit=args.resubmit, sbatch=sbatch,
                            overrides=overrides, fmt=args.format)
-    from ddlstudy.study import study
+    from ddlstudy.study.matrix import study
 
     return study(plan, resume=args.resume, overrides=overrides, fmt=args.format,
                  wait_quiet=args.wait_quiet)

@@ -1,6 +1,6 @@
 """How a file's content is checked against its declared format, for every format ddlstudy
 reads: the use case and the study plan a person writes (``config.usecase``, ``plan``), and
-the manifest, study.json and advise.json it writes itself (``ddlstudy.formats``).
+the manifest, study.json and advise.json it writes itself (``ddlstudy.records.formats``).
 
 A format is declared once, as pydantic validates it: a dataclass or a model whose fields
 give the types, the defaults and (in their docstrings) the meaning; ranges and rules that

@@ -1,6 +1,6 @@
 """The Spark backend's flags (``SparkOptions``, part of every ``RunConfig``) and their
 checks: torch-free, so a bad combination is refused before anything is imported (and
-before the CLI starts a Spark run's JVM early, ``ddlstudy.sparkjvm``)."""
+before the CLI starts a Spark run's JVM early, ``ddlstudy.machine.sparkjvm``)."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ default and, in their docstrings, meaning), which pydantic checks when a file is
 (``config.loading``: strict types, no unknown key; ``config.schema``), and its
 ``__post_init__`` checks the ranges and the rules between fields, naming the offending key,
 so a bad TOML key or CLI flag is refused before anything starts. The docs' reference of the
-keys is generated from these same declarations (``ddlstudy.formats.reference``).
+keys is generated from these same declarations (``ddlstudy.records.formats.reference``).
 """
 
 from __future__ import annotations

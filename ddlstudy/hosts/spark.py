@@ -10,11 +10,11 @@ import sys
 import time
 from pathlib import Path
 
-from ddlstudy.environment import SAFE_PATH_ENV
 from ddlstudy.errors import Unavailable
 from ddlstudy.hosts.processes import _kill
 from ddlstudy.hosts.spec import SPARK_PORT, STATE_DIR, Hosts, check_prefix
 from ddlstudy.hosts.state import read
+from ddlstudy.machine.environment import SAFE_PATH_ENV
 
 
 def _spark_class() -> str:

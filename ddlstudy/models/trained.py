@@ -34,7 +34,7 @@ from ddlstudy.models import shapes_only
 from ddlstudy.models.onnx_export import check_installed, onnx_bytes
 from ddlstudy.models.sources import made, named, sha256_of
 from ddlstudy.reading import BadFile, check_regular, read_json
-from ddlstudy.runfolder import load_manifest
+from ddlstudy.records.runfolder import load_manifest
 
 SIDECAR = ".usecase.json"
 

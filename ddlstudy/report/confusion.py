@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from ddlstudy.runfolder import CONFUSION
+from ddlstudy.records.runfolder import CONFUSION
 
 MAX_LABELS = 20
 """The most classes whose cells are numbered and axes named."""

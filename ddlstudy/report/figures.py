@@ -36,12 +36,12 @@ from matplotlib.figure import Figure
 
 from ddlstudy.errors import UsageError
 from ddlstudy.files import atomic_write
+from ddlstudy.machine.sampler import IDENTITY, read_samples
+from ddlstudy.records.runfolder import SAMPLES
 from ddlstudy.report.confusion import plot_confusion
 from ddlstudy.report.runs import LOCAL
 from ddlstudy.report.tables import Report, only_main
 from ddlstudy.report.timeline import plot_timeline
-from ddlstudy.runfolder import SAMPLES
-from ddlstudy.sampler import IDENTITY, read_samples
 
 log = logging.getLogger("ddlstudy")
 

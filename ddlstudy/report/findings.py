@@ -43,13 +43,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ddlstudy.errors import UsageError
+from ddlstudy.machine.sampler import IDENTITY, read_samples
+from ddlstudy.records.runfolder import SAMPLES
 from ddlstudy.report.formats import wrapped
 from ddlstudy.report.projection import Hardware
 from ddlstudy.report.runs import KEY, is_baseline
 from ddlstudy.report.sides import Best, Side, cpu, local_cpu
 from ddlstudy.report.tables import Report, interval, only_main, quotient_interval
-from ddlstudy.runfolder import SAMPLES
-from ddlstudy.sampler import IDENTITY, read_samples
 
 log = logging.getLogger("ddlstudy")
 

@@ -15,9 +15,9 @@ import pandas as pd
 
 from ddlstudy.config import WARMUP_STEPS
 from ddlstudy.errors import UsageError
-from ddlstudy.formats import Cell, Study, check, load
 from ddlstudy.reading import what_is
-from ddlstudy.runfolder import GIB, MANIFEST, MEMORY, load_manifest, memory_of
+from ddlstudy.records.formats import Cell, Study, check, load
+from ddlstudy.records.runfolder import GIB, MANIFEST, MEMORY, load_manifest, memory_of
 from ddlstudy.strategies import REGISTRY as STRATEGIES
 from ddlstudy.strategies import Strategy
 

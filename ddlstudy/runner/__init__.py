@@ -1,8 +1,8 @@
 """One `ddlstudy run`: check, resolve, prepare the data, open the run folder, train through
 the backend, close it (``run``); ``start`` launches the backend's processes first where it
-has its own launcher; ``ddlstudy.manifests`` reads manifests back into configs."""
+has its own launcher; ``ddlstudy.records.manifests`` reads manifests back into configs."""
 
-from ddlstudy.manifests import resume_config
+from ddlstudy.records.manifests import resume_config
 from ddlstudy.runner.lifecycle import (
     STUDY_ENV,
     RunFailed,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ddlstudy.backends import Backend
 from ddlstudy.errors import UsageError
-from ddlstudy.runfolder import MANIFEST, RunFolder
+from ddlstudy.records.runfolder import MANIFEST, RunFolder
 
 
 class RunFailed(Exception):

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import psutil
 
-from ddlstudy import environment, models, signals, wire
+from ddlstudy import models, signals, wire
 from ddlstudy.backends import REGISTRY as BACKENDS
 from ddlstudy.backends import Backend, Environment, get_backend
 from ddlstudy.config import TARGET_METRICS, Effective, RunConfig, UseCase
@@ -28,9 +28,11 @@ from ddlstudy.config.folders import usecase_key
 from ddlstudy.data import DataPlan, prepare_data
 from ddlstudy.errors import ConfigError, Unavailable, UsageError
 from ddlstudy.files import sweep_temporaries
+from ddlstudy.machine import environment
+from ddlstudy.machine.sampler import NOISY_CORES, OthersLoad, ResourceSampler, others_cores
 from ddlstudy.models.sources import named, sha256_of
 from ddlstudy.models.trained import check_weights
-from ddlstudy.runfolder import (
+from ddlstudy.records.runfolder import (
     RUN_ID_ENV,
     RunFolder,
     checked_run_id,
@@ -39,7 +41,6 @@ from ddlstudy.runfolder import (
 )
 from ddlstudy.runner.launched import RunFailed, launched_run, refuse_foreign_launcher
 from ddlstudy.runner.snapshots import load_snapshot
-from ddlstudy.sampler import NOISY_CORES, OthersLoad, ResourceSampler, others_cores
 from ddlstudy.strategies import REGISTRY, Strategy, get_strategy
 from ddlstudy.training import Job, recipe
 from ddlstudy.training.loaders import preprocessing
@@ -328,7 +329,7 @@ def _host_load(cfg: RunConfig, backend: Backend, frame, load: OthersLoad) -> dic
 def _tensorboard(folder: RunFolder) -> None:
     """--tensorboard: the finished run's scalars beside it (a failure here costs the run
     nothing: it is recorded already)."""
-    from ddlstudy import tensorboard
+    from ddlstudy.exports import tensorboard
 
     try:
         logdir = tensorboard.write_run(folder.path, folder.path / tensorboard.SUBDIR)

@@ -12,7 +12,7 @@ from ddlstudy.config import UseCase
 from ddlstudy.errors import UsageError
 from ddlstudy.models.trained import misfit
 from ddlstudy.reading import BadFile, check_regular
-from ddlstudy.runfolder import SNAPSHOT
+from ddlstudy.records.runfolder import SNAPSHOT
 
 KEYS = ("epoch", "step", "model", "optimizer", "position", "rng")
 

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ddlstudy.config import RunConfig
-from ddlstudy.environment import usable_cores
 from ddlstudy.errors import ConfigError
+from ddlstudy.machine.environment import usable_cores
 from ddlstudy.registry import Registry
 
 if TYPE_CHECKING:  # torch: the workers' types only

@@ -29,8 +29,8 @@ from typing import Any
 
 from ddlstudy.config import RunConfig
 from ddlstudy.config.run import stages_a_process
-from ddlstudy.environment import usable_cores
 from ddlstudy.errors import ConfigError
+from ddlstudy.machine.environment import usable_cores
 from ddlstudy.strategies.base import (
     Footprint,
     Layout,

@@ -16,8 +16,8 @@ from __future__ import annotations
 from typing import Any
 
 from ddlstudy.config import RunConfig
-from ddlstudy.environment import usable_cores
 from ddlstudy.errors import NotHere
+from ddlstudy.machine.environment import usable_cores
 from ddlstudy.strategies.base import (
     Layout,
     Probe,

@@ -26,8 +26,8 @@ from __future__ import annotations
 from typing import Any
 
 from ddlstudy.config import RunConfig
-from ddlstudy.environment import usable_cores
 from ddlstudy.errors import ConfigError, Unavailable
+from ddlstudy.machine.environment import usable_cores
 from ddlstudy.strategies.base import (
     Footprint,
     Layout,

@@ -19,10 +19,10 @@ from torch import nn
 from ddlstudy.config import DEFAULT_RUNS_DIR, ModelSpec, RunConfig
 from ddlstudy.data import prepare_data
 from ddlstudy.errors import ConfigError
+from ddlstudy.machine.sampler import ResourceSampler
 from ddlstudy.models import build_model, parameter_count
-from ddlstudy.plan import cell_config, cell_flags
+from ddlstudy.records.plan import cell_config, cell_flags
 from ddlstudy.runner import resolve
-from ddlstudy.sampler import ResourceSampler
 from ddlstudy.training import (
     WARMUP_STEPS,
     Trainer,

@@ -46,11 +46,11 @@ from pathlib import Path
 import torch
 
 from ddlstudy.config.catalog import bench_groups
-from ddlstudy.environment import python_module, usable_cores
 from ddlstudy.errors import ConfigError, UsageError
-from ddlstudy.plan import cell_flags
+from ddlstudy.machine.environment import python_module, usable_cores
+from ddlstudy.records.plan import cell_flags
+from ddlstudy.records.runfolder import load_manifest
 from ddlstudy.report import BASELINE
-from ddlstudy.runfolder import load_manifest
 from ddlstudy.strategies import REGISTRY as STRATEGIES
 from ddlstudy.tools import pipeline_model
 from ddlstudy.tools.bench import (
@@ -320,7 +320,7 @@ def sharding(what: What, steps: int, repeats: int, runs: Path) -> list[Ratio]:
 
 def bench_all(what: What, steps: int, repeats: int, groups: list[str],
               hosts: str | None = None) -> dict:
-    from ddlstudy import environment
+    from ddlstudy.machine import environment
 
     bench_groups(",".join(groups))
     uc = what.config().usecase  # refused before anything runs if it cannot train

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from ddlstudy import environment
 from ddlstudy.backends.mpi.launch import find_mpiexec
-from ddlstudy.sampler import NOISY_CORES, host_busy
+from ddlstudy.machine import environment
+from ddlstudy.machine.sampler import NOISY_CORES, host_busy
 
 
 def checks() -> list[tuple[str, bool, str, str]]:

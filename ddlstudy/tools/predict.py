@@ -50,8 +50,8 @@ from ddlstudy import reducers
 from ddlstudy.backends.mpi.launch import placement, require_mpiexec
 from ddlstudy.backends.mpi.leftovers import Leftovers
 from ddlstudy.config.limits import most
-from ddlstudy.environment import python_module
 from ddlstudy.errors import ConfigError, UsageError
+from ddlstudy.machine.environment import python_module
 from ddlstudy.reducers import terms
 from ddlstudy.tools import pipeline_model
 

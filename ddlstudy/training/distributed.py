@@ -24,7 +24,7 @@ import torch.multiprocessing as mp
 
 from ddlstudy import signals, wire
 from ddlstudy.logs import setup_logging
-from ddlstudy.sampler import ResourceSampler, write_rows
+from ddlstudy.machine.sampler import ResourceSampler, write_rows
 from ddlstudy.training.flat import average
 from ddlstudy.training.job import Job, Link
 

@@ -13,7 +13,7 @@ from torch import nn
 
 from ddlstudy.config import RunConfig
 from ddlstudy.data import DataPlan
-from ddlstudy.runfolder import RunFolder
+from ddlstudy.records.runfolder import RunFolder
 from ddlstudy.signals import deferred
 from ddlstudy.training import recipe
 from ddlstudy.training.loop import EpochResult, Trainer, log_epoch

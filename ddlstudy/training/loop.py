@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from ddlstudy.config import WARMUP_STEPS
-from ddlstudy.environment import seconds_since_command
+from ddlstudy.machine.environment import seconds_since_command
 from ddlstudy.progress import progress
 from ddlstudy.training.memory import SavedForBackward
 from ddlstudy.training.metrics import Tally, scores, unpack

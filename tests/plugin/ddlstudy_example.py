@@ -8,8 +8,8 @@ shows this file). Its pyproject.toml declares them as entry points:
 """
 
 from ddlstudy.backends import Backend
-from ddlstudy.environment import usable_cores
 from ddlstudy.errors import Unavailable
+from ddlstudy.machine.environment import usable_cores
 from ddlstudy.strategies import Layout, Probe, Strategy, get_strategy
 from ddlstudy.training.distributed import run_group
 from ddlstudy.training.flat import exchange_step, flat_gradients

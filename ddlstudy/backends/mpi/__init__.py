@@ -23,13 +23,14 @@ from typing import Any
 
 import psutil
 
-from ddlstudy import environment, signals, wire
+from ddlstudy import signals, wire
 from ddlstudy.backends.base import Backend, Environment, register
 from ddlstudy.backends.mpi import launch, messages, node, nodes
 from ddlstudy.config import RunConfig
 from ddlstudy.errors import ConfigError, Unavailable, UsageError
+from ddlstudy.machine import environment
+from ddlstudy.records.runfolder import MANIFEST, RunFolder
 from ddlstudy.reducers import AUTO
-from ddlstudy.runfolder import MANIFEST, RunFolder
 from ddlstudy.strategies import Strategy, get_strategy
 from ddlstudy.training import Job
 from ddlstudy.training.distributed import first_found

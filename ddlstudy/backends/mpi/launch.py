@@ -21,10 +21,10 @@ from ddlstudy import signals
 from ddlstudy.backends.mpi.leftovers import Leftovers
 from ddlstudy.config.fields import MAX_PROCESSES
 from ddlstudy.config.mpi import check_hosts, read_hostfile
-from ddlstudy.environment import python_module, under_launcher
 from ddlstudy.errors import ConfigError, Unavailable
-from ddlstudy.runfolder import CHILD_ENV, RUN_ID_ENV
-from ddlstudy.sampler import TREE_ROOT_ENV
+from ddlstudy.machine.environment import python_module, under_launcher
+from ddlstudy.machine.sampler import TREE_ROOT_ENV
+from ddlstudy.records.runfolder import CHILD_ENV, RUN_ID_ENV
 
 log = logging.getLogger("ddlstudy")
 

@@ -39,7 +39,7 @@ import torch.distributed as dist
 
 from ddlstudy.backends.mpi import messages
 from ddlstudy.backends.mpi.node import averaging, gather_tensors, on_host, record_compression
-from ddlstudy.sampler import ResourceSampler, read_rows
+from ddlstudy.machine.sampler import ResourceSampler, read_rows
 from ddlstudy.strategies import Layout, Strategy
 from ddlstudy.training.distributed import (
     Work,

@@ -3,7 +3,7 @@ the node's one-process strategy (sequential, cpu-intraop, cpu-threads) on its sl
 every global batch.
 
 The driver (the `ddlstudy run` process) starts a SparkContext on ``--spark-master``: in gloo
-mode as soon as the flags are read, beside torch's import (``ddlstudy.sparkjvm``); the
+mode as soon as the flags are read, beside torch's import (``ddlstudy.machine.sparkjvm``); the
 seconds the run then waits for it are ``backend.session_start_s`` in the manifest. It runs
 a single barrier stage of ``--nodes`` tasks. Two ways to keep the nodes in step:
 
@@ -28,12 +28,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from ddlstudy import environment
 from ddlstudy.backends.base import Backend, Environment, register
 from ddlstudy.backends.spark import driver
 from ddlstudy.config import RunConfig
 from ddlstudy.errors import Unavailable
-from ddlstudy.sparkjvm import is_local
+from ddlstudy.machine import environment
+from ddlstudy.machine.sparkjvm import is_local
 from ddlstudy.strategies import Strategy
 from ddlstudy.training import Job
 

@@ -15,8 +15,8 @@ from torch import nn
 
 from ddlstudy import wire
 from ddlstudy.logs import setup_logging
-from ddlstudy.sampler import ResourceSampler
-from ddlstudy.sparkjvm import RPC_MAX_MB
+from ddlstudy.machine.sampler import ResourceSampler
+from ddlstudy.machine.sparkjvm import RPC_MAX_MB
 from ddlstudy.training import Job, Link
 from ddlstudy.training.distributed import Work
 

@@ -16,11 +16,11 @@ import psutil
 from ddlstudy.backends.spark.allgather import SPARK_DEFAULT_HEAP_MB, allgather_rank, heap_mb
 from ddlstudy.config import RunConfig
 from ddlstudy.config.spark import local_cluster
-from ddlstudy.environment import usable_cores
 from ddlstudy.errors import Unavailable
+from ddlstudy.machine.environment import usable_cores
+from ddlstudy.machine.sparkjvm import check as check_flags
+from ddlstudy.machine.sparkjvm import context, jvm_output, master, nodes
 from ddlstudy.models import parameter_count
-from ddlstudy.sparkjvm import check as check_flags
-from ddlstudy.sparkjvm import context, jvm_output, master, nodes
 from ddlstudy.strategies import Layout, get_strategy
 from ddlstudy.training.distributed import Work, free_port, group_rank
 from ddlstudy.training.job import Job

@@ -50,13 +50,13 @@ from typing import Any
 
 import psutil
 
-from ddlstudy import environment
 from ddlstudy.config import UseCase
 from ddlstudy.errors import ConfigError
 from ddlstudy.hosts import emulated_prefix
 from ddlstudy.hosts import load as load_hosts
+from ddlstudy.machine import environment
 from ddlstudy.models import facts
-from ddlstudy.plan import cell_config
+from ddlstudy.records.plan import cell_config
 from ddlstudy.tools.advise.checking import NOT_THE_CONFIGURATION, check, check_text
 from ddlstudy.tools.advise.exchange import COMPRESSORS, Exchange, measure_exchange, on_link
 from ddlstudy.tools.advise.memory import gib, linear_share

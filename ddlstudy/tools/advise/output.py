@@ -12,9 +12,9 @@ from pathlib import Path
 import pandas as pd
 
 from ddlstudy.files import atomic_write_json, atomic_write_text
+from ddlstudy.machine.sampler import NOISY_CORES
 from ddlstudy.redact import redacted
 from ddlstudy.report.formats import WIDTH, cell_text, fitted_markdown, wrapped
-from ddlstudy.sampler import NOISY_CORES
 from ddlstudy.tools.advise.ranking import CHANGES, SAME
 
 PREDICTED_ONLY = "predicted for that link: run it with --hostfile on such machines"

@@ -15,12 +15,12 @@ from typing import Any
 
 from ddlstudy.config import UseCase
 from ddlstudy.data.folder import IMAGE_EXTENSIONS
-from ddlstudy.environment import python_module
 from ddlstudy.errors import ConfigError, Unavailable, UsageError
-from ddlstudy.plan import cell_config, run_flags
-from ddlstudy.runfolder import MANIFEST, load_manifest, new_run_id, run_env
+from ddlstudy.machine.environment import python_module
+from ddlstudy.machine.sampler import NOISY_CORES, OthersLoad, wait_quiet_at_most
+from ddlstudy.records.plan import cell_config, run_flags
+from ddlstudy.records.runfolder import MANIFEST, load_manifest, new_run_id, run_env
 from ddlstudy.runner import preflight
-from ddlstudy.sampler import NOISY_CORES, OthersLoad, wait_quiet_at_most
 from ddlstudy.strategies import REGISTRY as STRATEGIES
 from ddlstudy.strategies.base import Footprint
 from ddlstudy.tools.advise.memory import Split, gib, measured, need, predict, split

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ddlstudy.config import UseCase
-from ddlstudy.plan import run_flags
+from ddlstudy.records.plan import run_flags
 from ddlstudy.report import load_runs
 from ddlstudy.tools.advise.exchange import COMPRESSORS
 from ddlstudy.tools.advise.nodes import Setting

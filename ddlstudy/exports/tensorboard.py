@@ -27,9 +27,17 @@ from pathlib import Path
 
 from ddlstudy.errors import UsageError
 from ddlstudy.files import check_folder
+from ddlstudy.machine.sampler import IDENTITY, read_samples
 from ddlstudy.reading import CAPS, BadFile, read_text
-from ddlstudy.runfolder import GIB, MANIFEST, METRICS, SAMPLES, STEPS, load_manifest, memory_of
-from ddlstudy.sampler import IDENTITY, read_samples
+from ddlstudy.records.runfolder import (
+    GIB,
+    MANIFEST,
+    METRICS,
+    SAMPLES,
+    STEPS,
+    load_manifest,
+    memory_of,
+)
 
 log = logging.getLogger("ddlstudy")
 

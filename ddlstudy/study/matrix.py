@@ -42,16 +42,23 @@ from ddlstudy import tracking
 from ddlstudy.backends import get_backend
 from ddlstudy.config import DataSpec, RunConfig, TrainSpec
 from ddlstudy.config.run import jsonable
-from ddlstudy.environment import python_module, usable_cores
 from ddlstudy.errors import NotHere, Unavailable, UsageError
 from ddlstudy.files import atomic_write_json, atomic_write_text, folder_lock
-from ddlstudy.formats import Study as StudyRecord
-from ddlstudy.formats import load
-from ddlstudy.plan import Plan, configs, load_plan, run_flags
+from ddlstudy.machine.environment import python_module, usable_cores
+from ddlstudy.machine.sampler import check_load
+from ddlstudy.records.formats import Study as StudyRecord
+from ddlstudy.records.formats import load
+from ddlstudy.records.plan import Plan, configs, load_plan, run_flags
+from ddlstudy.records.runfolder import (
+    MANIFEST,
+    RUN_ID_ENV,
+    load_manifest,
+    new_run_id,
+    now_iso,
+    run_env,
+)
 from ddlstudy.report import STUDY_FILE, Report, config_label, cores_used
-from ddlstudy.runfolder import MANIFEST, RUN_ID_ENV, load_manifest, new_run_id, now_iso, run_env
 from ddlstudy.runner import preflight, resolve
-from ddlstudy.sampler import check_load
 from ddlstudy.signals import SETUP_TIMEOUT_ENV, TimedOut, time_limit
 from ddlstudy.strategies import get_strategy
 
@@ -348,7 +355,7 @@ def write_report(plan: Plan, cells: list[Cell], fmt: str) -> None:
     log.info("report: %d files in %s", len(paths), plan.runs_dir / "report")
     uris = {uri for c in cells if (uri := tracking_of(c, plan.runs_dir))}
     if uris:  # the mlflow setting: the report in the study's parent run
-        from ddlstudy.mlflow_export import after_study
+        from ddlstudy.exports.mlflow_runs import after_study
 
         after_study(plan.runs_dir, uris, paths)
     if plan.path.suffix == ".json":
@@ -367,7 +374,7 @@ def tracking_of(cell: Cell, runs_dir: Path) -> str | None:
 
 def _check_advice(plan: Plan) -> None:
     """advice-check.{json,md} in the report folder: the advice against what ran."""
-    from ddlstudy.plan import load_advice
+    from ddlstudy.records.plan import load_advice
     from ddlstudy.tools.advise import check, check_text
 
     record = load(plan.runs_dir / STUDY_FILE, StudyRecord, "study record")

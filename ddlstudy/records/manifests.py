@@ -16,12 +16,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ddlstudy import environment
 from ddlstudy.config import RunConfig, usecase_from_dict
 from ddlstudy.config.fields import FORKS, MAX_PROCESSES
 from ddlstudy.errors import UsageError
+from ddlstudy.machine import environment
 from ddlstudy.reading import CAPS, read_bytes
-from ddlstudy.runfolder import CHILD_ENV, GIB, MANIFEST, load_manifest, memory_of
+from ddlstudy.records.runfolder import CHILD_ENV, GIB, MANIFEST, load_manifest, memory_of
 
 log = logging.getLogger("ddlstudy")
 

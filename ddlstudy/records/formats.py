@@ -19,10 +19,10 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator as After
 from pydantic import BaseModel, Field, ValidationError, create_model
 
-from ddlstudy import sampler
 from ddlstudy.config.run import options
 from ddlstudy.config.schema import RECORDED, field_rows, finite
 from ddlstudy.config.schema import problem as schema_problem
+from ddlstudy.machine import sampler
 from ddlstudy.reading import CAPS, BadFile, read_json
 
 SCHEMA_VERSION = 1
@@ -383,8 +383,8 @@ def load(path: Path | str, model: type[_Record], what: str,
 def reference() -> str:
     """The formats' reference (markdown), generated from the models' JSON schemas."""
     lines = ["# File formats", "",
-             "Generated from `ddlstudy/formats.py` (`python -m ddlstudy.formats`); every "
-             "reader checks these. Fields not listed are kept as they are; a listed one of "
+             "Generated from `ddlstudy/records/formats.py` (`python -m ddlstudy.records.formats`); "
+             "every reader checks these. Fields not listed are kept as they are; a listed one of "
              "another type, out of its range or missing where required is refused, naming "
              "the file and the field.", ""]
     for name, model in FORMATS.items():

@@ -25,8 +25,8 @@ from typing import Any, TextIO
 
 from ddlstudy.config import RunConfig, spark_slots
 from ddlstudy.config.spark import read_secret
-from ddlstudy.environment import SAFE_PATH_ENV
 from ddlstudy.errors import Unavailable
+from ddlstudy.machine.environment import SAFE_PATH_ENV
 
 RPC_MAX_MB = 512
 """spark.rpc.message.maxSize: an allGather reply (allgather mode) carries every task's chunk."""

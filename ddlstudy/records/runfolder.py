@@ -24,8 +24,8 @@ import psutil
 from ddlstudy import tracking
 from ddlstudy.errors import UsageError
 from ddlstudy.files import atomic_write, atomic_write_json, atomic_write_text
+from ddlstudy.machine.sampler import TREE_ROOT_ENV, read_samples, samples_frame, write_rows
 from ddlstudy.reading import read_json, read_text
-from ddlstudy.sampler import TREE_ROOT_ENV, read_samples, samples_frame, write_rows
 
 log = logging.getLogger("ddlstudy")
 
@@ -93,13 +93,13 @@ def run_env(run_id: str, **extra: str) -> dict[str, str]:
 
 
 def load_manifest(file: Path) -> dict[str, Any]:
-    """A run's manifest.json through the gate and its schema (``ddlstudy.formats``):
+    """A run's manifest.json through the gate and its schema (``ddlstudy.records.formats``):
     valid, or a BadFile naming the file and the field."""
     return settled(_load(file))
 
 
 def _load(file: Path) -> dict[str, Any]:
-    from ddlstudy.formats import Manifest, load  # pydantic: only for readers
+    from ddlstudy.records.formats import Manifest, load  # pydantic: only for readers
 
     return load(file, Manifest, "run manifest")
 

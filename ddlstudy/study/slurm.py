@@ -30,19 +30,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ddlstudy.environment import python_module
 from ddlstudy.errors import UsageError
 from ddlstudy.files import atomic_write_text, folder_lock
-from ddlstudy.formats import Study as StudyRecord
-from ddlstudy.formats import load
 from ddlstudy.hosts.slurm import Sbatch, require_client, slurm_call
-from ddlstudy.plan import Plan, run_flags
+from ddlstudy.machine.environment import python_module
+from ddlstudy.records.formats import Study as StudyRecord
+from ddlstudy.records.formats import load
+from ddlstudy.records.plan import Plan, run_flags
+from ddlstudy.records.runfolder import MANIFEST, new_run_id, run_env
 from ddlstudy.redact import redact
 from ddlstudy.report import STUDY_FILE
-from ddlstudy.runfolder import MANIFEST, new_run_id, run_env
 from ddlstudy.strategies import get_strategy
 from ddlstudy.strategies.processes import cuda_devices
-from ddlstudy.study import Cell, Study, expand, run_status, write_report
+from ddlstudy.study.matrix import Cell, Study, expand, run_status, write_report
 
 log = logging.getLogger("ddlstudy")
 

@@ -1,5 +1,5 @@
 """A study plan: the use cases, the [settings] every cell shares and the [[cells]], read
-and checked without torch (so a bad plan is refused at once); ``ddlstudy.study`` runs it.
+and checked without torch (so a bad plan is refused at once); ``ddlstudy.study.matrix`` runs it.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from ddlstudy.config.recipe import NONE, accuracy, table
 from ddlstudy.config.schema import WRITTEN, Finite, dotted, problem, validate
 from ddlstudy.config.usecase import PLAIN_NAME
 from ddlstudy.errors import ConfigError, UsageError
-from ddlstudy.formats import Advice, load
 from ddlstudy.reading import read_toml
+from ddlstudy.records.formats import Advice, load
 
 CELL_KEYS = cell_keys()
 SETUP_TIMEOUT_S = 600.0

@@ -16,7 +16,7 @@ One MLflow run per run folder (``tracking`` says where it goes and how it is fou
   at their time (step = milliseconds since the run started);
 - artifacts: manifest.json (as ``run-manifest.json``: no reader of runs takes the copy
   for a run), metrics.csv, steps.csv, samples.parquet, error.log and any figures;
-- its trained model (``runs:/<id>/model``, ``ddlstudy.mlflow_model``), where it kept one.
+- its trained model (``runs:/<id>/model``, ``ddlstudy.exports.mlflow_model``), where it kept one.
 
 A study folder (one with study.json) is an experiment of its name whose parent run holds
 the report (tables, findings, figures) and study.json (as ``study-record.json``); its
@@ -40,14 +40,14 @@ from typing import Any
 
 from ddlstudy import tracking
 from ddlstudy.errors import UsageError
-from ddlstudy.formats import Study, load
-from ddlstudy.mlflow_model import log_model
+from ddlstudy.exports.mlflow_model import log_model
+from ddlstudy.exports.tensorboard import every_run, find_runs, memory_metrics
+from ddlstudy.machine.sampler import IDENTITY, read_samples
 from ddlstudy.reading import CAPS, BadFile, check_regular, read_bytes, read_text
+from ddlstudy.records.formats import Study, load
+from ddlstudy.records.runfolder import MANIFEST, METRICS, SAMPLES, STEPS, load_manifest
 from ddlstudy.report import STUDY_FILE, Report, load_runs, runs_frame
 from ddlstudy.report.runs import KEY
-from ddlstudy.runfolder import MANIFEST, METRICS, SAMPLES, STEPS, load_manifest
-from ddlstudy.sampler import IDENTITY, read_samples
-from ddlstudy.tensorboard import every_run, find_runs, memory_metrics
 
 log = logging.getLogger("ddlstudy")
 

@@ -392,9 +392,9 @@ def check_load(wait: bool = False) -> float:
 
 def samples_reference() -> list[str]:
     """docs/formats.md's table of the samples' columns (``read_samples`` checks them)."""
-    return ["## samples.parquet", "", "A run's resource samples (`ddlstudy.sampler`), one row a "
-            "sample. Any column may be null (nothing measured: no GPU, say); other columns pass. "
-            "The report's figures also need the columns they draw, and leave out (naming it) a "
-            "run whose samples lack one.", "", "| column | type | required |", "|---|---|---|",
-            *(f"| `{c}` | {KIND_WORDS[KINDS.get(c, 'number')]} | "
+    return ["## samples.parquet", "", "A run's resource samples (`ddlstudy.machine.sampler`), one "
+            "row a sample. Any column may be null (nothing measured: no GPU, say); other columns "
+            "pass. The report's figures also need the columns they draw, and leave out (naming "
+            "it) a run whose samples lack one.", "", "| column | type | required |",
+            "|---|---|---|", *(f"| `{c}` | {KIND_WORDS[KINDS.get(c, 'number')]} | "
               f"{'yes' if c in IDENTITY else 'no'} |" for c in COLUMNS), ""]
