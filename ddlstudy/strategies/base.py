@@ -136,6 +136,10 @@ class Strategy(ABC):
     (torch.fx cannot trace through a checkpoint), and cpu-threads' replicas (a
     recomputation resets the random generator their threads share)."""
 
+    not_composed: ClassVar[dict[str, str]] = {}
+    """Layout options another strategy reads that torch could compose with this one but
+    ddlstudy does not yet: each refused with its reason rather than as not this one's."""
+
     def check(self, cfg: RunConfig) -> None:
         """Refuse flags that do not fit, before anything starts (raise ConfigError)."""
         return None
@@ -150,6 +154,8 @@ class Strategy(ABC):
         defaults = {f.name: f.default for f in dataclasses.fields(cfg)}
         for name, what in LAYOUT_OPTIONS.items():
             if name not in self.options and getattr(cfg, name) != defaults[name]:
+                if name in self.not_composed:
+                    raise ConfigError("--" + name.replace("_", "-"), self.not_composed[name])
                 users = [n for n, c in REGISTRY.loaded().items() if name in c.options]
                 flag = "--" + name.replace("_", "-")
                 raise ConfigError(flag, f"{what}: {self.name} has none; it applies to "

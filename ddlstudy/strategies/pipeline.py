@@ -55,6 +55,17 @@ class Pipeline(Strategy):
     table = 2
     options = ("stages", "stage_starts", "micro_batches", "schedule")
     checkpoints = False
+    not_composed = {
+        "tensor": "a pipeline's stages are not split over tensor-parallel processes yet "
+                  "(PP x TP): each stage is one process, its stage module traced from the "
+                  "model; for tensor parallel inside data parallel use --strategy sharded "
+                  "--tensor T, for tensor parallel alone --strategy tensor",
+        "reshard_after_forward": "a pipeline's stages are not sharded yet (PP x FSDP): "
+                                 "FSDP2 would gather and reduce each stage's weights every "
+                                 "micro-batch, where torch's own pipeline schedules hold "
+                                 "the reduction to the last one and ddlstudy's do not yet; "
+                                 "hybrid's replicas each hold their stage whole; for FSDP "
+                                 "use --strategy sharded"}
 
     def replicas(self, cfg: RunConfig) -> int:
         return 1
