@@ -68,6 +68,11 @@ gpu-check: $(STAMP)
 	    --runs-dir runs/gpu-check
 	$(BIN)/ddlstudy run --usecase tiny --strategy hybrid --replicas 1 --stages 2 --epochs 2 \
 	    --runs-dir runs/gpu-check
+	# sharded (FSDP2), zero and tensor over NCCL: one process a GPU, 2 where there are 2
+	set -e; k=$$($(BIN)/python -c "import torch; print(min(2, torch.cuda.device_count()))"); \
+	for s in sharded zero tensor; do \
+	    $(BIN)/ddlstudy run --usecase tiny --strategy $$s --workers $$k --epochs 2 \
+	        --runs-dir runs/gpu-check; done
 	$(BIN)/ddlstudy report runs/gpu-check
 
 lint: $(STAMP)

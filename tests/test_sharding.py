@@ -132,3 +132,20 @@ def test_strategies_name_what_each_shards(capsys):
     assert "FSDP2" in shards["sharded"] and "ZeRO-3" in shards["sharded"]
     assert "ZeRO-1" in shards["zero"] and "tensor parallel" in shards["tensor"]
     assert "cpu-processes" not in shards  # a whole replica a process: nothing shards
+
+
+@pytest.mark.parametrize("gpus, device, collectives", [(0, None, "gloo"), (1, None, "gloo"),
+                                                       (2, "cuda", "nccl")])
+def test_each_goes_to_gpus_when_there_is_one_a_process(monkeypatch, quick_config, gpus, device,
+                                                      collectives):
+    """The same workers on GPUs over NCCL where there is a GPU for each of the node's
+    processes (pipeline's rule), else on CPU processes: what the layout, hence the local
+    backend and the manifest, gets (the CUDA path itself runs under ``make gpu-check``)."""
+    from ddlstudy.strategies import get_strategy, sharded
+
+    monkeypatch.setattr(sharded, "cuda_devices", lambda: gpus)
+    for name in ("sharded", "zero", "tensor"):
+        layout = get_strategy(name).layout(quick_config(strategy=name, workers=2))
+        assert (layout.device, layout.collectives, layout.processes) == (device, collectives, 2)
+        assert layout.device_type == (device or "cpu")
+        assert layout.threads_per_process == 1 or device is None

@@ -36,7 +36,7 @@ from ddlstudy.strategies.base import (
     require_batch_per_worker,
     warn_if_oversubscribed,
 )
-from ddlstudy.strategies.processes import CpuProcesses
+from ddlstudy.strategies.processes import CpuProcesses, cuda_devices
 from ddlstudy.strategies.single import worker_counts
 
 
@@ -45,11 +45,17 @@ class _Sharding(CpuProcesses):
 
     table = 1
 
+    def device_type(self, cfg: RunConfig) -> str:
+        """Its processes on GPUs (NCCL) when there is one for each, else on CPU (gloo, or
+        this host's shared memory), from the same code."""
+        return "cuda" if cuda_devices() >= self.workers(cfg) else "cpu"
+
     def layout(self, cfg: RunConfig) -> Layout:
         k = self.workers(cfg)
-        return Layout(processes=k, threads_per_process=max(1, usable_cores() // k),
-                      loader_workers=cfg.loader_workers, collectives="gloo",
-                      tensor=self.tensor_degree(cfg))
+        cuda = self.device_type(cfg) == "cuda"
+        return Layout(processes=k, threads_per_process=1 if cuda else max(1, usable_cores() // k),
+                      loader_workers=cfg.loader_workers, collectives="nccl" if cuda else "gloo",
+                      device="cuda" if cuda else None, tensor=self.tensor_degree(cfg))
 
     trains: str
     """Its worker: the function of ``training.sharding`` that trains one of its processes."""

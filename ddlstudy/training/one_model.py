@@ -90,11 +90,11 @@ def train_one_model(job: Job, link: Link, device: torch.device,
     scaler = make_scaler(cfg.precision, device.type)
     if link.group and shared is None:  # DDP all-reduces buckets during backward
         ddp = DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
-        optimizer = new_optimizer(ddp.parameters(), cfg, zero, _zero_group(zero, cfg))
+        optimizer = new_optimizer(ddp.parameters(), cfg, zero, _zero_group(zero, cfg, cuda))
         step = ddp_step(ddp, optimizer, nn.CrossEntropyLoss(), cfg.global_batch, link.world,
                         device, cfg.accumulate, scaler)
     else:
-        optimizer = new_optimizer(model.parameters(), cfg, zero, _zero_group(zero, cfg))
+        optimizer = new_optimizer(model.parameters(), cfg, zero, _zero_group(zero, cfg, cuda))
         flat = flat_gradients(model, None if shared is None else shared.buffer)
         if shared is not None:
             link = _through(link, shared)
@@ -116,10 +116,11 @@ def _through(link: Link, shared: hostmem.HostMemory) -> Link:
 
 
 
-def _zero_group(zero: bool, cfg) -> dist.ProcessGroup | None:
+def _zero_group(zero: bool, cfg, cuda: bool = False) -> dist.ProcessGroup | None:
     """ZeRO's group: the node's processes, its weights' broadcasts through this host's
-    shared memory with --transport auto (``hostcoll``), else the default group's gloo."""
-    if not zero or cfg.transport != "auto" or dist.get_world_size() == 1:
+    shared memory with --transport auto (``hostcoll``), else the default group's (gloo, or
+    NCCL on GPUs)."""
+    if not zero or cuda or cfg.transport != "auto" or dist.get_world_size() == 1:
         return None
     return hostcoll.new_group()
 

@@ -87,18 +87,20 @@ def shard_model(model: nn.Module, mesh: DeviceMesh, precision: str = "fp32",
     return units
 
 
-def mesh_of(processes: int, tensor: int, transport: str = "auto") -> DeviceMesh:
+def mesh_of(processes: int, tensor: int, transport: str = "auto",
+            device: torch.device | None = None) -> DeviceMesh:
     """The node's ``processes`` (its process group) as a mesh: ("shard",), or ("shard",
     "tensor") with ``tensor`` > 1, tensor parallel among consecutive ranks, or ("tensor",)
-    where every process is in the tensor group. With ``transport`` auto each dimension's
-    groups move their collectives through this host's shared memory (``hostcoll``: every
-    process of a node runs on its host), else gloo's."""
+    where every process is in the tensor group. On GPUs NCCL's groups; on CPU, with
+    ``transport`` auto, each dimension's groups move their collectives through this host's
+    shared memory (``hostcoll``: every process of a node runs on its host), else gloo's."""
     if tensor in (1, processes):
         shape, names = (processes,), ("shard" if tensor == 1 else "tensor",)
     else:
         shape, names = (processes // tensor, tensor), ("shard", "tensor")
-    if transport != "auto" or processes == 1:
-        return init_device_mesh("cpu", shape, mesh_dim_names=names)
+    kind = "cpu" if device is None else device.type
+    if transport != "auto" or processes == 1 or kind != "cpu":
+        return init_device_mesh(kind, shape, mesh_dim_names=names)
     ranks = torch.arange(processes).view(shape)
     groups = []
     for dim in range(len(shape)):  # every process makes every group, in the same order
@@ -112,6 +114,8 @@ def mesh_of(processes: int, tensor: int, transport: str = "auto") -> DeviceMesh:
 
 def transport_of(mesh: DeviceMesh) -> str:
     """How the mesh's collectives travel: the manifest's ``transport``."""
+    if mesh.device_type == "cuda":
+        return "nccl"
     shared = all(hostcoll.is_shared(mesh.get_group(d)) for d in range(mesh.ndim))
     return hostmem.SHARED if shared and mesh.size() > 1 else hostmem.GLOO
 
@@ -166,8 +170,9 @@ def between_nodes(link: Link, params: list[nn.Parameter]) -> Callable[[int], Non
     def exchange(step: int) -> None:
         local = [getattr(p.grad, "_local_tensor", p.grad) for p in params]
         mine = sum(g.numel() for g in local)
-        sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(k)]
-        dist.all_gather(sizes, torch.tensor([mine]))
+        on = local[0].device  # NCCL's collectives take the GPU's tensors
+        sizes = [torch.zeros(1, dtype=torch.int64, device=on) for _ in range(k)]
+        dist.all_gather(sizes, torch.tensor([mine], device=on))
         counts = [int(n) for n in sizes]
         if leader:  # a node of one process averages through the link's own exchange
             dtype = functools.reduce(torch.promote_types, (g.dtype for g in local))
@@ -202,7 +207,9 @@ def in_node_group(work: Worker) -> Worker:
             loader_workers: int | None = None) -> None:
         if dist.is_initialized():
             return work(job, link, device, loader_workers)
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        cuda = device.type == "cuda"
+        dist.init_process_group("nccl" if cuda else "gloo", store=dist.HashStore(), rank=0,
+                                world_size=1, device_id=device if cuda else None)
         try:
             return work(job, link, device, loader_workers)
         finally:
@@ -219,7 +226,7 @@ def train_sharded(job: Job, link: Link, device: torch.device,
     each shard averaged by the run's reducer (HSDP)."""
     cfg = job.cfg
     tensor = cfg.tensor or 1
-    mesh = mesh_of(dist.get_world_size(), tensor, cfg.transport)
+    mesh = mesh_of(dist.get_world_size(), tensor, cfg.transport, device)
     dp_rank, dp = link.rank // tensor, link.world // tensor
     model = new_model(cfg, dp_rank, device)  # a tensor group shares its dropout masks
     if tensor > 1:
@@ -257,7 +264,7 @@ def train_tensor(job: Job, link: Link, device: torch.device,
     k = dist.get_world_size()
     nodes, node = link.world // k, link.rank // k
     model = new_model(cfg, None if nodes == 1 else node, device)  # one stream a node
-    mesh = mesh_of(k, k, cfg.transport)
+    mesh = mesh_of(k, k, cfg.transport, device)
     pairs = tensor_parallel(model, mesh)
     optimizer = new_optimizer(model.parameters(), cfg)
     train, val = make_loaders(cfg, job.data, shard=(node, nodes) if nodes > 1 else None,
