@@ -5,7 +5,7 @@ the epochs and snapshots (``job``, with the ``Link`` a backend hands a worker), 
 worker's set-up (``worker``), flat gradient buffers (``flat``), this host's shared memory
 (``hostmem``) and processes that train together (``distributed``)."""
 
-from ddlstudy.training.job import Job, Link, train_epochs
+from ddlstudy.training.job import Job, Link, Nodes, train_epochs
 from ddlstudy.training.loaders import (
     ResumableBatches,
     ShardedBatches,
@@ -27,7 +27,7 @@ from ddlstudy.training.steps import (
     seed_everything,
 )
 
-__all__ = ["WARMUP_STEPS", "Batch", "EpochResult", "Job", "Link", "ResumableBatches",
+__all__ = ["WARMUP_STEPS", "Batch", "EpochResult", "Job", "Link", "Nodes", "ResumableBatches",
            "ShardedBatches", "StepFn", "Trainer", "accumulate_grads", "evaluate",
            "image_dataset", "make_loaders", "make_scaler", "micro_batches", "optimizer_step",
            "plain_step", "seed_everything", "split_sizes", "train_epochs", "train_loader",

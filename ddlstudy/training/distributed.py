@@ -238,8 +238,8 @@ def group_link(rank: int, world: int, device: torch.device | None = None) -> Lin
     on rank 0."""
     return Link(rank, world, lambda flat, step: average(flat),
                 lambda *values: sum_over_ranks(*values, device=device),
-                functools.partial(gather_to_first, device=device), dist.barrier, group=True,
-                broadcast=lambda tensor: dist.broadcast(tensor, src=0))
+                functools.partial(gather_to_first, device=device), dist.barrier,
+                lambda tensor: dist.broadcast(tensor, src=0), local=(rank, world))
 
 
 Work = Callable[[Job, Link, torch.device], None]

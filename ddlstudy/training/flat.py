@@ -64,7 +64,7 @@ def exchange_step(model: nn.Module, optimizer: torch.optim.Optimizer, flat: torc
     """One worker's step whose gradients are views of ``flat``: its gradients (``local``,
     e.g. cpu-threads' replicas, or the model on its slice as ``accumulate`` micro-batches),
     weighted by the slice's share of the global batch, then averaged over every worker by
-    ``link``, then the optimizer (and ``link.settle``, where the backend averages weights).
+    ``link``, then the optimizer (and ``link.nodes.settle``, where the backend averages weights).
     Alone (``link.world`` 1) it is the baseline's step. ``step.times`` adds up the seconds
     spent computing and in the exchange (waiting for the slowest worker included), for the
     manifest (``worker.record_exchange``). ``balancer``: MPI's ``--balance throughput``,
@@ -98,9 +98,9 @@ def exchange_step(model: nn.Module, optimizer: torch.optim.Optimizer, flat: torc
         exchange_s = time.perf_counter() - computed
         optimizer_step(optimizer, scaler)  # fp16: every worker sees the same averaged inf
         count += 1
-        if link.settle is not None:  # local SGD: the weights averaged every so often
+        if link.nodes.settle is not None:  # local SGD: the weights averaged every so often
             settling = time.perf_counter()
-            link.settle(model, count)
+            link.nodes.settle(model, count)
             exchange_s += time.perf_counter() - settling
         times["steps"] += 1
         times["exchange_s"] += exchange_s

@@ -41,31 +41,51 @@ def _untimed(model: nn.Module, flat: torch.Tensor, train: Any) -> None:
     return None
 
 
-@dataclass
+@dataclass(frozen=True)
+class Nodes:
+    """The outer dimension of a worker's mesh: the run's nodes, crossed by the backend
+    (MPI's reducers, Spark's tasks), never by torch.distributed. A node is one process or
+    several; everything within a node is its processes' own process group (``Link.local``).
+    """
+
+    index: int = 0
+    count: int = 1
+    average: Callable[[torch.Tensor, int], None] | None = None
+    """``average(flat, step)``, on the node's leader (its process 0) where the run has
+    other nodes: its buffer averaged in place with theirs by the run's reducer (a node's
+    gradients, a pipeline node's whole model's); None elsewhere."""
+    exact: bool = True
+    """Whether the average leaves every node the same weights (every reducer but MPI's
+    step-wise). Where not, node 0's model is the run's (the one it saves): its processes
+    validate it on the whole validation set (``Link.peers``), the others nothing."""
+    attach: Callable[[nn.Module, torch.Tensor, Any], Any] = _untimed
+    """``attach(model, flat, train)``: the backend's hooks on a worker's model, gradient
+    buffer and training loader (MPI's buckets sent during backward, its throughput
+    balance), called once the worker has them; returns what times each step's compute
+    (``exchange_step``'s ``balancer``), or None."""
+    settle: Callable[[nn.Module, int | None], None] | None = None
+    """``settle(model, steps)``: where the nodes average weights rather than gradients
+    (local SGD: Spark's allgather mode), called after every optimizer step with the steps
+    done and before every validation with None."""
+
+
+@dataclass(frozen=True)
 class Link:
     """Where one training process stands among a run's workers, and how it reaches the
     others: what a backend hands a strategy's worker (``Strategy.worker``).
 
-    ``exchange(flat, step)`` averages the gradient buffer over all ``world`` workers in
-    place; ``sum`` adds per-worker counts; ``gather`` collects an object from every worker
-    on worker 0 (None elsewhere); ``barrier`` waits for all. The rest is for the workers
-    that can use it:
+    The workers form a mesh of two dimensions the backend knows: ``nodes`` (the backend's
+    own, between hosts) and each node's processes (``local``: this process's index among
+    them and their number), which are this process's default torch.distributed group where
+    there are several. A strategy lays its own dimensions over a node's processes
+    (replicas x stages: ``training.stages``; shards x tensor: ``sharding.mesh_of``).
 
-    - ``between(flat, step)``, on local rank 0 of a node of several processes only:
-      averages that node's buffer with the other nodes (a pipeline node's exchange);
-    - ``group``: every worker of the run is in this process's default torch.distributed
-      group and the exchange is one all-reduce over it, so a worker may average through
-      this host's shared memory or let DDP do it during backward instead;
-    - ``attach(model, flat, train)``: the backend's hooks on a worker's model, gradient
-      buffer and training loader (MPI's buckets sent during backward, its throughput
-      balance), called once the worker has them; returns what times each step's compute
-      (``exchange_step``'s ``balancer``), or None;
-    - ``settle(model, steps)``: where weights are averaged rather than gradients (local
-      SGD: Spark's allgather mode), called after every optimizer step with the steps done
-      and before every validation with None;
-    - ``broadcast(tensor)``: worker 0's ``tensor`` on every worker, in place (a model's
-      buffers, BatchNorm's running statistics: worker 0's are the model's, as in DDP);
-      needed by a link of several workers whose model has buffers.
+    Over every worker of the run: ``exchange(flat, step)`` averages the gradient buffer in
+    place; ``sum`` adds per-worker counts; ``gather`` collects an object from every worker
+    on worker 0 (None elsewhere); ``barrier`` waits for all; ``broadcast(tensor)`` puts
+    worker 0's ``tensor`` on every worker, in place (a model's buffers, BatchNorm's running
+    statistics: worker 0's are the model's, as in DDP), needed by a link of several
+    workers whose model has buffers.
     """
 
     rank: int
@@ -74,25 +94,33 @@ class Link:
     sum: Callable[..., list[float]]
     gather: Callable[[Any], list | None]
     barrier: Callable[[], None]
-    between: Callable[[torch.Tensor, int], None] | None = None
-    group: bool = False
-    attach: Callable[[nn.Module, torch.Tensor, Any], Any] = _untimed
-    settle: Callable[[nn.Module, int | None], None] | None = None
     broadcast: Callable[[torch.Tensor], None] | None = None
-    same_weights: bool = True
-    """Whether every worker holds the same weights after each step (an exact exchange).
-    Where not (MPI's step-wise), worker 0's model is the run's (the one it saves): the
-    workers that hold its weights (``peers``) validate it on the whole validation set, and
-    the others validate nothing."""
-    peers: tuple[int, int] | None = (0, 1)
-    """Where the weights differ: this worker's place among the workers that hold worker
-    0's weights (index, count: the processes of MPI node 0), None for the others."""
+    local: tuple[int, int] = (0, 1)
+    nodes: Nodes = Nodes()
 
     @classmethod
     def alone(cls) -> Link:
         """The only worker of a run: nothing to exchange, its own counts, itself."""
         return cls(0, 1, lambda flat, step: None, lambda *values: list(values),
                    lambda obj: [obj], lambda: None)
+
+    @property
+    def group(self) -> bool:
+        """Whether every worker of the run is in this process's default torch.distributed
+        group (one node of several processes): the exchange is one all-reduce over it, so a
+        worker may average through this host's shared memory or let DDP do it in backward."""
+        return 1 < self.local[1] == self.world
+
+    @property
+    def peers(self) -> tuple[int, int] | None:
+        """This worker's place among those that hold worker 0's weights where the nodes'
+        differ (index, count: node 0's processes), None for the others."""
+        return self.local if self.nodes.index == 0 else None
+
+    @property
+    def attach(self) -> Callable[[nn.Module, torch.Tensor, Any], Any]:
+        """The backend's hooks on a worker's model (``Nodes.attach``)."""
+        return self.nodes.attach
 
     @property
     def shard(self) -> tuple[int, int] | None:

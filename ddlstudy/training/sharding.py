@@ -161,7 +161,7 @@ def between_nodes(link: Link, params: list[nn.Parameter]) -> Callable[[int], Non
     node, HSDP's exchange. The node's shards meet on its leader, each received straight
     into its place in one buffer of the node's whole gradient (the leader holds that one
     copy more, no other), which the leaders average by the run's reducer
-    (``link.between``) and hand back; None on a run of one node."""
+    (``link.nodes.average``) and hand back; None on a run of one node."""
     k = dist.get_world_size()
     if link.world == k:
         return None
@@ -181,7 +181,7 @@ def between_nodes(link: Link, params: list[nn.Parameter]) -> Callable[[int], Non
             flat = torch.cat([g.reshape(-1) for g in local], out=parts[0])
             for src in range(1, k):
                 dist.recv(parts[src], src=src)
-            (link.between or link.exchange)(whole, step)
+            link.nodes.average(whole, step)
             for dst in range(1, k):
                 dist.send(parts[dst], dst=dst)
         else:

@@ -128,10 +128,10 @@ def node_exchange(node: Link, full: nn.Module, module: nn.Module, layers: Layers
             check_views(full, flat)
         for part in mine if replicas > 1 else ():
             average(part, data_group, replicas)  # this rank's over the node's replicas
-        if node.between is not None:  # the leader
+        if node.nodes.average is not None:  # the leader
             for source, part in others:
                 dist.recv(part, src=source)
-            node.between(flat, count)
+            node.nodes.average(flat, count)
             for source, part in others:
                 dist.send(part, dst=source)
         elif replica == 0:
@@ -180,8 +180,8 @@ def _through_memory(node: Link, full: nn.Module, memory: hostmem.HostMemory,
             for lo, hi in shares:
                 memory.mean_into(0, lo, hi)
             dist.barrier()
-        if node.between is not None:  # the leader
-            node.between(slots[0], count)
+        if node.nodes.average is not None:  # the leader
+            node.nodes.average(slots[0], count)
         dist.barrier()  # slot 0 holds the nodes' mean
         if replicas > 1:
             for lo, hi in shares:

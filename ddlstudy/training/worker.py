@@ -58,17 +58,17 @@ def train_worker(job: Job, link: Link, model: nn.Module, optimizer: torch.optim.
                  states: States | None = None) -> None:
     """The epochs of one worker (``model``: what it validates); worker 0 shows progress
     and writes the run folder. Before every validation, where the backend averages
-    weights (``link.settle``) they are averaged, and where every worker holds the whole
+    weights (``link.nodes.settle``) they are averaged, and where every worker holds the whole
     model (``whole``: not a pipeline's stages) worker 0's buffers become everyone's
     (``same_buffers``); a step that times its exchange has its figures recorded once
     training ends (``record_exchange``). Where the workers' weights differ
-    (``link.same_weights``), ``val`` gives way to worker 0's model on the whole
+    (``link.nodes.exact`` false), ``val`` gives way to worker 0's model on the whole
     validation set, split among the workers that hold its weights (``link.peers``).
     ``states``: how its model and optimizer are snapshot (``train_epochs``)."""
     cuda = device is not None and device.type == "cuda"
-    if whole and not link.same_weights:  # each worker's own weights: worker 0's validated
+    if whole and not link.nodes.exact:  # each worker's own weights: worker 0's validated
         val = [] if link.peers is None else val_loader(job.cfg, job.data, link.peers)
-    own, settle = before_eval, link.settle
+    own, settle = before_eval, link.nodes.settle
     buffers = [b for b in model.buffers() if b.is_floating_point()]
 
     def before_eval() -> None:

@@ -15,6 +15,7 @@ is led by its rank: see ``nodes``.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 from collections.abc import Callable
@@ -33,7 +34,7 @@ from ddlstudy.strategies import Layout, Strategy
 from ddlstudy.training import ShardedBatches
 from ddlstudy.training.distributed import device_of
 from ddlstudy.training.flat import param_ranges
-from ddlstudy.training.job import Job, Link
+from ddlstudy.training.job import Job, Link, Nodes
 from ddlstudy.training.worker import record
 
 log = logging.getLogger("ddlstudy")
@@ -180,20 +181,24 @@ def node_link(comm, reducer, hooks: NodeHooks | None = None, exact: bool = True)
     ``hooks`` started during backward, where there are); ``exact``: it leaves every rank
     the same average (step-wise does not)."""
 
+    def average(flat: torch.Tensor, step: int) -> None:
+        on_host(flat, lambda array: reducer(comm, array, step=step))
+
     def exchange(flat: torch.Tensor, step: int) -> None:
         if hooks is not None and hooks.buckets is not None:
             hooks.buckets.finish()
         else:
-            on_host(flat, lambda array: reducer(comm, array, step=step))
+            average(flat, step)
 
     def sum_over_nodes(*values: float) -> list[float]:
         return messages.sum_floats(comm, values)
 
-    return Link(comm.Get_rank(), comm.Get_size(), exchange, sum_over_nodes,
+    nodes = Nodes(comm.Get_rank(), comm.Get_size(), average, exact)
+    if hooks is not None:
+        nodes = dataclasses.replace(nodes, attach=hooks.attach)
+    return Link(nodes.index, nodes.count, exchange, sum_over_nodes,
                 functools.partial(gather_tensors, comm), comm.Barrier,
-                attach=hooks.attach if hooks is not None else Link.attach,
-                broadcast=lambda tensor: on_host(tensor, lambda a: comm.Bcast(a, root=0)),
-                same_weights=exact, peers=(0, 1) if comm.Get_rank() == 0 else None)
+                lambda tensor: on_host(tensor, lambda a: comm.Bcast(a, root=0)), nodes=nodes)
 
 
 def gather_tensors(comm, obj: object) -> list | None:

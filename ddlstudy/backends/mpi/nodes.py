@@ -53,7 +53,7 @@ from ddlstudy.training.distributed import (
     spawned_rank,
     stop_ranks,
 )
-from ddlstudy.training.job import Job, Link
+from ddlstudy.training.job import Job, Link, Nodes
 
 log = logging.getLogger("ddlstudy")
 
@@ -102,9 +102,8 @@ def node_link(comm, reducer, node: int, nodes: int, local: int, k: int,
             comm.Barrier()
         dist.barrier()
 
-    return Link(node * k + local, nodes * k, exchange, total, gather, barrier,
-                between if leader else None, broadcast=broadcast, same_weights=exact,
-                peers=(local, k) if node == 0 else None)
+    return Link(node * k + local, nodes * k, exchange, total, gather, barrier, broadcast,
+                local=(local, k), nodes=Nodes(node, nodes, between if leader else None, exact))
 
 
 def _spawned(index: int, k: int, port: int, job: Job, work: Work, threads: int, level: int,

@@ -17,7 +17,7 @@ from ddlstudy import wire
 from ddlstudy.logs import setup_logging
 from ddlstudy.machine.sampler import ResourceSampler
 from ddlstudy.machine.sparkjvm import RPC_MAX_MB
-from ddlstudy.training import Job, Link
+from ddlstudy.training import Job, Link, Nodes
 from ddlstudy.training.distributed import Work
 
 SPARK_DEFAULT_HEAP_MB = 1024
@@ -106,7 +106,8 @@ def allgather_rank(ctx, rank: int, world: int, job: Job, work: Work, threads: in
 
     try:
         work(job, Link(rank, world, lambda flat, step: None, sum_over_tasks, gather,
-                       ctx.barrier, settle=settle, broadcast=broadcast), torch.device("cpu"))
+                       ctx.barrier, broadcast, nodes=Nodes(rank, world, settle=settle)),
+             torch.device("cpu"))
     finally:
         rows = sampler.stop()
         if job.folder is not None and sampler.enabled:
