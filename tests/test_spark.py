@@ -304,6 +304,24 @@ def test_tasks_run_their_strategys_worker_as_mpi_nodes_do(tmp_path, datasets_dir
     assert _losses(manifest["epochs"]) == _losses(theirs["epochs"])
 
 
+@pytest.mark.slow
+def test_sharded_over_the_tasks_trains_as_a_local_sharded_run(tmp_path, datasets_dir):
+    """A task holds a node of one process (``--workers 1``): FSDP2 over the tasks' gloo
+    group (through this host's shared memory, where both run) computes what ``sharded
+    --workers 2`` computes on one node, to float tolerance (the same shards, slices and
+    masks)."""
+    flags = ("--epochs", "2", "--max-steps", "3", "--strategy", "sharded", "--sample-hz", "0",
+             "--no-snapshot")
+    spark = _spark(tmp_path / "spark", datasets_dir, *flags, "--workers", "1")
+    assert main(["run", "--usecase", "tiny", "--datasets-dir", str(datasets_dir), "--runs-dir",
+                 str(tmp_path / "local"), "--quiet", *flags, "--workers", "2"]) == 0
+    local = json.loads(next((tmp_path / "local").glob(f"*/{MANIFEST}")).read_text())
+    assert spark["backend"]["mesh"]["shard"] == local["backend"]["mesh"]["shard"] == 2
+    assert spark["backend"]["mesh"]["transport"] == "shared-memory"
+    assert _losses(spark["epochs"]) == pytest.approx(_losses(local["epochs"]), rel=1e-5)
+    assert _losses(spark["epochs"]) != _losses(spark["epochs"])[:1] * 2  # it trained
+
+
 def test_a_jvm_call_that_fails_after_a_ctrl_c_is_the_interrupt():
     """A Ctrl-C inside collect() leaves its connection to the JVM without an answer; the
     call pyspark makes on the way out then fails (Py4JNetworkError, 'Answer from Java side

@@ -77,9 +77,7 @@ class _Sharding(CpuProcesses):
 
     def check(self, cfg: RunConfig) -> None:
         if cfg.backend == "spark":
-            raise Unavailable("--backend", f"a Spark barrier task is one process, and "
-                              f"{self.name} splits the model over a node's processes; use "
-                              f"--backend mpi, whose ranks lead nodes of several processes")
+            _check_spark(self.name, cfg, self.workers(cfg))
         if cfg.precision == "fp16":
             raise ConfigError("--precision", f"{self.name} has no fp16 gradient scaler yet: "
                               f"use bf16")
@@ -191,6 +189,20 @@ class Tensor(_Sharding):
     def label(self, layout: dict[str, Any]) -> str:
         return f"{self.name} ({layout.get('processes', '?')} processes, one batch)"
 
+
+
+def _check_spark(name: str, cfg: RunConfig, workers: int) -> None:
+    """Spark holds these where a task can: one process a task (``--workers 1``), the
+    tasks' gloo group (``--spark-sync gloo``) the processes the model is split over."""
+    if cfg.spark_sync != "gloo":
+        raise Unavailable("--spark-sync", f"{cfg.spark_sync} averages whole weights between "
+                          f"the tasks, and {name} splits them over its processes; use "
+                          f"--spark-sync gloo, whose tasks form one process group")
+    if workers != 1:
+        raise Unavailable("--workers", f"a Spark barrier task is one process, and {name} "
+                          f"--workers {workers} asks for {workers} a node; give --workers 1 "
+                          f"(the model split over the tasks, one process each) or use "
+                          f"--backend mpi, whose ranks lead nodes of several processes")
 
 
 def _check_tensor_pairs(cfg: RunConfig) -> None:
