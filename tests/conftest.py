@@ -16,6 +16,15 @@ from ddlstudy.data.generate import make_dataset
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # tests assert behaviour, not speed
 
 
+def pytest_configure(config) -> None:
+    """The suite tests the CPU paths, equal to the bit or to float tolerance, even on a GPU
+    machine, where pipeline, sharded, zero and tensor would otherwise choose its GPUs;
+    ``pytest -m gpu`` (``make gpu-check``) keeps them for the GPU tests. Before torch
+    first asks CUDA, in this process and in every run it starts."""
+    if "gpu" not in (config.option.markexpr or ""):
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+
+
 @pytest.fixture(scope="session", autouse=True)
 def data_cache(tmp_path_factory) -> Path:
     """The decoded-image cache of this session (runs in subprocesses inherit it), not the

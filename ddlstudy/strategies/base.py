@@ -154,10 +154,10 @@ class Strategy(ABC):
         defaults = {f.name: f.default for f in dataclasses.fields(cfg)}
         for name, what in LAYOUT_OPTIONS.items():
             if name not in self.options and getattr(cfg, name) != defaults[name]:
+                flag = ("--no-" if defaults[name] is True else "--") + name.replace("_", "-")
                 if name in self.not_composed:
-                    raise ConfigError("--" + name.replace("_", "-"), self.not_composed[name])
+                    raise ConfigError(flag, self.not_composed[name])
                 users = [n for n, c in REGISTRY.loaded().items() if name in c.options]
-                flag = "--" + name.replace("_", "-")
                 raise ConfigError(flag, f"{what}: {self.name} has none; it applies to "
                                   f"--strategy {' or '.join(users)}")
 

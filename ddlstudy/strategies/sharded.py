@@ -48,6 +48,8 @@ class _Sharding(CpuProcesses):
     def device_type(self, cfg: RunConfig) -> str:
         """Its processes on GPUs (NCCL) when there is one for each, else on CPU (gloo, or
         this host's shared memory), from the same code."""
+        if cfg.backend == "spark":  # Spark's tasks train on the CPU
+            return "cpu"
         return "cuda" if cuda_devices() >= self.workers(cfg) else "cpu"
 
     def layout(self, cfg: RunConfig) -> Layout:
@@ -116,7 +118,8 @@ class Sharded(_Sharding):
         if t > 1:
             _check_tensor_pairs(cfg)
         require_batch_per_worker(cfg, k // t, "data-parallel shards")
-        warn_if_oversubscribed(k)
+        if self.device_type(cfg) == "cpu":
+            warn_if_oversubscribed(k)
 
     def data_parallel(self, cfg: RunConfig) -> int:
         return self.workers(cfg) // (cfg.tensor or 1)
@@ -170,8 +173,14 @@ class Tensor(_Sharding):
     trains = "train_tensor"
 
     def check(self, cfg: RunConfig) -> None:
+        if cfg.backend == "spark":
+            raise Unavailable("--backend", "Spark's tasks would be one tensor-parallel group "
+                              "sharing each batch, where a run's nodes are its data-parallel "
+                              "workers; use --backend mpi (each node one tensor-parallel "
+                              "group), or sharded or zero across Spark's tasks")
         _Sharding.check(self, cfg)
-        warn_if_oversubscribed(self.workers(cfg))
+        if self.device_type(cfg) == "cpu":
+            warn_if_oversubscribed(self.workers(cfg))
         _check_tensor_pairs(cfg)
 
     def data_parallel(self, cfg: RunConfig) -> int:

@@ -239,7 +239,7 @@ def group_link(rank: int, world: int, device: torch.device | None = None) -> Lin
     return Link(rank, world, lambda flat, step: average(flat),
                 lambda *values: sum_over_ranks(*values, device=device),
                 functools.partial(gather_to_first, device=device), dist.barrier,
-                lambda tensor: dist.broadcast(tensor, src=0), local=(rank, world))
+                lambda tensor: dist.broadcast(tensor, src=0), local=(rank, world), group=True)
 
 
 Work = Callable[[Job, Link, torch.device], None]

@@ -97,19 +97,18 @@ class Link:
     broadcast: Callable[[torch.Tensor], None] | None = None
     local: tuple[int, int] = (0, 1)
     nodes: Nodes = Nodes()
+    group: bool = False
+    """Whether every worker of the run is in this process's default torch.distributed
+    group and the backend takes no part in the exchange (local processes, Spark's gloo
+    tasks): it is one all-reduce over the group, so a worker may average through this
+    host's shared memory or let DDP do it in backward. Not MPI's nodes, even one node:
+    their exchange goes through the run's reducer."""
 
     @classmethod
     def alone(cls) -> Link:
         """The only worker of a run: nothing to exchange, its own counts, itself."""
         return cls(0, 1, lambda flat, step: None, lambda *values: list(values),
                    lambda obj: [obj], lambda: None)
-
-    @property
-    def group(self) -> bool:
-        """Whether every worker of the run is in this process's default torch.distributed
-        group (one node of several processes): the exchange is one all-reduce over it, so a
-        worker may average through this host's shared memory or let DDP do it in backward."""
-        return 1 < self.local[1] == self.world
 
     @property
     def peers(self) -> tuple[int, int] | None:
