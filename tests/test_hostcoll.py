@@ -76,14 +76,21 @@ def _odd_shapes(g, rank) -> dict:
     inplace = torch.zeros(2, 700)
     inplace[rank] = rank + 1.5  # FSDP2's all-gather: its input is its output's part
     dist.all_gather_single(inplace, inplace[rank], group=g)
+    scattered = torch.arange(1400.0).view(2, 700) * (rank + 1)  # out: its own block
+    dist.reduce_scatter_single(scattered[rank], scattered.view(-1), group=g)
     premul = torch.full((1000,), float(rank + 1))
     dist.all_reduce(premul, op=R.PREMUL_SUM(0.25), group=g)
+    premul_rs = torch.empty(500)
+    dist.reduce_scatter_single(premul_rs, torch.full((1000,), float(rank + 1)),
+                               op=R.PREMUL_SUM(0.25), group=g)
     work = dist.all_reduce(async_in := torch.ones(3), group=g, async_op=True)
     return {"transposed": torch.equal(mine, theirs),
             "strided out": torch.equal(out[1, ::2], (m[::2, ::2] / (rank + 1) * 2).reshape(-1))
             and torch.equal(out[:, 1::2], torch.zeros(2, 300)),
-            "in place": torch.equal(inplace, torch.tensor([[1.5], [2.5]]).expand(2, 700)),
-            "premul": torch.equal(premul, torch.full((1000,), 0.75)),
+            "in place": torch.equal(inplace, torch.tensor([[1.5], [2.5]]).expand(2, 700))
+            and torch.equal(scattered[rank], torch.arange(1400.0).view(2, 700)[rank] * 3),
+            "premul": torch.equal(premul, torch.full((1000,), 0.75))
+            and torch.equal(premul_rs, torch.full((500,), 0.75)),
             "async": (work.is_completed(), work.wait(), work.get_future().value()[0].tolist(),
                       async_in.tolist())}
 

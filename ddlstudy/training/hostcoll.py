@@ -23,7 +23,9 @@ a barrier, then each reads what it needs. Between 2 ranks (or for a chunk of at 
 KiB) every rank adds up the whole chunk of every slot in rank order into its own tensor;
 with more ranks rank r adds up the r-th share into the other area and, after a second
 barrier, every rank copies the sums out. A reduce-scatter's rank r adds up the r-th block
-of every slot straight into its output; an all-gather copies every slot out. Reductions run
+of every other slot and of its own input straight into its output (it puts only the
+others' blocks into its slot); an all-gather copies every slot out, but its own where its
+input is already its place in the output (FSDP's all-gather in place). Reductions run
 in rank order with the same kernels wherever they run, so every rank has the same bits
 (gloo's, bit for bit, between 2 ranks: a + b is b + a, and AVG is that sum halved). A
 barrier is a counter per rank in the file and a doorbell (FIFO) per rank: a rank bumps its

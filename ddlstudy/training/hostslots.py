@@ -99,23 +99,32 @@ class Slots:
         """``out`` = the reduction of every rank's ``blocks[this rank]``."""
         size, me = self.size, self.rank
         per = self.slot // (size * out.element_size())
+        direct = blocks[me].data_ptr() != out.data_ptr()  # its own block read in place
         for lo in range(0, out.numel(), per):
             m = min(out.numel() - lo, per)
             mine = self._next(out.dtype)[me, :size * m].view(size, m)
             for k, block in enumerate(blocks):
-                _put(mine[k], block[lo:lo + m], how)
+                if k != me or not direct:
+                    _put(mine[k], block[lo:lo + m], how)
             self.barrier()
-            _combine(how, self._last(out.dtype)[:, me * m:(me + 1) * m], out[lo:lo + m])
+            rows = list(self._last(out.dtype)[:, me * m:(me + 1) * m])
+            if direct:  # scaled as the others' were into their slots
+                own = blocks[me][lo:lo + m]
+                rows[me] = own if how.factor is None else torch.mul(own, how.factor)
+            _combine(how, rows, out[lo:lo + m])
 
     def gather(self, mine: torch.Tensor, outs: list[torch.Tensor]) -> None:
-        """Every rank's bytes ``mine`` into ``outs[that rank]``."""
+        """Every rank's bytes ``mine`` into ``outs[that rank]`` (this rank's own not copied
+        where ``mine`` is its place in ``outs`` already: an all-gather in place, FSDP's)."""
+        others = [k for k in range(self.size)
+                  if k != self.rank or outs[k].data_ptr() != mine.data_ptr()]
         for lo in range(0, mine.numel(), self.slot):
             m = min(mine.numel() - lo, self.slot)
             self._next(torch.uint8)[self.rank, :m].copy_(mine[lo:lo + m])
             self.barrier()
             last = self._last(torch.uint8)
-            for k, out in enumerate(outs):
-                out[lo:lo + m].copy_(last[k, :m])
+            for k in others:
+                outs[k][lo:lo + m].copy_(last[k, :m])
 
     def broadcast(self, row: torch.Tensor, root: int) -> None:
         """Rank ``root``'s bytes ``row`` into every rank's."""
@@ -192,11 +201,12 @@ def _put(slot: torch.Tensor, src: torch.Tensor, how: Reduction) -> None:
         torch.mul(src, how.factor, out=slot)
 
 
-def _combine(how: Reduction, rows: torch.Tensor, out: torch.Tensor) -> None:
-    """``out`` = ``rows`` (a row a rank) reduced by ``how``, in rank order."""
-    if rows.shape[1] == 0:
+def _combine(how: Reduction, rows, out: torch.Tensor) -> None:
+    """``out`` = ``rows`` (a row a rank: a 2-D tensor or a list) reduced by ``how``, in
+    rank order."""
+    if out.numel() == 0:
         return
-    if rows.shape[0] == 1:
+    if len(rows) == 1:
         out.copy_(rows[0])
     else:
         fn = COMBINE[how.op]
@@ -204,4 +214,4 @@ def _combine(how: Reduction, rows: torch.Tensor, out: torch.Tensor) -> None:
         for row in rows[2:]:
             fn(out, row, out=out)
     if how.op == R.AVG:
-        out.div_(rows.shape[0])
+        out.div_(len(rows))
