@@ -1,5 +1,6 @@
 """Bad input: exit code 2, one clear sentence, no traceback, nothing written to runs/."""
 
+import os
 import subprocess
 import sys
 
@@ -278,3 +279,18 @@ def test_progress_lines_of_a_slow_loop_say_seconds_per_step_and_time_left(monkey
     with caplog.at_level(logging.INFO, logger="ddlstudy"):
         list(p.progress(range(10), total=20, desc="epoch 2", unit="batch", initial=10))
     assert caplog.records[0].getMessage().startswith("epoch 2: 12/20 batch (23.0 s/batch")
+
+
+def test_every_command_sets_torchs_huge_pages_and_the_manifest_records_it(monkeypatch, capsys):
+    """Set by the command before torch's first allocation (inherited by every process a run
+    starts, so every strategy and the baseline alike); a value of the user's is kept."""
+    from ddlstudy.cli import main
+    from ddlstudy.machine.environment import HUGE_PAGES, launch
+
+    monkeypatch.delenv(HUGE_PAGES, raising=False)
+    assert main(["strategies"]) == 0
+    assert os.environ[HUGE_PAGES] == "1"
+    monkeypatch.setenv(HUGE_PAGES, "0")
+    assert main(["strategies"]) == 0
+    assert os.environ[HUGE_PAGES] == "0"
+    assert launch(1, {"launcher": "plain"})["env"][HUGE_PAGES] == "0"

@@ -86,6 +86,7 @@ def said(exc: UsageError, most: int = 1000) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    environment.use_huge_pages()  # before torch's first allocation
     # the clock of the manifest's first_step_s
     environment.mark_command_start(argv is None, launched=CHILD_ENV in os.environ)
     argv = sys.argv[1:] if argv is None else argv

@@ -14,8 +14,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import os
-import resource
 from collections.abc import Callable
 
 import torch
@@ -50,9 +48,6 @@ all-gather, one reduce-scatter); the smaller ones go with the root's."""
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 """Gathered on rank 0 (the writer), nothing elsewhere."""
 SCATTER = StateDictOptions(full_state_dict=True)
-HUGE_PAGES = "THP_MEM_ALLOC_ENABLE"
-"""torch's switch for transparent huge pages under its CPU tensors of 2 MiB or more."""
-PROBE_BYTES = 32 << 20
 
 
 def full_states(model: nn.Module, optimizer: torch.optim.Optimizer) -> States:
@@ -199,33 +194,17 @@ def between_nodes(link: Link, params: list[nn.Parameter]) -> Callable[[int], Non
     return exchange
 
 
-def huge_pages() -> bool:
-    """Transparent huge pages (2 MiB) under this process's large tensors, where torch
-    has allocated none yet (it reads ``HUGE_PAGES`` once, at its first allocation) and
-    the kernel allows them (madvise or always); whether they are on. FSDP2 frees each
-    unit's gathered weights, their gradients and its collectives' buffers every step and
-    allocates them anew: above glibc's mmap threshold every such allocation is fresh
-    memory from the kernel, 4 KiB pages faulted in one by one as they are first written
-    (346,000 faults a step on simple-big, a third of sharded's step); with huge pages 512
-    times fewer (10,000)."""
-    os.environ.setdefault(HUGE_PAGES, "1")
-    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    torch.ones(PROBE_BYTES, dtype=torch.uint8)  # 8,192 faults on 4 KiB pages, ~500 on 2 MiB
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults < PROBE_BYTES // 16384
-
-
 Worker = Callable[[Job, Link, torch.device, "int | None"], None]
 
 
 def in_node_group(work: Worker) -> Worker:
     """``work`` in its node's process group, or, for a node of one process (an MPI rank
     alone, or --workers 1), in a group of this process alone: a mesh and a sharded
-    optimizer need one. Its large tensors on huge pages (``huge_pages``) where it can."""
+    optimizer need one."""
 
     @functools.wraps(work)
     def run(job: Job, link: Link, device: torch.device,
             loader_workers: int | None = None) -> None:
-        huge_pages()
         if dist.is_initialized():
             return work(job, link, device, loader_workers)
         cuda = device.type == "cuda"
@@ -263,7 +242,7 @@ def train_sharded(job: Job, link: Link, device: torch.device,
     if link.rank == 0:
         record(job, "mesh", {"shard": dist.get_world_size() // tensor, "tensor": tensor,
                              "nodes": link.world // dist.get_world_size(), "units": units,
-                             "transport": transport_of(mesh), "huge_pages": huge_pages()})
+                             "transport": transport_of(mesh)})
     train_worker(job, counted_once(link, tensor), model, optimizer, step, train, val,
                  device=device, states=full_states(model, optimizer))
 
