@@ -149,3 +149,16 @@ def test_each_goes_to_gpus_when_there_is_one_a_process(monkeypatch, quick_config
         assert (layout.device, layout.collectives, layout.processes) == (device, collectives, 2)
         assert layout.device_type == (device or "cpu")
         assert layout.threads_per_process == 1 or device is None
+
+
+def test_zero_2_is_a_configuration_of_its_own_in_the_report():
+    """sharded with --no-reshard-after-forward (ZeRO-2) is not a repeat of sharded (ZeRO-3):
+    a study of both keeps them in rows of their own."""
+    from ddlstudy.report import config_label
+
+    def label(reshard: bool) -> str:
+        return config_label({"strategy": {"name": "sharded", "processes": 2},
+                             "config": {"reshard_after_forward": reshard}})
+
+    assert label(True) == "sharded (2 processes)"
+    assert label(False) == "sharded (2 processes) ZeRO-2"

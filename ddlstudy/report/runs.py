@@ -125,8 +125,7 @@ def config_label(manifest: dict) -> str:
     """A short readable name of what ran: strategy, its degrees (the strategy's own
     ``label`` of its recorded layout), and the backend."""
     s = manifest.get("strategy", {})
-    name = s.get("name", "?")
-    strategy = _strategy(name)
+    strategy = _strategy(name := s.get("name", "?"))
     label = strategy.label(s) if strategy is not None else name
     config = manifest.get("config", {})
     if config.get("transport", "auto") != "auto":
@@ -136,6 +135,7 @@ def config_label(manifest: dict) -> str:
     if config.get("accumulate", 1) > 1:
         label += f" accumulate {config['accumulate']}"
     label += " checkpointed" * bool(config.get("checkpoint_activations"))  # memory for time
+    label += " ZeRO-2" * (config.get("reshard_after_forward") is False)  # sharded's, not ZeRO-3
     if config.get("scaling", "strong") == "weak":
         batch = manifest.get("effective", {}).get("global_batch", "?")
         label += f" weak (batch {batch})"
