@@ -96,6 +96,7 @@ def _ddp_rank(rank, world, port, out):
     ddp_step(ddp, _sgd(ddp), nn.CrossEntropyLoss(), BATCH, world)(batch)
     if rank == 0:
         torch.save(_flat(model), out)
+    dist.barrier()  # rank 0 holds the TCPStore: none leaves while another still uses it
     dist.destroy_process_group()
 
 
@@ -130,6 +131,7 @@ def _shared_memory_rank(rank, world, port, out, shm_dir=None):
     left = sorted(p.name for p in hostmem.SHM_DIR.glob(f"ddlstudy-{os.getpid()}-*"))
     torch.save({"weights": _flat(model), "shared": shared is not None, "left": left},
                out.with_suffix(f".{rank}.pt"))
+    dist.barrier()  # rank 0 holds the TCPStore: none leaves while another still uses it
     dist.destroy_process_group()
 
 
@@ -280,6 +282,7 @@ def _pipeline_rank(rank, world, port, replicas, micro, out, schedule="gpipe", sh
         torch.save(_flat(model), out)
     if rank == stages - 1:
         torch.save(torch.tensor(loss / n), out.with_suffix(".loss"))
+    dist.barrier()  # rank 0 holds the TCPStore: none leaves while another still uses it
     dist.destroy_process_group()
 
 
@@ -336,6 +339,7 @@ def _ddp_accumulating_rank(rank, world, port, out):
     ddp_step(ddp, _sgd(ddp), nn.CrossEntropyLoss(), BATCH, world, accumulate=4)(batch)
     if rank == 0:
         torch.save({"weights": _flat(model), "allreduces": torch.tensor(len(calls))}, out)
+    dist.barrier()  # rank 0 holds the TCPStore: none leaves while another still uses it
     dist.destroy_process_group()
 
 
@@ -387,6 +391,7 @@ def _mesh_rank(rank, world, port, out):
             plain, _, _ = _setup()
             plain.load_state_dict(whole)
             torch.save(_flat(plain), out.with_suffix(f".{strategy}.pt"))
+    dist.barrier()  # rank 0 holds the TCPStore: none leaves while another still uses it
     dist.destroy_process_group()
 
 
