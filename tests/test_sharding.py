@@ -141,9 +141,9 @@ def test_each_goes_to_gpus_when_there_is_one_a_process(monkeypatch, quick_config
     """The same workers on GPUs over NCCL where there is a GPU for each of the node's
     processes (pipeline's rule), else on CPU processes: what the layout, hence the local
     backend and the manifest, gets (the CUDA path itself runs under ``make gpu-check``)."""
-    from ddlstudy.strategies import get_strategy, sharded
+    from ddlstudy.strategies import get_strategy, processes
 
-    monkeypatch.setattr(sharded, "cuda_devices", lambda: gpus)
+    monkeypatch.setattr(processes, "cuda_devices", lambda: gpus)
     for name in ("sharded", "zero", "tensor"):
         layout = get_strategy(name).layout(quick_config(strategy=name, workers=2))
         assert (layout.device, layout.collectives, layout.processes) == (device, collectives, 2)

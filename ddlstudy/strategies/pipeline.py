@@ -39,7 +39,7 @@ from ddlstudy.strategies.base import (
     register,
     warn_if_oversubscribed,
 )
-from ddlstudy.strategies.processes import cuda_devices
+from ddlstudy.strategies.processes import gpu_each
 
 log = logging.getLogger("ddlstudy")
 
@@ -135,7 +135,7 @@ class Pipeline(Strategy):
 
     def device_type(self, cfg: RunConfig) -> str:
         """Stages on GPUs when there is one for each, else on CPU processes."""
-        return "cuda" if cuda_devices() >= self.replicas(cfg) * self.stages(cfg) else "cpu"
+        return gpu_each(self.replicas(cfg) * self.stages(cfg))
 
     def layout(self, cfg: RunConfig) -> Layout:
         r, s = self.replicas(cfg), self.stages(cfg)

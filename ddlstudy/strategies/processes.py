@@ -67,6 +67,12 @@ def cuda_devices() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
+def gpu_each(processes: int) -> str:
+    """Where a node of ``processes`` trains when it may take GPUs (pipeline, hybrid,
+    sharded, zero, tensor): cuda where there is one for each process, else cpu."""
+    return "cuda" if cuda_devices() >= processes else "cpu"
+
+
 @register
 class GpuData(OneModel):
     name = "gpu-data"

@@ -36,7 +36,7 @@ from ddlstudy.strategies.base import (
     require_batch_per_worker,
     warn_if_oversubscribed,
 )
-from ddlstudy.strategies.processes import CpuProcesses, cuda_devices
+from ddlstudy.strategies.processes import CpuProcesses, gpu_each
 from ddlstudy.strategies.single import worker_counts
 
 
@@ -50,7 +50,7 @@ class _Sharding(CpuProcesses):
         this host's shared memory), from the same code."""
         if cfg.backend == "spark":  # Spark's tasks train on the CPU
             return "cpu"
-        return "cuda" if cuda_devices() >= self.workers(cfg) else "cpu"
+        return gpu_each(self.workers(cfg))
 
     def layout(self, cfg: RunConfig) -> Layout:
         k = self.workers(cfg)

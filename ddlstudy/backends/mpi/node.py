@@ -15,7 +15,6 @@ is led by its rank: see ``nodes``.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 from collections.abc import Callable
@@ -193,9 +192,8 @@ def node_link(comm, reducer, hooks: NodeHooks | None = None, exact: bool = True)
     def sum_over_nodes(*values: float) -> list[float]:
         return messages.sum_floats(comm, values)
 
-    nodes = Nodes(comm.Get_rank(), comm.Get_size(), average, exact)
-    if hooks is not None:
-        nodes = dataclasses.replace(nodes, attach=hooks.attach)
+    nodes = Nodes(comm.Get_rank(), comm.Get_size(), average, exact,
+                  Nodes.attach if hooks is None else hooks.attach)
     return Link(nodes.index, nodes.count, exchange, sum_over_nodes,
                 functools.partial(gather_tensors, comm), comm.Barrier,
                 lambda tensor: on_host(tensor, lambda a: comm.Bcast(a, root=0)), nodes=nodes)
