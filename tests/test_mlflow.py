@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from ddlstudy.cli import main
+from ddlstudy.exports.mlflow.store import PARENT_TAG, RUN_TAG
 from ddlstudy.report import Report, load_runs, runs_frame
 from ddlstudy.report.runs import KEY
-from ddlstudy.tracking import PARENT_TAG, RUN_TAG
 
 PLAN = """
 [study]

@@ -262,6 +262,52 @@ def test_steps_are_appended_and_cut_back_with_the_epochs_on_resume(tmp_path):
     assert rows[-1].split(",")[3] == "0.6"
 
 
+def test_the_run_folder_tells_every_watcher_and_one_that_fails_does_not_fail_the_run(
+        tmp_path, monkeypatch, caplog):
+    """ddlstudy's MLflow watcher is found through its own entry point (the run folder never
+    imports it); a plugin's watcher is told opened / each epoch / closed with the manifest,
+    what it notes is written, and one that raises is named in a warning, nothing lost."""
+    from ddlstudy.exports.mlflow.live import WATCHER
+    from ddlstudy.records.runfolder import RunFolder
+    from ddlstudy.watchers import WATCHERS, Watcher
+
+    assert WATCHERS.loaded()["mlflow"] is WATCHER
+    heard = []
+
+    class Noting(Watcher):
+        name, summary = "noting", "notes what it is told"
+
+        def opened(self, manifest, folder):
+            heard.append(("opened", folder.name))
+            manifest["noting"] = {"seen": True}
+
+        def epoch(self, manifest, record):
+            heard.append(("epoch", record["epoch"], record["elapsed_s"]))
+
+        def closed(self, manifest):
+            heard.append(("closed", manifest["status"]))
+
+    class Failing(Watcher):
+        name, summary = "failing", "fails at every turn"
+
+        def epoch(self, manifest, record):
+            raise RuntimeError("its server is down")
+
+    monkeypatch.setitem(WATCHERS, "noting", Noting())
+    monkeypatch.setitem(WATCHERS, "failing", Failing())
+    folder = RunFolder.create(tmp_path, "r1", {"config": {}})
+    for epoch in (1, 2):
+        folder.record_epoch({"epoch": epoch, "epoch_time_s": 1.5, "train_loss": 0.5})
+    folder.finish("completed", 0)
+    assert heard == [("opened", "r1"), ("epoch", 1, 1.5), ("epoch", 2, 3.0),
+                     ("closed", "completed")]
+    written = json.loads((folder.path / "manifest.json").read_text())
+    assert written["noting"] == {"seen": True} and written["status"] == "completed"
+    assert [e["epoch"] for e in written["epochs"]] == [1, 2] and "mlflow" not in written
+    failed = [r.getMessage() for r in caplog.records if "watcher failing" in r.getMessage()]
+    assert len(failed) == 2 and "its server is down" in failed[0], failed
+
+
 @pytest.mark.slow
 def test_a_hostfile_places_real_mpi_ranks(tmp_path, datasets_dir):
     """mpiexec started by ddlstudy with the hostfile's hosts and slots (localhost:2 forks

@@ -533,18 +533,18 @@ def test_a_folder_tracking_store_is_checked_in_ddlstudys_words(tmp_path):
     """A file: URI's folder is checked as any folder ddlstudy writes into, before MLflow
     sees it; one that can be made is a store MLflow keeps (not its 'maintenance mode')."""
     pytest.importorskip("mlflow")
-    from ddlstudy import tracking
     from ddlstudy.errors import ConfigError
+    from ddlstudy.exports.mlflow import store
 
     (tmp_path / "afile").write_text("x")
     for uri, said in (("file:///sys/x", "/sys/x cannot be"),
                       (f"file://{tmp_path}/afile/store", f"{tmp_path}/afile/store cannot be "
                                                           f"made: {tmp_path}/afile is a file")):
         with pytest.raises(ConfigError) as refused:
-            tracking.client(uri)
+            store.client(uri)
         assert str(refused.value).startswith(f"tracking URI {uri}: {said}"), refused.value
         assert "MLflow" not in str(refused.value)
-    assert tracking.client(f"file://{tmp_path}/store").search_experiments() is not None
+    assert store.client(f"file://{tmp_path}/store").search_experiments() is not None
     assert (tmp_path / "store").is_dir()
 
 

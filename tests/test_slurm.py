@@ -214,7 +214,7 @@ def test_a_study_submitted_as_slurm_jobs_is_resumed_and_reported(slurm, tmp_path
     # each job logged its run to the study's MLflow store; the report went into the parent
     from mlflow.tracking import MlflowClient
 
-    from ddlstudy.tracking import PARENT_TAG, RUN_TAG
+    from ddlstudy.exports.mlflow.store import PARENT_TAG, RUN_TAG
 
     client = MlflowClient(f"sqlite:///{runs / 'mlflow.db'}")
     logged = client.search_runs([client.get_experiment_by_name("jobs").experiment_id])

@@ -108,8 +108,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def _export_mlflow(args: argparse.Namespace) -> int:
-    from ddlstudy.exports.mlflow_runs import export
-    from ddlstudy.tracking import experiment_name_most
+    from ddlstudy.exports.mlflow.runs import export
+    from ddlstudy.exports.mlflow.store import experiment_name_most
 
     if args.experiment is not None and (not args.experiment.strip() or
                                         not args.experiment.isprintable()):

@@ -129,7 +129,7 @@ def _to_mlflow(cfg, folder) -> None:
     leaves it to the study's end, which logs every run against the study's baseline."""
     if cfg.mlflow and folder is not None and not os.environ.get(CHILD_ENV) and \
             not folder.manifest.get("study"):
-        from ddlstudy.exports.mlflow_runs import after_run
+        from ddlstudy.exports.mlflow.runs import after_run
 
         after_run(folder.path, cfg.mlflow)
 

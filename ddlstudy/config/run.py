@@ -41,8 +41,7 @@ from ddlstudy.config.spark import SparkOptions
 from ddlstudy.config.usecase import BadImagePolicy, ModelSpec, UseCase
 from ddlstudy.errors import ConfigError
 from ddlstudy.files import check_folder
-from ddlstudy.tracking import DEFAULT as DEFAULT_STORE
-from ddlstudy.tracking import resolved as tracking_uri
+from ddlstudy.watchers import ALONE, watcher
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 SCALINGS = ("strong", "weak")
@@ -213,7 +212,7 @@ class RunConfig(MpiOptions, SparkOptions):
                                 "mlflow` does; URI: a tracking server or store (left out, "
                                 "or true in a plan: sqlite:///<runs-dir>/mlflow.db); a "
                                 "study's runs nest under its parent run", group=OUTPUT,
-                                metavar="URI", const=DEFAULT_STORE)
+                                metavar="URI", const=ALONE)
     snapshot_every: int | None = option(None, "also snapshot every N steps inside an epoch",
                                         group=OUTPUT, type=int, metavar="N",
                                         most=most("steps"), why=why("steps"))
@@ -284,7 +283,8 @@ class RunConfig(MpiOptions, SparkOptions):
                               f"got {self.sample_hz}")
         check_folder(_named("--runs-dir", self.runs_dir, DEFAULT_RUNS_DIR), self.runs_dir)
         if self.mlflow is not None:  # the store the run logs to, checked and written out
-            object.__setattr__(self, "mlflow", tracking_uri(self.mlflow, self.runs_dir))
+            object.__setattr__(self, "mlflow", watcher("mlflow", "--mlflow").setting(
+                self.mlflow, self.runs_dir, "--mlflow"))
         if self.data_dir is None and self.usecase.data.synthetic and \
                 not (Path(self.datasets_dir) / self.usecase.data.name).is_dir():
             # Only a set that must be made needs a writable folder: a complete one on a

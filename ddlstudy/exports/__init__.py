@@ -1,3 +1,2 @@
 """Runs in other tools' formats: TensorBoard's event files (``tensorboard``) and MLflow's
-runs and models (``mlflow_runs``, ``mlflow_model``; ``ddlstudy.tracking`` is MLflow's store
-and what a run logs to it live)."""
+store, live logging, runs and models (``mlflow``)."""

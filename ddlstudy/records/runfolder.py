@@ -21,11 +21,11 @@ from typing import Any
 
 import psutil
 
-from ddlstudy import tracking
 from ddlstudy.errors import UsageError
 from ddlstudy.files import atomic_write, atomic_write_json, atomic_write_text
 from ddlstudy.machine.sampler import TREE_ROOT_ENV, read_samples, samples_frame, write_rows
 from ddlstudy.reading import read_json, read_text
+from ddlstudy.watchers import tell
 
 log = logging.getLogger("ddlstudy")
 
@@ -175,7 +175,7 @@ class RunFolder:
         folder = cls(path, {"schema": SCHEMA_VERSION, "id": run_id, "status": "running",
                             "started_at": now_iso(), "ended_at": None, "exit_code": None,
                             "error": None, **manifest, "epochs": []})
-        tracking.start(folder.manifest, path)  # --mlflow: its MLflow run, noted in it
+        tell(lambda w: w.opened(folder.manifest, path))  # --mlflow: its MLflow run, noted
         try:
             folder.write_manifest()
         except BaseException:  # a full disk: no folder without its manifest is left
@@ -202,7 +202,7 @@ class RunFolder:
         done.append(result | {"elapsed_s": before + result["epoch_time_s"]})
         self._write_metrics()
         self.write_manifest()
-        tracking.log_epoch(self.manifest, done[-1])  # --mlflow: as the epoch ends
+        tell(lambda w: w.epoch(self.manifest, done[-1]))  # --mlflow: logged as it ends
 
     def record_steps(self, steps: list[tuple[int, int, float, int, float]]) -> None:
         """Append rank 0's steps of an epoch to steps.csv: (epoch, step, mean loss, images,
@@ -333,5 +333,5 @@ class RunFolder:
                **extra: Any) -> None:
         self.manifest.update(status=status, exit_code=exit_code, error=error,
                              ended_at=now_iso(), **extra)
-        tracking.finish(self.manifest)  # --mlflow: its status there
+        tell(lambda w: w.closed(self.manifest))  # --mlflow: its status there
         self.write_manifest()

@@ -38,11 +38,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ddlstudy import tracking
 from ddlstudy.backends import get_backend
 from ddlstudy.config import DataSpec, RunConfig, TrainSpec
 from ddlstudy.config.run import jsonable
 from ddlstudy.errors import NotHere, Unavailable, UsageError
+from ddlstudy.exports.mlflow import store
 from ddlstudy.files import atomic_write_json, atomic_write_text, folder_lock
 from ddlstudy.machine.environment import python_module, usable_cores
 from ddlstudy.machine.sampler import check_load
@@ -355,7 +355,7 @@ def write_report(plan: Plan, cells: list[Cell], fmt: str) -> None:
     log.info("report: %d files in %s", len(paths), plan.runs_dir / "report")
     uris = {uri for c in cells if (uri := tracking_of(c, plan.runs_dir))}
     if uris:  # the mlflow setting: the report in the study's parent run
-        from ddlstudy.exports.mlflow_runs import after_study
+        from ddlstudy.exports.mlflow.runs import after_study
 
         after_study(plan.runs_dir, uris, paths)
     if plan.path.suffix == ".json":
@@ -369,7 +369,7 @@ def tracking_of(cell: Cell, runs_dir: Path) -> str | None:
         return cell.cfg.mlflow
     value = cell.flags.get("mlflow")
     return None if not value else \
-        tracking.resolved(tracking.DEFAULT if value is True else str(value), runs_dir)
+        store.resolved(store.DEFAULT if value is True else str(value), runs_dir)
 
 
 def _check_advice(plan: Plan) -> None:

@@ -1,17 +1,12 @@
-"""MLflow: where ddlstudy's runs go in a tracking store, and what `run --mlflow` logs while
-it trains.
+"""MLflow's store: where ddlstudy's runs go in a tracking store and how each is found again.
 
     ddlstudy run --usecase tiny --mlflow                # sqlite:///<runs-dir>/mlflow.db
     ddlstudy export mlflow runs/demo                    # the same names, after the fact
 
 A run folder is one MLflow run, found again by its ``ddlstudy_run_id`` tag (so logging
 twice updates it, never makes a second one), in the experiment of its study (else of the
-folder its runs are in), nested under the study's parent run. While it trains, node 0
-opens that run when the run folder is made (``start``), the rank that records epochs logs
-each one as it ends (``log_epoch``, step = the epoch), and the run's status follows when
-its folder is closed (``finish``); the rest (params, samples, files) is
-``ddlstudy.exports.mlflow_runs``'s. MLflow failing never fails the run: it is said in a
-warning, recorded in the manifest's ``mlflow`` block, and the run goes on.
+folder its runs are in), nested under the study's parent run. What a run logs while it
+trains is ``live``'s; the rest (params, samples, files) is ``runs``'.
 """
 
 from __future__ import annotations
@@ -29,11 +24,10 @@ from urllib.parse import urlparse
 from ddlstudy.errors import ConfigError, UsageError
 from ddlstudy.files import check_folder, turn
 from ddlstudy.reading import BadFile, check_regular
-
-log = logging.getLogger("ddlstudy")
+from ddlstudy.watchers import ALONE
 
 INSTALL = "pip install 'ddlstudy[mlflow]'"
-DEFAULT = "default"
+DEFAULT = ALONE
 """``--mlflow`` alone (or a plan's ``mlflow = true``): the SQLite store beside the runs."""
 STORE = "mlflow.db"
 ARTIFACTS = "mlartifacts"
@@ -256,71 +250,3 @@ def log_batch(mlflow, run_id: str, metrics: list) -> None:
 
 def now_ms() -> int:
     return int(time.time() * 1000)
-
-
-_CLIENTS: dict[str, Any] = {}
-
-
-def _live(uri: str):
-    """This process's client of ``uri`` (a worker makes its own once)."""
-    if uri not in _CLIENTS:
-        _CLIENTS[uri] = client(uri)
-    return _CLIENTS[uri]
-
-
-def start(manifest: dict, folder: Path) -> None:
-    """``run --mlflow``, as node 0 makes the run folder: open the run's MLflow run (nested
-    under its study's) and note where in the manifest's ``mlflow`` block."""
-    uri = (manifest.get("config") or {}).get("mlflow")
-    if not uri:
-        return
-    try:
-        mlflow = _live(uri)
-        exp = experiment(mlflow, experiment_name(manifest, folder), uri)
-        tags = run_tags(manifest)
-        study = tags.get("study")
-        if study:
-            tags["mlflow.parentRunId"] = parent_run(mlflow, exp, study).info.run_id
-        run, _ = open_run(mlflow, exp, tags, manifest["id"])
-        manifest["mlflow"] = {"tracking_uri": uri, "experiment_id": exp,
-                              "run_id": run.info.run_id}
-    except Exception as exc:  # noqa: BLE001 - the run goes on without MLflow
-        _failed(manifest, uri, exc)
-
-
-def log_epoch(manifest: dict, record: dict[str, Any]) -> None:
-    """``run --mlflow``: log the epoch just recorded (on the rank that records it)."""
-    where = manifest.get("mlflow") or {}
-    if not where.get("run_id") or where.get("error"):
-        return
-    try:
-        log_batch(_live(where["tracking_uri"]), where["run_id"],
-                  epoch_metrics(record, record["epoch"], now_ms()))
-    except Exception as exc:  # noqa: BLE001
-        _failed(manifest, where["tracking_uri"], exc)
-
-
-def finish(manifest: dict) -> None:
-    """``run --mlflow``, as the run folder is closed: the run's status in MLflow (the rest
-    follows from `ddlstudy.exports.mlflow_runs`, or at the end of its study)."""
-    where = manifest.get("mlflow") or {}
-    if not where.get("run_id") or where.get("error"):
-        return
-    try:
-        from mlflow.entities import RunTag
-
-        mlflow = _live(where["tracking_uri"])
-        tags = {k: v for k, v in run_tags(manifest).items() if k in ("status", "noisy")}
-        mlflow.log_batch(where["run_id"], tags=[RunTag(k, v) for k, v in tags.items()])
-        status = STATUS.get(manifest.get("status"), "RUNNING")
-        if status != "RUNNING":
-            mlflow.set_terminated(where["run_id"], status)
-    except Exception as exc:  # noqa: BLE001
-        _failed(manifest, where["tracking_uri"], exc)
-
-
-def _failed(manifest: dict, uri: str, exc: Exception) -> None:
-    text = " ".join(str(exc).split())[:300]
-    manifest.setdefault("mlflow", {"tracking_uri": uri})["error"] = text
-    log.warning("MLflow (%s): %s; the run goes on without it (`ddlstudy export mlflow` "
-                "logs it afterwards)", uri, text)

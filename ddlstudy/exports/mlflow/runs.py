@@ -4,7 +4,7 @@
     ddlstudy export mlflow runs/demo                       # sqlite:///runs/demo/mlflow.db
     mlflow ui --backend-store-uri sqlite:///runs/demo/mlflow.db
 
-One MLflow run per run folder (``tracking`` says where it goes and how it is found again):
+One MLflow run per run folder (``store`` says where it goes and how it is found again):
 
 - params: the configuration's key, as the report groups repeats (``report.runs.KEY``);
 - tags: study, cell, repeat, status, noisy, host, launcher, git commit, ddlstudy version
@@ -16,7 +16,7 @@ One MLflow run per run folder (``tracking`` says where it goes and how it is fou
   at their time (step = milliseconds since the run started);
 - artifacts: manifest.json (as ``run-manifest.json``: no reader of runs takes the copy
   for a run), metrics.csv, steps.csv, samples.parquet, error.log and any figures;
-- its trained model (``runs:/<id>/model``, ``ddlstudy.exports.mlflow_model``), where it kept one.
+- its trained model (``runs:/<id>/model``, ``ddlstudy.exports.mlflow.model``), where it kept one.
 
 A study folder (one with study.json) is an experiment of its name whose parent run holds
 the report (tables, findings, figures) and study.json (as ``study-record.json``); its
@@ -38,9 +38,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from ddlstudy import tracking
 from ddlstudy.errors import UsageError
-from ddlstudy.exports.mlflow_model import log_model
+from ddlstudy.exports.mlflow import store
+from ddlstudy.exports.mlflow.model import log_model
 from ddlstudy.exports.tensorboard import every_run, find_runs, memory_metrics
 from ddlstudy.machine.sampler import IDENTITY, read_samples
 from ddlstudy.reading import CAPS, BadFile, check_regular, read_bytes, read_text
@@ -116,17 +116,17 @@ def export(runs: Path, uri: str | None = None, experiment: str | None = None,
     ``sqlite:///<runs>/mlflow.db``); returns what was exported (uri, runs, experiments).
     ``report``: the files of the report of ``runs`` just written (by its study), used
     as they are."""
-    if not tracking.installed():
+    if not store.installed():
         raise UsageError(f"export mlflow needs MLflow, which is not installed: "
-                         f"{tracking.INSTALL}")
+                         f"{store.INSTALL}")
     found = find_runs(runs)
-    uri = tracking.resolved(tracking.DEFAULT if uri is None else uri, store_folder(runs),
+    uri = store.resolved(store.DEFAULT if uri is None else uri, store_folder(runs),
                            "--tracking-uri")
     with tempfile.TemporaryDirectory(prefix="ddlstudy-mlflow-") as tmp:
         read = read_runs(Path(runs), found)
         studies = read_studies(Path(runs), Path(tmp), report)
-        with tracking.in_turn(uri):  # two exports into one store: one, then the other
-            mlflow = tracking.client(uri)  # the last check: a server that does not answer
+        with store.in_turn(uri):  # two exports into one store: one, then the other
+            mlflow = store.client(uri)  # the last check: a server that does not answer
             names = write(mlflow, uri, read, studies, experiment, Path(tmp))
     return {"uri": uri, "runs": len(read), "experiments": sorted(set(names))}
 
@@ -210,9 +210,9 @@ def write(mlflow, uri: str, runs: list[RunRead], studies: dict[str, StudyRead],
     parents: dict[tuple[str, str], str] = {}
     names = []
     for run in runs:
-        name = experiment or tracking.experiment_name(run.manifest, run.path)
+        name = experiment or store.experiment_name(run.manifest, run.path)
         if name not in experiments:
-            experiments[name] = tracking.experiment(mlflow, name, uri)
+            experiments[name] = store.experiment(mlflow, name, uri)
         exp = experiments[name]
         study = (run.manifest.get("study") or {}).get("name")
         if study and (exp, study) not in parents:
@@ -226,7 +226,7 @@ def write_study(mlflow, exp: str, name: str, study: StudyRead | None) -> str:
     """A study's parent run: its report and record as artifacts (where its folder was
     exported); returns its id."""
     record = study.record if study else {}
-    run = tracking.parent_run(mlflow, exp, name, _ms(record.get("started_at")))
+    run = store.parent_run(mlflow, exp, name, _ms(record.get("started_at")))
     run_id = run.info.run_id
     tags = {"mlflow.note.content": record.get("description"), "plan": record.get("plan"),
             "repeat": record.get("repeat")}
@@ -254,10 +254,10 @@ def write_run(mlflow, exp: str, run: RunRead, parent: str | None, tmp: Path) -> 
     from mlflow.entities import Param
 
     m = run.manifest
-    tags = tracking.run_tags(m) | {"mlflow.runName": run_name(run.row)}
+    tags = store.run_tags(m) | {"mlflow.runName": run_name(run.row)}
     if parent:
         tags["mlflow.parentRunId"] = parent
-    found, new = tracking.open_run(mlflow, exp, tags, run_name(run.row),
+    found, new = store.open_run(mlflow, exp, tags, run_name(run.row),
                                    _ms(m.get("started_at")))
     run_id = found.info.run_id
     if not new:
@@ -269,10 +269,10 @@ def write_run(mlflow, exp: str, run: RunRead, parent: str | None, tmp: Path) -> 
                     "%r", m["id"], differ[0], have[differ[0]])
     mlflow.log_batch(run_id, params=[Param(k, v) for k, v in params(run.row).items()
                                      if k not in have])
-    tracking.log_batch(mlflow, run_id, _new(mlflow, found, new, _metrics(run)))
+    store.log_batch(mlflow, run_id, _new(mlflow, found, new, _metrics(run)))
     _upload(mlflow, run_id, run, tmp)
     log_model(mlflow, exp, run_id, run.path, tmp)
-    status = tracking.STATUS.get(m.get("status"), "RUNNING")
+    status = store.STATUS.get(m.get("status"), "RUNNING")
     if status != "RUNNING":
         mlflow.set_terminated(run_id, status, _ms(m.get("ended_at")))
     return run_id
@@ -283,8 +283,8 @@ def _metrics(run: RunRead) -> list:
     from mlflow.entities import Metric
 
     out = [metric for epoch, values, when in run.epochs
-           for metric in tracking.epoch_metrics(values, epoch, when)]
-    now = tracking.now_ms()
+           for metric in store.epoch_metrics(values, epoch, when)]
+    now = store.now_ms()
     out += [Metric(name, float(run.row[column]), now, 0) for name, column in SUMMARY.items()
             if _finite(run.row.get(column))]
     out += [Metric(name, value, now, 0) for name, value in memory_metrics(run.manifest).items()]
