@@ -256,8 +256,10 @@ def plan_page() -> str:
 def own(registry) -> dict:
     """A registry's entries that ddlstudy itself registers (no plugin's, even loaded)."""
     def module(item) -> str:
-        return getattr(item, "__module__", "") if isinstance(item, type) else \
-            getattr(getattr(item, "reduce", None), "__module__", "")
+        if isinstance(item, type):
+            return item.__module__
+        reduce = getattr(item, "reduce", None)  # a reducer: where its function is
+        return type(item).__module__ if reduce is None else getattr(reduce, "__module__", "")
     return {name: item for name, item in registry.items()
             if module(item).startswith("ddlstudy.")}
 
@@ -269,14 +271,16 @@ def reducer_text(reducer) -> str:
 
 
 def registry_rows() -> dict[str, list[tuple[str, str]]]:
-    """(name, meaning) of every strategy, backend and reducer."""
+    """(name, meaning) of every strategy, backend, reducer and watcher of ddlstudy's own."""
     from ddlstudy.backends import REGISTRY as BACKENDS
     from ddlstudy.reducers import REGISTRY as REDUCERS
     from ddlstudy.strategies import REGISTRY as STRATEGIES
+    from ddlstudy.watchers import WATCHERS
 
     return {"strategy": [(n, rst(c.summary)) for n, c in own(STRATEGIES).items()],
             "backend": [(n, rst(c.summary)) for n, c in own(BACKENDS).items()],
-            "reducer": [(n, reducer_text(r)) for n, r in own(REDUCERS).items()]}
+            "reducer": [(n, reducer_text(r)) for n, r in own(REDUCERS).items()],
+            "watcher": [(n, rst(w.summary)) for n, w in own(WATCHERS.loaded()).items()]}
 
 
 def registries_page() -> str:
@@ -315,6 +319,12 @@ def registries_page() -> str:
     lines += table(("name", "how", "exact"),
                    [(f"`{n}`", cell(reducer_text(r)), yes[r.exact])
                     for n, r in own(REDUCERS).items()])
+    lines += ["## Watchers (entry points `ddlstudy.watchers`)", "",
+              "What follows a run while it trains, told by its run folder when it is made, "
+              "as each epoch is recorded and when it ends ([Extending](../extending.md#a-"
+              "watcher) says how to add one). ddlstudy's own:", ""]
+    lines += table(("name", "what it follows"),
+                   [(f"`{n}`", cell(text)) for n, text in registry_rows()["watcher"]])
     return "\n".join(lines)
 
 
