@@ -47,6 +47,11 @@ def test_candidates_list_every_layout_and_say_why_one_cannot_fit():
     assert eight == [8, 4, 2]
     one = advise.candidates(1, 0)
     assert any("1 usable core" in c.skip for c in one)
+    gpus = {c.label: c for c in advise.candidates(2, 4)}  # more GPUs than cores: they count
+    assert [c.flags["workers"] for c in gpus.values() if c.flags["strategy"] == "tensor"] == \
+        [4, 2]
+    assert not gpus["sharded (4 processes, a GPU each)"].skip
+    assert gpus["zero (2 processes, a GPU each)"].flags == {"strategy": "zero", "workers": 2}
     assert all(c.skip for c in one if c.cores > 1)
 
 

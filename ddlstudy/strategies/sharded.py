@@ -68,9 +68,14 @@ class _Sharding(CpuProcesses):
         return None
 
     def probes(self, cores: int, gpus: int) -> list[Probe]:
-        return [Probe(f"{self.name} ({w} processes)", {"strategy": self.name, "workers": w},
-                      w, replicas=w if self.whole_replicas else 1)
-                for w in worker_counts(cores)]
+        """k processes for each of ``worker_counts``, and one a GPU where there are 2 or
+        more: a layout of no more processes than GPUs trains on them (``gpu_each``), and
+        says so in its label."""
+        counts = sorted({*worker_counts(cores), *([gpus] if gpus >= 2 else [])}, reverse=True)
+        return [Probe(f"{self.name} ({w} processes{', a GPU each' if w <= gpus else ''})",
+                      {"strategy": self.name, "workers": w}, w,
+                      replicas=w if self.whole_replicas else 1, gpus=w <= gpus)
+                for w in counts]
 
     def worker(self, job, link, device) -> None:
         from ddlstudy.training import sharding  # torch: in workers only
