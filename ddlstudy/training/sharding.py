@@ -75,6 +75,9 @@ def shard_units(model: nn.Module, share: float = UNIT_SHARE) -> list[str]:
 def shard_model(model: nn.Module, mesh: DeviceMesh, precision: str = "fp32",
                 reshard_after_forward: bool = True) -> list[str]:
     """FSDP2 over ``mesh``: each of ``shard_units`` a unit, then the root with the rest;
+    after forward each unit but the last (the last in the model's order, the first
+    ``shard_units`` names: backward gathers it again first) frees its gathered weights
+    where ``reshard_after_forward`` (as torchtitan does for its last block);
     bf16 through FSDP's mixed precision (bf16 weights gathered, float32 gradients
     reduced); on a ``hostcoll`` group, their buffers in its shared memory
     (``hostfsdp``). Returns the units' names (the root's is "")."""
@@ -82,9 +85,9 @@ def shard_model(model: nn.Module, mesh: DeviceMesh, precision: str = "fp32",
         if precision == "bf16" else MixedPrecisionPolicy()
     modules = dict(model.named_modules())
     units = [*shard_units(model), ""]
-    for name in units:
+    for name in units:  # the last unit's weights, needed again at once by backward, kept
         fully_shard(modules[name], mesh=mesh, mp_policy=policy,
-                    reshard_after_forward=reshard_after_forward)
+                    reshard_after_forward=reshard_after_forward and name != units[0])
     hostfsdp.share_buffers(model, mesh.get_group())
     return units
 
