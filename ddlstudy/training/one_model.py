@@ -120,8 +120,9 @@ def _through(link: Link, shared: hostmem.HostMemory) -> Link:
 
 def _zero_group(zero: bool, cfg, cuda: bool = False) -> dist.ProcessGroup | None:
     """ZeRO's group: the node's processes, its weights' broadcasts through this host's
-    shared memory with --transport auto (``hostcoll``), else the default group's (gloo, or
-    NCCL on GPUs)."""
+    shared memory with --transport auto (``hostcoll``; on a run of one node the weights
+    themselves live there, ``hostzero``, and the broadcasts are a barrier), else the
+    default group's (gloo, or NCCL on GPUs)."""
     if not zero or cuda or cfg.transport != "auto" or dist.get_world_size() == 1:
         return None
     return hostcoll.new_group()
