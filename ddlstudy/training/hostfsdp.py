@@ -119,13 +119,14 @@ class SharedReduceScatter(ReduceScatter):
     rank adds up its piece of the others' inputs in place."""
 
     def __init__(self, arena: Arena) -> None:
-        self.arena, self._blocks, self._input = arena, {}, True
+        self.arena, self._blocks, self._input_bytes = arena, {}, 0
 
     def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        taking, self._input = self._input, not self._input  # the input, then the output
-        if not taking:
-            return torch.empty(*size, dtype=dtype, device=device)
         nbytes, group = _bytes(size, dtype), self.arena.group
+        if nbytes * group.size() == self._input_bytes:  # the output, after its input
+            self._input_bytes = 0
+            return torch.empty(*size, dtype=dtype, device=device)
+        self._input_bytes = nbytes
         at, block = self.arena.take(nbytes * group.size(), "reduce_scatter buffer")
         if block is None:
             return torch.empty(*size, dtype=dtype, device=device)
