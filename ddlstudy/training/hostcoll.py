@@ -90,7 +90,7 @@ class CollOptions:
 
 def reduction(op, dtype: torch.dtype) -> Reduction | None:
     """What ``op`` does to ``dtype`` here, or None where gloo decides (it may refuse)."""
-    kind = op.op if isinstance(op, dist.ReduceOp) else op
+    kind = op if isinstance(op, R) else op.op if isinstance(op, dist.ReduceOp) else op
     if kind in (R.SUM, R.MIN, R.MAX) and dtype in NUMBERS:
         return Reduction(kind)
     if kind == R.AVG and dtype in NUMBERS and dtype.is_floating_point:
@@ -130,9 +130,10 @@ class HostColl(hostshm.NamedGroup):
     the module's docstring); gloo does the rest."""
 
     def __init__(self, rank: int, size: int, shared: hostshm.Shared, slot_bytes: int,
-                 gloo: dist.ProcessGroupGloo, timeout: timedelta) -> None:
+                 gloo: dist.ProcessGroupGloo, timeout: timedelta,
+                 store: dist.Store | None = None) -> None:
         super().__init__(rank, size, BACKEND)
-        self._gloo = gloo
+        self._gloo, self._store, self._files = gloo, store, 0
         self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, gloo)
         self._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
         self._slots = Slots(rank, size, shared, slot_bytes, timeout.total_seconds())
@@ -140,6 +141,24 @@ class HostColl(hostshm.NamedGroup):
         self.counts: Counter[str] = Counter()
         """The collectives this group moved, by method name, and those it left to gloo
         ("gloo <name>")."""
+
+    def open_file(self, total: int, prefix: str, what: str) -> hostshm.Shared | None:
+        """Another shared file of ``total`` bytes for this group's ranks (a collective: every
+        rank calls it), or None on every rank where some rank could not map it."""
+        if self._store is None:
+            return None
+        self._files += 1
+        store = dist.PrefixStore(f"file{self._files}/", self._store)
+        return hostshm.open_shared(store, self._me, self._size, total, prefix, what)
+
+    def meet(self, called: str, counted: str = "") -> None:
+        """A barrier of this group's ranks, which all called ``called`` (else every rank
+        raises): what a collective whose bytes already lie in shared memory needs."""
+        with self._lock:
+            self._slots.expect(called)
+            self._slots.barrier()
+        if counted:
+            self.counts[counted] += 1
 
     # -- the collectives moved here ------------------------------------------------------
     def allreduce(self, tensors, opts=None):
@@ -285,7 +304,8 @@ def _create_backend(options, coll: CollOptions | None) -> HostColl | dist.Proces
     total = file_bytes(size, slot)
     shared = hostshm.open_shared(dist.PrefixStore("shm/", options.store), rank, size, total,
                                  "ddlstudy-coll", "collectives")
-    return gloo if shared is None else HostColl(rank, size, shared, slot, gloo, timeout)
+    return gloo if shared is None else HostColl(rank, size, shared, slot, gloo, timeout,
+                                                options.store)
 
 
 def register() -> None:

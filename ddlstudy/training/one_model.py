@@ -24,7 +24,7 @@ from torch import nn
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel
 
-from ddlstudy.training import hostcoll, hostmem
+from ddlstudy.training import hostcoll, hostmem, hostzero
 from ddlstudy.training.flat import exchange_step, flat_gradients
 from ddlstudy.training.job import Job, Link, States
 from ddlstudy.training.loaders import make_loaders
@@ -95,6 +95,8 @@ def train_one_model(job: Job, link: Link, device: torch.device,
                         device, cfg.accumulate, scaler)
     else:
         optimizer = new_optimizer(model.parameters(), cfg, zero, _zero_group(zero, cfg, cuda))
+        if zero and link.world == dist.get_world_size():  # one node: its weights shared
+            hostzero.share_weights(optimizer)
         flat = flat_gradients(model, None if shared is None else shared.buffer)
         if shared is not None:
             link = _through(link, shared)
@@ -118,8 +120,9 @@ def _through(link: Link, shared: hostmem.HostMemory) -> Link:
 
 def _zero_group(zero: bool, cfg, cuda: bool = False) -> dist.ProcessGroup | None:
     """ZeRO's group: the node's processes, its weights' broadcasts through this host's
-    shared memory with --transport auto (``hostcoll``), else the default group's (gloo, or
-    NCCL on GPUs)."""
+    shared memory with --transport auto (``hostcoll``; on a run of one node the weights
+    themselves live there, ``hostzero``, and the broadcasts are a barrier), else the
+    default group's (gloo, or NCCL on GPUs)."""
     if not zero or cuda or cfg.transport != "auto" or dist.get_world_size() == 1:
         return None
     return hostcoll.new_group()

@@ -34,7 +34,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from ddlstudy.training import hostcoll, hostmem
+from ddlstudy.training import hostcoll, hostfsdp, hostmem
 from ddlstudy.training.job import Job, Link, States
 from ddlstudy.training.loaders import make_loaders
 from ddlstudy.training.one_model import ddp_step, train_one_model
@@ -75,15 +75,20 @@ def shard_units(model: nn.Module, share: float = UNIT_SHARE) -> list[str]:
 def shard_model(model: nn.Module, mesh: DeviceMesh, precision: str = "fp32",
                 reshard_after_forward: bool = True) -> list[str]:
     """FSDP2 over ``mesh``: each of ``shard_units`` a unit, then the root with the rest;
+    after forward each unit but the last (the last in the model's order, the first
+    ``shard_units`` names: backward gathers it again first) frees its gathered weights
+    where ``reshard_after_forward`` (as torchtitan does for its last block);
     bf16 through FSDP's mixed precision (bf16 weights gathered, float32 gradients
-    reduced). Returns the units' names (the root's is "")."""
+    reduced); on a ``hostcoll`` group, their buffers in its shared memory
+    (``hostfsdp``). Returns the units' names (the root's is "")."""
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
         if precision == "bf16" else MixedPrecisionPolicy()
     modules = dict(model.named_modules())
     units = [*shard_units(model), ""]
-    for name in units:
+    for name in units:  # the last unit's weights, needed again at once by backward, kept
         fully_shard(modules[name], mesh=mesh, mp_policy=policy,
-                    reshard_after_forward=reshard_after_forward)
+                    reshard_after_forward=reshard_after_forward and name != units[0])
+    hostfsdp.share_buffers(model, mesh.get_group())
     return units
 
 
