@@ -42,6 +42,7 @@ def _train(group, rank, share: bool) -> dict:
     counts.clear()
     weights = [p.detach().clone() for p in model.parameters()]
     if shared is not None:  # one file: a change by the last rank is every rank's
+        dist.barrier()  # every rank has its copy of the weights before the change
         if rank == dist.get_world_size() - 1:
             next(model.parameters()).data.add_(1.0)
         dist.barrier()

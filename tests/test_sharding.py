@@ -14,6 +14,7 @@ from test_faults import _identical, _manifest, ddlstudy, run_and_kill
 from ddlstudy.config import load_usecase
 from ddlstudy.models import build_model
 from ddlstudy.records.runfolder import MANIFEST, SNAPSHOT
+from ddlstudy.report import config_label
 
 OWN_NET = f"{Path(__file__).parent / 'models' / 'own_net.py'}:small_resnet"
 
@@ -63,6 +64,35 @@ def test_sharded_and_zero_train_as_cpu_processes(model, twin):
         transport = manifest["backend"]["mesh"]["transport"] if strategy == "sharded" \
             else manifest["transport"]
         assert transport == "shared-memory", strategy
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["cpu-processes", "sharded", "zero"])
+def test_the_nodes_shared_memory_is_counted_once(strategy, twin):
+    """Each process's peak holds the pages of /dev/shm it maps (the flat gradient buffer,
+    FSDP's arena, ZeRO's buckets), and so does the other's: the node's figure counts each
+    process's shared pages by its share, so those pages once, not twice."""
+    memory = _manifest(twin("--strategy", strategy, "--workers", "2"))["backend"]["memory"]
+    ranks = memory["per_rank"]
+    assert all(r["shmem_bytes"] > 2**20 for r in ranks), ranks  # its buffers, mapped
+    assert all(r["shmem_pss_bytes"] < r["shmem_bytes"] for r in ranks), ranks  # shared
+    node = sum(r["peak_rss_bytes"] - r["shmem_bytes"] + r["shmem_pss_bytes"] for r in ranks)
+    assert memory["per_host_bytes"] == {ranks[0]["host"]: node}
+    assert node < sum(r["peak_rss_bytes"] for r in ranks)
+
+
+@pytest.mark.slow
+def test_sharded_with_its_own_buffers_takes_the_same_steps_holding_less_shared(twin):
+    """--no-shared-buffers: FSDP allocates its buffers at each use and the collectives go
+    through the group's slots; the same sums in the same order, so the same losses to the
+    bit (the manifest says which buffers it used); the report keeps it apart."""
+    shared = _manifest(twin("--strategy", "sharded", "--workers", "2"))
+    own = _manifest(twin("--strategy", "sharded", "--workers", "2", "--no-shared-buffers"))
+    assert [e["train_loss"] for e in own["epochs"]] == \
+        [e["train_loss"] for e in shared["epochs"]]
+    assert (own["backend"]["mesh"]["buffers"], shared["backend"]["mesh"]["buffers"]) == \
+        ("own", "shared-memory")
+    assert config_label(own) == config_label(shared) + " own buffers"
 
 
 @pytest.mark.slow

@@ -126,6 +126,13 @@ class RunConfig(MpiOptions, SparkOptions):
                                          "(ZeRO-2: more memory, one all-gather a step "
                                          "fewer) instead of freeing them (ZeRO-3)",
                                          group=WHAT, type=bool, negate=True)
+    shared_buffers: bool = option(True, "sharded: allocate FSDP's all-gather and "
+                                  "reduce-scatter buffers at each use (its own, freed "
+                                  "after) instead of holding them in this host's shared "
+                                  "memory for the whole run (there each all-gather is a "
+                                  "barrier and each reduce-scatter a sum, but (k + 1) x "
+                                  "the largest block stays resident)",
+                                  group=WHAT, type=bool, negate=True)
     tensor: int | None = option(None, "sharded: split each pair of consecutive Linear "
                                 "layers over this many of the node's processes (a 2-D "
                                 "mesh: tensor parallel inside, FSDP2 across)", group=WHAT,

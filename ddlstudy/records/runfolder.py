@@ -50,7 +50,7 @@ CHILD_ENV = "DDLSTUDY_MPI_CHILD"
 GIB = 2**30
 MEMORY = {"peak_process_bytes": "peak resident memory of its largest process",
           "peak_node_bytes": "peak resident memory of its largest node (its processes' peaks "
-                             "summed)",
+                             "summed, the shared memory among them counted once)",
           "held_parameters_bytes": "parameters rank 0 holds",
           "held_gradients_bytes": "gradients rank 0 holds",
           "held_optimizer_state_bytes": "optimizer state rank 0 holds"}

@@ -122,8 +122,7 @@ def _strategy(name: str) -> Strategy | None:
 
 
 def config_label(manifest: dict) -> str:
-    """A short readable name of what ran: strategy, its degrees (the strategy's own
-    ``label`` of its recorded layout), and the backend."""
+    """What ran, named short: strategy, degrees (its ``label`` of the layout), backend."""
     s = manifest.get("strategy", {})
     strategy = _strategy(name := s.get("name", "?"))
     label = strategy.label(s) if strategy is not None else name
@@ -136,6 +135,7 @@ def config_label(manifest: dict) -> str:
         label += f" accumulate {config['accumulate']}"
     label += " checkpointed" * bool(config.get("checkpoint_activations"))  # memory for time
     label += " ZeRO-2" * (config.get("reshard_after_forward") is False)  # sharded's, not ZeRO-3
+    label += " own buffers" * (config.get("shared_buffers") is False)  # sharded's, allocated
     if config.get("scaling", "strong") == "weak":
         batch = manifest.get("effective", {}).get("global_batch", "?")
         label += f" weak (batch {batch})"

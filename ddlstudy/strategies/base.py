@@ -228,6 +228,7 @@ LAYOUT_OPTIONS = {"workers": "sets the replicas, processes or threads",
                   "replicas": "sets the pipelines of a hybrid",
                   "devices": "sets the GPUs",
                   "reshard_after_forward": "keeps or frees gathered parameters after forward",
+                  "shared_buffers": "holds FSDP's buffers in shared memory or allocates them",
                   "tensor": "splits Linear pairs over processes inside a mesh"}
 """RunConfig fields that lay a strategy out, and what each does."""
 

@@ -101,8 +101,9 @@ class Sharded(_Sharding):
                "state (FSDP2's fully_shard per block, ZeRO-3; --no-reshard-after-forward: "
                "ZeRO-2), each a slice of every batch; --tensor T: tensor parallel inside")
     flags = ("--workers K (processes, default: usable cores), --no-reshard-after-forward, "
-             "--tensor T (a 2-D mesh: tensor parallel over T of the K processes)")
-    options = ("workers", "reshard_after_forward", "tensor")
+             "--no-shared-buffers, --tensor T (a 2-D mesh: tensor parallel over T of the K "
+             "processes)")
+    options = ("workers", "reshard_after_forward", "shared_buffers", "tensor")
     accumulates = True
     trains = "train_sharded"
 

@@ -1,5 +1,5 @@
 """What a training process holds: its peak resident memory while training (set-up left
-out) and the bytes its own tensors count.
+out), the shared memory among it, and the bytes its own tensors count.
 
 On Linux the peak is the kernel's high-water mark, ``VmHWM`` in ``/proc/self/status``,
 reset once set-up is done by writing 5 to ``/proc/self/clear_refs``; where that cannot be
@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 STATUS, CLEAR_REFS = Path("/proc/self/status"), Path("/proc/self/clear_refs")
+ROLLUP = Path("/proc/self/smaps_rollup")
 HWM = "VmHWM (reset after set-up)"
 RUSAGE = "getrusage ru_maxrss (set-up included)"
 
@@ -52,9 +53,19 @@ def shared_resident() -> int | None:
     return _status("RssFile:")
 
 
-def _status(key: str) -> int | None:
+def shared_memory() -> dict[str, int]:
+    """This process's resident pages of shared memory (``/dev/shm``: the buffers through
+    which a node's processes average, gather and send), all of them (``shmem_bytes``, in
+    every process's resident figure) and its proportional share of them (``shmem_pss_bytes``:
+    each page divided among the processes that map it, so a node's shares sum to what its
+    memory holds once); empty where /proc does not say."""
+    rss, pss = _status("RssShmem:"), _status("Pss_Shmem:", ROLLUP)
+    return {} if rss is None or pss is None else {"shmem_bytes": rss, "shmem_pss_bytes": pss}
+
+
+def _status(key: str, path: Path = STATUS) -> int | None:
     with contextlib.suppress(OSError, ValueError, IndexError):
-        for line in STATUS.read_text().splitlines():
+        for line in path.read_text().splitlines():
             if line.startswith(key):
                 return int(line.split()[1]) * 1024
     return None
@@ -134,6 +145,6 @@ def record(peak_method: str, model: nn.Module, optimizer: torch.optim.Optimizer,
         if device is not None and device.type == "cuda" else {}
     holds = held(model, optimizer) | ({"activations": activations} if activations else {})
     return {"peak_rss_bytes": peak_rss(), "peak_method": peak_method,
-            "held_bytes": holds} | gpu | (
+            "held_bytes": holds} | shared_memory() | gpu | (
         {"setup_rss_bytes": setup_rss} if setup_rss is not None else {}) | (
         {"setup_file_bytes": setup_shared} if setup_shared is not None else {})

@@ -79,8 +79,7 @@ def shard_model(model: nn.Module, mesh: DeviceMesh, precision: str = "fp32",
     ``shard_units`` names: backward gathers it again first) frees its gathered weights
     where ``reshard_after_forward`` (as torchtitan does for its last block);
     bf16 through FSDP's mixed precision (bf16 weights gathered, float32 gradients
-    reduced); on a ``hostcoll`` group, their buffers in its shared memory
-    (``hostfsdp``). Returns the units' names (the root's is "")."""
+    reduced). Returns the units' names (the root's is "")."""
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
         if precision == "bf16" else MixedPrecisionPolicy()
     modules = dict(model.named_modules())
@@ -88,7 +87,6 @@ def shard_model(model: nn.Module, mesh: DeviceMesh, precision: str = "fp32",
     for name in units:  # the last unit's weights, needed again at once by backward, kept
         fully_shard(modules[name], mesh=mesh, mp_policy=policy,
                     reshard_after_forward=reshard_after_forward and name != units[0])
-    hostfsdp.share_buffers(model, mesh.get_group())
     return units
 
 
@@ -236,8 +234,9 @@ def train_sharded(job: Job, link: Link, device: torch.device,
     model = new_model(cfg, dp_rank, device)  # a tensor group shares its dropout masks
     if tensor > 1:
         tensor_parallel(model, mesh["tensor"])
-    units = shard_model(model, mesh["shard"] if tensor > 1 else mesh, cfg.precision,
-                        cfg.reshard_after_forward)
+    shards = mesh["shard"] if tensor > 1 else mesh
+    units = shard_model(model, shards, cfg.precision, cfg.reshard_after_forward)
+    arena = hostfsdp.share_buffers(model, shards.get_group()) if cfg.shared_buffers else None
     optimizer = new_optimizer(model.parameters(), cfg)
     train, val = make_loaders(cfg, job.data, shard=(dp_rank, dp) if dp > 1 else None,
                               loader_workers=loader_workers)
@@ -247,7 +246,8 @@ def train_sharded(job: Job, link: Link, device: torch.device,
     if link.rank == 0:
         record(job, "mesh", {"shard": dist.get_world_size() // tensor, "tensor": tensor,
                              "nodes": link.world // dist.get_world_size(), "units": units,
-                             "transport": transport_of(mesh)})
+                             "transport": transport_of(mesh),
+                             "buffers": "own" if arena is None else "shared-memory"})
     train_worker(job, counted_once(link, tensor), model, optimizer, step, train, val,
                  device=device, states=full_states(model, optimizer))
 

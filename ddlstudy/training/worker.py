@@ -103,15 +103,32 @@ def record_memory(job: Job, link: Link, mine: dict) -> None:
         return
     hosts: dict[str, int] = {}
     for row in everyone:
-        hosts[row["host"]] = hosts.get(row["host"], 0) + row["peak_rss_bytes"]
+        hosts[row["host"]] = hosts.get(row["host"], 0) + node_share(row)
     record(job, "memory", {
         "per_rank": everyone, "peak_rss_bytes": max(r["peak_rss_bytes"] for r in everyone),
         "per_host_bytes": hosts,
-        "note": "peak_rss_bytes: the most any one process held resident while training; "
-                "per_host_bytes: the sum of its processes' peaks (an upper bound: they need "
-                "not peak at once); held_bytes: counted from the process's own tensors; "
-                "setup_rss_bytes: resident once set up, before the first step (of which "
-                "setup_file_bytes are files' pages, shared with the node's other processes)"})
+        "note": "peak_rss_bytes: the most any one process held resident while training "
+                "(shared memory included); per_host_bytes: the sum of its processes' peaks, "
+                "each process's shared memory (shmem_bytes, the node's collectives' buffers "
+                "in /dev/shm, as at the end of training) counted by its share "
+                "(shmem_pss_bytes), so that the node counts those pages once (an upper "
+                "bound: the processes need not peak at once); held_bytes: counted from the "
+                "process's own tensors; setup_rss_bytes: resident once set up, before the "
+                "first step (of which setup_file_bytes are files' pages, shared with the "
+                "node's other processes)"})
+
+
+def node_share(row: dict) -> int:
+    """What a process's peak adds to its node's: the peak, its shared memory counted by its
+    proportional share (a page mapped by k processes is in each one's peak, and the node's
+    memory holds it once); the peak alone where the share was not recorded. The shared
+    pages are as at the end of training: the buffers stay mapped, and are touched, from the
+    first step on."""
+    peak, shared, share = (row.get(k) for k in ("peak_rss_bytes", "shmem_bytes",
+                                                "shmem_pss_bytes"))
+    if shared is None or share is None:
+        return peak
+    return max(peak - shared, 0) + share
 
 
 def same_buffers(buffers: list[torch.Tensor], link: Link) -> None:
