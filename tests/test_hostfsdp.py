@@ -9,11 +9,10 @@ from collections import Counter
 import pytest
 import torch
 import torch.distributed as dist
+from test_hostcoll import _init, _spawn
 from torch import nn
 
 from ddlstudy.training import hostcoll, hostfsdp, hostshm
-from ddlstudy.training.distributed import free_port, run_ranks
-from ddlstudy.training.hostmem import SHM_DIR
 
 pytestmark = pytest.mark.skipif(hostshm.usable() != "", reason=hostshm.usable())
 
@@ -49,9 +48,7 @@ def _train(group, rank, share: bool, divide: float | None, total: int | None = N
 
 
 def _ranks(rank, world, port, out):
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world)
+    _init(rank, world, port)  # gloo, one thread
     shm, gloo = hostcoll.new_group(slot_bytes=1024), dist.new_group(backend="gloo")
     result = {}
     for divide in (None, 4.0):  # AVG, then PREMUL_SUM (which gloo has not)
@@ -65,11 +62,7 @@ def _ranks(rank, world, port, out):
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_fsdp_buffers_in_shared_memory_give_gloos_bits(tmp_path, world):
-    before = set(SHM_DIR.glob("ddlstudy-*"))
-    run_ranks(_ranks, world, (free_port(), tmp_path))
-    assert set(SHM_DIR.glob("ddlstudy-*")) == before
-    for rank in range(world):
-        result = torch.load(tmp_path / f"{rank}.pt", weights_only=False)
+    for result in _spawn(tmp_path, _ranks, world):  # no shared file left behind
         for divide, runs in result.items():
             own = runs["own"]  # the group's own collectives through its slots
             for name in ("shared", "no room"):

@@ -8,12 +8,11 @@ from collections import Counter
 import pytest
 import torch
 import torch.distributed as dist
+from test_hostcoll import _init, _spawn
 from torch import nn
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from ddlstudy.training import hostcoll, hostshm, hostzero
-from ddlstudy.training.distributed import free_port, run_ranks
-from ddlstudy.training.hostmem import SHM_DIR
 
 pytestmark = pytest.mark.skipif(hostshm.usable() != "", reason=hostshm.usable())
 
@@ -52,9 +51,7 @@ def _train(group, rank, share: bool) -> dict:
 
 
 def _ranks(rank, world, port, out):
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world)
+    _init(rank, world, port)  # gloo, one thread
     shm, gloo = hostcoll.new_group(), dist.new_group(backend="gloo")
     result = {"own": _train(shm, rank, False), "shared": _train(shm, rank, True),
               "gloo": _train(gloo, rank, True)}
@@ -64,11 +61,7 @@ def _ranks(rank, world, port, out):
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_zero_weights_in_shared_memory_give_the_broadcasts_bits(tmp_path, world):
-    before = set(SHM_DIR.glob("ddlstudy-*"))
-    run_ranks(_ranks, world, (free_port(), tmp_path))
-    assert set(SHM_DIR.glob("ddlstudy-*")) == before
-    for rank in range(world):
-        r = torch.load(tmp_path / f"{rank}.pt", weights_only=False)
+    for r in _spawn(tmp_path, _ranks, world):  # no shared file left behind
         own, shared = r["own"], r["shared"]
         assert shared["shared"] and not own["shared"] and not r["gloo"]["shared"]
         assert shared["losses"] == own["losses"] and own["losses"][-1] < own["losses"][0]
