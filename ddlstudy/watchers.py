@@ -26,6 +26,8 @@ from ddlstudy.registry import Registry
 
 log = logging.getLogger("ddlstudy")
 
+OWN = ("mlflow",)
+"""ddlstudy's own watchers, each turned on by the run option of its name."""
 ALONE = "default"
 """The value of a watcher's flag given alone (``--mlflow``): the watcher's default place."""
 
@@ -68,10 +70,22 @@ def watcher(name: str, flag: str) -> Watcher:
     return found
 
 
-def tell(hook: Callable[[Watcher], None]) -> None:
+def tell(manifest: dict[str, Any], hook: Callable[[Watcher], None]) -> None:
     """``hook`` called on every installed watcher (ddlstudy's own and plugins', loaded once
-    a process); one that raises is named in a warning and the run goes on."""
-    for each in WATCHERS.loaded().values():
+    a process); one that raises is named in a warning and the run goes on. One of
+    ddlstudy's own that the run asked for and this process cannot find (its metadata
+    older than its code: a Spark executor's install) is said the same way, and noted in
+    the manifest's block of its name, as its own failures are."""
+    found = WATCHERS.loaded()
+    for name in OWN:
+        block = manifest.get(name) if isinstance(manifest.get(name), dict) else {}
+        if (manifest.get("config") or {}).get(name) and name not in found \
+                and not block.get("error"):
+            manifest[name] = block | {"error": f"ddlstudy's {name} watcher is not "
+                                      "registered in this process: reinstall ddlstudy"}
+            log.warning("the run asked for %s, but %s; the run goes on without it", name,
+                        manifest[name]["error"])
+    for each in found.values():
         try:
             hook(each)
         except Exception as exc:  # noqa: BLE001 - a watcher never fails the run

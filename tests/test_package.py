@@ -306,6 +306,11 @@ def test_the_run_folder_tells_every_watcher_and_one_that_fails_does_not_fail_the
     assert [e["epoch"] for e in written["epochs"]] == [1, 2] and "mlflow" not in written
     failed = [r.getMessage() for r in caplog.records if "watcher failing" in r.getMessage()]
     assert len(failed) == 2 and "its server is down" in failed[0], failed
+    monkeypatch.delitem(WATCHERS, "mlflow")  # a process whose metadata lacks ddlstudy's own
+    asked = RunFolder.create(tmp_path, "r2", {"config": {"mlflow": "sqlite:///x.db"}})
+    asked.record_epoch({"epoch": 1, "epoch_time_s": 1.0})
+    assert "mlflow watcher is not registered" in asked.manifest["mlflow"]["error"]
+    assert sum("asked for mlflow" in r.getMessage() for r in caplog.records) == 1  # once
 
 
 @pytest.mark.slow

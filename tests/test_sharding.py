@@ -82,16 +82,19 @@ def test_the_nodes_shared_memory_is_counted_once(strategy, twin):
 
 
 @pytest.mark.slow
-def test_sharded_with_its_own_buffers_takes_the_same_steps_holding_less_shared(twin):
-    """--no-shared-buffers: FSDP allocates its buffers at each use and the collectives go
-    through the group's slots; the same sums in the same order, so the same losses to the
-    bit (the manifest says which buffers it used); the report keeps it apart."""
-    shared = _manifest(twin("--strategy", "sharded", "--workers", "2"))
-    own = _manifest(twin("--strategy", "sharded", "--workers", "2", "--no-shared-buffers"))
+@pytest.mark.parametrize("strategy", ["sharded", "zero"])
+def test_own_buffers_take_the_same_steps(strategy, twin):
+    """--no-shared-buffers: sharded's FSDP allocates its buffers at each use and its
+    collectives go through the group's slots; zero broadcasts each process's updated
+    weights. The same sums in the same order, so the same losses to the bit (sharded's
+    manifest says which buffers it used); the report keeps them apart."""
+    shared = _manifest(twin("--strategy", strategy, "--workers", "2"))
+    own = _manifest(twin("--strategy", strategy, "--workers", "2", "--no-shared-buffers"))
     assert [e["train_loss"] for e in own["epochs"]] == \
         [e["train_loss"] for e in shared["epochs"]]
-    assert (own["backend"]["mesh"]["buffers"], shared["backend"]["mesh"]["buffers"]) == \
-        ("own", "shared-memory")
+    if strategy == "sharded":
+        assert (own["backend"]["mesh"]["buffers"], shared["backend"]["mesh"]["buffers"]) \
+            == ("own", "shared-memory")
     assert config_label(own) == config_label(shared) + " own buffers"
 
 
@@ -150,6 +153,9 @@ def test_under_mpi_each_trains_as_its_local_twin(twin):
     assert _manifest(a)["backend"]["mesh"] == {
         "tensor": 2, "nodes": 2, "transport": "shared-memory",
         "pairs": [["classifier.1", "classifier.4"]]}
+    assert _manifest(b)["backend"]["mesh"]["buffers"] == "own"  # a 2-D mesh: FSDP's own
+    assert _manifest(twin(*pairs["sharded"][0]))["backend"]["mesh"]["buffers"] == \
+        "shared-memory"  # HSDP: the arena within each node
 
 
 def test_strategies_name_what_each_shards(capsys):

@@ -131,7 +131,9 @@ class RunConfig(MpiOptions, SparkOptions):
                                   "after) instead of holding them in this host's shared "
                                   "memory for the whole run (there each all-gather is a "
                                   "barrier and each reduce-scatter a sum, but (k + 1) x "
-                                  "the largest block stays resident)",
+                                  "the largest block stays resident); zero: broadcast each "
+                                  "process's updated weights instead of holding the "
+                                  "weights once in shared memory",
                                   group=WHAT, type=bool, negate=True)
     tensor: int | None = option(None, "sharded: split each pair of consecutive Linear "
                                 "layers over this many of the node's processes (a 2-D "

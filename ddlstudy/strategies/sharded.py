@@ -150,7 +150,9 @@ class Zero(_Sharding):
     shards = "optimizer state (ZeRO-1, ZeroRedundancyOptimizer)"
     summary = ("cpu-processes with the optimizer state split over its k processes (ZeRO-1, "
                "torch's ZeroRedundancyOptimizer): each steps 1/k of the weights")
-    flags = "--workers K (processes, default: usable cores), --loader-workers, --transport"
+    flags = ("--workers K (processes, default: usable cores), --loader-workers, --transport, "
+             "--no-shared-buffers")
+    options = ("workers", "shared_buffers")
     accumulates = True
     trains = "train_zero"
     whole_replicas = True

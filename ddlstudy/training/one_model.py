@@ -95,7 +95,7 @@ def train_one_model(job: Job, link: Link, device: torch.device,
                         device, cfg.accumulate, scaler)
     else:
         optimizer = new_optimizer(model.parameters(), cfg, zero, _zero_group(zero, cfg, cuda))
-        if zero and link.world == dist.get_world_size():  # one node: its weights shared
+        if zero and cfg.shared_buffers and link.world == dist.get_world_size():  # one node
             hostzero.share_weights(optimizer)
         flat = flat_gradients(model, None if shared is None else shared.buffer)
         if shared is not None:

@@ -236,7 +236,8 @@ def train_sharded(job: Job, link: Link, device: torch.device,
         tensor_parallel(model, mesh["tensor"])
     shards = mesh["shard"] if tensor > 1 else mesh
     units = shard_model(model, shards, cfg.precision, cfg.reshard_after_forward)
-    arena = hostfsdp.share_buffers(model, shards.get_group()) if cfg.shared_buffers else None
+    arena = hostfsdp.share_buffers(model, shards.get_group()) \
+        if cfg.shared_buffers and tensor == 1 else None  # a 2-D mesh: FSDP's own buffers
     optimizer = new_optimizer(model.parameters(), cfg)
     train, val = make_loaders(cfg, job.data, shard=(dp_rank, dp) if dp > 1 else None,
                               loader_workers=loader_workers)
