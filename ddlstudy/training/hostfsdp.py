@@ -24,6 +24,7 @@ on every rank alike.
 
 from __future__ import annotations
 
+import math
 import weakref
 
 import numpy as np
@@ -82,10 +83,7 @@ class Arena:
 
 
 def _bytes(size, dtype: torch.dtype) -> int:
-    n = 1
-    for s in size:
-        n *= int(s)
-    return n * dtype.itemsize
+    return math.prod(int(s) for s in size) * dtype.itemsize
 
 
 class SharedAllGather(AllGather):
