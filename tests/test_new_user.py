@@ -26,7 +26,7 @@ import ddlstudy
 from ddlstudy.cli import main
 from ddlstudy.config import usecase_from_dict
 from ddlstudy.config.folders import with_classes
-from ddlstudy.records.plan import advice_plan
+from ddlstudy.records.advised import advice_plan
 from ddlstudy.records.runfolder import MANIFEST
 from ddlstudy.report.formats import cell_text, fitted_markdown
 from ddlstudy.report.tables import SUMMARY_COLUMNS

@@ -75,7 +75,11 @@ class _Sharding(CpuProcesses):
         return [Probe(f"{self.name} ({w} processes{', a GPU each' if w <= gpus else ''})",
                       {"strategy": self.name, "workers": w}, w,
                       replicas=w if self.whole_replicas else 1, gpus=w <= gpus)
-                for w in counts]
+                for w in counts] + self.more_probes(counts, gpus)
+
+    def more_probes(self, counts: list[int], gpus: int) -> list[Probe]:
+        """Other layouts of it worth ranking (none but sharded's)."""
+        return []
 
     def worker(self, job, link, device) -> None:
         from ddlstudy.training import sharding  # torch: in workers only
@@ -130,12 +134,39 @@ class Sharded(_Sharding):
     def data_parallel(self, cfg: RunConfig) -> int:
         return self.workers(cfg) // (cfg.tensor or 1)
 
+    def more_probes(self, counts: list[int], gpus: int) -> list[Probe]:
+        """Its largest layout with FSDP's own buffers (the memory they save against the
+        speed the shared ones buy), and a 2-D mesh of 4 processes (2 x 2: tensor parallel
+        inside each pair), named as too large where the machine has fewer cores."""
+        if not counts:
+            return []
+        w = counts[0]
+        return [Probe(f"{self.name} ({w} processes, own buffers)",
+                      {"strategy": self.name, "workers": w, "no_shared_buffers": True}, w,
+                      gpus=w <= gpus),
+                Probe(f"{self.name} (4 processes, tensor 2)",
+                      {"strategy": self.name, "workers": 4, "tensor": 2}, 4, gpus=gpus >= 4)]
+
     def footprint(self, cfg: RunConfig) -> Footprint:
         """Parameters, gradients and optimizer state cut in k shards: one copy over the
         node (with --no-reshard-after-forward each process keeps the gathered
         parameters, half a model, from forward to backward)."""
         k = self.workers(cfg)
-        return Footprint(k, 1.0 if cfg.reshard_after_forward else 1 + k / 2)
+        return Footprint(k, 1.0 if cfg.reshard_after_forward else 1 + k / 2,
+                         shared_bytes=self.arena(cfg))
+
+    def arena(self, cfg: RunConfig) -> int:
+        """The bytes of the arena in shared memory its processes gather and reduce
+        through (``--no-shared-buffers``, a 2-D mesh, --transport gloo or GPUs: none)."""
+        k = self.workers(cfg)
+        if (not cfg.shared_buffers or (cfg.tensor or 1) > 1 or k < 2
+                or cfg.transport != "auto" or self.device_type(cfg) != "cpu"):
+            return 0
+        from ddlstudy.models import shapes_only  # torch: only when asked
+        from ddlstudy.training.sharding import arena_bytes
+
+        model, _ = shapes_only(cfg.usecase.model, len(cfg.usecase.classes))
+        return arena_bytes(model, k)
 
     def label(self, layout: dict[str, Any]) -> str:
         tensor = layout.get("tensor")
