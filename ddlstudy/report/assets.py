@@ -36,7 +36,7 @@ th, td { border-bottom: 1px solid var(--line); padding: 4px 6px; text-align: lef
 td.num, th.num { text-align: right; font-variant-numeric: tabular-nums;
                  overflow-wrap: normal; white-space: nowrap; }
 td.tight { white-space: nowrap; }
-thead th { background: var(--band); position: sticky; top: 0; }
+thead th { background: var(--band); position: sticky; top: 0; overflow-wrap: normal; }
 th button { font: inherit; font-weight: 600; border: 0; background: none; padding: 0;
             cursor: pointer; color: inherit; text-align: inherit; }
 th[aria-sort="ascending"] button::after { content: " \\25B2"; }

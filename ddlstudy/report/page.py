@@ -29,7 +29,14 @@ from ddlstudy.report.findings import PAPER, Finding, findings_notes
 from ddlstudy.report.formats import cell_text
 from ddlstudy.report.pagefigs import figure_sections, inline_svg, manifest_href, runs_section
 from ddlstudy.report.runs import KEY
-from ddlstudy.report.summary import SHORT, answers, runs_of, short_table, target_header
+from ddlstudy.report.summary import (
+    SHORT,
+    answers,
+    memory_notes,
+    runs_of,
+    short_table,
+    target_header,
+)
 from ddlstudy.report.tables import Report
 
 PAGE = "index.html"
@@ -148,11 +155,12 @@ def _summary(report: Report, out: Path) -> str:
     targets = {uc: target_header(report, uc) for uc in dict.fromkeys(short.usecase)}
     body = "".join(_row(r, runs.get(tuple(getattr(r, k) for k in KEY)), out, targets)
                    for r in short.itertuples(index=False))
-    return (f'<section id="summary"><h2>Summary</h2><p class="note">One row per '
-            f"configuration: medians over its repeats; speedup against the sequential "
-            f"baseline of the same setting, with its 95 % bootstrap interval; the peak memory "
-            f"of a node and of its largest process. Click a header to sort.</p>"
-            f'<div class="controls">{options}<span class="note">showing <span id="shown">'
+    return ('<section id="summary"><h2>Summary</h2><p class="note">One row per '
+            "configuration: medians over its repeats; speedup against the sequential "
+            "baseline of the same setting, with its 95 % bootstrap interval; the peak memory "
+            "of a node and of its largest process. Click a header to sort.</p>"
+            + "".join(f'<p class="note">{html.escape(n)}</p>' for n in memory_notes(report))
+            + f'<div class="controls">{options}<span class="note">showing <span id="shown">'
             f"</span> configurations</span><label><input type=\"checkbox\" id=\"show-full\">"
             f" every column</label><a href=\"speedup.csv\">speedup.csv</a>"
             f'<a href="runs.csv">runs.csv</a><a href="findings.md">findings.md</a></div>'

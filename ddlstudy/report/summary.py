@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import pandas as pd
 
+from ddlstudy.records.runfolder import MEMORY
 from ddlstudy.report.formats import cell_text, to_markdown
-from ddlstudy.report.memory import killed
+from ddlstudy.report.memory import killed, shared_hosts
 from ddlstudy.report.paper import only_main
 from ddlstudy.report.runs import KEY
 from ddlstudy.report.tables import Report
@@ -142,6 +143,18 @@ def answers(report: Report) -> dict[str, list[str]]:
     return out
 
 
+def memory_notes(report: Report) -> list[str]:
+    """What the memory columns are (a node's figure, in its one definition's words), and
+    the configurations whose MPI nodes shared a host (a node is then a share of it)."""
+    if report.table.peak_node_gib.isna().all():
+        return []
+    shared = shared_hosts(report)
+    return [f"Node GiB: the {MEMORY['peak_node_bytes']}; process GiB: the "
+            f"{MEMORY['peak_process_bytes']}."] + [
+        f"{config}: its {n} nodes shared one host, and a node's figure is its share of it."
+        for config, n in shared.items()]
+
+
 def markdown(report: Report, opening: list[str] = ()) -> str:
     """speedup.md: ``opening`` (the advice check's summary, where the study checked one),
     the answer, a short table per use case (and setting), the noisy runs, and where every
@@ -160,6 +173,7 @@ def markdown(report: Report, opening: list[str] = ()) -> str:
         shown = shown.rename(columns={SHORT["target"]: f"time to {target_header(report, uc)}"})
         title = f"*{uc}, setting: {setting}*" if several else f"*{uc}*"
         parts.append(f"{title}\n\n{to_markdown(shown)}")
+    parts += [" ".join(memory_notes(report))] if memory_notes(report) else []
     note = report.noisy_note()
     parts += [note] if note else []
     parts.append("Speedup: against the sequential baseline of the same setting, medians over "
