@@ -245,3 +245,4 @@ def test_the_memory_figure_shows_the_kills_the_hosts_limit_and_shared_hosts(tmp_
     page = (tmp_path / "out" / "index.html").read_text()
     assert "killed for memory: mpi 2 nodes, allreduce: cpu-processes (2 processes), 1 of 1 " \
         "runs at the host&#x27;s limit of 2.75 GiB" in page
+    assert "1 failed (1 killed for memory)" in (tmp_path / "out" / "speedup.md").read_text()

@@ -326,3 +326,19 @@ def test_a_run_whose_samples_are_not_ddlstudys_is_left_out_of_the_figures(tmp_pa
     assert (figures / "resources.png").is_file() and (figures / "speedup.png").is_file()
     assert (tmp_path / "rep" / "findings.md").is_file()
     assert (wrong / "samples.parquet").read_bytes() == kept
+
+
+def test_finding_b_says_a_use_case_was_left_out_as_noisy(tmp_path):
+    report = Report(_folder(tmp_path, [
+        _manifest("sequential", [20.0, 21.0], usecase="simple-big"),
+        _manifest("cpu-processes", [30.0, 31.0], processes=2, usecase="simple-big"),
+        _noisy(_manifest("sequential", [5.0, 6.0], usecase="complex-small")),
+        _noisy(_manifest("cpu-processes", [7.0, 8.0], processes=2, usecase="complex-small"),
+               cores=1.4)]))
+    (b,) = [f for f in findings(report) if f.letter == "b"]
+    assert b.verdict == "not measured"
+    assert b.lines[0].endswith(
+        "missing: complex-small (this folder has: complex-small, simple-big); complex-small: "
+        "no completed run on a quiet host: 2 ran, left out as noisy (other processes used up "
+        "to 1.4 cores of their host while they ran); `ddlstudy report --include-noisy` counts "
+        "them")

@@ -233,9 +233,11 @@ def _gains(report: Report, best: Best, usecases: list[str]) -> Finding:
     missing = [uc for uc, s in sides.items() if s is None]
     if missing:
         have = ", ".join(usecases) or "none"
+        noisy = [f"{uc}: {best.missing(uc, lambda t: is_baseline(t) | parallel(t), 'run')}"
+                 for uc in missing if uc in set(best.noisy.usecase)]
         finding.lines.append(f"needs a baseline and a local CPU parallel run of both "
                              f"{' and '.join(PAPER_USECASES)}; missing: {', '.join(missing)} "
-                             f"(this folder has: {have})")
+                             f"(this folder has: {have})" + "".join(f"; {n}" for n in noisy))
         return finding
     big, small = sides["simple-big"], sides["complex-small"]
     bases = [best(uc, is_baseline).spread for uc in ("simple-big", "complex-small")]

@@ -65,7 +65,10 @@ def short_table(report: Report) -> pd.DataFrame:
     stay numbers, for sorting; the texts as the page and speedup.md show them)."""
     t = report.table
     out = t[[*KEY, "status"]].copy()
-    out["runs"] = [runs_text(r) for r in t.itertuples(index=False)]
+    dead = {(r.usecase, r.config): r.killed for r in killed(report).itertuples(index=False)}
+    out["runs"] = [runs_text(r) + (f" ({dead[r.usecase, r.config]} killed for memory)"
+                                   if (r.usecase, r.config) in dead else "")
+                   for r in t.itertuples(index=False)]
     for column in ("speedup", "images_per_s", "peak_node_gib", "peak_process_gib"):
         out[column] = t[column]
     out["speedup_95"] = [i.split(" (")[0] for i in t.speedup_95]
