@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from statistics import median
 
+import numpy as np
 import pandas as pd
 import seaborn as sns
 from matplotlib.figure import Figure
@@ -24,7 +25,7 @@ from matplotlib.figure import Figure
 from ddlstudy.records.runfolder import GIB, MEMORY
 from ddlstudy.report.formats import interval_bounds
 from ddlstudy.report.legend import one_legend
-from ddlstudy.report.paper import only_main
+from ddlstudy.report.paper import main_settings, only_main
 from ddlstudy.report.tables import Report
 
 KILLED_WORDS = "killed by the kernel for memory"
@@ -63,7 +64,10 @@ def killed(report: Report) -> pd.DataFrame:
     configuration, runs killed, where to draw them (GiB: the most a node was charged, else
     the host's limit) and that limit (NaN where the runs did not record it)."""
     rows = []
-    runs = only_main(report.runs[report.runs.run.astype(bool)])
+    main = main_settings(report.table)  # the table lists each use case's main one first
+    runs = report.runs[report.runs.run.astype(bool)]
+    runs = runs[np.array([main.get(uc) == s for uc, s in zip(runs.usecase, runs.setting,
+                                                             strict=True)], dtype=bool)]
     for (uc, config), g in runs.groupby(["usecase", "config"], sort=False):
         dead = [r for r in g.itertuples(index=False)
                 if killed_for_memory(report.by_id.get(r.run, {}))]
