@@ -6,9 +6,9 @@ the speedup divided by the cores (or GPUs) the configuration used. Three views:
 
 - ``runs_frame`` (in ``runs``): one row per run (the long, tidy table for your own analysis);
 - ``speedup_table``: one row per configuration, medians and spread over repeats;
-- ``paper_tables``: the paper's Tables 1-3 (data parallelism; model and hybrid
-  parallelism; multi-node), a row per configuration and, per use case, the time per epoch
-  and the speedup.
+- ``paper_tables`` (in ``paper``): the paper's Tables 1-3 (data parallelism; model and
+  hybrid parallelism; multi-node), a row per configuration and, per use case, the time per
+  epoch and the speedup.
 
 Cells a study planned but could not run (no GPU, a backend not available) come from the
 study's ``study.json`` and are shown with the reason, never dropped. Runs marked noisy (other
@@ -17,7 +17,9 @@ when it has none, its noisy runs give them, marked ``noisy`` with the cores the 
 (a busy host's report is never empty).
 
 ``Report.text`` prints, in Markdown, a table that fits a terminal (``TERMINAL``: fewer
-columns, plain headers); the written files and the CSV keep every column under its name.
+columns, plain headers); speedup.csv and the printed CSV keep every column under its name.
+Every place the report shows a use case's target names the metric it is of
+(``target_metrics``: accuracy, or macro_f1 where ``[train] target_metric`` chose it).
 """
 
 from __future__ import annotations
@@ -132,7 +134,7 @@ COLUMNS = [*KEY, "table", "processes", "scaling", "runs", "status", "noisy", "ep
            "efficiency", "val_accuracy", "val_macro_f1", "target", "target_metric", "reached",
            "time_to_target_s", "tta_speedup",
            *(f"peak_{what}_gib{end}" for what in PEAKS for end in ("", "_min", "_max"))]
-"""The columns of ``speedup_table`` (of speedup.md and the CSV, which the notebook reads)."""
+"""The columns of ``speedup_table`` (speedup.csv's; the notebook shows them)."""
 
 
 def speedup_table(manifests: list[dict], planned: list[dict] = (),
@@ -206,7 +208,8 @@ TERMINAL = {"config": "configuration", "runs": "runs", "speedup": "speedup",
             "time_to_target_s": "time to target", "peak_process_gib": "peak GiB proc/node"}
 """The summary's columns printed to a terminal (one table per use case), under plain
 headers: what fits ``WIDTH`` (the time per epoch is in the paper's tables below; images/s,
-efficiency, cores, the spreads and the median peaks are in the CSV and speedup.md)."""
+efficiency, cores, the spreads and the median peaks are in the CSV and speedup.csv); the
+accuracy column is the validation figure of the use case's target metric, under its name."""
 
 
 def terminal_table(table: pd.DataFrame, metrics: dict[str, str] | None = None) -> pd.DataFrame:
