@@ -14,7 +14,7 @@ from ddlstudy.records.runfolder import MEMORY
 from ddlstudy.report.formats import cell_text, to_markdown
 from ddlstudy.report.memory import killed, shared_hosts
 from ddlstudy.report.paper import only_main
-from ddlstudy.report.runs import KEY
+from ddlstudy.report.runs import KEY, is_baseline
 from ddlstudy.report.tables import Report
 
 SHORT = {"config": "configuration", "runs": "runs", "speedup": "speedup",
@@ -95,7 +95,11 @@ def _fastest(rows: pd.DataFrame) -> str:
         return (f"fastest: {r.config}, {r.images_per_s:.1f} images/s (no sequential "
                 f"baseline to divide by){_busy(r)}")
     r = with_speedup.loc[with_speedup.speedup.idxmax()]
-    interval = f" (95 % interval {r.speedup_95})" if r.speedup_95 else ""
+    if is_baseline(with_speedup).loc[r.name]:
+        return (f"fastest: the sequential baseline itself, {r.images_per_s:.1f} images/s: no "
+                f"other configuration trained faster{_busy(r)}")
+    bounds = r.speedup_95.replace(" (includes 1)", ", which includes 1")
+    interval = f" (95 % interval {bounds})" if bounds else ""
     return (f"fastest: {r.config}, {r.speedup:.2f}x the sequential baseline{interval}, "
             f"{r.images_per_s:.1f} images/s{_busy(r)}")
 
