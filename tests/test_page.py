@@ -153,6 +153,9 @@ def test_the_page_and_speedup_md_open_with_the_advice_check(tmp_path, capsys):
     speedup = (out / "speedup.md").read_text()
     assert speedup.startswith("The study checked an advice: 2 of its configurations measured")
     assert "| cpu-processes (2 processes) | 1 ok | 1.56 | 1.50-1.63 | 30.5 |" in speedup
+    assert "- fastest: cpu-processes (2 processes), 1.56x the sequential baseline (95 % " \
+        "interval 1.50-1.63), 30.5 images/s\n- time to accuracy 0.60: no configuration " \
+        "reached it in every run\n" in speedup  # the answer (no memory recorded: no leanest)
     # A check with only some keys: what is there is shown.
     (out / "advice-check.json").write_text(json.dumps({"rows": [], "criterion": None}))
     assert main(["report", str(runs.runs_dir), "--out", str(out), "--no-figures"]) == 0
