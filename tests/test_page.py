@@ -121,7 +121,7 @@ CHECK = {"criterion": "images/s", "noisy_left_out": 1, "figure": "advice-check.s
                    "predicted_node_bytes": int(2.46 * GIB), "measured_node_bytes": None,
                    "node_error": None},
                   {"rank": 2, "label": "sequential", "predicted": 18.4, "measured": 20.0,
-                   "error": -0.08, "runs": 2}],
+                   "error": -0.08, "runs": 2, "busy": True}],
          "summary": {"rows": 2, "mape": 0.1, "spearman": 1.0, "first_measured_rank": 1,
                      "node_memory_mape": None, "confirmed": True}}
 """An advice check as the study writes it before its report (any key may be null)."""
@@ -146,7 +146,8 @@ def test_the_page_and_speedup_md_open_with_the_advice_check(tmp_path, capsys):
                  "mean absolute error 10 %; rank correlation 1.00 (Spearman); its first "
                  "choice measured #1", "Confirmed: its first choice measured within 10 %",
                  "1 run(s) marked noisy (other processes used their host) were left out",
-                 "<td>+12 %</td>", "<td>-8 %</td>", "<td>2.46</td>", 'id="fig-advice-check"'):
+                 "<td>+12 %</td>", "<td>-8 %</td>", "<td>2.46</td>", "<th>busy host</th>",
+                 "<td>yes</td>", 'id="fig-advice-check"'):
         assert said in advice, said
     assert "node_error" not in advice and "a node&#x27;s memory" not in advice  # all null
     assert "No figures" in page  # --no-figures: the page says so

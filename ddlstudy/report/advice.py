@@ -26,7 +26,7 @@ CHECK = "advice-check.json"
 FIGURE = "advice-check.svg"
 
 COLUMNS = {"rank": "rank", "label": "configuration", "predicted": "predicted",
-           "measured": "measured", "error": "error", "runs": "runs",
+           "measured": "measured", "error": "error", "runs": "runs", "busy": "busy host",
            "predicted_node_bytes": "node GiB predicted", "measured_node_bytes": "measured",
            "node_error": "error", "predicted_process_bytes": "process GiB predicted",
            "measured_process_bytes": "measured", "process_error": "error"}
@@ -91,7 +91,10 @@ def summary_lines(check: dict) -> list[str]:
         lines.append("Not judged: its first choice has no measurement to judge it on (did not "
                      "complete, only on a busy host, or did not reach the target).")
     noisy = check.get("noisy_left_out")
-    if isinstance(noisy, int) and noisy:
+    if check.get("include_noisy") is True:
+        lines.append("Runs marked noisy were counted (--include-noisy): a row measured on a "
+                     "busy host says so.")
+    elif isinstance(noisy, int) and noisy:
         lines.append(f"{noisy} run(s) marked noisy (other processes used their host) were "
                      f"left out of the check.")
     return lines
@@ -112,6 +115,8 @@ def rows_frame(check: dict) -> pd.DataFrame:
             elif k.endswith("_bytes"):
                 number = _number(value)
                 cells.append("" if number is None else f"{number / 2**30:.2f}")
+            elif isinstance(value, bool):
+                cells.append("yes" if value else "")
             elif isinstance(value, float):
                 cells.append(f"{value:.1f}")
             else:
