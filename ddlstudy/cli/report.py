@@ -18,9 +18,11 @@ def register(sub) -> None:
     p.add_argument("runs", type=path_arg, nargs="?", default=None, help="default: runs/")
     p.add_argument("--format", default="markdown", choices=["markdown", "csv", "latex"],
                    help="how the tables are printed")
-    p.add_argument("--out", type=path_arg, help="also write the tables, runs.csv and the figures "
-                   "into this folder (default: print only)")
-    p.add_argument("--no-figures", action="store_true", help="with --out: tables only")
+    p.add_argument("--out", type=path_arg, help="also write the tables, runs.csv, the figures "
+                   "and the page that holds them all, index.html (offline, one file), into "
+                   "this folder (default: print only)")
+    p.add_argument("--no-figures", action="store_true", help="with --out: tables and the page, "
+                   "no figures")
     p.add_argument("--include-noisy", action="store_true", help="count runs marked noisy "
                    "(other processes used their host) in medians, speedups and the findings "
                    "(without it they are shown only for a configuration with no quiet run, "
@@ -78,7 +80,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     print(report.text(args.format))
     if args.out:
         paths = report.write(args.out, args.format, figures=not args.no_figures)
-        print(f"\n{len(paths)} files written to {args.out}", file=sys.stderr)
+        print(f"\n{len(paths)} files written to {args.out}; the page: {paths[-1]}",
+              file=sys.stderr)
     return 0
 
 
