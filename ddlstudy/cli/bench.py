@@ -63,6 +63,8 @@ def register(sub) -> None:
                    "there if missing; default: datasets/)")
     b.add_argument("--wait-quiet", action="store_true", help="each probe and check run waits "
                    "for a quiet host first")
+    b.add_argument("--include-noisy", action="store_true", help="the checks count the runs "
+                   "marked noisy (other processes kept the host busy), each marked")
     b.add_argument("--out", type=path_arg, help="where bench.json, bench.md and each "
                    "layout's advice and check go (default runs/bench/advise-<time>)")
     b = bsub.add_parser("overhead", help="ddlstudy's loop against a raw torch loop")
@@ -137,7 +139,7 @@ def _bench_advise(args: argparse.Namespace) -> int:
     check_folder("--out", out)
     check_load(args.wait_quiet)
     result = bench_advise.bench_advise(only, out, args.rows, args.datasets_dir,
-                                       args.wait_quiet, args.rounds)
+                                       args.wait_quiet, args.rounds, args.include_noisy)
     print(bench_advise.markdown(result))
     for path in bench_advise.write(result, out):
         print(f"wrote {path}")

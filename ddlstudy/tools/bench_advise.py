@@ -64,9 +64,10 @@ NAMES = {layout.name.split(",")[0].replace(" ", "") + (
 
 def bench_advise(only: list[str] | None, out: Path, check_rows: int = 6,
                  datasets_dir: Path | None = None, wait: bool = False,
-                 rounds: int | None = None) -> dict[str, Any]:
+                 rounds: int | None = None, include_noisy: bool = False) -> dict[str, Any]:
     """Every layout (or ``only`` those named): advise (``rounds``: its --rounds, default
-    its own), then check ``check_rows`` of its rows; the figures a row a layout."""
+    its own), then check ``check_rows`` of its rows (``include_noisy``: the runs marked
+    noisy counted, marked); the figures a row a layout."""
     datasets_dir = datasets_dir or DEFAULT_DATASETS_DIR
     tiny = load_usecase("tiny")
     make_dataset(tiny.data, datasets_dir / tiny.data.name)
@@ -79,9 +80,10 @@ def bench_advise(only: list[str] | None, out: Path, check_rows: int = 6,
             rows.append({"layout": layout.name, "skipped": why})
             continue
         say(f"bench advise: {layout.name}")
-        rows.append(_layout(layout, out / name, check_rows, datasets_dir, wait, rounds))
+        rows.append(_layout(layout, out / name, check_rows, datasets_dir, wait, rounds,
+                            include_noisy))
     return {"host": host(), "at": time.strftime("%Y-%m-%d %H:%M"),
-            "check_rows": check_rows, "layouts": rows}
+            "check_rows": check_rows, "include_noisy": include_noisy, "layouts": rows}
 
 
 def _cannot(layout: Layout) -> str | None:
@@ -97,7 +99,7 @@ def _cannot(layout: Layout) -> str | None:
 
 
 def _layout(layout: Layout, out: Path, check_rows: int, datasets_dir: Path,
-            wait: bool, rounds: int | None) -> dict[str, Any]:
+            wait: bool, rounds: int | None, include_noisy: bool) -> dict[str, Any]:
     """One layout: its advice, its check, its figures."""
     up = hosts.up(layout.hosts, prefix=PREFIX, subnet=SUBNET, rate=layout.rate) \
         if layout.hosts else None
@@ -105,7 +107,7 @@ def _layout(layout: Layout, out: Path, check_rows: int, datasets_dir: Path,
         start = time.monotonic()
         advice = _advise(layout, out, datasets_dir, wait, rounds)
         took = time.monotonic() - start
-        _check(advice, out, check_rows, wait)
+        _check(advice, out, check_rows, wait, include_noisy)
     finally:
         if up:
             hosts.down(PREFIX)
@@ -152,12 +154,13 @@ def _ddlstudy(argv: list[str], log: Path) -> int:
                               stderr=subprocess.STDOUT).returncode
 
 
-def _check(advice: Path, out: Path, rows: int, wait: bool) -> None:
+def _check(advice: Path, out: Path, rows: int, wait: bool, include_noisy: bool) -> None:
     """``study --from-advice`` of ``rows`` of the advice spread over its ranking, each a
     plain run of 2 epochs (its output in ``out``/check.log)."""
     argv = ["study", "--from-advice", str(advice), "--top", str(rows), "--spread",
             "--repeat", "1", "--epochs", "2", "--runs-dir", str(out / "check"),
-            *(["--wait-quiet"] if wait else [])]
+            *(["--wait-quiet"] if wait else []),
+            *(["--include-noisy"] if include_noisy else [])]
     code = _ddlstudy(argv, out / "check.log")
     if not (out / "check" / "report" / "advice-check.json").is_file():
         raise UsageError(f"the check of {advice} wrote no advice-check.json (exit code "
@@ -166,8 +169,10 @@ def _check(advice: Path, out: Path, rows: int, wait: bool) -> None:
 
 def markdown(result: dict) -> str:
     """The figures a row a layout."""
+    counted = "; noisy runs counted (--include-noisy)" if result.get("include_noisy") else ""
     lines = [f"bench advise, {result['at']} ({result['check_rows']} rows of each advice "
-             "checked, spread over its ranking; errors: (predicted - measured) / measured)", "",
+             "checked, spread over its ranking; errors: (predicted - measured) / measured"
+             f"{counted})", "",
              "| layout | every layout probed | advise s | checked | noisy left out | "
              "images/s MAPE | node memory: mean, worst | process memory | Spearman | "
              "first choice: measured rank, of best |", "|---|---|---|---|---|---|---|---|---|---|"]

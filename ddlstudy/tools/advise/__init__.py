@@ -143,19 +143,16 @@ def advise(usecase: str | None, nodes: list[int], hosts: str | None, link: str |
     """Probe, measure, predict and rank (see the module's docstring): advise.json's
     content. ``budget``: seconds (None: auto, every layout once and then some); ``box``:
     a probe's steady seconds; ``host_count``: how many ``hosts`` there are (MPI probes up
-    to that many);
-    ``wait``: each probe waits for a quiet host first; ``data``: run flags of every probe
-    that say what it trains (``data_dir``, ``model``); ``strategies``: the only ones whose
-    layouts are probed (and sequential); ``memory``: --memory's bytes (``_memory``);
-    ``checkpointed``: each layout also with its activations checkpointed; ``precisions``:
-    each layout also in each of these (bf16, fp16)."""
+    to that many); ``wait``: each probe waits for a quiet host first; ``data``: run flags
+    of every probe that say what it trains (``data_dir``, ``model``); ``strategies``: the
+    only ones whose layouts are probed (and sequential); ``memory``: --memory's bytes
+    (``_memory``); ``checkpointed``, ``precisions``: each layout also with its activations
+    checkpointed, and in each of these (bf16, fp16)."""
     started = time.monotonic()
-    deadline = None if budget is None else started + budget
-    probes_dir = out / "probes"
+    deadline, probes_dir = None if budget is None else started + budget, out / "probes"
     given = (data or {}) | ({"datasets_dir": str(datasets_dir)} if datasets_dir else {})
     uc = cell_config(usecase, given, probes_dir).usecase  # its folder's classes, its model
-    conv = convergence(runs, uc)  # --runs read (or refused) before anything is probed
-    pace = Pace(uc, box)
+    conv, pace = convergence(runs, uc), Pace(uc, box)  # --runs read before any probe
     cores, gpus = environment.usable_cores(), len(environment.gpus())
     gradient = facts(uc.model, len(uc.classes)).gradient_bytes
     cands = skip_unasked(candidates(cores, gpus, checkpointed, precisions), strategies)
@@ -191,15 +188,17 @@ def advise(usecase: str | None, nodes: list[int], hosts: str | None, link: str |
             "budget_needed_s": how.get("budget_needed_s"), "probe_seconds": box,
             "cores": cores, "gpus": gpus, "batch": uc.train.batch_size,
             "gradient_bytes": gradient, "probe_settings": pace.settings(box) | given,
-            "memory_bytes": limit,
-            "probes": [c.record() for c in cands],
+            "memory_bytes": limit, "probes": [c.record() for c in cands],
             "exchange": where.exchange.record() if where.exchange else None,
-            "convergence": conv | ({"factor": {k: finite(v) for k, v in
-                                               conv["factor"].items()}}
-                                   if "factor" in conv else {}),
-            "notes": notes, "sureness": sureness(rows),
+            "convergence": _recorded(conv), "notes": notes, "sureness": sureness(rows),
             "ranking": rows, "left_out": left_out, "host": environment.host(),
             "last_check": last_check_line(uc.name)}
+
+
+def _recorded(conv: dict[str, Any]) -> dict[str, Any]:
+    """The convergence as advise.json holds it (JSON has no infinity: never is null)."""
+    return conv | ({"factor": {k: finite(v) for k, v in conv["factor"].items()}}
+                   if "factor" in conv else {})
 
 
 def _setting(cores: int, hosts: str | None, link: str | None, host_count: int | None

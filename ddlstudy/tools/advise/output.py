@@ -29,7 +29,9 @@ CSV_COLUMNS = ["rank", "list", "label", "nodes", "images_per_s", "low", "high", 
 """``advise --format csv``: a row a ranked configuration."""
 
 
-def markdown(result: dict, top: int = 10) -> str:
+def _header(result: dict) -> list[str]:
+    """The advice's first lines: where, how long, whether every layout was probed, and how
+    right the last check on this host found advise."""
     where = result["link"] and f"a {result['link']} link between machines like this one" \
         or result["hosts"] or "this host (nodes share its cores and memory)"
     lines = [f"# ddlstudy advise: {result['usecase']}", "",
@@ -45,6 +47,11 @@ def markdown(result: dict, top: int = 10) -> str:
                           "them all"), ""]
     if result.get("last_check"):
         lines += [wrapped(f"How right advise has been: {result['last_check']}"), ""]
+    return lines
+
+
+def markdown(result: dict, top: int = 10) -> str:
+    lines = _header(result)
     conv = result["convergence"]
     ttt = bool(conv.get("factor"))
     ranked = f"predicted time to {conv['target']}" if ttt else "images/s"
