@@ -35,6 +35,7 @@ def _manifest(run: str, flags: dict, speed: float, node_mib: int, process_mib: i
                         "memory": {"peak_rss_bytes": process_mib * MIB, "per_rank": [
                             {"rank": 0, "host": "h", "peak_rss_bytes": process_mib * MIB,
                              "setup_file_bytes": (process_mib - node_mib) * MIB,
+                             "peak_method": "VmHWM",
                              "held_bytes": {}}]}},
             "epochs": [{"steady_images_per_s": speed}]}
 
@@ -262,3 +263,35 @@ def test_ranked_by_time_to_target_the_check_compares_seconds_to_the_target():
     assert by["i"]["measured"] is None and by["i"]["error"] is None
     assert result["summary"]["mape"] == pytest.approx(0.25)
     assert result["summary"]["first_measured_rank"] == 1
+
+
+def test_report_checks_any_folder_of_runs_against_an_advice(tmp_path, capsys, monkeypatch):
+    """`report RUNS --advice advise.json --out DIR`: the runs of the folder that are rows of
+    the advice (by their recorded configuration, not a study's cells) checked, written
+    before the page, which opens with it."""
+    from ddlstudy.cli import main
+
+    monkeypatch.setenv("DDLSTUDY_ADVICE_CHECKS", str(tmp_path / "checks.jsonl"))
+    runs = tmp_path / "runs"
+    for run, flags, speed in (("r1", SEQ, 100.0), ("r2", INTRA, 150.0)):
+        m = _manifest(run, flags, speed, 400, 800) | {
+            "started_at": run, "config": {"backend": "local", "usecase": {"name": "u"},
+                                          **flags},
+            "strategy": {"name": flags["strategy"], "processes": 1, "threads_per_process": 1},
+            "host": {"hostname": "h", "usable_cores": 2}}
+        m["epochs"][0] |= {"epoch": 1, "train_loss": 1.0, "val_accuracy": 0.5,
+                           "epoch_time_s": 1.0}
+        (runs / run).mkdir(parents=True)
+        (runs / run / "manifest.json").write_text(json.dumps(m))
+    advice = tmp_path / "advise.json"
+    advice.write_text(json.dumps(_advice(("i", INTRA, 120.0, 400, 800),
+                                         ("s", SEQ, 100.0, 500, 800))))
+    out = tmp_path / "report"
+    assert main(["report", str(runs), "--advice", str(advice), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    check = json.loads((out / "advice-check.json").read_text())
+    assert {r["label"]: round(r["error"], 3) for r in check["rows"]} == {"i": -0.2, "s": 0.0}
+    assert check["summary"]["first_measured_rank"] == 1 and check["summary"]["confirmed"]
+    assert "confirmed: the first choice measured 100% of the best" in printed
+    assert (out / "advice-check.svg").is_file()
+    assert "2 configuration(s)" in last_check_line("u")

@@ -27,6 +27,11 @@ def register(sub) -> None:
                    "(other processes used their host) in medians, speedups and the findings "
                    "(without it they are shown only for a configuration with no quiet run, "
                    "marked noisy, and left out of the findings)")
+    p.add_argument("--advice", type=path_arg, metavar="ADVISE_JSON", help="also check this "
+                   "advice against the runs of the folder that are rows of it (matched by "
+                   "their recorded configuration): each one's predicted and measured images/s "
+                   "and memory, the errors, the rank correlation (with --out: "
+                   "advice-check.md, .json and .svg, and the page opens with it)")
     p.add_argument("--project", default="32@10gbit", metavar="CORES@LINK",
                    help="project each finding onto nodes of CORES cores joined by a LINK of "
                    "this rate (a model fitted to the runs, marked as one), or 'none' "
@@ -75,9 +80,16 @@ def cmd_report(args: argparse.Namespace) -> int:
     project = None if args.project == "none" else Hardware.parse(args.project)
     if args.out:
         check_folder("--out", args.out)
-    report = Report(args.runs or DEFAULT_RUNS_DIR, include_noisy=args.include_noisy,
-                    project=project)
+    runs = args.runs or DEFAULT_RUNS_DIR
+    checked = None
+    if args.advice is not None:  # before the page, which opens with it
+        from ddlstudy.tools.advise import check_runs
+
+        checked = check_runs(args.advice, runs, args.out, args.include_noisy)
+    report = Report(runs, include_noisy=args.include_noisy, project=project)
     print(report.text(args.format))
+    if checked is not None:
+        print(f"\n{checked}")
     if args.out:
         paths = report.write(args.out, args.format, figures=not args.no_figures)
         print(f"\n{len(paths)} files written to {args.out}; the page: {paths[-1]}",

@@ -60,6 +60,7 @@ from ddlstudy.records.plan import cell_config
 from ddlstudy.tools.advise.checking import (
     NOT_THE_CONFIGURATION,
     check,
+    check_runs,
     check_study,
     check_text,
     last_check_line,
@@ -285,7 +286,7 @@ def _shared(where: Setting, nodes: list[int]) -> list[str]:
 
 __all__ = ["COMPRESSORS", "CONTENDER", "NOT_THE_CONFIGURATION", "PROBE_SECONDS", "Pace",
            "Candidate", "Exchange", "Setting", "admit", "advise", "as_csv", "as_json",
-           "candidates", "check", "check_fit", "check_study", "check_text",
+           "candidates", "check", "check_fit", "check_runs", "check_study", "check_text",
            "last_check_line", "write_check", "command", "convergence",
            "convergence_key", "fastest", "finite", "fitting", "markdown", "measure_exchange",
            "mpi_candidates", "on_link", "predictions", "probe", "probe_all", "probe_settings",

@@ -297,10 +297,21 @@ def check_study(advice_path: Path, runs_dir: Path, include_noisy: bool = False) 
     ``<runs_dir>/report`` (before the report, which opens with it), remembered for
     ``advise``, and returned as text."""
     record = load(runs_dir / STUDY_FILE, StudyRecord, "study record")
+    return check_runs(advice_path, runs_dir, runs_dir / "report", include_noisy,
+                      record["cells"])
+
+
+def check_runs(advice_path: Path, runs_dir: Path, out: Path | None,
+               include_noisy: bool = False, cells: list[dict] | None = None) -> str:
+    """The runs of ``runs_dir`` that are rows of the advice (its study's ``cells``, else
+    matched by the configuration each manifest records) checked against it: written to
+    ``out`` (None: not written), remembered for ``advise``, and returned as text."""
     advice = load_advice(advice_path)
-    result = check(advice, load_runs(runs_dir), record["cells"], include_noisy)
-    write_check(result, runs_dir / "report")
-    remember(result, advice, advice_path)
+    result = check(advice, load_runs(runs_dir), cells, include_noisy)
+    if out is not None:
+        write_check(result, out)
+    if result["rows"]:
+        remember(result, advice, advice_path)
     return check_text(result)
 
 
