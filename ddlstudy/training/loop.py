@@ -21,7 +21,7 @@ from torch import nn
 from ddlstudy.config import WARMUP_STEPS
 from ddlstudy.machine.environment import seconds_since_command
 from ddlstudy.progress import progress
-from ddlstudy.training.memory import SavedForBackward
+from ddlstudy.training.memory import SavedForBackward, give_back
 from ddlstudy.training.metrics import Tally, scores, unpack
 from ddlstudy.training.steps import Batch, StepFn
 
@@ -240,6 +240,7 @@ class Trainer:
         tally = Tally(self.classes, self.device)
         val_loss, _ = validate(self.model, self.val_loader, self.loss_fn, tally, self.device)
         val_time = time.perf_counter() - val_start
+        give_back()  # what the epoch freed: the next one's peak is its own (memory.give_back)
         loss_sum, correct, images, steady_n, val_loss, *counts = self.reduce(
             sums["loss"], sums["correct"], sums["images"], steady_images, val_loss,
             *tally.sums())
