@@ -118,7 +118,6 @@ def preflight(cfg: RunConfig, resuming: bool = False) -> RunConfig:
         models.check(uc.model, len(uc.classes), uc.train.image_size, cfg.checkpoint_activations)
         if cfg.init_weights is not None:
             check_weights(uc.model, len(uc.classes), cfg.init_weights)
-    recipe.check(uc.train)
     if (cfg.nodes or 1) > 1 and not backend.multi_node:
         several = [name for name, cls in BACKENDS.loaded().items() if cls.multi_node]
         raise ConfigError("--nodes", f"more than one node needs --backend "
@@ -126,6 +125,8 @@ def preflight(cfg: RunConfig, resuming: bool = False) -> RunConfig:
     cfg = resolve(cfg)
     strategy.check_options(cfg)
     strategy.check(cfg)
+    recipe.check(uc.train, cfg.lr, strategy.layout(cfg).device_type,
+                  recipe.planned_steps(cfg))
     exact = [name for name, cls in REGISTRY.loaded().items() if cls.resumable]
     if (resuming or cfg.snapshot_every) and not strategy.resumable:
         flag = "--resume" if resuming else "--snapshot-every"
