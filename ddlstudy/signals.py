@@ -61,6 +61,12 @@ def handled(once: bool = False) -> Iterator[None]:
             signal.signal(s, h)
 
 
+def pending() -> int | None:
+    """The SIGINT or SIGTERM ``deferred`` holds back until its block is done, if one came
+    (a wait inside the block may end early for it)."""
+    return _pending
+
+
 @contextlib.contextmanager
 def deferred() -> Iterator[None]:
     """Hold SIGINT and SIGTERM back until the block is done (e.g. a snapshot write)."""

@@ -175,12 +175,13 @@ class RunFolder:
         folder = cls(path, {"schema": SCHEMA_VERSION, "id": run_id, "status": "running",
                             "started_at": now_iso(), "ended_at": None, "exit_code": None,
                             "error": None, **manifest, "epochs": []})
-        tell(folder.manifest, lambda w: w.opened(folder.manifest, path))  # --mlflow's run
-        try:
+        try:  # written first: a run killed while a watcher opens is still a run
             folder.write_manifest()
         except BaseException:  # a full disk: no folder without its manifest is left
             path.rmdir()
             raise
+        tell(folder.manifest, "opened", path)  # --mlflow's run
+        folder.write_manifest()  # with what the watchers noted
         return folder
 
     @classmethod
@@ -202,7 +203,7 @@ class RunFolder:
         done.append(result | {"elapsed_s": before + result["epoch_time_s"]})
         self._write_metrics()
         self.write_manifest()
-        tell(self.manifest, lambda w: w.epoch(self.manifest, done[-1]))  # --mlflow: logged
+        tell(self.manifest, "epoch", done[-1])  # --mlflow: logged
 
     def record_steps(self, steps: list[tuple[int, int, float, int, float]]) -> None:
         """Append rank 0's steps of an epoch to steps.csv: (epoch, step, mean loss, images,
@@ -333,5 +334,5 @@ class RunFolder:
                **extra: Any) -> None:
         self.manifest.update(status=status, exit_code=exit_code, error=error,
                              ended_at=now_iso(), **extra)
-        tell(self.manifest, lambda w: w.closed(self.manifest))  # --mlflow: its status there
+        tell(self.manifest, "closed")  # --mlflow: its status there
         self.write_manifest()
