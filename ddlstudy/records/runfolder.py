@@ -147,7 +147,7 @@ def checked_run_id(run_id: str, runs_dir: Path | None = None) -> str:
         raise UsageError(f"run id {run_id!r} is not a plain folder name; the run folder "
                          f"must stay inside the runs folder{given}")
     where = Path(runs_dir) / run_id if runs_dir is not None else None
-    if where is not None and (where.exists() or where.is_symlink()):
+    if where is not None and (where.exists() or where.is_symlink()) and not _ours(where):
         _taken(where)
     return run_id
 
@@ -155,6 +155,52 @@ def checked_run_id(run_id: str, runs_dir: Path | None = None) -> str:
 def _taken(where: Path) -> None:
     raise UsageError(f"{where} already exists; a new run needs a run id of its own "
                      f"(unset {RUN_ID_ENV}, or --resume that run)")
+
+
+CLAIM = ".claimed-by-"
+"""The mark, with the launcher's PID, in the run folder a launcher claims for its ranks."""
+
+
+def claim(runs_dir: Path, run_id: str) -> Path | None:
+    """Claim folder ``run_id`` for the ranks this process launches (``--backend mpi``):
+    made, empty but for this process's mark, which its ranks' ``RunFolder.create`` takes
+    up; an existing one is refused here, before any rank starts (of two launches given one
+    id, the second). ``release`` it when the launch ends. None in a rank, whose launcher
+    claimed it."""
+    path = Path(runs_dir) / checked_run_id(run_id)
+    if _ours(path):
+        return None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.mkdir()
+    except FileExistsError:
+        _taken(path)
+    except OSError as exc:  # a full disk, a folder made read-only since it was checked
+        raise UsageError(f"the run folder {path} cannot be made ({exc.strerror}); free some "
+                         f"space or give another --runs-dir, then run it again") from None
+    try:
+        (path / f"{CLAIM}{os.getpid()}").touch()
+    except OSError as exc:
+        path.rmdir()
+        raise UsageError(f"the run folder {path} cannot be written ({exc.strerror}); free "
+                         f"some space or give another --runs-dir, then run it again") from None
+    return path
+
+
+def release(path: Path) -> None:
+    """This process's claim on ``path``, where no rank took it up (the launch failed before
+    the run folder was written): its mark, and the folder if nothing else is in it."""
+    (path / f"{CLAIM}{os.getpid()}").unlink(missing_ok=True)
+    try:
+        path.rmdir()
+    except OSError:  # a rank wrote in it: the run folder
+        pass
+
+
+def _ours(path: Path) -> bool:
+    """Whether ``path`` is claimed by the launcher that started this process."""
+    launcher = os.environ.get(TREE_ROOT_ENV)
+    return launcher is not None and (path / f"{CLAIM}{launcher}").is_file()
 
 
 class RunFolder:
@@ -171,7 +217,9 @@ class RunFolder:
         try:
             path.mkdir()  # the claim: of two runs given one id, the second is refused here
         except FileExistsError:
-            _taken(path)
+            if not _ours(path):  # not claimed by our launcher for us
+                _taken(path)
+            (path / f"{CLAIM}{os.environ[TREE_ROOT_ENV]}").unlink()
         folder = cls(path, {"schema": SCHEMA_VERSION, "id": run_id, "status": "running",
                             "started_at": now_iso(), "ended_at": None, "exit_code": None,
                             "error": None, **manifest, "epochs": []})

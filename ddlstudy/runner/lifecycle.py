@@ -36,8 +36,10 @@ from ddlstudy.records.runfolder import (
     RUN_ID_ENV,
     RunFolder,
     checked_run_id,
+    claim,
     new_run_id,
     now_iso,
+    release,
 )
 from ddlstudy.runner.launched import RunFailed, launched_run, refuse_foreign_launcher
 from ddlstudy.runner.snapshots import load_snapshot
@@ -209,6 +211,14 @@ def _open_folder(env: Environment, resume: Path | None, backend: dict, usecase: 
     return folder, snapshot
 
 
+def _created(env: Environment, *args) -> RunFolder | None:
+    """Node 0's new run folder (``_create``; None on the others), a refusal there (its id
+    taken meanwhile) raised on every node, which would otherwise wait for node 0."""
+    made = []
+    env.share(lambda: made.append(_create(*args)) or {}, wire.to_json, wire.from_json)
+    return made[0] if made else None
+
+
 def _create(cfg: RunConfig, strategy: Strategy, backend: Backend, described: dict,
             data) -> RunFolder:
     """Node 0's new run folder, its manifest written before training starts."""
@@ -262,8 +272,8 @@ def _run(cfg: RunConfig, show_progress: bool, resume: Path | None) -> RunFolder 
     data = _prepare(cfg, env, resume)
     described = backend.describe(cfg) | env.placement()
     folder, snapshot = _open_folder(env, resume, described, cfg.usecase)
-    if env.rank == 0 and folder is None:
-        folder = _create(cfg, strategy, backend, described, data)
+    if resume is None:
+        folder = _created(env, cfg, strategy, backend, described, data)
     load = OthersLoad()  # the host's load over the run where no samples say it
     sampler = ResourceSampler(cfg.sample_hz, rank=env.rank).start()
     outcome = Outcome("completed", 0)
@@ -353,7 +363,12 @@ def start(cfg: RunConfig, argv: list[str], resume: Path | None = None) -> RunFol
         _reopen(Path(resume), None, cfg.usecase)
     run_id = checked_run_id(Path(resume).name if resume else os.environ.get(RUN_ID_ENV)
                             or new_run_id(cfg.usecase.name, cfg.strategy, cfg.backend))
-    ended = get_backend(cfg.backend).launch(cfg, argv, run_id)
+    claimed = None if resume else claim(cfg.runs_dir, run_id)  # for the ranks it launches
+    try:
+        ended = get_backend(cfg.backend).launch(cfg, argv, run_id)
+    finally:
+        if claimed is not None:
+            release(claimed)  # unless a rank took it up: then it is the run folder
     if ended is None:
         return _run(cfg, True, resume)
     return launched_run(ended, Path(cfg.runs_dir) / run_id)
