@@ -103,13 +103,24 @@ def time_limit(seconds: float | None, what: str) -> Iterator[None]:
     def expired(signum: int, frame: object) -> None:
         raise TimedOut(f"{what} took longer than {seconds:g} s (the set-up time limit)")
 
+    global _limits
     previous = signal.signal(signal.SIGALRM, expired)
     signal.setitimer(signal.ITIMER_REAL, seconds)
+    _limits += 1
     try:
         yield
     finally:
+        _limits -= 1
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+_limits = 0
+
+
+def limited() -> bool:
+    """Whether a ``time_limit`` is running (a wait in its block is ended by it)."""
+    return _limits > 0
 
 
 STOPPED = {signal.SIGINT: (130, "interrupted by SIGINT (Ctrl-C)"),

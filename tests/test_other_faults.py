@@ -46,3 +46,53 @@ def test_two_launches_given_one_run_id_at_once_one_runs_the_other_is_refused(
     manifest = json.loads((runs / "same" / MANIFEST).read_text())
     assert manifest["status"] == "completed" and manifest["backend"]["nodes"] == 2
     assert not [p.name for p in (runs / "same").iterdir() if p.name.startswith(".")]
+
+
+MODELS = Path(__file__).parent / "models" / "own_net.py"
+
+
+@pytest.fixture
+def hold(tmp_path, monkeypatch):
+    """While the file exists, own_net's swallows_every_exception does not return (its
+    threads end when the test does)."""
+    held = tmp_path / "hold"
+    held.touch()
+    monkeypatch.setenv("HOLD_FILE", str(held))
+    yield held
+    held.unlink()
+
+
+def test_a_model_that_never_returns_and_swallows_every_exception_is_given_up(
+        hold, tmp_path, capsys, monkeypatch):
+    """A factory that swallows the set-up limit's exception (before: a study waited for it
+    for ever, silently) is built in a thread of its own, and the wait for it ends: a
+    study's cell fails with the limit's reason, naming the cell, before any cell runs;
+    its run, under a study's limit or alone (``BUILD_LIMIT_S``), is refused in one line."""
+    from ddlstudy.cli import main
+    from ddlstudy.models import sources
+    from ddlstudy.records.plan import load_plan
+    from ddlstudy.signals import SETUP_TIMEOUT_ENV
+    from ddlstudy.study.matrix import expand
+
+    plan = tmp_path / "plan.toml"
+    plan.write_text(f"[study]\nusecases = ['tiny']\nrepeat = 1\nsetup_timeout_s = 2\n"
+                    f"[[cells]]\nstrategy = 'sequential'\n"
+                    f"model = '{MODELS}:swallows_every_exception'\n")
+    cells = expand(load_plan(plan, runs_dir=tmp_path / "runs"), {})
+    (hung,) = [c for c in cells if "swallows" in c.flags.get("model", "")]
+    assert hung.status == "failed" and hung.reason == (
+        "the set-up of sequential on tiny took longer than 2 s (the set-up time limit); "
+        "setup_timeout_s in the plan's [study] sets the limit")
+    model = ["run", "--usecase", "tiny", "--runs-dir", str(tmp_path / "runs"),
+             "--model", f"{MODELS}:swallows_every_exception"]
+    monkeypatch.setenv(SETUP_TIMEOUT_ENV, "2")  # a study's cell's run
+    assert main(model) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "the run's set-up took longer than 2 s" in err, err
+    monkeypatch.delenv(SETUP_TIMEOUT_ENV)
+    monkeypatch.setattr(sources, "BUILD_LIMIT_S", 1.0)  # a run alone
+    assert main(model) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "swallows_every_exception(num_classes=3) has not " \
+        "returned after 1 s" in err, err
+    assert not (tmp_path / "runs").exists()
