@@ -12,7 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_safety import _fill, cli, small_disk  # noqa: F401 - a fixture (a 1 MiB tmpfs)
 
+from ddlstudy.cli import main
 from ddlstudy.records.runfolder import MANIFEST
 
 QUICK = ("--usecase", "tiny", "--epochs", "1", "--max-steps", "2", "--no-snapshot",
@@ -68,7 +70,6 @@ def test_a_model_that_never_returns_and_swallows_every_exception_is_given_up(
     for ever, silently) is built in a thread of its own, and the wait for it ends: a
     study's cell fails with the limit's reason, naming the cell, before any cell runs;
     its run, under a study's limit or alone (``BUILD_LIMIT_S``), is refused in one line."""
-    from ddlstudy.cli import main
     from ddlstudy.models import sources
     from ddlstudy.records.plan import load_plan
     from ddlstudy.signals import SETUP_TIMEOUT_ENV
@@ -96,3 +97,53 @@ def test_a_model_that_never_returns_and_swallows_every_exception_is_given_up(
     assert err.count("\n") == 1 and "swallows_every_exception(num_classes=3) has not " \
         "returned after 1 s" in err, err
     assert not (tmp_path / "runs").exists()
+
+
+def _invariant_run_folders(runs: Path) -> list[str]:
+    """What a full disk left of the run folders under ``runs`` that no run may leave: a
+    temporary or empty file, a manifest that is not whole, or one that says the run is
+    still running without an epoch recorded (a folder that records nothing)."""
+    wrong = [str(p) for p in runs.rglob("*") if ".tmp-" in p.name or
+             (p.is_file() and p.stat().st_size == 0)]
+    for folder in (p for p in runs.glob("*/") if p.is_dir()):
+        try:
+            m = json.loads((folder / MANIFEST).read_text())
+        except (OSError, ValueError):
+            wrong.append(f"{folder.name}: no whole manifest")
+            continue
+        if m["status"] == "running" and not m["epochs"]:
+            wrong.append(f"{folder.name}: running, no epoch")
+    return wrong
+
+
+@pytest.mark.parametrize("room", [60_000, 150_000])
+def test_a_run_that_fills_the_disk_leaves_a_whole_record_or_none(room, request, datasets_dir):
+    """`run --mlflow` on a disk with a little room (its store, the manifest, one epoch):
+    the run ends in one line naming the full disk, and its folder is either gone (it had
+    recorded nothing: before, a folder recorded as running, no epoch, its metrics.csv
+    holding one) or whole: its manifest with its epochs, never a temporary file."""
+    disk = request.getfixturevalue("small_disk")
+    _fill(disk, leave=room)
+    runs = disk / "runs"
+    ended = cli("run", *QUICK, "--datasets-dir", str(datasets_dir), "--mlflow", "--runs-dir",
+                str(runs))  # a process of its own: MLflow's store stays open in its client
+    code, last = ended.returncode, ended.stderr.strip().splitlines()[-1]
+    assert code in (1, 2) and "No space left on device" in last, ended.stderr[-2000:]
+    assert _invariant_run_folders(runs) == []
+    if code == 2:
+        assert "free some space, then run it again" in last and "Traceback" not in last
+
+
+def test_a_data_set_that_fills_the_disk_is_said_in_one_line_and_left_out(request, capsys):
+    """`dataset make` onto a disk with room for part of the set: one line naming the set,
+    the disk and how far it got; nothing of it stays (its images were made in a hidden
+    folder beside it)."""
+    disk = request.getfixturevalue("small_disk")
+    _fill(disk, leave=400_000)
+    assert main(["dataset", "make", "--usecase", "tiny", "--out",
+                 str(disk / "sets" / "tiny")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert f"{disk / 'sets' / 'tiny'}: the disk is full (No space left on device) " \
+        "after " in err and " of 300 images; nothing of the set is left there" in err, err
+    assert [p.name for p in disk.iterdir()] == ["filler"]

@@ -15,6 +15,7 @@ import logging
 import os
 import re
 import secrets
+import shutil
 import socket
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from typing import Any
 import psutil
 
 from ddlstudy.errors import UsageError
-from ddlstudy.files import atomic_write, atomic_write_json, atomic_write_text
+from ddlstudy.files import WriteFailed, atomic_write, atomic_write_json, atomic_write_text
 from ddlstudy.machine.sampler import TREE_ROOT_ENV, read_samples, samples_frame, write_rows
 from ddlstudy.reading import read_json, read_text
 from ddlstudy.watchers import tell
@@ -173,17 +174,13 @@ def claim(runs_dir: Path, run_id: str) -> Path | None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.mkdir()
+        (path / f"{CLAIM}{os.getpid()}").touch()
     except FileExistsError:
         _taken(path)
     except OSError as exc:  # a full disk, a folder made read-only since it was checked
+        release(path)
         raise UsageError(f"the run folder {path} cannot be made ({exc.strerror}); free some "
                          f"space or give another --runs-dir, then run it again") from None
-    try:
-        (path / f"{CLAIM}{os.getpid()}").touch()
-    except OSError as exc:
-        path.rmdir()
-        raise UsageError(f"the run folder {path} cannot be written ({exc.strerror}); free "
-                         f"some space or give another --runs-dir, then run it again") from None
     return path
 
 
@@ -377,6 +374,23 @@ class RunFolder:
         mine = self.manifest.setdefault("backend", {})
         for key, value in (written.get("backend") or {}).items():
             mine.setdefault(key, value)
+
+    def unrecorded(self, exc: WriteFailed) -> UsageError:
+        """What to say of a run whose end a full disk kept from being written (``exc``).
+        Its folder is removed where it holds nothing (no epoch in the manifest written,
+        no snapshot): a run recorded as running with no epoch is no record; else it is
+        kept as last written, which reads as interrupted and resumes from its snapshot."""
+        try:
+            kept = bool(read_json(self.path / MANIFEST, "run manifest").get("epochs"))
+        except (UsageError, AttributeError):
+            kept = False
+        if not kept and not (self.path / SNAPSHOT).is_file():
+            shutil.rmtree(self.path, ignore_errors=True)
+            return UsageError(f"{exc}; run {self.path.name} had recorded nothing, and its "
+                              "folder is removed")
+        then = f"`ddlstudy run --resume {self.path}`" if (self.path / SNAPSHOT).is_file() \
+            else "its epochs so far are kept (it reads as interrupted)"
+        return UsageError(f"{exc}; run {self.path.name}: {then}")
 
     def finish(self, status: str, exit_code: int, error: str | None = None,
                **extra: Any) -> None:

@@ -8,6 +8,7 @@ exit 143), and the samples gathered so far are written whatever happened.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -27,7 +28,7 @@ from ddlstudy.config import TARGET_METRICS, Effective, RunConfig, UseCase
 from ddlstudy.config.folders import usecase_key
 from ddlstudy.data import DataPlan, prepare_data
 from ddlstudy.errors import ConfigError, Unavailable, UsageError
-from ddlstudy.files import sweep_temporaries
+from ddlstudy.files import WriteFailed, atomic_write_text, sweep_temporaries
 from ddlstudy.machine import environment
 from ddlstudy.machine.sampler import NOISY_CORES, OthersLoad, ResourceSampler, others_cores
 from ddlstudy.models.sources import named, sha256_of
@@ -292,37 +293,56 @@ def _run(cfg: RunConfig, show_progress: bool, resume: Path | None) -> RunFolder 
         outcome = Outcome("interrupted", 143, "terminated by SIGTERM")
     except Exception as exc:  # recorded in the manifest, then reported by the CLI
         if folder is not None:
-            (folder.path / "error.log").write_text(traceback.format_exc())
+            with contextlib.suppress(OSError, WriteFailed):  # a full disk: the failure stays
+                atomic_write_text(folder.path / "error.log", traceback.format_exc())
         error, cause = f"{type(exc).__name__}{env.where}: {exc}", env.cause(exc)
         outcome = Outcome("failed", 1, f"{cause}; then {error}" if cause else error)
         log.error("%s", env.failed(outcome.error))
     finally:
-        own_rows = sampler.stop()
+        own_rows, unrecorded = sampler.stop(), None
         if folder is not None:
-            folder.reload_epochs()
             rows = [r for node_rows in rows_by_node for r in node_rows] if rows_by_node \
                 else own_rows
-            folder.manifest["host_load"] = _host_load(cfg, backend,
-                                                      folder.write_samples(rows), load)
-            epochs, train = folder.manifest["epochs"], cfg.usecase.train
-            folder.finish(outcome.status, outcome.exit_code, outcome.error,
-                          summary=_summary(epochs), time_to_target=time_to_target(
-                              epochs, train.target_accuracy, train.target_metric))
-            if cfg.tensorboard:
-                _tensorboard(folder)
+            try:
+                outcome = _close(cfg, backend, folder, outcome, rows, load)
+            except WriteFailed as exc:  # a full disk: the run's end cannot be written
+                unrecorded, outcome = folder.unrecorded(exc), Outcome("failed", 2)
         if outcome.exit_code:
             env.abort(outcome.exit_code)  # the other nodes would wait in a collective
+        if unrecorded is not None:
+            raise unrecorded
     if outcome.exit_code:
         raise RunFailed(folder, outcome.exit_code, f"run {folder.path.name} {outcome.status}: "
                         f"{outcome.error} (details in {folder.path})")
     return folder
 
 
+def _close(cfg: RunConfig, backend: Backend, folder: RunFolder, outcome: Outcome,
+           rows: list[dict], load: OthersLoad) -> Outcome:
+    """Node 0's run folder at the end: the samples of every node, the host's load, the
+    final status and what it measured; TensorBoard's scalars where asked. Samples a full
+    disk cannot take fail the run, recorded in its (far smaller) manifest."""
+    folder.reload_epochs()
+    try:
+        frame = folder.write_samples(rows)
+    except WriteFailed as exc:
+        frame = None
+        outcome = outcome if outcome.exit_code else Outcome("failed", 2, str(exc))
+    folder.manifest["host_load"] = _host_load(cfg, backend, frame, load)
+    epochs, train = folder.manifest["epochs"], cfg.usecase.train
+    folder.finish(outcome.status, outcome.exit_code, outcome.error, summary=_summary(epochs),
+                  time_to_target=time_to_target(epochs, train.target_accuracy,
+                                                train.target_metric))
+    if cfg.tensorboard:
+        _tensorboard(folder)
+    return outcome
+
+
 def _host_load(cfg: RunConfig, backend: Backend, frame, load: OthersLoad) -> dict:
     """Whether other processes used the run's hosts (``noisy``): from its samples, else
     (no samples, or a backend whose processes they miss) from this host's CPU over the
     run less the run's process tree's (``load``), where that tree holds the run."""
-    others = None if backend.unsampled else others_cores(
+    others = None if backend.unsampled or frame is None else others_cores(
         frame, psutil.cpu_count() or 1, one_machine=str(cfg.hosts or "").startswith("emulated"))
     if others is None:
         outside = backend.outside_tree(cfg)
