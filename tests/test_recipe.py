@@ -252,6 +252,11 @@ def test_the_use_cases_train_keys_and_a_plans_cells_go_through_the_same_checks(t
     assert "'strategy': 'sequential', 'lr_schedule': 'cosine'" in err, err
     assert "train.lr_schedule_args.T_max: must be at least 1" in err and err.count("\n") == 1
     assert not runs.exists()
+    (tmp_path / "adam.toml").write_text(USECASE + 'optimizer = "Adam"\n'
+                                        "[train.optimizer_args]\nbetas = [0.9]\n")
+    assert main(["bench", "overhead", "--usecase", str(tmp_path / "adam.toml")]) == 2
+    err = capsys.readouterr().err  # bench's baseline goes through a run's checks too
+    assert "train.optimizer_args.betas: Adam takes a list of 2 numbers, got [0.9]" in err
 
 
 def test_an_argument_is_checked_against_the_signature_of_its_class():

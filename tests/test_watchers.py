@@ -123,6 +123,9 @@ MLFLOW.name, STATUS.name = "mlflow", "status"
     ("status", "'status' is a key of the run's manifest, which a watcher cannot note under")])
 def test_a_plugin_watcher_named_like_a_built_in_or_a_manifest_key_is_left_out(
         name, why, caplog):
+    from ddlstudy.records.formats import Manifest
+
+    assert {f.alias or n for n, f in Manifest.model_fields.items()} <= set(MANIFEST_KEYS)
     WATCHERS.loaded()
     WATCHERS._load(EntryPoint(name, f"test_watchers:{name.upper()}", "ddlstudy.watchers"))
     assert WATCHERS["mlflow"] is WATCHER and "status" not in WATCHERS
