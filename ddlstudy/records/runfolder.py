@@ -162,15 +162,13 @@ CLAIM = ".claimed-by-"
 """The mark, with the launcher's PID, in the run folder a launcher claims for its ranks."""
 
 
-def claim(runs_dir: Path, run_id: str) -> Path | None:
+def claim(runs_dir: Path, run_id: str) -> list[Path]:
     """Claim folder ``run_id`` for the ranks this process launches (``--backend mpi``):
-    made, empty but for this process's mark, which its ranks' ``RunFolder.create`` takes
-    up; an existing one is refused here, before any rank starts (of two launches given one
-    id, the second). ``release`` it when the launch ends. None in a rank, whose launcher
-    claimed it."""
+    made, empty but for this process's mark, which its rank 0's ``RunFolder.create`` takes
+    up; one there already is refused here, before any rank starts (of two launches given
+    one id, the second). Returns what it made, to ``release`` when the launch ends."""
     path = Path(runs_dir) / checked_run_id(run_id)
-    if _ours(path):
-        return None
+    made = [p for p in (path.parent, path) if not p.exists()]
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.mkdir()
@@ -178,20 +176,21 @@ def claim(runs_dir: Path, run_id: str) -> Path | None:
     except FileExistsError:
         _taken(path)
     except OSError as exc:  # a full disk, a folder made read-only since it was checked
-        release(path)
+        release(made)
         raise UsageError(f"the run folder {path} cannot be made ({exc.strerror}); free some "
                          f"space or give another --runs-dir, then run it again") from None
-    return path
+    return made
 
 
-def release(path: Path) -> None:
-    """This process's claim on ``path``, where no rank took it up (the launch failed before
-    the run folder was written): its mark, and the folder if nothing else is in it."""
-    (path / f"{CLAIM}{os.getpid()}").unlink(missing_ok=True)
-    try:
-        path.rmdir()
-    except OSError:  # a rank wrote in it: the run folder
-        pass
+def release(made: list[Path]) -> None:
+    """This process's claim (what ``claim`` made), where no rank took it up (the launch
+    failed before the run folder was written): its mark, and the folders left empty."""
+    (made[-1] / f"{CLAIM}{os.getpid()}").unlink(missing_ok=True)
+    for folder in reversed(made):
+        try:
+            folder.rmdir()
+        except OSError:  # a rank wrote in it: the run folder, and the runs folder above
+            return
 
 
 def _ours(path: Path) -> bool:

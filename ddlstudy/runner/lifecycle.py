@@ -383,11 +383,12 @@ def start(cfg: RunConfig, argv: list[str], resume: Path | None = None) -> RunFol
         _reopen(Path(resume), None, cfg.usecase)
     run_id = checked_run_id(Path(resume).name if resume else os.environ.get(RUN_ID_ENV)
                             or new_run_id(cfg.usecase.name, cfg.strategy, cfg.backend))
-    claimed = None if resume else claim(cfg.runs_dir, run_id)  # for the ranks it launches
-    try:
-        ended = get_backend(cfg.backend).launch(cfg, argv, run_id)
+    backend = get_backend(cfg.backend)
+    claimed = claim(cfg.runs_dir, run_id) if resume is None and backend.launches(cfg) else []
+    try:  # the folder of the ranks it launches, claimed for them (of two launches given one
+        ended = backend.launch(cfg, argv, run_id)  # id, the second is refused here)
     finally:
-        if claimed is not None:
+        if claimed:
             release(claimed)  # unless a rank took it up: then it is the run folder
     if ended is None:
         return _run(cfg, True, resume)
