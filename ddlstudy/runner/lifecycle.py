@@ -33,15 +33,8 @@ from ddlstudy.machine import environment
 from ddlstudy.machine.sampler import NOISY_CORES, OthersLoad, ResourceSampler, others_cores
 from ddlstudy.models.sources import named, sha256_of
 from ddlstudy.models.trained import check_weights
-from ddlstudy.records.runfolder import (
-    RUN_ID_ENV,
-    RunFolder,
-    checked_run_id,
-    claim,
-    new_run_id,
-    now_iso,
-    release,
-)
+from ddlstudy.records.runfolder import RunFolder, now_iso
+from ddlstudy.records.runid import RUN_ID_ENV, checked_run_id, claim, new_run_id, release
 from ddlstudy.runner.launched import RunFailed, launched_run, refuse_foreign_launcher
 from ddlstudy.runner.snapshots import load_snapshot
 from ddlstudy.strategies import REGISTRY, Strategy, get_strategy
