@@ -23,6 +23,7 @@ sequential baseline's.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from ddlstudy.config import RunConfig
@@ -126,7 +127,7 @@ class Sharded(_Sharding):
                               f"over (the mesh would be 1 x {t}): that is --strategy tensor "
                               f"--workers {k}; or give --workers a multiple of {t} above it")
         if t > 1:
-            _check_tensor_pairs(cfg)
+            _check_tensor_pairs(cfg, t, "--tensor")
         require_batch_per_worker(cfg, k // t, "data-parallel shards")
         if self.device_type(cfg) == "cpu":
             warn_if_oversubscribed(k)
@@ -218,9 +219,9 @@ class Tensor(_Sharding):
                               "workers; use --backend mpi (each node one tensor-parallel "
                               "group), or sharded or zero across Spark's tasks")
         _Sharding.check(self, cfg)
+        _check_tensor_pairs(cfg, self.workers(cfg), "--workers")
         if self.device_type(cfg) == "cpu":
             warn_if_oversubscribed(self.workers(cfg))
-        _check_tensor_pairs(cfg)
 
     def data_parallel(self, cfg: RunConfig) -> int:
         return 1
@@ -253,14 +254,26 @@ def _check_spark(name: str, cfg: RunConfig, workers: int) -> None:
                           f"--backend mpi, whose ranks lead nodes of several processes")
 
 
-def _check_tensor_pairs(cfg: RunConfig) -> None:
+def _check_tensor_pairs(cfg: RunConfig, degree: int, flag: str) -> None:
     """Refuse a model with no pair of consecutive Linear layers to split (tensor parallel
-    needs one), before anything starts."""
-    from ddlstudy.training.tensor_plan import linear_pairs  # torch: only when asked
+    needs one), or one whose pairs ``degree`` processes cannot split evenly, before
+    anything starts."""
+    from ddlstudy.training.tensor_plan import split_features  # torch: only when asked
 
     uc = cfg.usecase
-    if not linear_pairs(uc.model, len(uc.classes)):
+    split = split_features(uc.model, len(uc.classes))
+    if not split:
         raise ConfigError("--strategy", f"tensor parallelism splits pairs of consecutive "
                           f"Linear layers (only activations or dropout between them) and "
                           f"{uc.model.arch} has none; use sharded or zero to split its "
                           f"memory instead")
+    uneven = [(name, n) for name, n in split if n % degree]
+    if uneven:
+        name, n = uneven[0]
+        common = math.gcd(*(n for _, n in split))
+        fit = [str(d) for d in range(2, min(common, 64) + 1) if common % d == 0][:6]
+        said = f"{', '.join(fit[:-1])} or {fit[-1]}" if len(fit) > 1 else \
+            fit[0] if fit else "1: its pairs share no divisor"
+        raise ConfigError(flag, f"{degree} processes cannot split {name}'s {n} features "
+                          f"evenly (tensor parallelism cuts each Linear pair's features "
+                          f"among them); give {flag} {said}")
