@@ -300,3 +300,43 @@ def test_time_left_counts_each_cell_as_its_earlier_repeat_or_its_use_cases_cells
     # d: simple-big's mean (10); a: its first repeat (100); e: the mean of all (170 / 3)
     assert time_left(done, rest) == pytest.approx(10 + 100 + 170 / 3)
 
+
+
+def test_the_baseline_a_study_adds_is_local_whatever_the_plan_s_backend(tmp_path,
+                                                                        datasets_dir):
+    """A plan whose [settings] put every cell on 2 MPI nodes (usecases/memory.toml does):
+    the sequential baseline the study adds runs here, one local process, so that the MPI
+    cell has a speedup (before, the baseline ran under MPI too and every speedup was -)."""
+    plan = tmp_path / "plan.toml"
+    plan.write_text(f"""[study]
+name = "mpi-settings"
+usecases = ["tiny"]
+repeat = 1
+
+[settings]
+backend = "mpi"
+nodes = 2
+epochs = 1
+max_steps = 3
+datasets_dir = "{datasets_dir}"
+sample_hz = 0
+no_snapshot = true
+
+[[cells]]
+strategy = "cpu-intraop"
+workers = 1
+""")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["study", str(plan), "--runs-dir", str(tmp_path / "runs")]) == 0
+    cells = json.loads((tmp_path / "runs" / "study.json").read_text())["cells"]
+    assert [(c["strategy"], c["backend"], c["nodes"]) for c in cells] == [
+        ("sequential", "local", 1), ("cpu-intraop", "mpi", 2)]
+    assert cells[0]["flags"] == {"strategy": "sequential", "epochs": 1, "max_steps": 3,
+                                 "datasets_dir": str(datasets_dir), "sample_hz": 0,
+                                 "no_snapshot": True}
+    base = json.loads((tmp_path / "runs" / cells[0]["run"] / "manifest.json").read_text())
+    assert base["backend"]["name"] == "local" and base["status"] == "completed"
+    table = Report(tmp_path / "runs", include_noisy=True).table
+    mpi = table[table.backend == "mpi"]
+    assert len(mpi) == 1 and mpi.speedup.notna().all(), table
