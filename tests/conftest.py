@@ -10,6 +10,7 @@ import pytest
 
 from ddlstudy.cli import main
 from ddlstudy.config import RunConfig, load_usecase, with_overrides
+from ddlstudy.config.paths import ADVICE_CHECKS_ENV
 from ddlstudy.data.cache import CACHE_ENV
 from ddlstudy.data.generate import make_dataset
 
@@ -31,6 +32,8 @@ def data_cache(tmp_path_factory) -> Path:
     user's ~/.cache."""
     folder = tmp_path_factory.mktemp("cache")
     os.environ[CACHE_ENV] = str(folder)
+    # and its own history of advice checks, not the working directory's runs/advise/
+    os.environ[ADVICE_CHECKS_ENV] = str(folder / "advice-checks.jsonl")
     return folder
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from ddlstudy.config import load_usecase
 from ddlstudy.records.advised import spread
-from ddlstudy.records.plan import baseline
+from ddlstudy.records.plan import baseline, cell_config
 from ddlstudy.records.runfolder import memory_of, node_bytes
 from ddlstudy.tools import advise
 from ddlstudy.tools.advise.checking import last_check, last_check_line, remember, spearman
@@ -116,12 +116,17 @@ def test_noisy_runs_are_left_out_and_counted_or_counted_marked_when_asked():
 
 def test_a_run_is_matched_by_its_study_cell_or_by_its_recorded_configuration():
     """With a study's cells, by their flags (how long a cell trained is not the
-    configuration); without, by the configuration the manifest records: a local row is not
-    an MPI run of the same strategy."""
-    advice = _advice(("s", SEQ, 100.0, 400, 800), ("i", INTRA, 90.0, 400, 800))
+    configuration); without, by the whole configuration the manifest records: a local row
+    is not an MPI run of the same strategy, GPipe's row not a 1F1B run (its row has no
+    schedule flag), and advise's own probes (paced) are no runs of the advice."""
+    gpipe = {"strategy": "pipeline", "stages": 2}
+    advice = _advice(("s", SEQ, 100.0, 400, 800), ("i", INTRA, 90.0, 400, 800),
+                     ("g", gpipe, 80.0, 400, 800))
     runs = [_manifest("r1", SEQ, 100.0, 400, 800),
             _manifest("r2", INTRA | {"backend": "mpi", "nodes": 2}, 80.0, 400, 800),
-            _manifest("r3", INTRA, 80.0, 400, 800, usecase="other")]
+            _manifest("r3", INTRA, 80.0, 400, 800, usecase="other"),
+            _manifest("r4", gpipe | {"schedule": "1f1b"}, 70.0, 400, 800),
+            _manifest("r5", INTRA | {"steady_seconds": 3.0}, 95.0, 400, 800)]
     assert [r["label"] for r in advise.check(advice, runs)["rows"]] == ["s"]
     cells = [{"run": "r1", "flags": SEQ | {"epochs": 2, "max_steps": 6}}]
     assert [r["runs"] for r in advise.check(advice, runs, cells)["rows"]] == [1]
@@ -148,6 +153,8 @@ def test_a_node_s_memory_is_one_figure():
     charged = memory | {"hosts": {"h": {"limit_bytes": 3 << 30,
                                         "peak_charged_bytes": 1000 * MIB}}}
     assert node_bytes(charged) == 1000 * MIB
+    uneven = {"per_rank": [rank | {"rank": i, "host": h} for i, h in enumerate("aba")]}
+    assert node_bytes(uneven, nodes=3) == (900 - 40 + 20 - 300) * MIB  # 2 on a, 1 on b
     older = {"per_rank": [{"rank": 0, "host": "h", "peak_rss_bytes": 900 * MIB,
                            "held_bytes": {}}], "per_host_bytes": {"h": 900 * MIB}}
     assert node_bytes(older) == 900 * MIB  # recorded before the files' pages were
@@ -160,7 +167,8 @@ def test_a_study_s_added_baseline_is_local_and_sequential():
     baseline the study adds runs here, one process, as long as the cells."""
     settings = {"backend": "mpi", "nodes": 2, "hosts": "emulated:mem", "reduce": "ring",
                 "workers": 2, "epochs": 1, "max_steps": 4, "no_snapshot": True,
-                "precision": "bf16", "model": "resnet18"}
+                "precision": "bf16", "model": "resnet18", "no_reshard_after_forward": True,
+                "no_shared_buffers": True}
     assert baseline(settings) == {"epochs": 1, "max_steps": 4, "no_snapshot": True,
                                   "precision": "bf16", "model": "resnet18",
                                   "strategy": "sequential"}
@@ -202,6 +210,8 @@ def test_a_probe_is_time_boxed_and_a_short_budget_shrinks_the_boxes_or_names_a_b
     assert (settings["epochs"], settings["warmup_steps"], settings["max_steps"]) == (3, 2, 15)
     assert settings["steady_seconds"] == 1.0 and settings["max_val_steps"] == 1
     assert advise.probe_settings(load_usecase("tiny"), 0.5, 1)["warmup_steps"] == 1
+    one = advise.probe_settings(load_usecase("tiny"), 3.0, per_epoch=1)  # no warm-up to skip
+    assert "warmup_steps" not in one and one["max_steps"] == 1
     slow = Pace(load_usecase("tiny"), box=3.0, base_step=2.0)
     assert (slow.epochs(3.0), slow.warmup) == (1, 1)
     # start-up: learnt a process count at a time (the baseline's 5 s; 2 processes: twice)
@@ -211,9 +221,9 @@ def test_a_probe_is_time_boxed_and_a_short_budget_shrinks_the_boxes_or_names_a_b
     assert pace.startup(two, [base, done]) == 9.0
     # 22 s left for 2 layouts of 2 processes, each 9 s of start-up: boxes shrink to 1.9 s
     deadline = time.monotonic() + 22.0
-    box = _box(two, [two, advise.Candidate("x", {}, 2)], [base, done, two], pace, deadline, 0)
+    box = _box(two, [two, advise.Candidate("x", {}, 2)], [base, done, two], pace, deadline)
     assert box == pytest.approx(1.9, abs=0.05)
-    assert _box(two, [two], [base, done, two], pace, time.monotonic() + 5.0, 0) is None
+    assert _box(two, [two], [base, done, two], pace, time.monotonic() + 5.0) is None
     state = {"every_layout": True}
     _out_of_budget([base, done, two], pace, state, 0)
     assert state["every_layout"] is False and state["budget_needed_s"] % 10 == 0
@@ -274,9 +284,9 @@ def test_report_checks_any_folder_of_runs_against_an_advice(tmp_path, capsys, mo
     monkeypatch.setenv("DDLSTUDY_ADVICE_CHECKS", str(tmp_path / "checks.jsonl"))
     runs = tmp_path / "runs"
     for run, flags, speed in (("r1", SEQ, 100.0), ("r2", INTRA, 150.0)):
-        m = _manifest(run, flags, speed, 400, 800) | {
-            "started_at": run, "config": {"backend": "local", "usecase": {"name": "u"},
-                                          **flags},
+        config = cell_config("tiny", flags | {"epochs": 3}, runs).to_dict()  # as run records
+        m = _manifest(run, flags, speed, 400, 800, usecase="tiny") | {
+            "started_at": run, "config": json.loads(json.dumps(config, default=str)),
             "strategy": {"name": flags["strategy"], "processes": 1, "threads_per_process": 1},
             "host": {"hostname": "h", "usable_cores": 2}}
         m["epochs"][0] |= {"epoch": 1, "train_loss": 1.0, "val_accuracy": 0.5,
@@ -285,7 +295,7 @@ def test_report_checks_any_folder_of_runs_against_an_advice(tmp_path, capsys, mo
         (runs / run / "manifest.json").write_text(json.dumps(m))
     advice = tmp_path / "advise.json"
     advice.write_text(json.dumps(_advice(("i", INTRA, 120.0, 400, 800),
-                                         ("s", SEQ, 100.0, 500, 800))))
+                                         ("s", SEQ, 100.0, 500, 800)) | {"usecase": "tiny"}))
     out = tmp_path / "report"
     assert main(["report", str(runs), "--advice", str(advice), "--out", str(out)]) == 0
     printed = capsys.readouterr().out
@@ -294,4 +304,4 @@ def test_report_checks_any_folder_of_runs_against_an_advice(tmp_path, capsys, mo
     assert check["summary"]["first_measured_rank"] == 1 and check["summary"]["confirmed"]
     assert "confirmed: the first choice measured 100% of the best" in printed
     assert (out / "advice-check.svg").is_file()
-    assert "2 configuration(s)" in last_check_line("u")
+    assert "2 configuration(s)" in last_check_line("tiny")

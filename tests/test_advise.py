@@ -14,10 +14,10 @@ from ddlstudy import hosts
 from ddlstudy.cli import main
 from ddlstudy.config import load_usecase
 from ddlstudy.config.limits import size_bytes
+from ddlstudy.records.runfolder import node_bytes as measured
 from ddlstudy.report import load_runs
 from ddlstudy.strategies.base import Footprint
 from ddlstudy.tools import advise
-from ddlstudy.tools.advise.memory import measured
 from ddlstudy.tools.predict import Cost, measure_sizes
 
 WHY_NOT = hosts.can_emulate()
@@ -160,6 +160,9 @@ def test_a_node_needs_its_own_pages_not_the_libraries_it_maps(tmp_path):
     processes = by["cpu-processes (2 processes)"]
     assert processes.peak(16) / MIB == 1900 and processes.need(16) / MIB == 1300
     assert processes.process(16) / MIB == 600 + 200 + 100 + 100 / 2
+    sharded = by["sharded (2 processes)"]  # each process maps the whole of its arena
+    assert sharded.process(16) == round(600 * MIB + (200 + 100 + 100) * MIB / 2
+                                        + sharded.footprint.shared_bytes)
     assert not processes.skip
     assert by["sequential"].need(16) / MIB == 700 and by["sequential"].peak(16) / MIB == 1000
     assert by["sequential"].process(16) / MIB == 1000

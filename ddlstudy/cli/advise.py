@@ -13,6 +13,7 @@ from ddlstudy.cli.common import (
     seconds,
     usecase_of,
 )
+from ddlstudy.config import MIN_PROBE_SECONDS as MIN_BOX
 from ddlstudy.config import PRECISIONS, PROBE_SECONDS
 from ddlstudy.config.limits import most, size_bytes
 from ddlstudy.config.loading import is_usecase_path
@@ -86,11 +87,13 @@ def cmd_advise(args: argparse.Namespace) -> int:
         check_folder("--out", args.out)
     sets = {"datasets_dir": str(args.datasets_dir)} if args.datasets_dir else {}
     uc = cell_config(usecase, data | sets, args.out or DEFAULT_RUNS_DIR).usecase
-    budget = None if args.budget == "auto" else seconds("--budget", args.budget)
+    budget = None if args.budget.strip().lower() == "auto" else seconds("--budget",
+                                                                         args.budget)
     memory = size_bytes("--memory", args.memory) if args.memory is not None else None
     check_positive(args, "rounds")
-    if not 0 < args.probe_seconds <= most("seconds"):  # NaN too
-        raise ConfigError("--probe-seconds", f"must be a number of seconds above 0, got "
+    if not MIN_BOX <= args.probe_seconds <= most("seconds"):  # NaN too
+        raise ConfigError("--probe-seconds", f"must be seconds from {MIN_BOX:g} (a shorter "
+                          f"box times nothing) to {most('seconds'):g}, got "
                           f"{args.probe_seconds}")
     if args.link is not None:
         from ddlstudy.hosts import rate_bits

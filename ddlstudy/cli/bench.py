@@ -137,6 +137,9 @@ def _bench_advise(args: argparse.Namespace) -> int:
     only = bench_advise.names(args.only)
     out = args.out or DEFAULT_RUNS_DIR / "bench" / time.strftime("advise-%Y%m%d-%H%M%S")
     check_folder("--out", out)
+    if out.is_dir() and any(out.iterdir()):  # its advices and checks would be taken as new
+        raise ConfigError("--out", f"{out} holds files already (an earlier bench?): give a "
+                          "new or empty folder")
     check_load(args.wait_quiet)
     result = bench_advise.bench_advise(only, out, args.rows, args.datasets_dir,
                                        args.wait_quiet, args.rounds, args.include_noisy)

@@ -42,3 +42,7 @@ USECASES_DIR = _usecases_dir()
 HOME, HOME_PROBLEM = _home()
 DEFAULT_DATASETS_DIR = HOME / "datasets"
 DEFAULT_RUNS_DIR = HOME / "runs"
+
+ADVICE_CHECKS_ENV = "DDLSTUDY_ADVICE_CHECKS"
+"""The file where every advice check on this host is remembered (default
+``<runs>/advise/checks.jsonl``): ``advise`` says how the last one did."""

@@ -66,6 +66,9 @@ PROBE_SECONDS = 3.0
 """advise's time box: a probe's steady steps (after its warm-up) last about this long,
 whatever a step costs (on tiny an epoch's 13 steady steps take 0.3 s, on VGG16 one step
 takes seconds): a probe is its start-up, its warm-up and this (``advise --probe-seconds``)."""
+MIN_PROBE_SECONDS = 0.5
+"""The shortest time box: a short budget shrinks the boxes to it, and no shorter one is
+taken (it would time nothing but the warm-up's pace)."""
 
 
 @dataclass(frozen=True)
@@ -216,7 +219,7 @@ class RunConfig(MpiOptions, SparkOptions):
                                metavar="N", most=most("steps"), why=why("steps"))
     steady_seconds: float | None = option(
         None, "end each epoch once its steady steps (after the warm-up) have taken about "
-        "this many seconds, at the pace of its last warm-up step (the slowest rank's): as "
+        "this many seconds, at the pace of its last warm-up step (the ranks' mean): as "
         "many steps as a figure needs whatever a step costs (advise's probes; --max-steps "
         "still bounds it)", group=OUTPUT, type=float, metavar="S",
         most=most("seconds"), why=why("seconds"))

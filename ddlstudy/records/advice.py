@@ -20,16 +20,14 @@ from ddlstudy.records.kinds import (
 
 class Recommendation(Record):
     flags: dict[str, Any]
-    predicted_need_node_bytes: Bytes | None = None
-    """A node's memory as predicted: what it is held to (concepts: a node's memory)."""
-    predicted_peak_process_bytes: Bytes | None = None
-    """Its largest process's resident peak as predicted."""
-    not_predicted: list[str] | None = None
-    """What its figures leave out, in words."""
     """Its ``ddlstudy run`` flags (``command``: the command line)."""
+    rank: Positive
+    """Its place, 1 the best."""
+    label: str
+    """The configuration in words."""
     runnable: bool = True
     """False: predicted for ``--link``'s machines, not runnable here."""
-    images_per_s: Ratio | None = None
+    images_per_s: Ratio
     """Predicted (or probed) training images per second, the fastest of its probes'."""
     speedup: Ratio | None = None
     """Its images/s / the sequential baseline probe's."""
@@ -37,6 +35,14 @@ class Recommendation(Record):
     """Its images/s / (its nodes x the fastest one-node probe's images/s): 1.0 when N nodes
     train N times as fast as the best one. Not the report's ``efficiency`` (its tables' and
     runs.csv's: speedup / the cores kept busy). Older advise.json files call it efficiency."""
+    time_to_target_s: Seconds | None = None
+    """Predicted training seconds to the target (ranked by time to target; null: never)."""
+    predicted_need_node_bytes: Bytes | None = None
+    """A node's memory as predicted: what it is held to (concepts: a node's memory)."""
+    predicted_peak_process_bytes: Bytes | None = None
+    """Its largest process's resident peak as predicted."""
+    not_predicted: list[str] | None = None
+    """What its figures leave out, in words."""
 
 
 class Origin(Record):
@@ -58,6 +64,7 @@ class Origin(Record):
 class Advice(Record):
     """advise.json: the ranked configurations of ``ddlstudy advise``."""
     usecase: str
+    """The use case's name."""
     budget_s: Seconds | None = None
     """--budget in seconds (null: auto, every layout and node count once, then the
     contenders for at most half as long again)."""
@@ -67,7 +74,6 @@ class Advice(Record):
     """Where not: the budget that would have probed them all."""
     last_check: str | None = None
     """How the last check of an advice on this host did, as advise printed it."""
-    """The use case's name."""
     origin: Origin | None = None
     """Where its use case, data and model came from (older files have none)."""
     ranking: list[Recommendation]

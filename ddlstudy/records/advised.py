@@ -18,6 +18,7 @@ from ddlstudy.records.plan import (
     _check_cells,
     _checked,
     _checked_repeat,
+    cell_config,
 )
 
 
@@ -103,3 +104,19 @@ def advice_plan(path: Path, top: int, repeat: int | None = None,
                 repeat=repeat, runs_dir=runs_dir or Path(path).parent / "confirm",
                 description=f"the top {len(rows)} recommendations of {path}",
                 settings=settings)
+
+
+def row_configs(path: Path, advice: dict[str, Any]) -> list[tuple[dict, dict]]:
+    """Each row of an advice with the configuration ``ddlstudy run`` makes of it (as a run's
+    manifest records it), to match runs to rows; a row that cannot be made here (on
+    hosts that are not up, for a --link's machines) is left out."""
+    usecase = _advised(path, advice)
+    data = {k: v for k, v in (advice.get("probe_settings") or {}).items() if k in ADVICE_DATA}
+    out = []
+    for row in advice["ranking"]:
+        try:
+            out.append((row, cell_config(usecase, data | row["flags"],
+                                         Path(path).parent).to_dict()))
+        except UsageError:
+            continue
+    return out

@@ -304,11 +304,11 @@ def cell_config(usecase: str | None, flags: dict[str, Any], runs_dir: Path) -> R
 
 
 NOT_THE_BASELINE = frozenset(
-    {f.name for f in dataclasses.fields(RunConfig)
-     if f.metadata.get("group") in (NODES, SPARK)}
-    | {"scaling", "lr_scaling", "workers", "stages", "micro_batches", "schedule",
-       "stage_starts", "reshard_after_forward", "shared_buffers", "tensor", "replicas",
-       "devices"})
+    key(f) for f in dataclasses.fields(RunConfig) if "help" in f.metadata and (
+        f.metadata["group"] in (NODES, SPARK) or f.name in {
+            "scaling", "lr_scaling", "workers", "stages", "micro_batches", "schedule",
+            "stage_starts", "reshard_after_forward", "shared_buffers", "tensor",
+            "replicas", "devices"}))
 """Settings a study's added baseline does not take from the plan: where and how the cells
 are distributed and laid out. The baseline is the local sequential run, whatever the
 cells' backend (a memory plan's MPI settings gave it an MPI baseline, and every speedup

@@ -86,8 +86,16 @@ def node_bytes(memory: dict[str, Any], nodes: int = 1) -> int | None:
     hosts = _host_bytes(memory)
     if not hosts:
         return None
-    on_one = max(1, -(-nodes // len(hosts)))
-    return round(max(hosts.values()) / on_one)
+    return round(max(v / _nodes_on(memory, h, nodes, len(hosts)) for h, v in hosts.items()))
+
+
+def _nodes_on(memory: dict[str, Any], host: str, nodes: int, hosts: int) -> int:
+    """How many of the run's ``nodes`` ran on ``host``: its ranks over a node's (hydra's
+    round robin puts 3 nodes on 2 hosts as 2 and 1), else an even share."""
+    ranks = [str(r.get("host")) for r in memory.get("per_rank") or [] if isinstance(r, dict)]
+    if ranks and len(ranks) % max(nodes, 1) == 0:
+        return max(1, ranks.count(host) // (len(ranks) // max(nodes, 1)))
+    return max(1, -(-nodes // hosts))
 
 
 def _host_bytes(memory: dict[str, Any]) -> dict[str, int]:

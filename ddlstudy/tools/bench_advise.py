@@ -27,6 +27,7 @@ from ddlstudy.data.generate import make_dataset
 from ddlstudy.errors import UsageError
 from ddlstudy.files import atomic_write_json, atomic_write_text
 from ddlstudy.machine.environment import host, python_module
+from ddlstudy.tools.advise.checking import pct
 from ddlstudy.tools.advise.probes import say
 
 OWN_MODEL = REPO_ROOT / "tests" / "models" / "own_net.py"
@@ -71,7 +72,9 @@ def bench_advise(only: list[str] | None, out: Path, check_rows: int = 6,
     datasets_dir = datasets_dir or DEFAULT_DATASETS_DIR
     tiny = load_usecase("tiny")
     make_dataset(tiny.data, datasets_dir / tiny.data.name)
-    rows = []
+    result = {"host": host(), "at": time.strftime("%Y-%m-%d %H:%M"), "check_rows": check_rows,
+              "include_noisy": include_noisy}
+    rows: list[dict[str, Any]] = []
     for name, layout in NAMES.items():
         if only and name not in only:
             continue
@@ -80,10 +83,13 @@ def bench_advise(only: list[str] | None, out: Path, check_rows: int = 6,
             rows.append({"layout": layout.name, "skipped": why})
             continue
         say(f"bench advise: {layout.name}")
-        rows.append(_layout(layout, out / name, check_rows, datasets_dir, wait, rounds,
-                            include_noisy))
-    return {"host": host(), "at": time.strftime("%Y-%m-%d %H:%M"),
-            "check_rows": check_rows, "include_noisy": include_noisy, "layouts": rows}
+        try:
+            rows.append(_layout(layout, out / name, check_rows, datasets_dir, wait, rounds,
+                                include_noisy))
+        except UsageError as exc:  # a layout that failed is a row that says why
+            rows.append({"layout": layout.name, "skipped": f"failed: {exc}"})
+        write(result | {"layouts": rows}, out)  # as it goes: an interrupted bench keeps
+    return result | {"layouts": rows}
 
 
 def _cannot(layout: Layout) -> str | None:
@@ -182,15 +188,11 @@ def markdown(result: dict) -> str:
             continue
         lines.append(
             f"| {r['layout']} | {'yes' if r['every_layout'] else 'no'} | {r['advise_s']} | "
-            f"{r['checked']} | {r['noisy_left_out']} | {_pct(r['mape'])} | "
-            f"{_pct(r['node_memory_mape'])}, {_pct(r['node_memory_worst'], True)} | "
-            f"{_pct(r['process_memory_mape'])} | {_num(r['spearman'])} | "
-            f"{r['first_measured_rank'] or '-'}, {_pct(r['first_over_best'])} |")
+            f"{r['checked']} | {r['noisy_left_out']} | {pct(r['mape'], False, 1)} | "
+            f"{pct(r['node_memory_mape'], False, 1)}, {pct(r['node_memory_worst'], True, 1)} | "
+            f"{pct(r['process_memory_mape'], False, 1)} | {_num(r['spearman'])} | "
+            f"{r['first_measured_rank'] or '-'}, {pct(r['first_over_best'], False, 1)} |")
     return "\n".join(lines)
-
-
-def _pct(value: float | None, signed: bool = False) -> str:
-    return "-" if value is None else f"{value:+.1%}" if signed else f"{value:.1%}"
 
 
 def _num(value: float | None) -> str:

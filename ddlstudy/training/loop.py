@@ -119,9 +119,9 @@ class Trainer:
         """The use case's classes: the confusion matrix validation fills (0: no validation)."""
         self.loss_fn = nn.CrossEntropyLoss()
         self.precision = "fp32"
+        """bf16: each step runs under torch.autocast (set by train_epochs from the config)."""
         self.steady_seconds: float | None = None
         """End each epoch once its steady steps have taken about this long (``paced``)."""
-        """bf16: each step runs under torch.autocast (set by train_epochs from the config)."""
         self.after_step: Callable[[int, int], None] = lambda epoch, step: None
         """Called after every step with (epoch, steps done in it), e.g. to snapshot."""
         self.sums = _zero_sums()

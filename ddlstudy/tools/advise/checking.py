@@ -23,16 +23,17 @@ import numpy as np
 import pandas as pd
 
 from ddlstudy.config import DEFAULT_RUNS_DIR
+from ddlstudy.config.paths import ADVICE_CHECKS_ENV
 from ddlstudy.errors import UsageError
 from ddlstudy.files import atomic_write_json, atomic_write_text
 from ddlstudy.reading import read_text
-from ddlstudy.records.advised import load_advice
+from ddlstudy.records.advised import load_advice, row_configs
 from ddlstudy.records.formats import Study as StudyRecord
 from ddlstudy.records.formats import load
 from ddlstudy.records.runfolder import memory_of
 from ddlstudy.report import STUDY_FILE, load_runs
 from ddlstudy.tools.advise.figure import plot_check, save
-from ddlstudy.tools.advise.probes import fastest
+from ddlstudy.tools.advise.probes import fastest, steady_speed
 from ddlstudy.tools.advise.ranking import finite
 
 NOT_THE_CONFIGURATION = {"datasets_dir", "epochs", "max_steps", "max_val_steps",
@@ -49,27 +50,29 @@ MIN_RANKED = 3
 
 
 def check(advice: dict, manifests: list[dict], cells: list[dict] | None = None,
-          include_noisy: bool = False) -> dict:
-    """The advice against ``manifests`` (completed runs; of a study, ``cells`` names each
-    one's run and flags, else a run is matched to a row by its recorded configuration).
-    Each configuration's measured figure is its best repeat's (advise ranks on its best
+          include_noisy: bool = False,
+          configs: list[tuple[dict, dict]] | None = None) -> dict:
+    """The advice against ``manifests`` (completed runs). A run is matched to a row by its
+    study cell's flags (``cells``: a study of the advice names each one's run), else by
+    the configuration its manifest records, against the configuration ``ddlstudy run``
+    makes of each row (``configs``: (row, its config); by default the row's flags alone);
+    advise's own probes (paced: --steady-seconds) are no run of the advice. Each
+    configuration's measured figure is its best repeat's (advise ranks on its best
     probe). Runs marked noisy (other processes kept the host busy) are left out and
-    counted, as the report leaves them out of speedups; ``include_noisy`` counts them,
-    every row they give marked ``busy``."""
+    counted, as the report leaves them out of speedups; ``include_noisy`` counts them, a
+    row whose figure comes from one marked ``busy``."""
     ttt = bool((advice.get("convergence") or {}).get("factor"))
-    rows_by_key = {_key(r["flags"]): r for r in advice["ranking"]}
-    found: dict[str, list[tuple[dict, bool]]] = {}
+    found: dict[int, tuple[dict, list[tuple[dict, bool]]]] = {}
     noisy = 0
-    for m, flags in _runs(manifests, cells, advice):
-        row = rows_by_key.get(_key(flags))
-        if row is None or m.get("status") != "completed":
+    for m, row in _runs(manifests, cells, advice, configs):
+        if m.get("status") != "completed":
             continue
         busy = (m.get("host_load") or {}).get("noisy") is True
         if busy and not include_noisy:
             noisy += 1
             continue
-        found.setdefault(_key(row["flags"]), []).append((m, busy))
-    rows = sorted((_row(rows_by_key[k], runs, ttt) for k, runs in found.items()),
+        found.setdefault(id(row), (row, []))[1].append((m, busy))
+    rows = sorted((_row(row, runs, ttt) for row, runs in found.values()),
                   key=lambda r: r["rank"])
     out: dict[str, Any] = {"criterion": "time to target (s)" if ttt else "images/s",
                            "rows": rows, "noisy_left_out": noisy,
@@ -82,31 +85,39 @@ def check(advice: dict, manifests: list[dict], cells: list[dict] | None = None,
     return out
 
 
-def _runs(manifests: list[dict], cells: list[dict] | None, advice: dict
-          ) -> list[tuple[dict, dict]]:
-    """Each run with the flags to match: its study cell's, or (no study) the advice's row
-    whose configuration its manifest records."""
+def _runs(manifests: list[dict], cells: list[dict] | None, advice: dict,
+          configs: list[tuple[dict, dict]] | None) -> list[tuple[dict, dict]]:
+    """Each run that is a row of the advice, with that row."""
     if cells is not None:
         by_id = {m["id"]: m for m in manifests}
-        return [(by_id[c["run"]], c["flags"]) for c in cells if c.get("run") in by_id]
-    out = []
-    for m in manifests:
-        if m.get("usecase") != advice["usecase"]:
-            continue
-        config = m.get("config") or {}
-        row = next((r for r in advice["ranking"] if _recorded(r["flags"], config)), None)
-        if row is not None:
-            out.append((m, row["flags"]))
-    return out
+        by_flags = {_key(r["flags"]): r for r in advice["ranking"]}
+        return [(by_id[c["run"]], by_flags[_key(c["flags"])]) for c in cells
+                if c.get("run") in by_id and _key(c["flags"]) in by_flags]
+    rows = configs if configs is not None else [
+        (r, {"backend": "local"} | r["flags"]) for r in advice["ranking"]]
+    by_config = {identity(config): r for r, config in rows}
+    return [(m, by_config[identity(m.get("config") or {})]) for m in manifests
+            if not (m.get("config") or {}).get("steady_seconds")  # advise's own probes
+            and m.get("usecase") == advice["usecase"]
+            and identity(m.get("config") or {}) in by_config]
 
 
-def _recorded(flags: dict, config: dict) -> bool:
-    """Whether a run's recorded configuration is the one ``flags`` give: every flag that
-    says what runs as recorded, and a row without a backend a local run."""
-    what = {k: v for k, v in flags.items() if k not in NOT_THE_CONFIGURATION}
-    return config.get("backend", "local") == what.get("backend", "local") and all(
-        config.get(k[3:]) is (not v) if k.startswith("no_") and k not in config
-        else config.get(k) == v for k, v in what.items())
+NOT_WHAT_RUNS = frozenset({"runs_dir", "datasets_dir", "data_cache", "sample_hz", "max_steps",
+                           "max_val_steps", "warmup_steps", "steady_seconds", "snapshot",
+                           "snapshot_every", "tensorboard", "mlflow", "spark_ui",
+                           "expect_fingerprint", "replay_of", "effective"})
+"""A run's settings that say how long it trains, where its files go and what it records,
+not what configuration it runs (nor its use case's epochs and file)."""
+
+
+def identity(config: dict) -> str:
+    """What configuration a run's recorded ``config`` is: all of it but NOT_WHAT_RUNS."""
+    what = {k: v for k, v in config.items() if k not in NOT_WHAT_RUNS}
+    usecase = dict(what.get("usecase") or {})
+    usecase.pop("source", None)
+    if isinstance(usecase.get("train"), dict):
+        usecase["train"] = {k: v for k, v in usecase["train"].items() if k != "epochs"}
+    return json.dumps(what | {"usecase": usecase}, sort_keys=True, default=str)
 
 
 def _key(flags: dict) -> str:
@@ -118,18 +129,18 @@ def _row(advised: dict, runs: list[tuple[dict, bool]], ttt: bool) -> dict[str, A
     """One configuration: the advice's prediction beside its runs' measurement."""
     values = [_measured(m, ttt) for m, _ in runs]
     measured = min(values) if ttt else fastest(values)
-    best = runs[values.index(measured)][0]
+    best, busy = runs[values.index(measured)]
     memory = [memory_of(m) for m, _ in runs]
     node = _median([x["peak_node_bytes"] for x in memory])
     process = _median([x["peak_process_bytes"] for x in memory])
     predicted = advised.get("time_to_target_s") if ttt else advised["images_per_s"]
     pred_node = advised.get("predicted_need_node_bytes")
     pred_process = advised.get("predicted_peak_process_bytes")
-    return {"rank": advised["rank"], "label": advised["label"], "nodes": advised.get("nodes", 1),
-            "basis": advised.get("basis"), "predicted": predicted,
-            "measured": finite(measured), "error": error(predicted, measured),
-            "runs": len(runs), "best_run": best["id"],
-            "busy": any(b for _, b in runs) or None,
+    return {"rank": advised["rank"], "label": advised["label"],
+            "nodes": advised.get("nodes", 1), "basis": advised.get("basis"),
+            "predicted": predicted, "measured": finite(measured),
+            "error": error(predicted, measured), "runs": len(runs), "best_run": best["id"],
+            "busy": busy or None,
             "predicted_node_bytes": pred_node, "measured_node_bytes": node,
             "node_error": error(pred_node, node),
             "predicted_process_bytes": pred_process, "measured_process_bytes": process,
@@ -137,10 +148,16 @@ def _row(advised: dict, runs: list[tuple[dict, bool]], ttt: bool) -> dict[str, A
 
 
 def _measured(m: dict, ttt: bool) -> float:
-    if ttt:
-        tta = m.get("time_to_target") or {}
-        return tta["seconds"] if tta.get("reached") else math.inf
-    return statistics.median(e["steady_images_per_s"] for e in m["epochs"])
+    """A run's images/s (``steady_speed``), or its training seconds to the target (its
+    epochs' train_time_s up to the one that reached it: advise predicts training time,
+    without the validations in between)."""
+    if not ttt:
+        return steady_speed(m)
+    tta = m.get("time_to_target") or {}
+    if not tta.get("reached"):
+        return math.inf
+    return sum(e.get("train_time_s") or 0.0 for e in m["epochs"][:tta.get("epoch", 0)]) \
+        or tta["seconds"]
 
 
 def _median(values: list[int | None]) -> int | None:
@@ -210,10 +227,10 @@ def check_text(result: dict) -> str:
              "| measured | error | process GiB predicted | measured | error | runs |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['rank']} | {r['label']}{' (busy host)' if r.get('busy') else ''} | "
-              f"{_figure(r['predicted'])} | {_figure(r['measured'])} | {_pct(r['error'])} | "
+              f"{_figure(r['predicted'])} | {_figure(r['measured'])} | {pct(r['error'])} | "
               f"{_gib(r['predicted_node_bytes'])} | {_gib(r['measured_node_bytes'])} | "
-              f"{_pct(r['node_error'])} | {_gib(r['predicted_process_bytes'])} | "
-              f"{_gib(r['measured_process_bytes'])} | {_pct(r['process_error'])} | "
+              f"{pct(r['node_error'])} | {_gib(r['predicted_process_bytes'])} | "
+              f"{_gib(r['measured_process_bytes'])} | {pct(r['process_error'])} | "
               f"{r['runs']} |" for r in result["rows"]]
     lines += ["", *summary_lines(result)]
     return "\n".join(lines)
@@ -227,15 +244,17 @@ def summary_lines(result: dict) -> list[str]:
                "marked" if result.get("noisy_left_out") else
                "no completed run matched a row of the advice")
         return [f"not checked: {why}"]
-    out = [f"{s['rows']} configuration(s) checked: {result['criterion']} off by "
-           f"{_pct(s['mape'], signed=False)} on average (mean absolute error)"
+    off = (f"{result['criterion']} off by {pct(s['mape'], signed=False)} on average (mean "
+           "absolute error)" if s.get("mape") is not None else
+           f"no {result['criterion']} measured (none reached the target)")
+    out = [f"{s['rows']} configuration(s) checked: {off}"
            + (f"; rank correlation {s['spearman']:.2f} (Spearman)"
               if s.get("spearman") is not None else
               f"; no rank correlation with fewer than {MIN_RANKED} rows")]
     if s.get("node_memory_mape") is not None:
-        out.append(f"peak memory of a node off by {_pct(s['node_memory_mape'], signed=False)}"
-                   f" on average, at worst {_pct(s['node_memory_worst'])}; of a process by "
-                   f"{_pct(s['process_memory_mape'], signed=False)}")
+        out.append(f"peak memory of a node off by {pct(s['node_memory_mape'], signed=False)}"
+                   f" on average, at worst {pct(s['node_memory_worst'])}; of a process by "
+                   f"{pct(s['process_memory_mape'], signed=False)}")
     if s.get("confirmed") is None:
         out.append("the first choice was not measured (it failed, or only on a busy host), or "
                    "none reached the target: its place is not checked")
@@ -263,8 +282,9 @@ def _figure(value: float | None) -> str:
     return "never" if value is None else f"{value:.1f}"
 
 
-def _pct(value: float | None, signed: bool = True) -> str:
-    return "-" if value is None else f"{value:+.0%}" if signed else f"{value:.0%}"
+def pct(value: float | None, signed: bool = True, digits: int = 0) -> str:
+    """A fraction in %: signed (an error) or not (a mean absolute error); '-' for none."""
+    return "-" if value is None else f"{value:+.{digits}%}" if signed else f"{value:.{digits}%}"
 
 
 def _gib(nbytes: int | None) -> str:
@@ -275,7 +295,7 @@ def write_check(result: dict, out: Path) -> list[Path]:
     """advice-check.json, advice-check.md and the figure (predicted against measured) into
     ``out``."""
     out.mkdir(parents=True, exist_ok=True)
-    fig = plot_check(result)
+    fig = plot_check(result, GOAL)
     paths = save(fig, out, "advice-check") if fig is not None else []
     result = result | ({"figure": "advice-check.svg"} if paths else {})
     atomic_write_json(out / "advice-check.json", result)
@@ -283,13 +303,10 @@ def write_check(result: dict, out: Path) -> list[Path]:
     return [out / "advice-check.json", out / "advice-check.md", *paths]
 
 
-CHECKS_ENV = "DDLSTUDY_ADVICE_CHECKS"
-"""The file where every advice check on this host is remembered (default
-``<runs>/advise/checks.jsonl``): ``advise`` says how the last one did."""
-
-
 def checks_file() -> Path:
-    return Path(os.environ.get(CHECKS_ENV) or DEFAULT_RUNS_DIR / "advise" / "checks.jsonl")
+    """Where the checks on this host are remembered (ADVICE_CHECKS_ENV)."""
+    return Path(os.environ.get(ADVICE_CHECKS_ENV) or
+                DEFAULT_RUNS_DIR / "advise" / "checks.jsonl")
 
 
 def check_study(advice_path: Path, runs_dir: Path, include_noisy: bool = False) -> str:
@@ -305,20 +322,22 @@ def check_runs(advice_path: Path, runs_dir: Path, out: Path | None,
                include_noisy: bool = False, cells: list[dict] | None = None) -> str:
     """The runs of ``runs_dir`` that are rows of the advice (its study's ``cells``, else
     matched by the configuration each manifest records) checked against it: written to
-    ``out`` (None: not written), remembered for ``advise``, and returned as text."""
+    ``out`` and remembered for ``advise`` (None: printed only), returned as text."""
     advice = load_advice(advice_path)
-    result = check(advice, load_runs(runs_dir), cells, include_noisy)
+    configs = None if cells is not None else row_configs(advice_path, advice)
+    result = check(advice, load_runs(runs_dir), cells, include_noisy, configs)
     if out is not None:
         write_check(result, out)
-    if result["rows"]:
-        remember(result, advice, advice_path)
+        if result["rows"]:
+            remember(result, advice, advice_path)
     return check_text(result)
 
 
 def remember(result: dict, advice: dict, advice_path: Path) -> None:
     """Add the check's summary to ``checks_file`` (one JSON line; best effort: a check is
     not lost for a history that cannot be written)."""
-    line = {"host": socket.gethostname(), "at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    host = (advice.get("host") or {}).get("hostname") or socket.gethostname()
+    line = {"host": host, "at": time.strftime("%Y-%m-%dT%H:%M:%S"),
             "usecase": advice["usecase"], "advice": str(Path(advice_path).resolve()),
             "criterion": result["criterion"], "noisy_left_out": result["noisy_left_out"],
             "summary": {k: v for k, v in result["summary"].items() if k != "by_basis"}}
@@ -345,11 +364,23 @@ def last_check(usecase: str | None = None) -> dict | None:
             entry = json.loads(line)
         except json.JSONDecodeError:
             continue
-        if isinstance(entry, dict) and entry.get("host") == host and isinstance(
-                entry.get("summary"), dict):
+        if _entry(entry) and entry["host"] == host:
             mine.append(entry)
     same = [e for e in mine if e.get("usecase") == usecase]
     return (same or mine or [None])[-1]
+
+
+def _entry(entry: Any) -> bool:
+    """Whether a line of the history is one ``remember`` wrote (a file anyone can edit)."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("summary"), dict):
+        return False
+    s = entry["summary"]
+    numbers = ("mape", "node_memory_mape", "spearman")
+    return (isinstance(entry.get("host"), str) and isinstance(entry.get("criterion"), str)
+            and isinstance(s.get("rows"), int) and all(
+                s.get(k) is None or isinstance(s[k], int | float) for k in numbers)
+            and (s.get("first_measured_rank") is None
+                 or isinstance(s["first_measured_rank"], int)))
 
 
 def last_check_line(usecase: str | None) -> str:
@@ -359,9 +390,9 @@ def last_check_line(usecase: str | None) -> str:
         return ("this host has no advice check yet: `ddlstudy study --from-advice "
                 "<out>/advise.json` measures the top rows and gives each one's error")
     s = entry["summary"]
-    parts = [f"{entry['criterion']} off by {_pct(s.get('mape'), signed=False)} on average"]
+    parts = [f"{entry['criterion']} off by {pct(s.get('mape'), signed=False)} on average"]
     if s.get("node_memory_mape") is not None:
-        parts.append(f"a node's memory by {_pct(s['node_memory_mape'], signed=False)}")
+        parts.append(f"a node's memory by {pct(s['node_memory_mape'], signed=False)}")
     if s.get("spearman") is not None:
         parts.append(f"rank correlation {s['spearman']:.2f}")
     if s.get("first_measured_rank") is not None:

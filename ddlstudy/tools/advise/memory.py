@@ -21,7 +21,6 @@ from typing import Any
 
 from ddlstudy.config import ModelSpec
 from ddlstudy.models import shapes_only
-from ddlstudy.records.runfolder import node_bytes
 from ddlstudy.strategies.base import Footprint
 from ddlstudy.training.tensor_plan import linear_pairs
 
@@ -95,14 +94,9 @@ def need(fp: Footprint, base: Split, node_batch: int) -> int:
 
 def process_peak(fp: Footprint, base: Split, node_batch: int) -> int:
     """The predicted peak of a node's largest process (resident, the libraries' pages
-    included, as ``peak_process_bytes`` measures it): one process's ``rest``, and an even
+    included, as ``peak_process_bytes`` measures it): one process's ``rest``, an even
     share of what the node holds over its processes (one process of a pipeline's uneven
-    stages holds more: its row says so)."""
-    shared_node = predict(fp, base, node_batch) - fp.processes * base.rest
-    return round(base.rest + (shared_node + fp.shared_bytes) / fp.processes)
-
-
-def measured(memory: dict[str, Any], nodes: int = 1) -> int | None:
-    """A run's peak a node from its manifest's ``backend.memory``: the one figure of a
-    node's memory (``node_bytes``)."""
-    return node_bytes(memory, nodes)
+    stages holds more: its row says so), and the whole of the node's shared memory, which
+    every process maps and touches."""
+    held = predict(fp, base, node_batch) - fp.processes * base.rest
+    return round(base.rest + held / fp.processes + fp.shared_bytes)

@@ -19,14 +19,19 @@ from ddlstudy.errors import ConfigError, Unavailable, UsageError
 from ddlstudy.machine.environment import python_module
 from ddlstudy.machine.sampler import NOISY_CORES, OthersLoad
 from ddlstudy.records.plan import cell_config, run_flags
-from ddlstudy.records.runfolder import MANIFEST, load_manifest, new_run_id, run_env
+from ddlstudy.records.runfolder import (
+    MANIFEST,
+    load_manifest,
+    new_run_id,
+    node_bytes,
+    run_env,
+)
 from ddlstudy.runner import preflight
 from ddlstudy.strategies import REGISTRY as STRATEGIES
 from ddlstudy.strategies.base import Footprint
 from ddlstudy.tools.advise.memory import (
     Split,
     gib,
-    measured,
     need,
     predict,
     process_peak,
@@ -103,7 +108,7 @@ class Candidate:
 
     def measured_peak(self) -> int | None:
         """Its last probe's peak a node, as recorded."""
-        return measured(self.memory, self.nodes) if self.memory else None
+        return node_bytes(self.memory, self.nodes) if self.memory else None
 
     def record(self) -> dict[str, Any]:
         out = {"label": self.label, "flags": self.flags, "cores": self.cores}
@@ -207,16 +212,24 @@ def refuse_if_all_failed(cands: list[Candidate]) -> None:
                          f"nothing can be ranked without it")
 
 
+def steps_per_epoch(uc: UseCase, folder: Path | None = None) -> int:
+    """The optimizer steps of one of ``uc``'s epochs (of the images in ``folder`` if given)."""
+    return max(1, math.ceil(train_images(uc, folder) / uc.train.batch_size))
+
+
 def probe_settings(uc: UseCase, steady_s: float = PROBE_SECONDS,
-                   warmup: int = WARMUP_STEPS, epochs: int = 1) -> dict[str, Any]:
-    """The run flags of a probe: ``epochs`` of at most an epoch's steps, each ending once
-    its steady steps (after ``warmup``) have taken about ``steady_s`` (the time box: as many
-    steps as a figure needs, whatever a step costs), one validation batch an epoch, no
-    snapshot, no sampler."""
-    per_epoch = max(1, math.ceil(train_images(uc) / uc.train.batch_size))
-    return {"epochs": epochs, "max_steps": per_epoch, "warmup_steps": min(warmup, per_epoch - 1)
-            if per_epoch > 1 else 0, "steady_seconds": round(steady_s, 2),
-            "max_val_steps": 1, "no_snapshot": True, "sample_hz": 0}
+                   warmup: int = WARMUP_STEPS, epochs: int = 1,
+                   per_epoch: int | None = None) -> dict[str, Any]:
+    """The run flags of a probe: ``epochs`` of at most an epoch's ``per_epoch`` steps, each
+    ending once its steady steps (after ``warmup``) have taken about ``steady_s`` (the
+    time box: as many steps as a figure needs, whatever a step costs), one validation
+    batch an epoch, no snapshot, no sampler. An epoch of one step has no warm-up to leave
+    out: the run's own default then stands."""
+    per_epoch = per_epoch or steps_per_epoch(uc)
+    warm = {"warmup_steps": min(warmup, per_epoch - 1)} if per_epoch > 1 else {}
+    return {"epochs": epochs, "max_steps": per_epoch, **warm,
+            "steady_seconds": round(steady_s, 2), "max_val_steps": 1, "no_snapshot": True,
+            "sample_hz": 0}
 
 
 def probe(c: Candidate, usecase: str, settings: dict[str, Any], runs_dir: Path) -> None:
@@ -238,7 +251,7 @@ def probe(c: Candidate, usecase: str, settings: dict[str, Any], runs_dir: Path) 
         return
     m = load_manifest(manifest)
     c.memory = (m.get("backend") or {}).get("memory") or c.memory
-    speed = statistics.median(e["steady_images_per_s"] for e in m["epochs"])
+    speed = steady_speed(m)
     c.trained_s.append(sum(e["epoch_time_s"] for e in m["epochs"]))
     c.step_s.append(m["effective"]["global_batch"] / speed if speed else 0.0)
     exchange = None
@@ -253,6 +266,12 @@ def probe(c: Candidate, usecase: str, settings: dict[str, Any], runs_dir: Path) 
     c.runs.append(run_id)
     if exchange is not None:
         c.exchanges.append(exchange)
+
+
+def steady_speed(manifest: dict) -> float:
+    """A run's images/s as advise ranks and checks them: the median of its epochs' steady
+    images/s."""
+    return statistics.median(e["steady_images_per_s"] for e in manifest["epochs"])
 
 
 def settle_noisy(cands: list[Candidate]) -> None:

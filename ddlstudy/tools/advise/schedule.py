@@ -11,6 +11,7 @@ MIN_BOX); what still does not fit is named with the budget that would.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ddlstudy.config import MIN_PROBE_SECONDS as MIN_BOX
 from ddlstudy.config import UseCase
 from ddlstudy.machine.sampler import NOISY_CORES, wait_quiet_at_most
 from ddlstudy.tools.advise.probes import (
@@ -28,13 +30,10 @@ from ddlstudy.tools.advise.probes import (
     probe_settings,
     say,
     settle_noisy,
-    train_images,
+    steps_per_epoch,
 )
 from ddlstudy.training import WARMUP_STEPS
 
-MIN_BOX = 0.5
-"""The shortest time box a short budget shrinks a probe's steady steps to (at least
-``loop.MIN_PACED`` steps all the same)."""
 SETTLED = 0.05
 """A contender's figure is settled once two of its quiet probes agree within this: it is
 not probed again."""
@@ -55,9 +54,10 @@ class Pace:
     """The baseline's steady seconds a step, once probed."""
     started: float = field(default_factory=time.monotonic)
 
-    @property
+    @functools.cached_property
     def per_epoch(self) -> int:
-        return max(1, math.ceil(train_images(self.uc) / self.uc.train.batch_size))
+        """An epoch's steps (counted once: an image folder is walked to count them)."""
+        return steps_per_epoch(self.uc)
 
     @property
     def warmup(self) -> int:
@@ -72,7 +72,8 @@ class Pace:
         return min(3, max(1, math.ceil(box / steady)))
 
     def settings(self, box: float) -> dict[str, Any]:
-        return probe_settings(self.uc, box / self.epochs(box), self.warmup, self.epochs(box))
+        return probe_settings(self.uc, box / self.epochs(box), self.warmup, self.epochs(box),
+                              self.per_epoch)
 
     def startup(self, c: Candidate, cands: list[Candidate]) -> float:
         """Seconds ``c``'s probe spends before its first epoch: that of the last probe of
@@ -108,16 +109,17 @@ def probe_all(cands: list[Candidate], usecase: str | None, given: dict[str, Any]
     fits in memory is predicted from it); the second the MPI nodes ``grow`` adds (of the
     fastest local strategies) and those whose probes were all noisy; later rounds the
     contenders (within ``CONTENDER`` of the leader) whose figures have not settled,
-    fastest first. ``deadline`` None (--budget auto): every probe of the first two rounds,
-    then more for at most MORE of the time they took. Before each probe ``fits`` leaves
-    out what would not fit in memory; with ``wait``, each waits for a quiet host first,
-    not charged to the budget. Returns how it went: rounds, seconds waited, and where the
-    budget ran out, what budget would have probed every layout."""
+    fastest first. ``deadline`` None (--budget auto): every layout and node count probed
+    once, then the contenders again for at most MORE of the time that took. Before each
+    probe ``fits`` leaves out what would not fit in memory; with ``wait``, each waits for
+    a quiet host first, not charged to the budget. Returns how it went: rounds, seconds
+    waited, and where the budget ran out, what budget would have probed every layout."""
     state = {"rounds": 0, "waited_s": 0.0, "every_layout": True}
     try:
         for r in range(rounds):
             order = _order(cands, r, grow)
-            if r == 2 and deadline is None:  # auto: more probes for a while
+            if deadline is None and all(c.speeds or c.noisy for c in order):
+                # auto: every layout probed once; the contenders again for a while
                 deadline = time.monotonic() + MORE * (time.monotonic() - pace.started)
             for i, c in enumerate(order):
                 fits(cands)
@@ -127,7 +129,7 @@ def probe_all(cands: list[Candidate], usecase: str | None, given: dict[str, Any]
                     w = _wait_quiet()
                     state["waited_s"] += w
                     deadline = deadline + w if deadline is not None else None
-                box = _box(c, order[i:], cands, pace, deadline, r)
+                box = _box(c, order[i:], cands, pace, deadline)
                 if box is None:
                     _out_of_budget(cands, pace, state, r)
                     return state
@@ -162,20 +164,18 @@ def settled(c: Candidate) -> bool:
 
 
 def _box(c: Candidate, rest: list[Candidate], cands: list[Candidate], pace: Pace,
-         deadline: float | None, r: int) -> float | None:
-    """``c``'s time box: the full one, or in the first round what leaves every candidate
-    after it (``rest``) a share of the time left, at least MIN_BOX; None where even that
-    does not fit (the baseline always runs: speedups are against it)."""
+         deadline: float | None) -> float | None:
+    """``c``'s time box: the full one, or for a first probe what leaves every candidate
+    after it (``rest``) not yet probed a share of the time left, at least MIN_BOX; None
+    where even that does not fit (the baseline always runs: speedups are against it)."""
     if deadline is None or c.label == "sequential" and not c.seconds:
         return pace.box
     left = deadline - time.monotonic()
-    if r == 0:
+    box = pace.box
+    if not c.speeds and not c.noisy:  # a first probe: each one after it its share
         todo = [o for o in rest if not o.skip and not o.speeds and not o.noisy]
         fixed = sum(pace.seconds(o, cands, 0.0) for o in todo)
-        share = (left - fixed) / max(1, len(todo))
-        box = min(pace.box, max(MIN_BOX, share))
-    else:
-        box = pace.box
+        box = min(pace.box, max(MIN_BOX, (left - fixed) / max(1, len(todo))))
     return box if pace.seconds(c, cands, box) <= left else None
 
 
@@ -186,14 +186,14 @@ def _out_of_budget(cands: list[Candidate], pace: Pace, state: dict, r: int) -> N
         return
     spent = time.monotonic() - pace.started
     needed = math.ceil(spent + sum(pace.seconds(o, cands, pace.box) for o in todo))
-    needed = 10 * math.ceil(needed / 10)
+    needed = 10 * math.ceil(needed / 10)  # at least: the MPI probes of a later round too
     state |= {"every_layout": r > 0 or not any(o.nodes == 1 for o in todo),
               "budget_needed_s": needed}
     for o in todo:
-        o.skip = (f"not probed: the time budget ran out (--budget {needed}s, or auto, "
-                  "would probe every layout)")
-    say(f"  budget: {len(todo)} configuration(s) not probed; --budget {needed}s (or auto) "
-        "would probe them all")
+        o.skip = (f"not probed: the time budget ran out (--budget {needed}s or more, or "
+                  "auto, would probe every layout)")
+    say(f"  budget: {len(todo)} configuration(s) not probed; --budget {needed}s or more "
+        "(or auto) would probe them all")
 
 
 def _probe(c: Candidate, usecase: str | None, given: dict[str, Any], runs_dir: Path,
