@@ -10,6 +10,7 @@ import sys
 import threading
 from pathlib import Path
 
+from ddlstudy import signals
 from ddlstudy.config.options import add_run_options, path_arg
 from ddlstudy.errors import ConfigError
 from ddlstudy.machine.sparkjvm import start_early
@@ -97,7 +98,8 @@ def _train(cfg, argv: list[str], resume: Path | None, max_restarts: int, fmt: st
             folder = start(cfg, argv, resume)
             break
         except RunFailed as exc:
-            restartable = (exc.folder is not None and exc.exit_code not in (2, 130, 143)
+            restartable = (exc.folder is not None and exc.exit_code not in
+                           (2, 130, 143, signals.STOPPED_CODE)  # stopped, not failed
                            and (exc.folder.path / SNAPSHOT).is_file())
             if restarts >= max_restarts or not restartable:
                 print(f"ddlstudy: {exc}", file=sys.stderr)

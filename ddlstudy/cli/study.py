@@ -44,6 +44,10 @@ def register(sub) -> None:
     p.add_argument("--sbatch-arg", action="append", default=[], metavar="ARG",
                    help="with --submit slurm: one more #SBATCH line of every job, e.g. "
                    "--sbatch-arg=--mem=8G (repeatable)")
+    p.add_argument("--warn-before", type=int, metavar="SECONDS", help="with --submit slurm: "
+                   "Slurm warns each job this long before its time limit (--signal=B:USR1@"
+                   "SECONDS): its run writes a snapshot at its next step and the job is "
+                   "requeued, to continue from it (default: no warning)")
     p.add_argument("--resubmit", action="store_true", help="with --resume of a study "
                    "submitted to Slurm: submit its failed cells (and cells it lacks) again")
 
@@ -93,10 +97,11 @@ def cmd_study(args: argparse.Namespace) -> int:
 def _sbatch(args: argparse.Namespace):
     """The jobs' options (--partition, --account, --time, --sbatch-arg), refused where no
     job is submitted."""
-    from ddlstudy.hosts.slurm import Sbatch
+    from ddlstudy.study.jobscript import Sbatch
 
-    given = [f"--{n.replace('_', '-')}" for n in ("partition", "account", "time", "sbatch_arg")
-             if getattr(args, n)]
+    given = [f"--{n.replace('_', '-')}" for n in ("partition", "account", "time", "sbatch_arg",
+                                                  "warn_before")
+             if getattr(args, n) is not None and getattr(args, n) != []]
     if args.resubmit and not args.resume:
         raise UsageError("--resubmit goes with --resume (of a study submitted with --submit "
                          "slurm)")
@@ -109,4 +114,5 @@ def _sbatch(args: argparse.Namespace):
     if args.wait_quiet and (args.submit or args.resubmit):
         raise UsageError("--wait-quiet waits for this host before each cell; a study "
                          "submitted to Slurm runs its cells elsewhere: leave it out")
-    return Sbatch(args.partition, args.account, args.time, tuple(args.sbatch_arg))
+    return Sbatch(args.partition, args.account, args.time, tuple(args.sbatch_arg),
+                  args.warn_before)

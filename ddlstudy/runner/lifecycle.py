@@ -41,6 +41,7 @@ from ddlstudy.records.runfolder import (
 )
 from ddlstudy.runner.launched import RunFailed, launched_run, refuse_foreign_launcher
 from ddlstudy.runner.snapshots import load_snapshot
+from ddlstudy.runner.stops import close_unsaid, stop_file, stopped_early
 from ddlstudy.strategies import REGISTRY, Strategy, get_strategy
 from ddlstudy.training import Job, recipe
 from ddlstudy.training.loaders import preprocessing
@@ -174,10 +175,16 @@ def _reopen(path: Path, backend: dict | None,
     m = folder.manifest
     if m["status"] == "completed":
         raise UsageError(f"run {path.name} completed all its epochs; nothing to resume")
-    if m["status"] == "running" and m.get("host", {}).get("hostname") == socket.gethostname() \
-            and m.get("pid") and psutil.pid_exists(m["pid"]) and m["pid"] != os.getpid():
+    here = m.get("host", {}).get("hostname") == socket.gethostname() and m.get("pid")
+    if m["status"] == "running" and here and psutil.pid_exists(m["pid"]) and \
+            m["pid"] != os.getpid():
         raise UsageError(f"run {path.name} is still running (PID {m['pid']}); stop it first")
-    snap = load_snapshot(folder.path, mmap=backend is None, usecase=usecase)
+    try:
+        snap = load_snapshot(folder.path, mmap=backend is None, usecase=usecase)
+    except UsageError:
+        if m["status"] == "running" and here:  # its process is gone: the run ended
+            close_unsaid(folder)
+        raise
     if backend is None:
         return folder, snap
     sweep_temporaries(folder.path)
@@ -267,10 +274,11 @@ def _run(cfg: RunConfig, show_progress: bool, resume: Path | None) -> RunFolder 
     sampler = ResourceSampler(cfg.sample_hz, rank=env.rank).start()
     outcome = Outcome("completed", 0)
     rows_by_node = None
+    watched = stop_file(strategy)
     try:
         with signals.handled():
             job = Job(cfg=cfg, data=data, folder=folder, show_progress=show_progress,
-                      resume=snapshot)
+                      resume=snapshot, stop_file=watched)
             # What the strategy prepares once, on node 0, for every node's workers.
             job.plan = env.share(lambda: strategy.prepare(job), wire.to_json, wire.from_json)
             others = backend.fit(job, env)  # the samples of the node's other processes
@@ -289,6 +297,10 @@ def _run(cfg: RunConfig, show_progress: bool, resume: Path | None) -> RunFolder 
         own_rows = sampler.stop()
         if folder is not None:
             folder.reload_epochs()
+            if outcome.exit_code == 0 and stopped_early(watched, folder, cfg):
+                outcome = Outcome("interrupted", signals.STOPPED_CODE,
+                                  f"stopped at a snapshot, as {signals.STOP_ENV} asked; `ddlstudy "
+                                  f"run --resume {folder.path}` continues it")
             rows = [r for node_rows in rows_by_node for r in node_rows] if rows_by_node \
                 else own_rows
             folder.manifest["host_load"] = _host_load(cfg, backend,
@@ -299,7 +311,7 @@ def _run(cfg: RunConfig, show_progress: bool, resume: Path | None) -> RunFolder 
                               epochs, train.target_accuracy, train.target_metric))
             if cfg.tensorboard:
                 _tensorboard(folder)
-        if outcome.exit_code:
+        if outcome.exit_code not in (0, signals.STOPPED_CODE):
             env.abort(outcome.exit_code)  # the other nodes would wait in a collective
     if outcome.exit_code:
         raise RunFailed(folder, outcome.exit_code, f"run {folder.path.name} {outcome.status}: "
