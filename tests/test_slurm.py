@@ -167,8 +167,14 @@ def _script(plan: Path, cell: dict) -> tuple[list[str], str]:
 
 
 def _resumed_until_done(plan: Path, env: dict, code: int = 0, most_s: float = 240) -> str:
-    """`study --resume` again until no cell is queued or running (at most ``most_s``)."""
+    """`study --resume` again until no cell is queued or running (at most ``most_s``), once
+    `squeue` lists none of the study's jobs (a `--resume` imports for seconds)."""
     deadline = time.monotonic() + most_s
+    jobs = ",".join({c["job"].split("_")[0] for c in _record(plan) if c["job"]})
+    while jobs and subprocess.run(["squeue", "-h", "-j", jobs], env=env, capture_output=True,
+                                  text=True).stdout.strip():
+        assert time.monotonic() < deadline, f"jobs {jobs} still queued or running"
+        time.sleep(1)
     while True:
         out = ddlstudy("study", str(plan), "--resume", env=env, code=None)
         if "queued or running" not in out.stdout:
@@ -214,8 +220,9 @@ def test_a_study_submitted_as_slurm_jobs_is_resumed_and_reported(slurm, tmp_path
         assert command.startswith("srun --mpi=pmi2 " if cell["backend"] == "mpi" else "exec ")
         assert command.endswith(" -m ddlstudy \"$@\"")
         text = (runs / "slurm" / f"{cell['run']}.sbatch").read_text()
-        assert "\nset -- run --quiet --usecase tiny " in text
-        assert "--nodes" not in text and f"--runs-dir {runs} " in text
+        (run,) = [x for x in text.splitlines() if x.startswith("set -- run ")]
+        assert run.startswith("set -- run --quiet --usecase tiny ")
+        assert "--nodes" not in run and f"--runs-dir {runs} " in run
     (script,) = (runs / "slurm").glob("array-*.sbatch")
     lines = script.read_text().splitlines()
     assert [x for x in lines if x.startswith("#SBATCH ")] == [
@@ -314,6 +321,25 @@ def test_submit_without_slurm_or_its_controller_is_refused_in_one_line(tmp_path,
     assert not (plan.parent / "runs").exists() and "hunter2" not in out.stdout + out.stderr
 
 
+@needs_slurm
+def test_a_value_slurm_conf_cannot_hold_is_refused_before_anything(tmp_path):
+    """Hosts recorded in a folder whose path holds a space: slurm.conf's lines are split at
+    spaces (and read by daemons that run as root), so `hosts slurm` refuses in one line and
+    writes nothing."""
+    env = os.environ | {"DDLSTUDY_HOSTS_DIR": str(tmp_path / "hosts dir")}
+    ddlstudy("hosts", "up", "--count", "1", "--prefix", "stconf", "--subnet", "10.86.52",
+             env=env)
+    try:
+        out = ddlstudy("hosts", "slurm", "--prefix", "stconf", env=env, code=2)
+        assert out.stderr == (
+            f"ddlstudy: error: DDLSTUDY_HOSTS_DIR: '{tmp_path}/hosts dir/stconf-slurm' holds "
+            "' ', which Slurm's configuration cannot hold (its lines are key=value pairs "
+            "split at spaces); use letters, digits and ._/:@+-\n")
+        assert not (tmp_path / "hosts dir" / "stconf-slurm").exists()
+    finally:
+        ddlstudy("hosts", "down", "--prefix", "stconf", env=env)
+
+
 def test_hosts_slurm_without_the_packages_names_the_install_line(tmp_path):
     out = subprocess.run([sys.executable, "-m", "ddlstudy", "hosts", "slurm"], text=True,
                          capture_output=True, env=os.environ | {"PATH": str(tmp_path)})
@@ -354,17 +380,17 @@ def test_each_node_has_its_hosts_memory_and_slurm_schedules_it(slurm_memory):
     assert refused.returncode != 0
     assert "Requested node configuration is not available" in refused.stderr
     half = f"--mem={MEMORY_MB * 2 // 3}M"
-    first = _sbatch(slurm_memory, half, "-w", f"{PREFIX}-h1")
-    second = _sbatch(slurm_memory, half, "-w", f"{PREFIX}-h1")
+    jobs = [_sbatch(slurm_memory, half, "-w", f"{PREFIX}-h1") for _ in range(2)]
     try:
+        first, second = jobs
         _until("first job running", lambda: _job(slurm_memory, first)["JobState"] == "RUNNING")
         waits = _until("a reason to wait", lambda: _job(slurm_memory, second)["Reason"]
                        if _job(slurm_memory, second)["Reason"] != "None" else None, 60)
         assert waits == "Resources" and _job(slurm_memory, second)["JobState"] == "PENDING"
-        # a job asking no memory gets its CPUs' share of its node's
-        assert _job(slurm_memory, first)["MinMemoryNode"] == f"{MEMORY_MB * 2 // 3}M"
+        jobs.append(_sbatch(slurm_memory, "--hold"))  # no --mem: its CPU's share, 1.5 GiB
+        assert _job(slurm_memory, jobs[-1])["MinMemoryCPU"] == f"{MEMORY_MB / 2048:.2f}G"
     finally:
-        subprocess.run(["scancel", first, second], env=slurm_memory, check=True)
+        subprocess.run(["scancel", *jobs], env=slurm_memory, check=True)
 
 
 def test_an_sbatch_option_holding_a_newline_is_refused_before_anything(tmp_path,
@@ -394,7 +420,9 @@ def test_an_sbatch_option_holding_a_newline_is_refused_before_anything(tmp_path,
 def test_a_newline_in_a_plans_value_is_quoted_or_refused(slurm, tmp_path, datasets_dir, tiny):
     """A use case whose path holds a newline and a command: the script quotes it (the job
     trains that use case, runs no command of it), its comment shows it escaped. A runs
-    folder holding one, which an #SBATCH line would need, is refused, nothing written."""
+    folder holding one, which an #SBATCH line would need, is refused, nothing written (by
+    the plan's path checks, before the script's own refusal of any value an #SBATCH line
+    cannot hold)."""
     usecase = tmp_path / "tiny\ntouch pwned\n.toml"
     usecase.write_text((Path(__file__).parents[1] / "usecases" / "tiny.toml").read_text())
     plan = _plan(tmp_path / "quoted", datasets_dir, 'strategy = "sequential"')
@@ -406,7 +434,7 @@ def test_a_newline_in_a_plans_value_is_quoted_or_refused(slurm, tmp_path, datase
     assert text.splitlines()[1].startswith(
         f"# ddlstudy study quoted: sequential on {tmp_path}/tiny\\ntouch pwned\\n.toml, ")
     assert f"--usecase '{usecase}' --runs-dir" in text  # the newlines inside the quotes
-    assert not [line for line in text.splitlines() if line.startswith("touch")]
+    assert text.count("\ntouch pwned\n") == 1  # those, data
     _resumed_until_done(plan, slurm)
     assert _record(plan)[0]["status"] == "completed" and not (tmp_path / "pwned").exists()
     bad = _plan(tmp_path / "bad", datasets_dir, 'strategy = "sequential"')
@@ -414,7 +442,9 @@ def test_a_newline_in_a_plans_value_is_quoted_or_refused(slurm, tmp_path, datase
     bad.write_text(bad.read_text().replace(str(tmp_path / "bad" / "runs"),
                                            str(runs).replace("\n", "\\n")))
     out = ddlstudy("study", str(bad), "--submit", "slurm", env=slurm, code=2, cwd=tmp_path)
-    assert out.stderr.startswith(f"ddlstudy: error: the runs folder {str(runs / 'logs')!r}")
+    assert out.stderr.startswith(f"ddlstudy: error: {bad}, use case tiny, cell ")
+    assert out.stderr.endswith(f"{str(runs)!r} holds a control character (a newline, a tab); "
+                               "give a plain path (see `ddlstudy run --help`)\n")
     assert out.stderr.count("\n") == 1 and sorted(p.name for p in bad.parent.iterdir()) == \
         ["plan.toml"]
 

@@ -23,7 +23,13 @@ PREPARING_NOTICE_S = 1.0
 
 
 def register(sub) -> None:
-    p = sub.add_parser("run", help="train one use case with one strategy into runs/<id>/")
+    p = sub.add_parser("run", help="train one use case with one strategy into runs/<id>/",
+                       epilog=f"exit codes: 0 completed; 1 failed (the manifest's error says "
+                       f"why); 2 refused before anything was written; {signals.STOPPED_CODE} "
+                       f"stopped at a snapshot because the file {signals.STOP_ENV} names "
+                       f"appeared (a Slurm job warned before its time limit): --resume goes "
+                       f"on; 130 or 143 interrupted (SIGINT, SIGTERM): --resume goes on from "
+                       f"the last snapshot")
     add_run_options(p)
     faults = p.add_argument_group("faults")
     faults.add_argument("--resume", type=path_arg, metavar="RUN", help="continue runs/<id> from "

@@ -15,8 +15,17 @@ JOB_OPTIONS = {"partition": "the jobs' partition (default: the cluster's)",
 """The options of every Slurm job of a study (sbatch's flags of the same names)."""
 
 
+EXIT_CODES = ("exit codes: 0 every cell completed (with --submit slurm: every cell "
+              "submitted; with --resume of a submitted study: none failed, though some may "
+              "still wait); 1 a cell failed, and the others ran (its reason is in the table, "
+              "in study.json and in logs/; --resume --resubmit, or --resume here, runs it "
+              "again); 2 refused before anything ran or was written (one line says why); 130 "
+              "interrupted (Ctrl-C, or a cell's run interrupted): --resume goes on")
+
+
 def register(sub) -> None:
-    p = sub.add_parser("study", help="run a study plan: use cases x configurations x repeats")
+    p = sub.add_parser("study", help="run a study plan: use cases x configurations x repeats",
+                       epilog=EXIT_CODES)
     p.add_argument("plan", type=path_arg, nargs="?", help="a study plan TOML, e.g. "
                    "usecases/demo.toml, or "
                    "the name of one shipped with ddlstudy (demo, paper, ...)")
@@ -79,10 +88,13 @@ def cmd_study(args: argparse.Namespace) -> int:
     checked = configs(plan, overrides)
     if args.submit or args.resubmit:
         from ddlstudy.hosts.slurm import require_client
-        from ddlstudy.study.slurm import no_secret
+        from ddlstudy.study.jobscript import ask_controller
+
+        require_client()
+        ask_controller(sbatch)  # the controller's word on the jobs' options, before the imports
+        from ddlstudy.study.slurm import no_secret  # seconds of imports: after the refusals
 
         no_secret(checked)
-        require_client()
     from ddlstudy.study.slurm import slurm_study, submitted
 
     if args.submit or args.resubmit or submitted(plan.runs_dir):  # its jobs: never run here

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ddlstudy.errors import UsageError
+from ddlstudy.hosts.slurm import slurm_call
 from ddlstudy.signals import STOP_ENV, STOPPED_CODE
 
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -56,8 +57,8 @@ def quote(value: object, what: str = "a value") -> str:
 
 
 def output_path(path: Path, what: str = "the runs folder") -> str:
-    """A path for ``--output``, whose ``%`` Slurm would read as a pattern (``%j``): written
-    ``%%``."""
+    """A folder for ``--output``, whose ``%`` Slurm would read as a pattern (``%j``):
+    written ``%%``."""
     return one_line(path, what).replace("%", "%%")
 
 
@@ -155,3 +156,25 @@ class Sbatch:
                                            ("account", self.account), ("time", self.time))
                  if v]
         return [*named, *self.args]
+
+
+def job_options(sbatch: Sbatch) -> list[str]:
+    """What every job of the study asks besides its size: its log kept when it runs
+    again, requeued (a snapshot continues it), warned before its time limit where
+    ``--warn-before`` says, and the user's options."""
+    warn = [f"--signal=B:{WARNING}@{sbatch.warn_before}"] if sbatch.warn_before else []
+    return ["--open-mode=append", "--requeue", *warn, *sbatch.lines()]
+
+
+def ask_controller(sbatch: Sbatch) -> None:
+    """Ask the controller whether it takes the jobs' options (``sbatch --test-only``, which
+    submits nothing): refused in one line, before anything is written, where it does not
+    (a partition it lacks, an option sbatch does not know, a time it cannot read)."""
+    options = job_options(sbatch)
+    out = slurm_call("sbatch", "--test-only", *options, input="#!/bin/sh\ntrue\n",
+                     check=False)
+    if out.returncode != 0:
+        said = next((line for line in out.stderr.splitlines() if line.strip()), "no output")
+        user = sbatch.lines() or options
+        raise UsageError(f"--submit slurm: Slurm refuses the jobs' options ({' '.join(user)}):"
+                         f" {said.removeprefix('sbatch: ').removeprefix('error: ')}")

@@ -40,7 +40,14 @@ from ddlstudy.records.plan import Plan, run_flags
 from ddlstudy.records.runfolder import new_run_id, run_env
 from ddlstudy.redact import redact
 from ddlstudy.report import STUDY_FILE
-from ddlstudy.study.jobscript import WARNING, Sbatch, Script, continued, output_path, warned
+from ddlstudy.study.jobscript import (
+    Sbatch,
+    Script,
+    continued,
+    job_options,
+    output_path,
+    warned,
+)
 from ddlstudy.study.jobstate import WAITING, JobCell, jobs, settle, table
 from ddlstudy.study.matrix import Study, expand, write_report
 
@@ -73,8 +80,8 @@ class SlurmStudy(Study):
                         f"repeat {cell.repeat} (cell {cell.id}); written by ddlstudy study "
                         "--submit slurm")
         script.sbatch(f"--job-name={cell.run}", *self.size(cell))
-        script.sbatch(f"--output={output_path(runs_dir / 'logs' / cell.run)}.log")
-        script.sbatch(*self.options(sbatch), what="a job option")
+        script.sbatch(f"--output={output_path(runs_dir)}/logs/{cell.run}.log")
+        script.sbatch(*job_options(sbatch), what="a job option")
         for name, value in self.cell_vars(cell).items():
             script.export(name, value)
         script.command("set", "--", "run", "--quiet", *run_flags(cell.usecase, flags, runs_dir))
@@ -87,14 +94,6 @@ class SlurmStudy(Study):
             script.launch(*(launch or ["exec"]), *python)
         return script.text()
 
-    @staticmethod
-    def options(sbatch: Sbatch) -> list[str]:
-        """What every job of the study asks besides its size: its log kept when it runs
-        again, requeued (a snapshot continues it), warned before its time limit where
-        ``--warn-before`` says, and the user's options."""
-        warn = [f"--signal=B:{WARNING}@{sbatch.warn_before}"] if sbatch.warn_before else []
-        return ["--open-mode=append", "--requeue", *warn, *sbatch.lines()]
-
     def array_script(self, cells: list[JobCell], paths: list[Path], sbatch: Sbatch) -> str:
         """One job array for ``cells`` of one size: task i runs the i-th cell's script
         (``paths``), its output into that cell's log."""
@@ -104,8 +103,8 @@ class SlurmStudy(Study):
                         "study --submit slurm")
         script.sbatch(f"--job-name={self.plan.name}", what="the study's name")
         script.sbatch(f"--array=0-{len(cells) - 1}", *self.size(cells[0]))
-        script.sbatch(f"--output={output_path(logs / paths[0].stem)}_%a.array.log")
-        script.sbatch(*self.options(sbatch), what="a job option")
+        script.sbatch(f"--output={output_path(logs.parent)}/logs/{paths[0].stem}_%a.array.log")
+        script.sbatch(*job_options(sbatch), what="a job option")
         script.line("scripts=({})".format(" ".join("{}" for _ in paths)), *paths)
         script.line('script=${{scripts[$SLURM_ARRAY_TASK_ID]}}')
         script.line('exec bash "$script" >> {}/"$(basename "$script" .sbatch).log" 2>&1', logs)
@@ -160,20 +159,6 @@ class SlurmStudy(Study):
             log.error("%s on %s: %s (%s)", cell.label, cell.usecase, cell.reason, path)
 
 
-def test_only(sbatch: Sbatch) -> None:
-    """Ask the controller whether it takes the jobs' options (``sbatch --test-only``, which
-    submits nothing): refused in one line, before anything is written, where it does not
-    (a partition it lacks, an option sbatch does not know, a time it cannot read)."""
-    options = SlurmStudy.options(sbatch)
-    out = slurm_call("sbatch", "--test-only", *options, input="#!/bin/sh\ntrue\n",
-                     check=False)
-    if out.returncode != 0:
-        said = next((line for line in out.stderr.splitlines() if line.strip()), "no output")
-        user = sbatch.lines() or options
-        raise UsageError(f"--submit slurm: Slurm refuses the jobs' options ({' '.join(user)}):"
-                         f" {said.removeprefix('sbatch: ').removeprefix('error: ')}")
-
-
 def no_secret(checked: list[tuple[str, dict[str, Any], Any]]) -> None:
     """Refuse a plan whose cells (``plan.configs``) would log to MLflow through a URI that
     holds a secret: a batch script, kept on disk, would hold it."""
@@ -202,8 +187,8 @@ def slurm_study(plan: Plan, *, resume: bool, resubmit: bool, sbatch: Sbatch,
     """Submit a plan's cells as jobs (0: every cell submitted or skipped), or, ``resume``,
     read where a submitted study's jobs stand (``_resume``). Whatever is refused is
     refused before anything is written: a folder of jobs submitted again, --resubmit of a
-    folder never submitted, options the controller does not take, a value no script can
-    hold."""
+    folder never submitted, a value no script can hold (the caller asked the controller
+    whether it takes the jobs' options first: ``jobscript.ask_controller``)."""
     require_client()
     if not resume and submitted(plan.runs_dir):
         raise UsageError(f"{plan.runs_dir} already holds the jobs of study {plan.name!r}; "
@@ -215,7 +200,6 @@ def slurm_study(plan: Plan, *, resume: bool, resubmit: bool, sbatch: Sbatch,
     cells = [JobCell.of(c) for c in expand(plan, overrides, elsewhere=True)] \
         if not resume or resubmit else []
     if cells:
-        test_only(sbatch)
         checked = SlurmStudy(plan, cells)
         for alike in checked.batches(cells):  # every script rendered, none written
             checked.scripts(alike, sbatch)
