@@ -89,12 +89,11 @@ def cmd_study(args: argparse.Namespace) -> int:
     if args.submit or args.resubmit:
         from ddlstudy.hosts.slurm import require_client
         from ddlstudy.study.jobscript import ask_controller
-
-        require_client()
-        ask_controller(sbatch)  # the controller's word on the jobs' options, before the imports
-        from ddlstudy.study.slurm import no_secret  # seconds of imports: after the refusals
+        from ddlstudy.study.slurm import no_secret
 
         no_secret(checked)
+        require_client()
+        ask_controller(sbatch)  # the controller's word on the jobs' options
     from ddlstudy.study.slurm import slurm_study, submitted
 
     if args.submit or args.resubmit or submitted(plan.runs_dir):  # its jobs: never run here
@@ -107,8 +106,8 @@ def cmd_study(args: argparse.Namespace) -> int:
 
 
 def _sbatch(args: argparse.Namespace):
-    """The jobs' options (--partition, --account, --time, --sbatch-arg), refused where no
-    job is submitted."""
+    """The jobs' options (--partition, --account, --time, --sbatch-arg, --warn-before),
+    refused where no job is submitted, or where one would not fit on an #SBATCH line."""
     from ddlstudy.study.jobscript import Sbatch
 
     given = [f"--{n.replace('_', '-')}" for n in ("partition", "account", "time", "sbatch_arg",
