@@ -1,5 +1,6 @@
 # make demo: .venv, install, synthetic data, a small study (usecases/demo.toml), its
-#            speedup tables and figures (runs/demo/report/).
+#            speedup tables and figures (runs/demo/report/), and last the path of its
+#            page, runs/demo/report/index.html.
 # make test: .venv if missing, ruff, the import contracts (lint-imports), the whole test suite
 #            (tests/test_docs.py builds the documentation site strictly).
 # make paper: the paper's Tables 1-3 on both of its use cases, a few steps a cell
@@ -39,6 +40,7 @@ demo: $(STAMP)
 	$(BYTECODE)
 	$(BIN)/ddlstudy dataset make --usecase tiny
 	$(BIN)/ddlstudy study usecases/demo.toml --resume
+	@echo "the study as one page (offline, open it in a browser): $(abspath $(DEMO))/report/index.html"
 
 paper: $(STAMP)
 	$(BIN)/ddlstudy study paper-quick --resume

@@ -31,7 +31,7 @@ from ddlstudy.signals import deferred
 log = logging.getLogger("ddlstudy")
 
 
-FREE = "free some space, then run it again (a run: `ddlstudy run --resume` it)"
+FREE = "free some space, then run it again"
 
 
 class WriteFailed(RuntimeError):

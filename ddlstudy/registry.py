@@ -38,10 +38,13 @@ class Registry(dict[str, T], Generic[T]):
     declares and does not define: a text (``name``, ``summary``) or something to call."""
 
     def __init__(self, flag: str, noun: str, group: str | None = None,
-                 base: type | None = None, instances: bool = False) -> None:
+                 base: type | None = None, instances: bool = False,
+                 reserved: dict[str, str] | None = None) -> None:
         super().__init__()
         self.flag, self.noun, self.group = flag, noun, group
         self.base, self.instances = base, instances
+        self.reserved = reserved or {}
+        """Names only ddlstudy's own entries may take (a plugin's is left out), and why."""
         self._plugins_loaded = group is None
 
     def register(self, item: Any) -> Any:
@@ -60,7 +63,9 @@ class Registry(dict[str, T], Generic[T]):
         """This registry with every installed plugin's entries loaded (once)."""
         if not self._plugins_loaded:
             self._plugins_loaded = True
-            for point in entry_points(group=self.group):
+            # ddlstudy's own first (declared as entry points too, as its watchers are):
+            # a plugin of the same name then meets them, whatever order the metadata lists
+            for point in sorted(entry_points(group=self.group), key=lambda p: not _own(p)):
                 self._load(point)
         return self
 
@@ -77,6 +82,9 @@ class Registry(dict[str, T], Generic[T]):
         misfit = self.misfit(item)
         if misfit:
             self._left_out(point, misfit)
+            return
+        if item.name in self.reserved and not _own(point):
+            self._left_out(point, f"{item.name!r} is {self.reserved[item.name]}")
             return
         if self.get(item.name, item) is not item:
             self._left_out(point, f"{item.name!r} is another {self.noun}'s name already")
@@ -111,6 +119,11 @@ class Registry(dict[str, T], Generic[T]):
     def _left_out(self, point, why: str) -> None:
         log.warning("plugin %s = %s (entry point group %s) could not be loaded and is left "
                     "out: %s", point.name, point.value, self.group, why)
+
+
+def _own(point) -> bool:
+    """Whether entry point ``point`` names ddlstudy's own code."""
+    return point.value.split(":")[0].split(".")[0] == "ddlstudy"
 
 
 def _kind(item: Any) -> str:

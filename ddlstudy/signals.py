@@ -61,6 +61,12 @@ def handled(once: bool = False) -> Iterator[None]:
             signal.signal(s, h)
 
 
+def pending() -> int | None:
+    """The SIGINT or SIGTERM ``deferred`` holds back until its block is done, if one came
+    (a wait inside the block may end early for it)."""
+    return _pending
+
+
 @contextlib.contextmanager
 def deferred() -> Iterator[None]:
     """Hold SIGINT and SIGTERM back until the block is done (e.g. a snapshot write)."""
@@ -97,13 +103,24 @@ def time_limit(seconds: float | None, what: str) -> Iterator[None]:
     def expired(signum: int, frame: object) -> None:
         raise TimedOut(f"{what} took longer than {seconds:g} s (the set-up time limit)")
 
+    global _limits
     previous = signal.signal(signal.SIGALRM, expired)
     signal.setitimer(signal.ITIMER_REAL, seconds)
+    _limits += 1
     try:
         yield
     finally:
+        _limits -= 1
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+_limits = 0
+
+
+def limited() -> bool:
+    """Whether a ``time_limit`` is running (a wait in its block is ended by it)."""
+    return _limits > 0
 
 
 STOP_ENV = "DDLSTUDY_STOP_FILE"

@@ -385,6 +385,12 @@ CASES = [
      "tensor parallelism splits pairs of consecutive Linear layers"),
     (["run", "--strategy", "sharded", "--workers", "2", "--tensor", "3"],
      "--tensor: 3 does not divide the 2 processes"),
+    (["run", "--strategy", "tensor", "--workers", "3"],  # tiny's classifier: 1024 features
+     "--workers: 3 processes cannot split classifier.1's 1024 features evenly (tensor "
+     "parallelism cuts each Linear pair's features among them); give --workers 2, 4, 8, 16, "
+     "32 or 64"),
+    (["run", "--strategy", "sharded", "--workers", "6", "--tensor", "3"],
+     "--tensor: 3 processes cannot split classifier.1's 1024 features evenly"),
     (["run", "--strategy", "sharded", "--workers", "2", "--tensor", "2"],
      "--tensor: 2 of the 2 processes leaves none to shard over (the mesh would be 1 x 2): "
      "that is --strategy tensor --workers 2"),

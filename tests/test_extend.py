@@ -185,7 +185,7 @@ def test_a_plugin_is_studied_reported_and_advised(plugin, tmp_path, datasets_dir
     assert "| local-nodes 2 nodes: sequential |" in table_3
     out = tmp_path / "advise"
     advice = cli(plugin, "advise", "--usecase", "tiny", "--nodes", "1", "--rounds", "1",
-                 "--steps", "2", "--budget", "10m", "--strategies", "cpu-loaders",
+                 "--probe-seconds", "0.5", "--budget", "10m", "--strategies", "cpu-loaders",
                  "--datasets-dir", str(datasets_dir), "--out", str(out), "--quiet")
     assert advice.returncode == 0, advice.stderr[-2000:]
     probed = {c["label"]: c for c in json.loads((out / "advise.json").read_text())["probes"]}

@@ -1,6 +1,7 @@
 """The report's and predict's figures as matplotlib lays them out (Agg): no legend over
 the data, one legend for a row of panels, the speedup bars' whiskers the table's 95 %
-intervals, and series that measure alike told apart by marker or line style."""
+intervals, series that measure alike told apart by marker or line style, and the memory
+figure's kills, hosts' limits and nodes that shared a host."""
 
 from __future__ import annotations
 
@@ -15,8 +16,10 @@ from matplotlib.text import Text
 from matplotlib.transforms import Bbox
 from test_findings import _manifest, _report, memory_block
 
-from ddlstudy.records.runfolder import SAMPLES
+from ddlstudy.cli import main
+from ddlstudy.records.runfolder import GIB, SAMPLES
 from ddlstudy.report.figures import FIGURES, interval_bounds
+from ddlstudy.report.memory import NODE
 from ddlstudy.report.tables import interval, only_main, spread_of
 from ddlstudy.tools.predict import REDUCERS, Cost, Node
 from ddlstudy.tools.predict import figure as predict_figure
@@ -207,3 +210,39 @@ def test_predict_names_the_reducers_drawn_on_top_of_each_other():
     fig, _ = _figure("predict", None)
     title = fig.legends[0].get_title().get_text()
     assert title == "drawn on top of each other: parameter-server, ring-reduce"
+
+
+def test_the_memory_figure_shows_the_kills_the_hosts_limit_and_shared_hosts(tmp_path, capsys):
+    """Hosts of 2.75 GiB (``hosts up --memory``): a configuration the kernel killed for
+    memory is a cross at the limit, the limit a line; MPI nodes that shared one host say so."""
+    limit = int(2.75 * GIB)
+    fits = _manifest("sequential", [20.0, 21.0], memory=memory_block([GIB]))
+    fits["backend"]["memory"]["hosts"] = {
+        "a": {"limit_bytes": limit, "peak_charged_bytes": GIB, "oom_kills": 0}}
+    shared = _manifest("sequential", [30.0, 31.0], backend=MPI, hosts=["h", "h"],
+                       memory=memory_block([GIB, GIB], ["h", "h"]))
+    dead = _manifest("cpu-processes", [1.0], processes=2, backend=MPI, hosts=["a", "b"],
+                     memory={"hosts": {h: {"limit_bytes": limit, "peak_charged_bytes": limit,
+                                           "oom_kills": int(h == "a")} for h in "ab"}})
+    dead |= {"status": "failed", "epochs": [], "error": "MPI rank 0 on host a was killed by "
+             "the kernel for memory: the host has 2.75 GiB"}
+    report = _report(tmp_path / "runs", [fits, shared, dead])
+    fig, _ = _figure("memory", report)
+    (ax,) = fig.axes
+    (line,) = [line for line in ax.lines if line.get_label().startswith("host's limit")]
+    assert line.get_label() == "host's limit (2.75 GiB)"
+    assert list(line.get_xdata()) == pytest.approx([2.75, 2.75])
+    (cross,) = [c for c in ax.collections if "killed for memory" in c.get_label()]
+    assert cross.get_label() == "mpi 2 nodes, allreduce: cpu-processes (2 processes): killed " \
+        "for memory (1 of 1 runs)"
+    assert cross.get_offsets().tolist() == [pytest.approx([2.75, 0.0])]
+    labels = fig.legends[0].get_texts()
+    assert "mpi 2 nodes, allreduce: sequential\n(2 nodes on one host: a node is its share)" \
+        in [t.get_text() for t in labels]
+    assert [t.get_text() for t in fig.texts] == [NODE]  # what a node's figure is, in words
+    assert main(["report", str(tmp_path / "runs"), "--out", str(tmp_path / "out")]) == 0
+    capsys.readouterr()
+    page = (tmp_path / "out" / "index.html").read_text()
+    assert "killed for memory: mpi 2 nodes, allreduce: cpu-processes (2 processes), 1 of 1 " \
+        "runs at the host&#x27;s limit of 2.75 GiB" in page
+    assert "1 failed (1 killed for memory)" in (tmp_path / "out" / "speedup.md").read_text()

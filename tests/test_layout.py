@@ -29,6 +29,7 @@ RUN_FLAGS = [
     "--runs-dir", "--sample-hz", "--scaling", "--schedule", "--seed", "--snapshot-every",
     "--spark-master",
     "--spark-secret-file", "--spark-sync", "--spark-ui", "--stage-starts", "--stages",
+    "--steady-seconds",
     "--strategy", "--sync-every", "--target-accuracy", "--target-metric", "--tensor",
     "--tensorboard", "--transport", "--usecase", "--warmup-steps", "--workers",
 ]

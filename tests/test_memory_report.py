@@ -47,9 +47,9 @@ def test_the_table_and_csv_give_the_manifests_peaks_in_gib(tmp_path, capsys):
     assert float(rows["cpu-processes (2 processes)"]["peak_process_gib_min"]) == 0.75
     assert rows["cpu-intraop (2 threads)"]["peak_node_gib"] == ""  # not recorded
     Report(folder).write_tables(tmp_path / "out")
-    speedup = (tmp_path / "out" / "speedup.md").read_text()
-    assert "| peak_process_gib | peak_process_gib_min | peak_process_gib_max | " \
-        "peak_node_gib | peak_node_gib_min | peak_node_gib_max |" in speedup.splitlines()[0]
+    speedup = (tmp_path / "out" / "speedup.csv").read_text()  # every column
+    assert ",peak_process_gib,peak_process_gib_min,peak_process_gib_max,peak_node_gib," \
+        "peak_node_gib_min,peak_node_gib_max" in speedup.splitlines()[0]
     runs = (tmp_path / "out" / "runs.csv").read_text().splitlines()[0]
     assert "peak_process_bytes,peak_node_bytes,held_parameters_bytes" in runs
 

@@ -4,7 +4,9 @@ TensorBoard's own event reader."""
 
 from __future__ import annotations
 
+import base64
 import csv
+import importlib.util
 import json
 import os
 import shutil
@@ -13,8 +15,11 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 
@@ -182,52 +187,219 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _post(url: str, body: dict) -> dict:
-    request = urllib.request.Request(url, json.dumps(body).encode(),
-                                     {"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=30) as answer:
-        return json.loads(answer.read())
+USER, PASSWORD = "admin", "S3cr3t Pw/'\"@63"
+"""The server's user and password, typed into the URI as they are: a space, a slash, both
+quotes and an @ (issue 64's spellings), and long enough for MLflow's admin (12)."""
+SECRETS = (PASSWORD, quote(PASSWORD), base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode())
+"""The password as typed, percent-encoded, and as an Authorization header carries it."""
 
 
-def test_the_tracking_server_finds_the_runs_through_its_rest_api(study, tmp_path):
-    """`mlflow server` over the study's own store, on 127.0.0.1: its REST API lists every
-    run folder as a run of the study's experiment."""
+AUTH_INI = """[mlflow]
+default_permission = READ
+database_uri = sqlite:///basic_auth.db
+admin_username = admin
+auth_cache_ttl_seconds = 600
+"""
+"""MLflow's basic-auth settings, a password checked once per 10 minutes, not at every
+request (a PBKDF2 hash each: an export of 2 runs took 78.7 s without, 18.8 s with, on the
+busy 2-core host)."""
+SERVER_ENV = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_DISABLE_TELEMETRY": "true"}
+"""No job runner (it starts 8 more Python processes, for GenAI jobs) and no telemetry."""
+
+
+@dataclass
+class Server:
+    """A real `mlflow server` on 127.0.0.1, with basic auth where MLflow's auth app can
+    run (Flask-WTF, in the dev extra); its store, artifacts and log all in ``folder``."""
+
+    port: int
+    folder: Path
+    auth: bool
+
+    @property
+    def uri(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def typed(self) -> str:
+        """The URI as a user types it, the password in it."""
+        return f"http://{USER}:{PASSWORD}@127.0.0.1:{self.port}"
+
+    def request(self, path: str, body: dict | None = None) -> dict:
+        """The REST API's answer, as the user (POST where there is a body)."""
+        request = urllib.request.Request(
+            f"{self.uri}/api/2.0/mlflow/{path}", None if body is None else
+            json.dumps(body).encode(), {"Content-Type": "application/json",
+                                        "Authorization": f"Basic {SECRETS[2]}"})
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return json.loads(answer.read())
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory):
+    """The one tracking server of the session (it takes a while to start on a busy
+    host)."""
+    folder = tmp_path_factory.mktemp("mlflow-server")
+    auth = importlib.util.find_spec("flask_wtf") is not None
+    (folder / "basic_auth.ini").write_text(AUTH_INI)
     port = _free_port()
-    mlflow = Path(sys.executable).with_name("mlflow")
-    server = subprocess.Popen([str(mlflow), "server", "--backend-store-uri",
-                               f"sqlite:///{study / 'mlflow.db'}", "--host", "127.0.0.1",
-                               "--port", str(port), "--workers", "1"], cwd=tmp_path,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              start_new_session=True)
-    api = f"http://127.0.0.1:{port}/api/2.0/mlflow"
+    log = open(folder / "server.log", "w")  # noqa: SIM115 - open while the server runs
+    process = subprocess.Popen(
+        [str(Path(sys.executable).with_name("mlflow")), "server", "--backend-store-uri",
+         f"sqlite:///{folder / 'store.db'}", "--host", "127.0.0.1", "--port", str(port),
+         "--workers", "1", *(["--app-name", "basic-auth"] if auth else [])],
+        cwd=folder, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        env=os.environ | SERVER_ENV | {"MLFLOW_AUTH_ADMIN_PASSWORD": PASSWORD,
+                                       "MLFLOW_AUTH_CONFIG_PATH": str(folder / "basic_auth.ini"),
+                                       "MLFLOW_FLASK_SERVER_SECRET_KEY": os.urandom(16).hex()})
     try:
-        for _ in range(600):  # it starts in seconds; a wait, not a measurement
+        for _ in range(1200):  # it starts in seconds; a wait, not a measurement
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5):
                     break
             except OSError:
-                assert server.poll() is None, "mlflow server exited"
+                assert process.poll() is None, (folder / "server.log").read_text()[-3000:]
                 time.sleep(0.5)
-        with urllib.request.urlopen(f"{api}/experiments/get-by-name?experiment_name=mlf",
-                                    timeout=30) as answer:
-            experiment = json.loads(answer.read())["experiment"]["experiment_id"]
-        found = _post(f"{api}/runs/search", {"experiment_ids": [experiment],
-                                              "filter": f"tags.{RUN_TAG} != ''",
-                                              "max_results": 100})["runs"]
-        ids = {t["value"] for r in found for t in r["data"]["tags"] if t["key"] == RUN_TAG}
-        assert ids == set(_folders(study)) and len(found) == 4
-        one = next(iter(ids))
-        (run,) = _post(f"{api}/runs/search", {"experiment_ids": [experiment],
-                                               "filter": f"tags.{RUN_TAG} = '{one}'"})["runs"]
-        params = {p["key"]: p["value"] for p in run["data"]["params"]}
-        assert params["usecase"] == "tiny" and set(params) == set(KEY)
+        yield Server(port, folder, auth)
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
+        os.killpg(process.pid, signal.SIGTERM)
         try:
-            server.wait(timeout=30)
+            process.wait(timeout=30)
         except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        log.close()
+
+
+def ddlstudy(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """The real command line, in an environment without MLflow's credential variables:
+    the URI is all it is given."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_TRACKING_")}
+    return subprocess.run([sys.executable, "-m", "ddlstudy", *args], capture_output=True,
+                          text=True, timeout=900, cwd=cwd, env=env)
+
+
+def _clean(*outs: subprocess.CompletedProcess, folders: tuple[Path, ...] = ()) -> None:
+    """No secret on the terminal, and none in any file under ``folders``; MLflow's own
+    "View run ... at: URL" lines nowhere (they held the password, 4 times for a run)."""
+    for out in outs:
+        assert not any(s in out.stdout + out.stderr for s in SECRETS), out.stderr[-3000:]
+        assert "View run" not in out.stdout + out.stderr
+    for folder in folders:
+        held = [p for p in folder.rglob("*") if p.is_file() and
+                any(s.encode() in p.read_bytes() for s in SECRETS)]
+        assert held == [], held
+
+
+def test_the_tracking_server_finds_the_exported_runs_through_its_rest_api(study, server,
+                                                                        tmp_path):
+    """`export mlflow` of the study into a real server, the password typed into the URI:
+    its REST API lists every run folder as a run of the study's experiment; the export
+    said one line of its own on stdout, and the password is on neither stream, in no
+    file of the runs and not in the server's store. Without the password the server
+    refuses (so it is the password that let the export in)."""
+    out = ddlstudy("export", "mlflow", str(study), "--tracking-uri", server.typed, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout == (f"4 run(s) exported to {server.uri}, experiment(s) mlf; open "
+                          f"{server.uri}\n")
+    _clean(out, folders=(study, server.folder))
+    experiment = server.request("experiments/get-by-name?experiment_name=mlf")
+    experiment = experiment["experiment"]["experiment_id"]
+    found = server.request("runs/search", {"experiment_ids": [experiment], "max_results": 100,
+                                           "filter": f"tags.{RUN_TAG} != ''"})["runs"]
+    ids = {t["value"] for r in found for t in r["data"]["tags"] if t["key"] == RUN_TAG}
+    assert ids == set(_folders(study)) and len(found) == 4
+    one = next(iter(ids))
+    (run,) = server.request("runs/search", {"experiment_ids": [experiment],
+                                            "filter": f"tags.{RUN_TAG} = '{one}'"})["runs"]
+    params = {p["key"]: p["value"] for p in run["data"]["params"]}
+    assert params["usecase"] == "tiny" and set(params) == set(KEY)
+    if server.auth:
+        with pytest.raises(urllib.error.HTTPError, match="401"):
+            urllib.request.urlopen(f"{server.uri}/api/2.0/mlflow/experiments/search?"
+                                   "max_results=1", timeout=30)
+
+
+def _signed_in(monkeypatch) -> None:
+    """This test process reads the server back as the user."""
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", USER)
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", PASSWORD)
+
+
+@pytest.mark.slow
+def test_run_with_the_password_in_the_uri_prints_json_alone_and_keeps_it_nowhere(
+        server, datasets_dir, tmp_path, monkeypatch):
+    """Issue 63: `run --mlflow URI --format json` against a live server: stdout is the
+    JSON alone (MLflow's "View run" lines came first), and the password is on neither
+    stream, in no file of the run and not in the server's store; the run is in the
+    server, epochs, params and its model, logged as the user."""
+    runs = tmp_path / "runs"
+    out = ddlstudy("run", "--usecase", "tiny", "--epochs", "2", "--max-steps", "2",
+                   "--sample-hz", "20", "--format", "json", "--mlflow", server.typed,
+                   "--runs-dir", str(runs), "--datasets-dir", str(datasets_dir), cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout)
+    assert result["status"] == "completed" and result["epochs"] == 2
+    _clean(out, folders=(runs, server.folder))
+    manifest = json.loads((Path(result["run"]) / "manifest.json").read_text())
+    assert manifest["mlflow"]["tracking_uri"] == server.uri and "error" not in \
+        manifest["mlflow"]
+    _signed_in(monkeypatch)
+    client = _client(server.uri)
+    run = client.get_run(manifest["mlflow"]["run_id"])
+    assert run.info.status == "FINISHED" and run.data.tags[RUN_TAG] == result["id"]
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "val_accuracy")] \
+        == [1, 2] and set(run.data.params) == set(KEY)
+    assert [str(m.status) for m in _models(client, run)] == ["READY"]
+
+
+@pytest.mark.slow
+def test_a_study_logging_to_a_server_keeps_the_password_out_of_its_cell_logs(
+        server, datasets_dir, tmp_path):
+    """Issue 63: a study whose plan gives the URI with the password: each cell's log under
+    <study>/logs/ (where MLflow's lines were kept), the study's output, every file of its
+    runs and the server's store hold none of it; its parent run and cell are logged."""
+    plan, runs = tmp_path / "plan.toml", tmp_path / "runs"
+    plan.write_text(f'[study]\nname = "secret"\nusecases = ["tiny"]\nrepeat = 1\n'
+                    f'[settings]\nepochs = 1\nmax_steps = 2\nno_snapshot = true\n'
+                    f'sample_hz = 0\ndatasets_dir = "{datasets_dir}"\n'
+                    f'mlflow = {json.dumps(server.typed)}\n[[cells]]\nstrategy = "sequential"\n')
+    out = ddlstudy("study", str(plan), "--runs-dir", str(runs), cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "MLflow (" not in out.stderr and len(list((runs / "logs").glob("*.log"))) == 1
+    _clean(out, folders=(runs, server.folder))
+    experiment = server.request("experiments/get-by-name?experiment_name=secret")
+    found = server.request("runs/search", {"experiment_ids": [
+        experiment["experiment"]["experiment_id"]]})["runs"]
+    tags = [{t["key"]: t["value"] for t in r["data"]["tags"]} for r in found]
+    assert sorted(PARENT_TAG in t for t in tags) == [False, True]
+
+
+@pytest.mark.slow
+def test_two_exports_at_once_into_a_new_store_both_succeed(study, server, tmp_path,
+                                                         monkeypatch):
+    """Issue 64: two `export mlflow` into a new SQLite store and two into a server's new
+    experiment, four processes at once: each exits 0, and each store holds one MLflow
+    run per run folder and one parent run (into a server, both made every run twice,
+    and one of them could fail)."""
+    store = f"sqlite:///{tmp_path / 'new' / 'mlflow.db'}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_TRACKING_")}
+    folder = sorted(_folders(study).values())[0]  # one run of the study: it has a parent
+    argvs = 2 * [["--tracking-uri", store]] + \
+        2 * [["--tracking-uri", server.typed, "--experiment", "twice"]]
+    processes = [subprocess.Popen([sys.executable, "-m", "ddlstudy", "export", "mlflow",
+                                   str(folder), *argv], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env)
+                 for argv in argvs]
+    said = [p.communicate(timeout=900) for p in processes]
+    outs = [subprocess.CompletedProcess(p.args, p.returncode, *o)
+            for p, o in zip(processes, said, strict=True)]
+    assert [o.returncode for o in outs] == [0] * 4, [o.stderr[-2000:] for o in outs]
+    _clean(*outs, folders=(server.folder,))
+    _signed_in(monkeypatch)
+    for uri, experiment in ((store, "mlf"), (server.uri, "twice")):
+        by_id, parents = _logged(_client(uri), experiment)
+        assert list(by_id) == [folder.name] and len(parents) == 1, uri
 
 
 def test_the_hparams_summary_holds_every_configuration_with_its_metrics(study, tmp_path,

@@ -26,7 +26,7 @@ import ddlstudy
 from ddlstudy.cli import main
 from ddlstudy.config import usecase_from_dict
 from ddlstudy.config.folders import with_classes
-from ddlstudy.records.plan import advice_plan
+from ddlstudy.records.advised import advice_plan
 from ddlstudy.records.runfolder import MANIFEST
 from ddlstudy.report.formats import cell_text, fitted_markdown
 from ddlstudy.report.tables import SUMMARY_COLUMNS
@@ -69,8 +69,8 @@ def test_advice_on_ones_own_use_case_is_studied_and_reported(tmp_path, monkeypat
                  "--image-size", "12", "--name", "digits-mynet"]) == 0
     capsys.readouterr()
     assert main(["advise", "--usecase", "digits-mynet.toml", "--nodes", "1", "--strategies",
-                 "cpu-intraop", "--budget", "20", "--rounds", "1", "--steps", "2", "--out",
-                 "adv", "--quiet"]) == 0, capsys.readouterr().err
+                 "cpu-intraop", "--budget", "20", "--rounds", "1", "--probe-seconds", "0.5",
+                 "--out", "adv", "--quiet"]) == 0, capsys.readouterr().err
     printed = capsys.readouterr().out
     assert max(len(line) for line in printed.splitlines()) <= 100, printed  # was 325
     assert "| scaling eff. |" in printed
@@ -298,7 +298,8 @@ def test_advise_prints_csv_or_json_for_scripts(fmt, flags, datasets_dir, tmp_pat
     advise.json's content whatever it ranks (the baseline's probe alone: --memory 64MiB
     leaves out every other layout, predicted from it, and names each with its need)."""
     assert main(["advise", "--usecase", "tiny", "--datasets-dir", str(datasets_dir), "--nodes",
-                 "1", *flags, "--budget", "20", "--rounds", "1", "--steps", "2", "--out",
+                 "1", *flags, "--budget", "20", "--rounds", "1", "--probe-seconds", "0.5",
+                 "--out",
                  str(tmp_path / "adv"), "--quiet", "--format", fmt]) == 0
     out, err = capsys.readouterr()
     advice = json.loads((tmp_path / "adv" / "advise.json").read_text())
@@ -318,9 +319,9 @@ def test_advise_prints_csv_or_json_for_scripts(fmt, flags, datasets_dir, tmp_pat
 def _left_out_for_memory(advice: dict, text: str) -> None:
     """Every layout but the baseline left out for --memory 64MiB, never probed, named in
     advise.md's 'not ranked' with its predicted need; the baseline ranked as the reference
-    (it measured more: a note says so), its prediction its own probe's peak."""
+    (it measured more: a note says so), its prediction its own probe's figure."""
     base = next(p for p in advice["probes"] if p["label"] == "sequential")
-    assert base["predicted_peak_node_bytes"] == base["measured_peak_node_bytes"] > 64 * 2**20
+    assert base["predicted_need_node_bytes"] == base["measured_peak_node_bytes"] > 64 * 2**20
     left = [p for p in advice["probes"] if "--memory" in p.get("skipped", "")]
     assert {p["label"] for p in left} >= {"cpu-intraop (2 threads)", "cpu-processes (2 "
                                           "processes)", "sharded (2 processes)"}

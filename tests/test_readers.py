@@ -21,8 +21,8 @@ from ddlstudy.config.spark import read_secret
 from ddlstudy.errors import UsageError
 from ddlstudy.reading import MAX_DEPTH, BadFile
 from ddlstudy.records import formats
+from ddlstudy.records.advised import advice_plan
 from ddlstudy.records.manifests import compare, config_from_manifest, read_manifest
-from ddlstudy.records.plan import advice_plan
 from ddlstudy.records.runfolder import MANIFEST, load_manifest
 from ddlstudy.report import Report
 

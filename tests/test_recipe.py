@@ -184,6 +184,36 @@ REFUSED = [
      "--lr-warmup-epochs: onecycle warms the learning rate up itself"),
     (["--usecase", "{tmp}/u.toml"], "train.momentum: is SGD's; Adam takes its own arguments "
                                     "from [train.optimizer_args]"),
+    # issue 64: each checked against torch's own signature before anything starts
+    (["--optimizer", "Adam", "--optimizer-args", '{"betas": [0.9]}'],
+     "train.optimizer_args.betas: Adam takes a list of 2 numbers, got [0.9]"),
+    (["--optimizer", "Adam", "--optimizer-args", '{"betas": [0.9, 0.99, 0.5]}'],
+     "train.optimizer_args.betas: Adam takes a list of 2 numbers, got [0.9, 0.99, 0.5]"),
+    (["--optimizer-args", '{"x": ' + "[" * 100_000 + "]" * 100_000 + "}"],
+     "nests its values more than 2 levels deep"),
+    (["--optimizer-args", '{"weight_decay": [[0.1]]}'],
+     "--optimizer-args weight_decay: nests lists in lists"),
+    (["--lr-schedule", "step", "--lr-schedule-args", '{"step_size": 0}'],
+     "train.lr_schedule_args.step_size: must be at least 1 (a period of no steps divides"),
+    (["--lr-schedule", "step", "--lr-schedule-args", '{"step_size": 2.5}'],
+     "train.lr_schedule_args.step_size: StepLR takes a whole number, got 2.5"),
+    (["--lr-schedule", "cosine", "--lr-schedule-args", '{"T_max": 0}'],
+     "train.lr_schedule_args.T_max: must be at least 1"),
+    (["--lr-schedule", "onecycle", "--lr-schedule-args", '{"total_steps": 20}'],
+     "train.lr_schedule_args.total_steps: OneCycleLR's cycle of 20 steps would end before "
+     "the run's 150 (10 epochs of 15); give at least 150"),
+    (["--lr-schedule", "PolynomialLR", "--lr-schedule-args", '{"power": -1}'],
+     "train.lr_schedule_args.power: must be at least 0 (a negative power divides by zero"),
+    (["--optimizer", "Adam", "--optimizer-args", '{"capturable": true}'],
+     "train.optimizer_args.capturable: Adam refuses it on cpu: If capturable=True"),
+    (["--optimizer", "Adam", "--optimizer-args", '{"weight_decay": Infinity}'],
+     "--optimizer-args weight_decay: must be a finite number, got inf"),
+    (["--lr-schedule", "step", "--lr-schedule-args", '{"gamma": NaN}'],
+     "--lr-schedule-args gamma: must be a finite number, got nan"),
+    (["--lr-schedule", "CyclicLR", "--lr-schedule-args",
+      '{"base_lr": 0.001, "max_lr": 0.01, "mode": "tri"}'],
+     "train.lr_schedule_args.mode: CyclicLR takes one of 'triangular', 'triangular2', "
+     "'exp_range', got \"tri\""),
 ]
 
 
@@ -199,6 +229,50 @@ def test_a_bad_recipe_is_refused_in_one_line_before_anything_starts(argv, messag
     assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
     assert message in err
     assert not (tmp_path / "runs").exists() and not (tmp_path / "data").exists()
+
+
+def test_the_use_cases_train_keys_and_a_plans_cells_go_through_the_same_checks(tmp_path,
+                                                                              capsys):
+    """A use case's [train] tables and a study plan's cells meet the flags' checks: a
+    NaN in a TOML table is refused in one line; a plan one of whose cells carries a
+    schedule's period of 0 is refused before any of its cells runs."""
+    (tmp_path / "u.toml").write_text(USECASE + 'lr_schedule = "step"\n'
+                                     "[train.lr_schedule_args]\ngamma = nan\n")
+    runs = tmp_path / "runs"
+    assert main(["run", "--usecase", str(tmp_path / "u.toml"), "--runs-dir", str(runs)]) == 2
+    err = capsys.readouterr().err
+    assert "train.lr_schedule_args.gamma: must be a finite number, got nan" in err
+    assert err.count("\n") == 1
+    plan = tmp_path / "plan.toml"
+    plan.write_text("[study]\nusecases = ['tiny']\nrepeat = 1\n[settings]\nmax_steps = 2\n"
+                    "[[cells]]\nstrategy = 'sequential'\n[[cells]]\nstrategy = 'sequential'\n"
+                    "lr_schedule = 'cosine'\nlr_schedule_args = {T_max = 0}\n")
+    assert main(["study", str(plan), "--runs-dir", str(runs)]) == 2
+    err = capsys.readouterr().err
+    assert "'strategy': 'sequential', 'lr_schedule': 'cosine'" in err, err
+    assert "train.lr_schedule_args.T_max: must be at least 1" in err and err.count("\n") == 1
+    assert not runs.exists()
+    (tmp_path / "adam.toml").write_text(USECASE + 'optimizer = "Adam"\n'
+                                        "[train.optimizer_args]\nbetas = [0.9]\n")
+    assert main(["bench", "overhead", "--usecase", str(tmp_path / "adam.toml")]) == 2
+    err = capsys.readouterr().err  # bench's baseline goes through a run's checks too
+    assert "train.optimizer_args.betas: Adam takes a list of 2 numbers, got [0.9]" in err
+
+
+def test_an_argument_is_checked_against_the_signature_of_its_class():
+    """What each argument takes is read from torch's own annotations (or its default's
+    type): lengths, whole numbers, literals, nulls."""
+    from ddlstudy.training.signature import fits, hints, takes
+
+    adam, cyclic = hints(torch.optim.Adam), hints(torch.optim.lr_scheduler.CyclicLR)
+    assert takes(adam["betas"][0]) == "a list of 2 numbers"
+    assert fits([0.9, 0.99], adam["betas"][0]) and not fits([0.9], adam["betas"][0])
+    assert not fits([True, 0.9], adam["betas"][0])  # true is not a number
+    assert fits(None, adam["foreach"][0]) and not fits(1, adam["foreach"][0])
+    assert takes(cyclic["step_size_down"][0]) == "a whole number or null"
+    assert fits(3, cyclic["step_size_up"][0]) and not fits(3.0, cyclic["step_size_up"][0])
+    assert fits("exp_range", cyclic["mode"][0]) and not fits("tri", cyclic["mode"][0])
+    assert takes(cyclic["scale_fn"][0]) == "null"  # a function: no table holds one
 
 
 # --- augmentation and normalisation ----------------------------------------------------

@@ -94,7 +94,9 @@ def test_findings_leave_noisy_runs_out_and_say_how_to_count_them(tmp_path):
     found = {f.letter: f for f in findings(report)}
     assert found["a"].verdict == "not measured"
     assert found["a"].lines == ["u: no completed multi-process data-parallel run on a quiet "
-                                "host (1 noisy left out)"]
+                                "host: 1 ran, left out as noisy (other processes used up to "
+                                "1.5 cores of their host while they ran); `ddlstudy report "
+                                "--include-noisy` counts them"]
     assert found["d"].lines == ["u: no completed MPI run"]  # none at all: said as before
     text = _flat(report.findings_text())
     assert "2 run(s) marked noisy (other processes used their host while they ran) are left " \
@@ -108,8 +110,33 @@ def test_findings_leave_noisy_runs_out_and_say_how_to_count_them(tmp_path):
         _manifest("sequential", [20.0, 21.0]),
         _noisy(_manifest("cpu-processes", [30.0, 31.0], processes=2))]))
     (a,) = [f for f in findings(half) if f.letter == "a"]
-    assert a.lines == ["u: no completed multi-process data-parallel run on a quiet host "
-                       "(1 noisy left out)"]
+    assert a.lines == ["u: no completed multi-process data-parallel run on a quiet host: 1 "
+                       "ran, left out as noisy (other processes used up to 1.2 cores of their "
+                       "host while they ran); `ddlstudy report --include-noisy` counts them"]
+
+
+def test_a_projection_says_its_runs_were_left_out_as_noisy_and_why(tmp_path):
+    """The baseline and the cpu-intraop run exist, on a busy host: not "it needs them"."""
+    report = Report(_folder(tmp_path / "busy", [
+        _noisy(_manifest("sequential", [20.0, 21.0])),
+        _noisy(_manifest("cpu-intraop", [30.0, 31.0], threads=2), cores=1.7),
+        _manifest("cpu-processes", [30.0, 31.0], processes=2)]))
+    projected = {f.letter: f.projected for f in findings(report)}
+    assert projected["a"] == [
+        "u: not projected: the sequential baseline and the cpu-intraop run ran, but were left "
+        "out as noisy (other processes used up to 1.7 cores of their host while they ran); "
+        "`ddlstudy report --include-noisy` counts them"]
+    # One of them missing: said apart from the one left out.
+    report = Report(_folder(tmp_path / "half", [
+        _noisy(_manifest("sequential", [20.0, 21.0])),
+        _manifest("cpu-processes", [30.0, 31.0], processes=2)]))
+    (line,) = {f.letter: f.projected for f in findings(report)}["a"]
+    assert line == ("u: not projected: the sequential baseline ran, but was left out as noisy "
+                    "(other processes used up to 1.2 cores of their host while it ran); "
+                    "`ddlstudy report --include-noisy` counts them; it needs the cpu-intraop "
+                    "run (how a process's speed grows with its threads)")
+    counted = Report(tmp_path / "busy", include_noisy=True)
+    assert "noisy" not in findings(counted)[0].projected[0]  # counted: projected from them
 
 
 def _long_labels(path):
@@ -135,7 +162,8 @@ def test_the_printed_table_fits_a_terminal_under_plain_headers(tmp_path, capsys)
     assert max(len(line) for line in lines) <= 100, max(lines, key=len)
     assert "| configuration | runs | speedup | 95 % interval | accuracy | time to target |" \
         in lines
-    assert "*my-own-pets-classifier*" in lines  # the use case heads its table
+    # The use case heads its table, with its target by its metric's name.
+    assert "*my-own-pets-classifier* (target: accuracy 0.60)" in lines
     for name in ("speedup_95", "val_accuracy", "time_to_target_s", "usecase"):
         assert name not in out
     summary, table_3 = [line for line in lines if line.startswith("| mpi 2 nodes, allreduc")]
@@ -152,9 +180,9 @@ def test_the_csv_and_the_written_tables_keep_every_column(tmp_path, capsys):
     assert main(["report", str(folder), "--format", "csv"]) == 0
     assert capsys.readouterr().out.splitlines()[0] == ",".join(SUMMARY_COLUMNS)
     Report(folder).write_tables(tmp_path / "out")
-    header = (tmp_path / "out" / "speedup.md").read_text().splitlines()[0]
-    assert "| speedup_95 |" in header and "| time_to_target_s |" in header
-    assert "| status | noisy |" in header
+    header = (tmp_path / "out" / "speedup.csv").read_text().splitlines()[0]
+    assert ",speedup_95," in header and ",time_to_target_s," in header
+    assert ",status,noisy," in header
     assert "accumulate 4 lr linear |" in (tmp_path / "out" / "table3.md").read_text()
 
 
@@ -298,3 +326,19 @@ def test_a_run_whose_samples_are_not_ddlstudys_is_left_out_of_the_figures(tmp_pa
     assert (figures / "resources.png").is_file() and (figures / "speedup.png").is_file()
     assert (tmp_path / "rep" / "findings.md").is_file()
     assert (wrong / "samples.parquet").read_bytes() == kept
+
+
+def test_finding_b_says_a_use_case_was_left_out_as_noisy(tmp_path):
+    report = Report(_folder(tmp_path, [
+        _manifest("sequential", [20.0, 21.0], usecase="simple-big"),
+        _manifest("cpu-processes", [30.0, 31.0], processes=2, usecase="simple-big"),
+        _noisy(_manifest("sequential", [5.0, 6.0], usecase="complex-small")),
+        _noisy(_manifest("cpu-processes", [7.0, 8.0], processes=2, usecase="complex-small"),
+               cores=1.4)]))
+    (b,) = [f for f in findings(report) if f.letter == "b"]
+    assert b.verdict == "not measured"
+    assert b.lines[0].endswith(
+        "missing: complex-small (this folder has: complex-small, simple-big); complex-small: "
+        "no completed run on a quiet host: 2 ran, left out as noisy (other processes used up "
+        "to 1.4 cores of their host while they ran); `ddlstudy report --include-noisy` counts "
+        "them")

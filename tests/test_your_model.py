@@ -181,7 +181,7 @@ def test_a_new_users_folder_end_to_end(tmp_path):
 
     # 2 nodes of this host's 2 cores: the baseline is the one local probe (a node's)
     advice = ddlstudy("advise", "--usecase", str(mine / "pets.toml"), "--nodes", "2",
-                      "--rounds", "1", "--steps", "2", "--budget", "10m", "--out",
+                      "--rounds", "1", "--probe-seconds", "0.5", "--budget", "10m", "--out",
                       str(tmp_path / "advice"), "--quiet")
     assert advice.returncode == 0, advice.stderr[-3000:]
     advised = json.loads((tmp_path / "advice" / "advise.json").read_text())

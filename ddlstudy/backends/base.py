@@ -106,6 +106,11 @@ class Backend(ABC):
         """The manifest's ``backend`` block (before training; ``fit`` may add to it)."""
         return {"name": self.name, "nodes": self.nodes(cfg)}
 
+    def launches(self, cfg: RunConfig) -> bool:
+        """Whether ``launch`` starts the run's processes from this one (which then claims
+        their run folder for them: ``records.runfolder.claim``)."""
+        return False
+
     def launch(self, cfg: RunConfig, argv: list[str], run_id: str):
         """Start the run's processes elsewhere and say how they ended (a
         ``backends.mpi.launch.Launched``), or None: this process is a node, run here."""

@@ -13,7 +13,8 @@ from ddlstudy.cli.common import (
     seconds,
     usecase_of,
 )
-from ddlstudy.config.limits import size_bytes
+from ddlstudy.config import PRECISIONS, PROBE_SECONDS
+from ddlstudy.config.limits import most, size_bytes
 from ddlstudy.config.loading import is_usecase_path
 from ddlstudy.config.options import path_arg
 from ddlstudy.errors import ConfigError
@@ -32,8 +33,11 @@ def register(sub) -> None:
     p.add_argument("--link", help="instead of measuring hosts: predict separate machines "
                    "like this one joined by a link of this rate, e.g. 10gbit (default: none, "
                    "measure where the nodes are)")
-    p.add_argument("--budget", default="120s", help="time for the whole advice, e.g. 90s or "
-                   "5m; more probe rounds while it lasts")
+    p.add_argument("--budget", default="auto", help="time for the whole advice, e.g. 90s or "
+                   "5m: every layout is probed once first (with shorter probes where the "
+                   "budget is short: what still does not fit is named, with the budget that "
+                   "would probe it), then again while it lasts (default auto: every layout "
+                   "and node count once, then the contenders again for at most half as long)")
     p.add_argument("--runs", type=path_arg, help="earlier runs of the use case: rank by "
                    "predicted time to its target accuracy, weighing what changes "
                    "convergence by the epochs it took there (default: none, rank by images/s)")
@@ -49,8 +53,13 @@ def register(sub) -> None:
                    "whose strategy can checkpoint also with --checkpoint-activations: the "
                    "memory it saves a node against the recomputation's time, both measured, "
                    "and what fits --memory only so")
+    p.add_argument("--with-precision", metavar="LIST", help="probe every layout also in "
+                   "these precisions, comma-separated: bf16, fp16 (each a configuration of its "
+                   "own; default: fp32 only)")
     p.add_argument("--rounds", type=int, default=3, help="most probe rounds")
-    p.add_argument("--steps", type=int, default=24, help="steady steps a probe times")
+    p.add_argument("--probe-seconds", type=float, default=PROBE_SECONDS, metavar="S",
+                   help="a probe's steady steps (after its warm-up) last about this long, "
+                   f"however long a step takes (default {PROBE_SECONDS:g})")
     p.add_argument("--wait-quiet", action="store_true", help="before each probe, wait until "
                    f"other processes use at most {NOISY_CORES} cores of this host (at most "
                    f"{WAIT_MOST_S:.0f} s; not charged to the budget). Without it, probes "
@@ -77,9 +86,12 @@ def cmd_advise(args: argparse.Namespace) -> int:
         check_folder("--out", args.out)
     sets = {"datasets_dir": str(args.datasets_dir)} if args.datasets_dir else {}
     uc = cell_config(usecase, data | sets, args.out or DEFAULT_RUNS_DIR).usecase
-    budget = seconds("--budget", args.budget)
+    budget = None if args.budget == "auto" else seconds("--budget", args.budget)
     memory = size_bytes("--memory", args.memory) if args.memory is not None else None
-    check_positive(args, "rounds", "steps")
+    check_positive(args, "rounds")
+    if not 0 < args.probe_seconds <= most("seconds"):  # NaN too
+        raise ConfigError("--probe-seconds", f"must be a number of seconds above 0, got "
+                          f"{args.probe_seconds}")
     if args.link is not None:
         from ddlstudy.hosts import rate_bits
 
@@ -110,10 +122,11 @@ def cmd_advise(args: argparse.Namespace) -> int:
     from ddlstudy.tools import advise
 
     result = advise.advise(usecase, nodes, args.hosts, args.link, budget, out,
-                           runs=args.runs, rounds=args.rounds, steps=args.steps,
+                           runs=args.runs, rounds=args.rounds, box=args.probe_seconds,
                            datasets_dir=args.datasets_dir, host_count=count,
                            wait=args.wait_quiet, data=data, strategies=strategies,
-                           memory=memory, checkpointed=args.with_checkpointing)
+                           memory=memory, checkpointed=args.with_checkpointing,
+                           precisions=_precisions(args.with_precision))
     shown = {"markdown": advise.markdown, "csv": advise.as_csv, "json": advise.as_json}
     print(shown[args.format](result).rstrip("\n"))
     for path in advise.write(result, out):  # beside a script's CSV or JSON: not in it
@@ -150,3 +163,15 @@ def _strategies(text: str) -> list[str]:
         if name not in REGISTRY.loaded():
             refuse_unknown("--strategies", "strategy", name, REGISTRY)
     return list(dict.fromkeys(names))
+
+
+def _precisions(text: str | None) -> tuple[str, ...]:
+    """--with-precision: bf16 and fp16, each once (fp32 is every layout's own)."""
+    if text is None:
+        return ()
+    names = tuple(dict.fromkeys(n.strip() for n in text.split(",")))
+    others = [n for n in PRECISIONS if n != "fp32"]
+    if not names or any(n not in others for n in names):
+        raise ConfigError("--with-precision", f"{text!r}; give {' or '.join(others)}, "
+                          "comma-separated (fp32 is every layout's own)")
+    return names

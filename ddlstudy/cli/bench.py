@@ -50,6 +50,23 @@ def register(sub) -> None:
                    "(default: this host)")
     b.add_argument("--out", type=path_arg, help="where bench.json and bench.md go "
                    "(default runs/bench/<time>)")
+    b = bsub.add_parser("advise", help="how right advise is: on a fixed set of layouts, "
+                        "advise then its check, a row of errors a layout")
+    b.add_argument("--only", help="comma-separated layouts: tiny, tiny-resnet, tiny-2h-1gbit, "
+                   "tiny-3h-1gbit, tiny-2h-100mbit, tiny-3h-100mbit, own, tiny-full "
+                   "(default: all)")
+    b.add_argument("--rows", type=int, default=6, help="rows of each advice checked, spread "
+                   "over its ranking (default 6)")
+    b.add_argument("--rounds", type=int, help="each advice's most probe rounds (default: "
+                   "advise's own)")
+    b.add_argument("--datasets-dir", type=path_arg, help="where tiny's data set is (made "
+                   "there if missing; default: datasets/)")
+    b.add_argument("--wait-quiet", action="store_true", help="each probe and check run waits "
+                   "for a quiet host first")
+    b.add_argument("--include-noisy", action="store_true", help="the checks count the runs "
+                   "marked noisy (other processes kept the host busy), each marked")
+    b.add_argument("--out", type=path_arg, help="where bench.json, bench.md and each "
+                   "layout's advice and check go (default runs/bench/advise-<time>)")
     b = bsub.add_parser("overhead", help="ddlstudy's loop against a raw torch loop")
     add_what(b)
     b.add_argument("--steps", type=int, default=20, help="timed steps per repeat")
@@ -59,7 +76,10 @@ def register(sub) -> None:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    check_positive(args, "steps", "repeats", "threads", "nodes", "processes")
+    check_positive(args, "steps", "repeats", "threads", "nodes", "processes", "rows",
+                   "rounds")
+    if args.bench_command == "advise":
+        return _bench_advise(args)
     hz = getattr(args, "hz", 1.0)
     if not 0 < hz <= 100:  # NaN too
         raise ConfigError("--hz", f"must be a rate above 0 and at most 100, got {hz}")
@@ -106,4 +126,21 @@ def cmd_bench(args: argparse.Namespace) -> int:
     else:
         print(bench_overhead(what, steps=args.steps, repeats=args.repeats,
                              threads=args.threads))
+    return 0
+
+
+def _bench_advise(args: argparse.Namespace) -> int:
+    from ddlstudy.config import DEFAULT_RUNS_DIR
+    from ddlstudy.machine.sampler import check_load
+    from ddlstudy.tools import bench_advise
+
+    only = bench_advise.names(args.only)
+    out = args.out or DEFAULT_RUNS_DIR / "bench" / time.strftime("advise-%Y%m%d-%H%M%S")
+    check_folder("--out", out)
+    check_load(args.wait_quiet)
+    result = bench_advise.bench_advise(only, out, args.rows, args.datasets_dir,
+                                       args.wait_quiet, args.rounds, args.include_noisy)
+    print(bench_advise.markdown(result))
+    for path in bench_advise.write(result, out):
+        print(f"wrote {path}")
     return 0

@@ -18,13 +18,20 @@ def register(sub) -> None:
     p.add_argument("runs", type=path_arg, nargs="?", default=None, help="default: runs/")
     p.add_argument("--format", default="markdown", choices=["markdown", "csv", "latex"],
                    help="how the tables are printed")
-    p.add_argument("--out", type=path_arg, help="also write the tables, runs.csv and the figures "
-                   "into this folder (default: print only)")
-    p.add_argument("--no-figures", action="store_true", help="with --out: tables only")
+    p.add_argument("--out", type=path_arg, help="also write the tables, runs.csv, the figures "
+                   "and the page that holds them all, index.html (offline, one file), into "
+                   "this folder (default: print only)")
+    p.add_argument("--no-figures", action="store_true", help="with --out: tables and the page, "
+                   "no figures")
     p.add_argument("--include-noisy", action="store_true", help="count runs marked noisy "
                    "(other processes used their host) in medians, speedups and the findings "
                    "(without it they are shown only for a configuration with no quiet run, "
                    "marked noisy, and left out of the findings)")
+    p.add_argument("--advice", type=path_arg, metavar="ADVISE_JSON", help="also check this "
+                   "advice against the runs of the folder that are rows of it (matched by "
+                   "their recorded configuration): each one's predicted and measured images/s "
+                   "and memory, the errors, the rank correlation (with --out: "
+                   "advice-check.md, .json and .svg, and the page opens with it)")
     p.add_argument("--project", default="32@10gbit", metavar="CORES@LINK",
                    help="project each finding onto nodes of CORES cores joined by a LINK of "
                    "this rate (a model fitted to the runs, marked as one), or 'none' "
@@ -73,12 +80,20 @@ def cmd_report(args: argparse.Namespace) -> int:
     project = None if args.project == "none" else Hardware.parse(args.project)
     if args.out:
         check_folder("--out", args.out)
-    report = Report(args.runs or DEFAULT_RUNS_DIR, include_noisy=args.include_noisy,
-                    project=project)
+    runs = args.runs or DEFAULT_RUNS_DIR
+    checked = None
+    if args.advice is not None:  # before the page, which opens with it
+        from ddlstudy.tools.advise import check_runs
+
+        checked = check_runs(args.advice, runs, args.out, args.include_noisy)
+    report = Report(runs, include_noisy=args.include_noisy, project=project)
     print(report.text(args.format))
+    if checked is not None:
+        print(f"\n{checked}")
     if args.out:
         paths = report.write(args.out, args.format, figures=not args.no_figures)
-        print(f"\n{len(paths)} files written to {args.out}", file=sys.stderr)
+        print(f"\n{len(paths)} files written to {args.out}; the page: {paths[-1]}",
+              file=sys.stderr)
     return 0
 
 

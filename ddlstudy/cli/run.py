@@ -127,7 +127,8 @@ def _train(cfg, argv: list[str], resume: Path | None, max_restarts: int, fmt: st
     summary = folder.manifest.get("summary", {})
     print(f"{folder.path}  val accuracy {summary.get('final_val_accuracy', float('nan')):.3f}  "
           f"{summary.get('median_images_per_s', float('nan')):.1f} img/s"
-          f"{_reached(folder.manifest.get('time_to_target') or {})}")
+          f"{_reached(folder.manifest.get('time_to_target') or {})}"
+          f"{_busy(folder.manifest.get('host_load') or {})}")
     return 0
 
 
@@ -156,13 +157,23 @@ def ended(folder) -> dict:
 
 
 def _reached(tta: dict) -> str:
-    """The run's time to accuracy, as its last line says it."""
+    """The run's time to target, as its last line says it (the target by its metric)."""
+    target = f"target {tta.get('metric') or 'accuracy'} {tta.get('target', 0):.2f}"
     if tta.get("reached") is True:
-        return f"  target {tta['target']:.2f} reached in {tta['seconds']:.1f} s " \
-               f"(epoch {tta['epoch']})"
+        return f"  {target} reached in {tta['seconds']:.1f} s (epoch {tta['epoch']})"
     if tta.get("reached") is False:
-        return f"  target {tta['target']:.2f} not reached"
+        return f"  {target} not reached"
     return ""
+
+
+def _busy(load: dict) -> str:
+    """For a run marked noisy, that its host was busy: its images/s say little."""
+    if load.get("noisy") is not True:
+        return ""
+    others = [v for v in (load.get("others_cores") or {}).values() if isinstance(v, int | float)]
+    used = f" {max(others):.1f} cores of" if others else ""
+    return (f"  (the host was busy: other processes used{used} it while the run trained, so "
+            f"its speed says little; marked noisy, reports leave it out of speedups)")
 
 
 def cmd_replay(args: argparse.Namespace) -> int:

@@ -43,6 +43,9 @@ def register(sub) -> None:
     p.add_argument("--wait-quiet", action="store_true", help="before each cell, wait until "
                    f"other processes use at most {NOISY_CORES} cores of this host (at most "
                    f"{WAIT_MOST_S:.0f} s)")
+    p.add_argument("--include-noisy", action="store_true", help="count the runs marked noisy "
+                   "(other processes kept the host busy) in the report and in an advice's "
+                   "check, each marked (default: left out, and counted)")
     p.add_argument("--quiet", action="store_true", help="warnings and errors only")
 
     p.add_argument("--submit", choices=["slurm"], help="submit every cell as a Slurm job "
@@ -65,6 +68,9 @@ def register(sub) -> None:
                    " and check its first place against what they measure (default: none)")
     p.add_argument("--top", type=int, default=3, help="with --from-advice: how many of its "
                    "recommendations to run")
+    p.add_argument("--spread", action="store_true", help="with --from-advice: take the --top "
+                   "rows spread over the whole ranking (the first two, then evenly down to the "
+                   "last), so that the check measures the ranking, not only its head")
     p.set_defaults(func=cmd_study)
 
 
@@ -72,6 +78,8 @@ def cmd_study(args: argparse.Namespace) -> int:
     from ddlstudy.records.plan import configs, load_plan
 
     check_positive(args, "epochs", "max_steps", "top")
+    if args.spread and args.from_advice is None:
+        raise UsageError("--spread picks the rows of an advice: give it with --from-advice")
     overrides = {name: getattr(args, name) for name in ("epochs", "max_steps")
                  if getattr(args, name) is not None}
     sbatch = _sbatch(args)
@@ -79,9 +87,10 @@ def cmd_study(args: argparse.Namespace) -> int:
         raise UsageError("give a study plan (e.g. usecases/demo.toml) or --from-advice "
                          "advise.json, one of them")
     if args.from_advice is not None:
-        from ddlstudy.records.plan import advice_plan
+        from ddlstudy.records.advised import advice_plan
 
-        plan = advice_plan(args.from_advice, args.top, args.repeat, args.runs_dir)
+        plan = advice_plan(args.from_advice, args.top, args.repeat, args.runs_dir,
+                           args.spread)
     else:
         plan = load_plan(args.plan, args.repeat, args.runs_dir)
     # A bad plan or cell is refused before torch is imported.
@@ -102,7 +111,7 @@ def cmd_study(args: argparse.Namespace) -> int:
     from ddlstudy.study.matrix import study
 
     return study(plan, resume=args.resume, overrides=overrides, fmt=args.format,
-                 wait_quiet=args.wait_quiet)
+                 wait_quiet=args.wait_quiet, include_noisy=args.include_noisy)
 
 
 def _sbatch(args: argparse.Namespace):

@@ -21,7 +21,7 @@ from ddlstudy.config.paths import (
     USECASES_DIR,
 )
 from ddlstudy.config.recipe import TARGET_METRICS
-from ddlstudy.config.run import PRECISIONS, WARMUP_STEPS, Effective, RunConfig
+from ddlstudy.config.run import PRECISIONS, PROBE_SECONDS, WARMUP_STEPS, Effective, RunConfig
 from ddlstudy.config.spark import SPARK_SYNCS, spark_slots
 from ddlstudy.config.usecase import (
     Arch,
@@ -32,7 +32,8 @@ from ddlstudy.config.usecase import (
     UseCase,
 )
 
-__all__ = ["DEFAULT_DATASETS_DIR", "DEFAULT_RUNS_DIR", "HOME", "PRECISIONS", "WARMUP_STEPS",
+__all__ = ["DEFAULT_DATASETS_DIR", "DEFAULT_RUNS_DIR", "HOME", "PRECISIONS", "PROBE_SECONDS",
+           "WARMUP_STEPS",
            "REPO_ROOT", "SPARK_SYNCS", "TARGET_METRICS", "USECASES_DIR", "Arch", "BadImagePolicy",
            "DataSpec", "Effective", "ModelSpec", "RunConfig", "TrainSpec", "UseCase",
            "available_usecases", "load_usecase", "resolve_usecase_path", "spark_slots",

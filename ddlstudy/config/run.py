@@ -62,6 +62,10 @@ MAX_LOADER_WORKERS = 64
 WARMUP_STEPS = 2
 """Steps at the start of each epoch left out of its steady images/s by default (allocator
 and cache warm-up): ``--warmup-steps``."""
+PROBE_SECONDS = 3.0
+"""advise's time box: a probe's steady steps (after its warm-up) last about this long,
+whatever a step costs (on tiny an epoch's 13 steady steps take 0.3 s, on VGG16 one step
+takes seconds): a probe is its start-up, its warm-up and this (``advise --probe-seconds``)."""
 
 
 @dataclass(frozen=True)
@@ -210,6 +214,12 @@ class RunConfig(MpiOptions, SparkOptions):
                                "its steady images/s (allocator and cache warm-up; 1 where a "
                                "step takes seconds, as VGG16's on a CPU)", group=OUTPUT, type=int,
                                metavar="N", most=most("steps"), why=why("steps"))
+    steady_seconds: float | None = option(
+        None, "end each epoch once its steady steps (after the warm-up) have taken about "
+        "this many seconds, at the pace of its last warm-up step (the slowest rank's): as "
+        "many steps as a figure needs whatever a step costs (advise's probes; --max-steps "
+        "still bounds it)", group=OUTPUT, type=float, metavar="S",
+        most=most("seconds"), why=why("seconds"))
     snapshot: bool = option(True, "do not write snapshot.pt after each epoch", group=OUTPUT,
                             type=bool, negate=True)
     tensorboard: bool = option(False, "also write the metrics and resource samples as "

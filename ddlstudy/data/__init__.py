@@ -9,8 +9,19 @@ from pathlib import Path
 from ddlstudy.config import RunConfig
 from ddlstudy.data.cache import channel_stats
 from ddlstudy.data.fingerprint import SUMS_FILE, sha256_bytes
-from ddlstudy.data.folder import ImageList, scan_imagefolder, stratified_split
-from ddlstudy.data.generate import is_complete, make_dataset, refuse_another_spec
+from ddlstudy.data.folder import (
+    ImageList,
+    class_sizes,
+    scan_imagefolder,
+    stratified_split,
+    val_count,
+)
+from ddlstudy.data.generate import (
+    is_complete,
+    make_dataset,
+    per_class_counts,
+    refuse_another_spec,
+)
 from ddlstudy.errors import DataError
 from ddlstudy.files import check_folder
 from ddlstudy.reading import CAPS, read_bytes
@@ -78,6 +89,22 @@ def dataset_root(cfg: RunConfig) -> Path:
     under --datasets-dir."""
     folder = cfg.data_dir or cfg.usecase.data.dir
     return Path(folder) if folder else Path(cfg.datasets_dir) / cfg.usecase.data.name
+
+
+def planned_train_images(cfg: RunConfig) -> int | None:
+    """How many images the run will train on, known before its data is prepared (no image
+    read): a synthetic set's from its spec, a folder's from its class folders' listing,
+    split as ``stratified_split`` splits them; None where they cannot be listed (preparing
+    the data says why). Unreadable images a scan skips make a folder's fewer."""
+    uc = cfg.usecase
+    if cfg.data_dir or uc.data.dir:
+        try:
+            sizes = class_sizes(dataset_root(cfg), uc.classes or ())
+        except (OSError, DataError):
+            return None
+    else:
+        sizes = per_class_counts(uc.data.images, len(uc.classes))
+    return sum(n - val_count(n, uc.train.val_fraction) for n in sizes if n >= 2) or None
 
 
 def _same_data(cfg: RunConfig, root: Path, got: str) -> None:

@@ -202,6 +202,19 @@ def scan_imagefolder(root: Path, classes: tuple[str, ...],
                      fingerprint=fingerprint(sums), per_class=per_class)
 
 
+def class_sizes(root: Path, classes: tuple[str, ...]) -> list[int]:
+    """The image files of each class folder of ``root``, listed, not decoded (what a
+    scan finds, less the unreadable images it skips); OSError or DataError where they
+    cannot be listed."""
+    return [len(_image_files(Path(root) / name)) for name in classes]
+
+
+def val_count(n: int, val_fraction: float) -> int:
+    """How many of a class's ``n`` images validate: its share, at least one, and one
+    left to train on."""
+    return min(n - 1, max(1, round(n * val_fraction)))
+
+
 def stratified_split(items: tuple[tuple[str, int], ...], val_fraction: float, seed: int,
                      n_classes: int) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
     """Seeded per-class split: each class keeps its share in both halves."""
@@ -209,7 +222,7 @@ def stratified_split(items: tuple[tuple[str, int], ...], val_fraction: float, se
     for label in range(n_classes):
         members = [it for it in items if it[1] == label]
         order = np.random.default_rng([seed, label]).permutation(len(members))
-        n_val = min(len(members) - 1, max(1, round(len(members) * val_fraction)))
+        n_val = val_count(len(members), val_fraction)
         val += [members[i] for i in order[:n_val]]
         train += [members[i] for i in order[n_val:]]
     return sorted(train), sorted(val)

@@ -19,6 +19,7 @@ from ddlstudy.config import DataSpec
 from ddlstudy.data.fingerprint import SUMS_FILE, fingerprint, sha256_file, write_sums
 from ddlstudy.data.synthetic import CLASSES, render_image
 from ddlstudy.errors import UsageError
+from ddlstudy.files import WriteFailed, full
 from ddlstudy.progress import progress
 from ddlstudy.reading import check_regular, read_json
 
@@ -130,9 +131,14 @@ def make_dataset(spec: DataSpec, root: Path, *, shard: tuple[int, int] | None = 
             os.replace(root, old)  # the old set stays whole until the new one is in place
         os.replace(tmp, root)
         shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         if made_parent and not any(root.parent.iterdir()):
             root.parent.rmdir()
+        cause = exc.error if isinstance(exc, WriteFailed) else exc
+        if full(cause):  # a worker's too: its OSError comes back whole
+            raise UsageError(f"{root}: the disk is full ({cause.strerror}) after "
+                             f"{len(sums)} of {len(jobs)} images; nothing of the set is left "
+                             f"there: free some space, then run it again") from None
         raise
     return root

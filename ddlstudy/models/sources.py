@@ -6,6 +6,7 @@ instead (``ConfigError`` on ``--model``)."""
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import hashlib
 import importlib
@@ -13,6 +14,7 @@ import importlib.util
 import logging
 import os
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import lru_cache
@@ -20,8 +22,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import torch
 from torch import nn
 
+from ddlstudy import signals
 from ddlstudy.config import ModelSpec
 from ddlstudy.config.usecase import FACTORY, TIMM
 from ddlstudy.errors import ConfigError
@@ -64,6 +68,39 @@ def _staying(what: str) -> Iterator[None]:
             log.warning("%s changed the working directory to %s; changed back to %s", what,
                         os.getcwd(), cwd)
             os.chdir(cwd)
+
+
+BUILD_LIMIT_S = 600.0
+"""How long building a model may take where no set-up limit (a study's
+``setup_timeout_s``) is running: torchvision's largest builds in seconds here; a maker past
+this has hung (a factory that waits for ever, or that swallows every exception)."""
+
+
+def _within_limit(make: Callable[..., nn.Module], spec: ModelSpec, num_classes: int):
+    """``make(num_classes=...)`` in a thread of its own (on this thread's default device,
+    meta included), waited for until the running set-up limit (``signals.time_limit``),
+    which stops the wait even where the maker swallows every exception or ignores
+    signals, or else for ``BUILD_LIMIT_S``; a maker past it is refused (its thread is
+    left, asleep or spinning, a daemon)."""
+    device, done = torch.get_default_device(), []
+
+    def build() -> None:
+        try:
+            with torch.device(device) if device.type != "cpu" else contextlib.nullcontext():
+                done.append(make(num_classes=num_classes))
+        except BaseException as exc:  # noqa: BLE001 - raised again in the caller's thread
+            done.append(exc)
+
+    thread = threading.Thread(target=build, name=f"ddlstudy-build-{spec.arch}", daemon=True)
+    thread.start()
+    thread.join(None if signals.limited() else BUILD_LIMIT_S)
+    if not done:
+        raise ConfigError(FLAG, f"{spec.arch}(num_classes={num_classes}) has not returned "
+                          f"after {BUILD_LIMIT_S:g} s; a model's maker that takes this long "
+                          f"has hung: check it")
+    if isinstance(done[0], BaseException):
+        raise done[0]
+    return done[0]
 
 
 @lru_cache(maxsize=1)
@@ -173,7 +210,7 @@ def made(spec: ModelSpec, num_classes: int) -> nn.Module:
     make = maker(spec)
     try:
         with _staying(f"{spec.arch}(num_classes={num_classes})"):
-            model = make(num_classes=num_classes)
+            model = _within_limit(make, spec, num_classes)
     except ConfigError:
         raise
     except (Exception, SystemExit) as exc:  # someone else's code, any error (exit too)

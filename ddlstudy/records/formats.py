@@ -17,38 +17,32 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator as After
-from pydantic import BaseModel, Field, ValidationError, create_model
+from pydantic import Field, ValidationError, create_model
 
 from ddlstudy.config.run import options
-from ddlstudy.config.schema import RECORDED, field_rows, finite
+from ddlstudy.config.schema import field_rows, finite
 from ddlstudy.config.schema import problem as schema_problem
 from ddlstudy.machine import sampler
 from ddlstudy.reading import CAPS, BadFile, read_json
+from ddlstudy.records.advice import Advice, AdviceCheck
+from ddlstudy.records.kinds import (
+    Bytes,
+    Count,
+    Fraction,
+    Loss,
+    Name,
+    Pid,
+    Positive,
+    Rate,
+    Seconds,
+    Sha256,
+    Text,
+)
+from ddlstudy.records.kinds import Record as _Record
 
 SCHEMA_VERSION = 1
 """The manifest's format version this ddlstudy writes and reads (runfolder.SCHEMA_VERSION
 is the same; a test holds them equal): a newer one is refused, not misread."""
-NAME = r"[A-Za-z0-9][A-Za-z0-9._+-]*"
-"""A run id, study name or cell id: the name of a folder, never a path."""
-
-
-Count = Annotated[int, Field(ge=0, le=10**12)]
-Positive = Annotated[int, Field(ge=1, le=10**9)]
-Seconds = Annotated[float, Field(ge=0), After(finite)]
-Rate = Annotated[float, Field(gt=0), After(finite)]
-Ratio = Annotated[float, Field(ge=0), After(finite)]
-Fraction = Annotated[float, Field(ge=0, le=1)]
-Loss = float  # a diverged run records nan: still a run
-Name = Annotated[str, Field(pattern=rf"^{NAME}$", max_length=255)]  # Rust regex: $ is the end
-Text = Annotated[str, Field(min_length=1, max_length=4096)]
-Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
-Pid = Annotated[int, Field(ge=1, lt=2**31)]
-
-
-class _Record(BaseModel):
-    model_config = RECORDED
-
-
 class Epoch(_Record):
     """One finished epoch."""
     epoch: Positive
@@ -120,7 +114,6 @@ StagesTime = create_model(  # strategies.pipeline.stage_times; older runs have n
         str | None, None), replicas_transport=(str | None, None))
 
 
-Bytes = Annotated[int, Field(ge=0, le=2**60)]
 RankMemory = create_model(  # held_bytes: its own tensors' (a sharded strategy's shards)
     "RankMemory", __base__=_Record, __doc__="A process's memory while training.",
     rank=(Count, ...), host=(str, ...), peak_rss_bytes=(Bytes, ...), peak_method=(str, ...),
@@ -307,52 +300,8 @@ class Study(_Record):
     cells: list[Cell]
 
 
-class Recommendation(_Record):
-    flags: dict[str, Any]
-    """Its ``ddlstudy run`` flags (``command``: the command line)."""
-    runnable: bool = True
-    """False: predicted for ``--link``'s machines, not runnable here."""
-    images_per_s: Ratio | None = None
-    """Predicted (or probed) training images per second, the fastest of its probes'."""
-    speedup: Ratio | None = None
-    """Its images/s / the sequential baseline probe's."""
-    scaling_efficiency: Ratio | None = None
-    """Its images/s / (its nodes x the fastest one-node probe's images/s): 1.0 when N nodes
-    train N times as fast as the best one. Not the report's ``efficiency`` (its tables' and
-    runs.csv's: speedup / the cores kept busy). Older advise.json files call it efficiency."""
-
-
-class Origin(_Record):
-    """Where what advise trained came from, as a run's manifest records it: ``study
-    --from-advice`` trains it again from any folder."""
-    usecase: str | None = None
-    """The use case as given: a name, or its file as an absolute path (null: --data-dir's
-    folder alone)."""
-    file: str | None = None
-    """The use case's file, absolute (null: a shipped use case has none)."""
-    data_dir: str | None = None
-    """--data-dir, absolute."""
-    model: str | None = None
-    """--model, a file's path made absolute (FILE.py:FUNC)."""
-    datasets_dir: str | None = None
-    """--datasets-dir."""
-
-
-class Advice(_Record):
-    """advise.json: the ranked configurations of ``ddlstudy advise``."""
-    usecase: str
-    """The use case's name."""
-    origin: Origin | None = None
-    """Where its use case, data and model came from (older files have none)."""
-    ranking: list[Recommendation]
-    """Best first: ``list`` ``same convergence`` before ``changes convergence``."""
-    probe_settings: dict[str, Any] | None = None
-    """The ``ddlstudy run`` flags every probe had (its data flags: ``study --from-advice``
-    trains those)."""
-
-
 FORMATS: dict[str, type[_Record]] = {"manifest.json": Manifest, "study.json": Study,
-                                     "advise.json": Advice}
+                                     "advise.json": Advice, "advice-check.json": AdviceCheck}
 
 
 def problem(error: ValidationError) -> str:

@@ -14,8 +14,9 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, PlainValidator, TypeAdapter, ValidationError, create_model
 
 from ddlstudy.config import DEFAULT_RUNS_DIR, HOME, USECASES_DIR, RunConfig
+from ddlstudy.config.fields import NODES, SPARK
 from ddlstudy.config.limits import most, size_bytes, why
-from ddlstudy.config.loading import is_usecase_path, load_usecase
+from ddlstudy.config.loading import is_usecase_path
 from ddlstudy.config.options import (
     cell_keys,
     config_from_args,
@@ -29,7 +30,6 @@ from ddlstudy.config.schema import WRITTEN, Finite, dotted, problem, validate
 from ddlstudy.config.usecase import PLAIN_NAME
 from ddlstudy.errors import ConfigError, UsageError
 from ddlstudy.reading import read_toml
-from ddlstudy.records.formats import Advice, load
 
 CELL_KEYS = cell_keys()
 SETUP_TIMEOUT_S = 600.0
@@ -303,6 +303,25 @@ def cell_config(usecase: str | None, flags: dict[str, Any], runs_dir: Path) -> R
     return config_from_args(run_parser().parse_args(run_flags(usecase, flags, runs_dir)))
 
 
+NOT_THE_BASELINE = frozenset(
+    {f.name for f in dataclasses.fields(RunConfig)
+     if f.metadata.get("group") in (NODES, SPARK)}
+    | {"scaling", "lr_scaling", "workers", "stages", "micro_batches", "schedule",
+       "stage_starts", "reshard_after_forward", "shared_buffers", "tensor", "replicas",
+       "devices"})
+"""Settings a study's added baseline does not take from the plan: where and how the cells
+are distributed and laid out. The baseline is the local sequential run, whatever the
+cells' backend (a memory plan's MPI settings gave it an MPI baseline, and every speedup
+was '-')."""
+
+
+def baseline(settings: dict[str, Any]) -> dict[str, Any]:
+    """The cell of the sequential baseline a study adds: the plan's ``settings`` of what is
+    trained and for how long, on one local process."""
+    return {k: v for k, v in settings.items() if k not in NOT_THE_BASELINE} | {
+        "strategy": "sequential"}
+
+
 def configs(plan: Plan, overrides: dict[str, Any]) -> list[tuple[str, dict, RunConfig]]:
     """Every cell of every use case (the baseline first where the plan lacks it) with its
     config, checked as ``ddlstudy run`` checks its flags (still without torch): a bad value
@@ -313,7 +332,7 @@ def configs(plan: Plan, overrides: dict[str, Any]) -> list[tuple[str, dict, RunC
         cells = [settings | c | overrides for c in plan.cells]
         if not any(c.get("strategy") == "sequential" and c.get("backend", "local") == "local"
                    and not set(c) - {"strategy", "backend", "nodes"} for c in plan.cells):
-            cells.insert(0, settings | {"strategy": "sequential"} | overrides)
+            cells.insert(0, baseline(settings | overrides))
         specs += [(uc, c) for c in cells]
     out = []
     for uc, flags in specs:
@@ -323,69 +342,3 @@ def configs(plan: Plan, overrides: dict[str, Any]) -> list[tuple[str, dict, RunC
             raise UsageError(f"{plan.path}, use case {uc}, cell {flags}: {exc}") from None
         out.append((uc, flags, cfg))
     return out
-
-
-def load_advice(path: Path) -> dict[str, Any]:
-    """An advise.json, checked enough to build a study from (UsageError if not one)."""
-    if not Path(path).exists():
-        raise UsageError(f"{path} does not exist; write one with `ddlstudy advise --usecase "
-                         "U --out DIR`")
-    return load(path, Advice, "advise.json")
-
-
-ADVICE_DATA = ("data_dir", "model", "datasets_dir")
-"""The probe settings of an advise.json that say what it trained: its study trains that."""
-
-
-def _usecase_name(path: Path, usecase: str) -> str:
-    """The name of the use case an advise.json names by its file (written there by hand)."""
-    try:
-        return load_usecase(usecase).name
-    except UsageError as exc:
-        raise UsageError(f"{path}: usecase {exc}") from None
-
-
-def _advised(path: Path, advice: dict[str, Any]) -> str:
-    """The use case an advise.json trained, as ``ddlstudy run --usecase`` takes it: its
-    ``origin`` (a name, or a file's absolute path), else its ``usecase``."""
-    origin = advice.get("origin") or {}
-    if not isinstance(origin, dict):
-        raise UsageError(f"{path}: origin: must be a JSON object (where the advice's use case, "
-                         "data and model came from)")
-    usecase = origin.get("usecase", advice["usecase"])
-    if usecase is None:
-        raise UsageError(f"{path} advises on --data-dir's folder alone, not a use case; write "
-                         "one with `ddlstudy usecase new --data-dir DIR` and advise on it")
-    if not isinstance(usecase, str) or not usecase.strip():
-        raise UsageError(f"{path}: origin.usecase: must be a use case's name or file, got "
-                         f"{usecase!r}")
-    return usecase
-
-
-def advice_plan(path: Path, top: int, repeat: int | None = None,
-                runs_dir: Path | None = None) -> Plan:
-    """A study of the ``top`` runnable recommendations of an advise.json (the baseline is
-    added as in every study), into ``<its folder>/confirm`` unless ``runs_dir`` says."""
-    advice = load_advice(path)
-    rows = [r for r in advice["ranking"] if r.get("runnable", True)][:top]
-    if not rows:
-        why = f" (it predicts for a {advice['link']} link between other machines)" \
-            if advice["ranking"] and advice.get("link") else ""
-        raise UsageError(f"{path} has no recommendation that can run here{why}; run "
-                         f"`ddlstudy advise` again")
-    usecase = _advised(path, advice)
-    settings = {k: v for k, v in (advice.get("probe_settings") or {}).items()
-                if k in ADVICE_DATA}
-    try:  # checked as a plan's cells are: an advise.json is a file anyone can edit
-        _checked(_cell(True), settings, "probe_settings", CELL_KEYS - {"strategy"})
-        _check_cells({}, [r["flags"] for r in rows], "ranking")
-    except ConfigError as exc:
-        raise UsageError(f"{path}: {exc}") from None
-    repeat = _checked_repeat(repeat if repeat is not None else DEFAULT_REPEAT)
-    name = advice["usecase"] if PLAIN_NAME.fullmatch(advice["usecase"]) else \
-        _usecase_name(path, advice["usecase"])
-    return Plan(name=f"advice-{name}", path=Path(path),
-                usecases=[usecase], cells=[r["flags"] for r in rows],
-                repeat=repeat, runs_dir=runs_dir or Path(path).parent / "confirm",
-                description=f"the top {len(rows)} recommendations of {path}",
-                settings=settings)

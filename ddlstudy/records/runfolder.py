@@ -13,8 +13,7 @@ import datetime as dt
 import io
 import logging
 import os
-import re
-import secrets
+import shutil
 import socket
 from pathlib import Path
 from typing import Any
@@ -22,9 +21,14 @@ from typing import Any
 import psutil
 
 from ddlstudy.errors import UsageError
-from ddlstudy.files import atomic_write, atomic_write_json, atomic_write_text
+from ddlstudy.files import WriteFailed, atomic_write, atomic_write_json, atomic_write_text
 from ddlstudy.machine.sampler import TREE_ROOT_ENV, read_samples, samples_frame, write_rows
 from ddlstudy.reading import read_json, read_text
+from ddlstudy.records.runid import CHILD_ENV as CHILD_ENV  # where others read them
+from ddlstudy.records.runid import CLAIM, claimed_for_this, refuse_taken
+from ddlstudy.records.runid import RUN_ID_ENV as RUN_ID_ENV
+from ddlstudy.records.runid import checked_run_id as checked_run_id
+from ddlstudy.records.runid import new_run_id as new_run_id
 from ddlstudy.watchers import tell
 
 log = logging.getLogger("ddlstudy")
@@ -40,17 +44,12 @@ STEP_COLUMNS = ("global_step", "epoch", "step", "train_loss", "images", "seconds
 SAMPLES = "samples.parquet"
 SNAPSHOT = "snapshot.pt"
 SCHEMA_VERSION = 1
-_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
-RUN_ID_ENV = "DDLSTUDY_RUN_ID"
-"""The run id a launcher (ddlstudy's mpiexec, a study) gives the run folder it starts."""
-CHILD_ENV = "DDLSTUDY_MPI_CHILD"
-"""Set in the ranks of ddlstudy's own mpiexec (they join its world instead of launching)."""
 
 
 GIB = 2**30
 MEMORY = {"peak_process_bytes": "peak resident memory of its largest process",
-          "peak_node_bytes": "peak resident memory of its largest node (its processes' peaks "
-                             "summed, the shared memory among them counted once)",
+          "peak_node_bytes": "peak memory of its largest node: what the node's memory is held "
+                             "to (node_bytes)",
           "held_parameters_bytes": "parameters rank 0 holds",
           "held_gradients_bytes": "gradients rank 0 holds",
           "held_optimizer_state_bytes": "optimizer state rank 0 holds"}
@@ -60,18 +59,68 @@ MEMORY = {"peak_process_bytes": "peak resident memory of its largest process",
 def memory_of(manifest: dict[str, Any]) -> dict[str, int | None]:
     """The ``MEMORY`` figures of a run from its manifest's ``backend.memory`` (None each
     where it recorded none: a run from before memory was recorded, or a damaged block)."""
-    memory = (manifest.get("backend") or {}).get("memory")
+    backend = manifest.get("backend") or {}
+    memory = backend.get("memory")
     memory = memory if isinstance(memory, dict) else {}
-    hosts = memory.get("per_host_bytes")
     ranks = [r for r in memory.get("per_rank") or [] if isinstance(r, dict)]
     held = next((r.get("held_bytes") for r in ranks if r.get("rank") == 0), None)
     held = held if isinstance(held, dict) else {}
-    nodes = [v for v in hosts.values() if _size(v) is not None] \
-        if isinstance(hosts, dict) else []
+    nodes = backend.get("nodes")
     return {"peak_process_bytes": _size(memory.get("peak_rss_bytes")),
-            "peak_node_bytes": max(nodes, default=None),
+            "peak_node_bytes": node_bytes(memory, nodes if isinstance(nodes, int) else 1),
             **{f"held_{k}_bytes": _size(held.get(k))
                for k in ("parameters", "gradients", "optimizer_state")}}
+
+
+def node_bytes(memory: dict[str, Any], nodes: int = 1) -> int | None:
+    """A run's peak memory a node, from its manifest's ``backend.memory``: the one figure
+    of a node's memory that advise predicts, --memory holds configurations to and the
+    report shows. It is what the node's memory is held to: on a host of a given size
+    (``hosts up --memory``), the peak its memory cgroup was charged; elsewhere its
+    processes' peaks summed, less the files' pages each maps (the libraries, shared by
+    every process of the machine: a cgroup does not charge a node for pages already
+    cached), the shared memory among them counted once (``node_share``). ``nodes`` MPI
+    nodes sharing a host (one hostname) divide its figure. The largest host's; None where
+    none was recorded. Measured on tiny, 2 emulated hosts: charged 497 MB against 515 MB
+    so summed for a sequential node, 958 against 985 MB for 2 processes."""
+    hosts = _host_bytes(memory)
+    if not hosts:
+        return None
+    on_one = max(1, -(-nodes // len(hosts)))
+    return round(max(hosts.values()) / on_one)
+
+
+def _host_bytes(memory: dict[str, Any]) -> dict[str, int]:
+    """Each host's figure for ``node_bytes``: its cgroup's charge where recorded, else its
+    processes' (the recorded sum for runs that did not record the files' pages)."""
+    charged = {h: v.get("peak_charged_bytes") for h, v in (memory.get("hosts") or {}).items()
+               if isinstance(v, dict)}
+    if charged and all(_size(v) for v in charged.values()):
+        return charged
+    ranks = [r for r in memory.get("per_rank") or [] if isinstance(r, dict)]
+    if ranks and all(_size(r.get(k)) is not None for r in ranks
+                     for k in ("peak_rss_bytes", "setup_file_bytes")):
+        out: dict[str, int] = {}
+        for r in ranks:
+            mine = max(node_share(r) - r["setup_file_bytes"], 0)
+            out[str(r.get("host"))] = out.get(str(r.get("host")), 0) + mine
+        return out
+    hosts = memory.get("per_host_bytes")
+    return {h: v for h, v in hosts.items() if _size(v) is not None} \
+        if isinstance(hosts, dict) else {}
+
+
+def node_share(row: dict) -> int:
+    """What a process's peak adds to its node's: the peak, its shared memory counted by its
+    proportional share (a page mapped by k processes is in each one's peak, and the node's
+    memory holds it once); the peak alone where the share was not recorded. The shared
+    pages are as at the end of training: the buffers stay mapped, and are touched, from the
+    first step on."""
+    peak, shared, share = (row.get(k) for k in ("peak_rss_bytes", "shmem_bytes",
+                                                "shmem_pss_bytes"))
+    if shared is None or share is None:
+        return peak
+    return max(peak - shared, 0) + share
 
 
 def _size(value: Any) -> int | None:
@@ -131,32 +180,6 @@ def now_iso() -> str:
     return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")
 
 
-def new_run_id(usecase: str, strategy: str, backend: str = "local") -> str:
-    """A new run's id: when, the use case, the backend (but local) and the strategy."""
-    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    what = strategy if backend == "local" else f"{backend}-{strategy}"
-    return f"{stamp}-{usecase}-{what}-{secrets.token_hex(2)}"
-
-
-def checked_run_id(run_id: str, runs_dir: Path | None = None) -> str:
-    """``run_id`` if it is a plain folder name (a DDLSTUDY_RUN_ID could hold a path) and,
-    given ``runs_dir``, names no run there yet: checked before anything is prepared or
-    written."""
-    if not _RUN_ID.fullmatch(run_id):
-        given = f" (check {RUN_ID_ENV})" if os.environ.get(RUN_ID_ENV) == run_id else ""
-        raise UsageError(f"run id {run_id!r} is not a plain folder name; the run folder "
-                         f"must stay inside the runs folder{given}")
-    where = Path(runs_dir) / run_id if runs_dir is not None else None
-    if where is not None and (where.exists() or where.is_symlink()):
-        _taken(where)
-    return run_id
-
-
-def _taken(where: Path) -> None:
-    raise UsageError(f"{where} already exists; a new run needs a run id of its own "
-                     f"(unset {RUN_ID_ENV}, or --resume that run)")
-
-
 class RunFolder:
     """One run's folder; ``manifest`` is the dict written to manifest.json."""
 
@@ -171,16 +194,19 @@ class RunFolder:
         try:
             path.mkdir()  # the claim: of two runs given one id, the second is refused here
         except FileExistsError:
-            _taken(path)
+            if not claimed_for_this(path):  # not claimed by our launcher for us
+                refuse_taken(path)
+            (path / f"{CLAIM}{os.environ[TREE_ROOT_ENV]}").unlink()
         folder = cls(path, {"schema": SCHEMA_VERSION, "id": run_id, "status": "running",
                             "started_at": now_iso(), "ended_at": None, "exit_code": None,
                             "error": None, **manifest, "epochs": []})
-        tell(folder.manifest, lambda w: w.opened(folder.manifest, path))  # --mlflow's run
-        try:
+        try:  # written first: a run killed while a watcher opens is still a run
             folder.write_manifest()
         except BaseException:  # a full disk: no folder without its manifest is left
             path.rmdir()
             raise
+        tell(folder.manifest, "opened", path)  # --mlflow's run
+        folder.write_manifest()  # with what the watchers noted
         return folder
 
     @classmethod
@@ -202,7 +228,7 @@ class RunFolder:
         done.append(result | {"elapsed_s": before + result["epoch_time_s"]})
         self._write_metrics()
         self.write_manifest()
-        tell(self.manifest, lambda w: w.epoch(self.manifest, done[-1]))  # --mlflow: logged
+        tell(self.manifest, "epoch", done[-1])  # --mlflow: logged
 
     def record_steps(self, steps: list[tuple[int, int, float, int, float]]) -> None:
         """Append rank 0's steps of an epoch to steps.csv: (epoch, step, mean loss, images,
@@ -329,9 +355,26 @@ class RunFolder:
         for key, value in (written.get("backend") or {}).items():
             mine.setdefault(key, value)
 
+    def unrecorded(self, exc: WriteFailed) -> UsageError:
+        """What to say of a run whose end a full disk kept from being written (``exc``).
+        Its folder is removed where it holds nothing (no epoch in the manifest written,
+        no snapshot): a run recorded as running with no epoch is no record; else it is
+        kept as last written, which reads as interrupted and resumes from its snapshot."""
+        try:
+            kept = bool(read_json(self.path / MANIFEST, "run manifest").get("epochs"))
+        except (UsageError, AttributeError):
+            kept = False
+        if not kept and not (self.path / SNAPSHOT).is_file():
+            shutil.rmtree(self.path, ignore_errors=True)
+            return UsageError(f"{exc}; run {self.path.name} had recorded nothing, and its "
+                              "folder is removed")
+        then = f"`ddlstudy run --resume {self.path}`" if (self.path / SNAPSHOT).is_file() \
+            else "its epochs so far are kept (it reads as interrupted)"
+        return UsageError(f"{exc}; run {self.path.name}: {then}")
+
     def finish(self, status: str, exit_code: int, error: str | None = None,
                **extra: Any) -> None:
         self.manifest.update(status=status, exit_code=exit_code, error=error,
                              ended_at=now_iso(), **extra)
-        tell(self.manifest, lambda w: w.closed(self.manifest))  # --mlflow: its status there
+        tell(self.manifest, "closed")  # --mlflow: its status there
         self.write_manifest()

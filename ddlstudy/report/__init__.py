@@ -1,5 +1,6 @@
 """A folder of runs as tables (``tables``: speedups against the sequential baseline, the
-paper's Tables 1-3) and seaborn figures (``figures``); ``Report.write`` writes both."""
+paper's Tables 1-3), seaborn figures (``figures``) and one page that holds them all
+(``page``: index.html, the answer first); ``Report.write`` writes them."""
 
 from __future__ import annotations
 
@@ -7,10 +8,11 @@ import functools
 from pathlib import Path
 
 from ddlstudy.files import atomic_write_text
-from ddlstudy.report import tables
+from ddlstudy.report import advice, summary, tables
 from ddlstudy.report.figures import make_figures
 from ddlstudy.report.findings import Finding, findings, findings_notes, render_findings
 from ddlstudy.report.formats import FORMATS, render, to_latex, to_markdown
+from ddlstudy.report.page import PAGE, write_page
 from ddlstudy.report.runs import (
     BASELINE,
     STUDY_FILE,
@@ -41,16 +43,23 @@ class Report(tables.Report):
         return text if fmt != "markdown" else f"{text}\n\n{self.findings_text()}"
 
     def write(self, out: Path, fmt: str = "markdown", figures: bool = True) -> list[Path]:
-        """Tables in ``fmt`` (plus the tidy runs.csv), findings.md and, with ``figures``,
-        the figures."""
+        """Tables in ``fmt`` (speedup.md: the short summary, opened by the advice check's
+        where the study checked one; speedup.csv and runs.csv: every column),
+        findings.md, with ``figures`` the figures, and last the page, index.html, which
+        holds all of them."""
+        out = Path(out)
         paths = self.write_tables(out, fmt)
-        paths.append(Path(out) / "findings.md")
+        if fmt == "markdown":
+            check = advice.read_check(out)
+            paths.append(out / "speedup.md")
+            atomic_write_text(paths[-1], summary.markdown(
+                self, advice.summary_lines(check) if check else []))
+        paths.append(out / "findings.md")
         atomic_write_text(paths[-1], self.findings_text() + "\n")
-        if figures:
-            paths += make_figures(self, Path(out) / "figures")
-        return paths
+        drawn = make_figures(self, out / "figures") if figures else []
+        return [*paths, *drawn, write_page(self, out, drawn, self.findings)]
 
 
-__all__ = ["BASELINE", "FORMATS", "STUDY_FILE", "Finding", "Report", "config_label",
+__all__ = ["BASELINE", "FORMATS", "PAGE", "STUDY_FILE", "Finding", "Report", "config_label",
            "cores_used", "findings", "load_runs", "make_figures", "paper_tables", "render",
            "runs_frame", "speedup_table", "to_latex", "to_markdown"]

@@ -9,9 +9,11 @@
   with the 95 % interval the table prints as a whisker (a configuration with noisy runs
   only is named "(noisy)");
 - ``scaling``: speedup against the node count, with the ideal line;
-- ``accuracy``: validation accuracy against training wall time;
-- ``memory``: per use case, images/s against the peak memory per node, with both
-  intervals, the configurations no other beats on both (the front) joined;
+- ``accuracy``: validation accuracy (or the metric the use case's target is of) against
+  training wall time;
+- ``memory``: per use case, images/s against the peak memory of a node, with both
+  intervals, the configurations no other beats on both (the front) joined, those killed
+  for memory and the hosts' limits (``report.memory``);
 - ``timeline-<run>``: for every pipeline run that recorded its stages' time, its schedule
   (``report.timeline``: one row per stage, each micro-batch's forward and backward a box);
 - ``confusion-<run>``: for every run, its last validation's confusion matrix
@@ -27,20 +29,25 @@ configurations that measure alike draw one line over the other).
 from __future__ import annotations
 
 import logging
-import re
 from pathlib import Path
 
 import pandas as pd
 import seaborn as sns
 from matplotlib.figure import Figure
 
+from ddlstudy.config.recipe import TARGET_METRICS
 from ddlstudy.errors import UsageError
 from ddlstudy.files import atomic_write
 from ddlstudy.machine.sampler import IDENTITY, read_samples
 from ddlstudy.records.runfolder import SAMPLES
 from ddlstudy.report.confusion import plot_confusion
+from ddlstudy.report.formats import interval_bounds
+from ddlstudy.report.legend import one_legend
+from ddlstudy.report.memory import front as front
+from ddlstudy.report.memory import plot_memory
+from ddlstudy.report.paper import only_main
 from ddlstudy.report.runs import LOCAL
-from ddlstudy.report.tables import Report, only_main
+from ddlstudy.report.tables import Report
 from ddlstudy.report.timeline import plot_timeline
 
 log = logging.getLogger("ddlstudy")
@@ -129,28 +136,8 @@ def _timelines(s: pd.DataFrame, panels: list[tuple[str, str]], style: str | None
             ax.set_xlabel("")
         axes[0][j].set_title(f"{title}: {value}" if facet else title)
         axes[-1][j].set_xlabel("time since the run started (s)")
-    _one_legend(fig)
+    one_legend(fig)
     return fig
-
-
-LEGEND = {"loc": "outside right upper", "fontsize": 8}
-"""Where a figure's one legend goes: right of its panels, over none of their data."""
-
-
-def _one_legend(fig: Figure) -> None:
-    """The entries of every panel's legend (and labelled artists) in one legend of the
-    figure, outside the panels: a legend inside an axes covers what is drawn under it, and
-    panels that share their series need them once. An entry is its label's first handle."""
-    entries: dict = {}
-    title = ""
-    for ax in fig.axes:
-        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
-            entries.setdefault(label, handle)
-        if ax.get_legend():
-            title = title or ax.get_legend().get_title().get_text()
-            ax.get_legend().remove()
-    if entries:
-        fig.legend(list(entries.values()), list(entries), title=title or None, **LEGEND)
 
 
 def _room_for_labels(ax, ends: list[float]) -> None:
@@ -209,19 +196,12 @@ def plot_exchange(report: Report) -> Figure | None:
     for bars in ax.containers:
         ax.bar_label(bars, fmt="%.0f", fontsize=8, padding=2)
     _room_for_labels(ax, list(p.ms))
-    _one_legend(fig)
+    one_legend(fig)
     ax.set_xlabel("milliseconds a step (mean over the run)")
     ax.set_ylabel("")
     # The figure's title, not the axes': one wider than them would run under the legend.
     fig.suptitle("Where an MPI rank's step goes: compute, and the exchange (waits included)")
     return fig
-
-
-def interval_bounds(text: str) -> tuple[float, float] | None:
-    """The 95 % interval as the table prints it ('1.42-1.61', maybe followed by
-    '(includes 1)') in numbers, None where it has none: the whiskers show what it says."""
-    found = re.match(r"\s*(\d+(?:\.\d+)?)-(\d+(?:\.\d+)?)", text or "")
-    return (float(found[1]), float(found[2])) if found else None
 
 
 def plot_speedup(report: Report) -> Figure | None:
@@ -245,7 +225,7 @@ def plot_speedup(report: Report) -> Figure | None:
             ends.append(_whisker_and_value(ax, bar, bounds.get((config, usecase))))
     _room_for_labels(ax, ends)
     ax.axvline(1.0, color="grey", linestyle="--", linewidth=1)
-    _one_legend(fig)
+    one_legend(fig)
     ax.set_xlabel("speedup against the sequential baseline (x, images/s ratio)")
     ax.set_ylabel("")
     fig.suptitle("Speedup per configuration (dashed: the baseline; whiskers: 95 % interval)")
@@ -290,18 +270,20 @@ def plot_scaling(report: Report) -> Figure | None:
     ax.set_xlabel("nodes")
     ax.set_ylabel("speedup against sequential (x)")
     fig.suptitle("Scaling with the node count")
-    _one_legend(fig)
+    one_legend(fig)
     return fig
 
 
 def plot_accuracy(report: Report) -> Figure | None:
+    """Per use case, the validation figure its target is of (accuracy, or the metric its
+    use case chose: ``target_metric``) against wall time, the target a dashed line."""
     rows = []
     for r in _first_completed(report.runs).itertuples(index=False):
-        wall = 0.0
+        wall, key = 0.0, TARGET_METRICS[report.metrics.get(r.usecase, "accuracy")]
         for e in report.by_id.get(r.run, {}).get("epochs", []):
             wall = e.get("elapsed_s", wall + e["epoch_time_s"])
             rows.append({"usecase": r.usecase, "config": r.config, "wall": wall,
-                         "accuracy": e["val_accuracy"]})
+                         "value": e.get(key)})
     if not rows:
         return None
     a = pd.DataFrame(rows)
@@ -309,60 +291,19 @@ def plot_accuracy(report: Report) -> Figure | None:
     fig = Figure(figsize=(7 * len(usecases) + 3, 5), layout="constrained")
     axes = fig.subplots(1, len(usecases), squeeze=False)
     for ax, uc in zip(axes[0], usecases, strict=True):
-        sns.lineplot(data=a[a.usecase == uc], x="wall", y="accuracy", hue="config",
+        metric = report.metrics.get(uc, "accuracy")
+        sns.lineplot(data=a[a.usecase == uc], x="wall", y="value", hue="config",
                      style="config", hue_order=configs, style_order=configs, markers=True,
                      ax=ax)
         targets = set(report.runs[report.runs.usecase == uc].target.dropna())
-        if len(targets) == 1:  # the time to accuracy is read where a line first crosses it
+        if len(targets) == 1:  # the time to target is read where a line first crosses it
             ax.axhline(targets.pop(), color="grey", linestyle="--", linewidth=1,
-                       label="target accuracy")
-        ax.set_title(f"{uc}: validation accuracy against wall time")
+                       label=f"target {metric}")
+        ax.set_title(f"{uc}: validation {metric} against wall time")
         ax.set_xlabel("training + validation time (s)")
-        ax.set_ylabel("validation accuracy")
+        ax.set_ylabel(f"validation {metric}")
         ax.set_ylim(0, 1)
-    _one_legend(fig)
-    return fig
-
-
-def front(points: list[tuple[float, float]]) -> list[bool]:
-    """Which (images/s, GiB) points no other beats on both: as fast or faster and as small
-    or smaller, and better on one of them."""
-    return [not any(o[0] >= p[0] and o[1] <= p[1] and o != p for o in points)
-            for p in points]
-
-
-MARKERS = "osD^vP*Xph<>"
-
-
-def plot_memory(report: Report) -> Figure | None:
-    """Per use case, images/s against the peak memory per node, a point a configuration
-    (whiskers: the table's 95 % interval of images/s and the least-most peak over its
-    repeats), the front of those no other beats on both joined by a dashed line."""
-    t = only_main(report.table).dropna(subset=["images_per_s", "peak_node_gib"])
-    if t.empty:
-        return None
-    usecases, configs = list(dict.fromkeys(t.usecase)), list(dict.fromkeys(t.config))
-    fig = Figure(figsize=(7 * len(usecases) + 3, 5), layout="constrained")
-    colours = dict(zip(configs, sns.color_palette(n_colors=len(configs)), strict=True))
-    for ax, uc in zip(fig.subplots(1, len(usecases), squeeze=False)[0], usecases,
-                      strict=True):
-        part = t[t.usecase == uc]
-        for r in part.itertuples(index=False):
-            low, high = interval_bounds(r.images_per_s_95) or (r.images_per_s,) * 2
-            i = configs.index(r.config)
-            ax.errorbar(r.peak_node_gib, r.images_per_s, fmt=MARKERS[i % len(MARKERS)],
-                        xerr=[[r.peak_node_gib - r.peak_node_gib_min],
-                              [r.peak_node_gib_max - r.peak_node_gib]],
-                        yerr=[[max(r.images_per_s - low, 0)], [max(high - r.images_per_s, 0)]],
-                        color=colours[r.config], capsize=3, markersize=7, label=r.config)
-        best = part[front(list(zip(part.images_per_s, part.peak_node_gib, strict=True)))]
-        best = best.sort_values("peak_node_gib")
-        ax.plot(best.peak_node_gib, best.images_per_s, color="grey", linestyle="--",
-                linewidth=1, zorder=0, label="front: none faster and smaller")
-        ax.set_title(f"{uc}: speed against memory")
-        ax.set_xlabel("peak resident memory per node (GiB)")
-        ax.set_ylabel("images/s")
-    _one_legend(fig)
+    one_legend(fig)
     return fig
 
 

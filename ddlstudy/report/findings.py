@@ -124,8 +124,7 @@ def _projection(best: Best, uc: str, claimed, other, hardware: Hardware) -> str:
     """A comparison on ``uc`` projected onto ``hardware``: each side's best projected."""
     speeds = best.speeds(uc)
     if speeds is None:
-        return (f"{uc}: not projected: it needs the sequential baseline and a cpu-intraop run "
-                "(how a process's speed grows with its threads)")
+        return f"{uc}: not projected: {best.why_no_speeds(uc)}"
     a, b = best.projected(uc, claimed, speeds, hardware), \
         best.projected(uc, other, speeds, hardware)
     if a is None or b is None:
@@ -234,9 +233,11 @@ def _gains(report: Report, best: Best, usecases: list[str]) -> Finding:
     missing = [uc for uc, s in sides.items() if s is None]
     if missing:
         have = ", ".join(usecases) or "none"
+        noisy = [f"{uc}: {best.missing(uc, lambda t: is_baseline(t) | parallel(t), 'run')}"
+                 for uc in missing if uc in set(best.noisy.usecase)]
         finding.lines.append(f"needs a baseline and a local CPU parallel run of both "
                              f"{' and '.join(PAPER_USECASES)}; missing: {', '.join(missing)} "
-                             f"(this folder has: {have})")
+                             f"(this folder has: {have})" + "".join(f"; {n}" for n in noisy))
         return finding
     big, small = sides["simple-big"], sides["complex-small"]
     bases = [best(uc, is_baseline).spread for uc in ("simple-big", "complex-small")]
@@ -276,8 +277,8 @@ def _gains_projected(best: Best, parallel, hardware: Hardware) -> str:
         speeds = best.speeds(uc)
         side = speeds and best.projected(uc, parallel, speeds, hardware)
         if not side:
-            return ("not projected: both use cases need the sequential baseline and a "
-                    "cpu-intraop run (how a process's speed grows with its threads)")
+            why = best.why_no_speeds(uc) if speeds is None else "no run to project"
+            return f"not projected: {uc}: {why}"
         gains[uc] = (side[0], side[1] / speeds.r1)
     (big, g_big), (small, g_small) = gains["simple-big"], gains["complex-small"]
     return (f"{'confirmed' if g_big > g_small else 'refuted'}: simple-big's best, {big}, "

@@ -4,6 +4,7 @@ characters)."""
 
 from __future__ import annotations
 
+import re
 import textwrap
 
 import pandas as pd
@@ -111,3 +112,10 @@ def render(frame: pd.DataFrame, fmt: str, caption: str = "") -> str:
     if fmt == "latex":
         return to_latex(frame, caption)
     return (f"**{caption}**\n\n" if caption else "") + to_markdown(frame)
+
+
+def interval_bounds(text: str) -> tuple[float, float] | None:
+    """The 95 % interval as the table prints it ('1.42-1.61', maybe followed by
+    '(includes 1)') in numbers, None where it has none: the whiskers show what it says."""
+    found = re.match(r"\s*(\d+(?:\.\d+)?)-(\d+(?:\.\d+)?)", text or "")
+    return (float(found[1]), float(found[2])) if found else None

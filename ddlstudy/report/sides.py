@@ -4,6 +4,7 @@ hardware (``Best.projected``, with ``report.projection``'s model)."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import pandas as pd
@@ -87,6 +88,28 @@ class Best:
         r1 = float(base.images_per_s.iloc[0])  # threads beyond the cores add none
         return Speeds(r1, serial_share(min(threads, cores), float(row.images_per_s) / r1))
 
+    def why_no_speeds(self, usecase: str) -> str:
+        """Why ``speeds`` has nothing for ``usecase``: the runs it needs did not run, or ran
+        and were left out as noisy (then how busy their host was, and how to count them)."""
+        quiet = self.rows[self.rows.usecase == usecase]
+        noisy = self.noisy[self.noisy.usecase == usecase]
+        left, missing = [], []
+        for what, mask in NEEDED.items():
+            if not mask(quiet).any():
+                (left if mask(noisy).any() else missing).append((what, noisy[mask(noisy)]))
+        said = []
+        if left:
+            busy = busy_words([s for _, rows in left for s in rows.status])
+            said.append(f"{' and '.join(what for what, _ in left)} ran, but "
+                        f"{'were' if len(left) > 1 else 'was'} left out as noisy (other "
+                        f"processes used{busy} their host while "
+                        f"{'they' if len(left) > 1 else 'it'} ran); `ddlstudy report "
+                        f"--include-noisy` counts them")
+        if missing:
+            said.append(f"it needs {' and '.join(what for what, _ in missing)} (how a "
+                        f"process's speed grows with its threads)")
+        return "; ".join(said)
+
     def projected(self, usecase: str, mask, speeds: Speeds,
                   hardware: Hardware) -> tuple[str, float] | None:
         """The configuration (among those ``mask`` picks) fastest on ``hardware``, and its
@@ -103,9 +126,26 @@ class Best:
     def missing(self, usecase: str, mask, what: str) -> str:
         """Why a side of ``usecase`` has no figures: no completed run, or only noisy ones."""
         t = self.noisy[self.noisy.usecase == usecase]
-        noisy = int(t[mask(t)].runs.sum())
-        return f"no completed {what}" + (f" on a quiet host ({noisy} noisy left out)"
-                                         if noisy else "")
+        t = t[mask(t)]
+        if t.empty:
+            return f"no completed {what}"
+        return (f"no completed {what} on a quiet host: {int(t.runs.sum())} ran, left out as "
+                f"noisy (other processes used{busy_words(t.status)} their host while they "
+                f"ran); `ddlstudy report --include-noisy` counts them")
+
+
+NEEDED = {"the sequential baseline": is_baseline,
+          "the cpu-intraop run": lambda t: (t.strategy == "cpu-intraop") & local_cpu(t)}
+"""What a projection starts from (``Best.speeds``), by name."""
+
+
+def busy_words(statuses) -> str:
+    """' up to 1.6 cores of' (what other processes used of a host at most) from noisy
+    configurations' statuses ('noisy (others 1.2-1.6 cores)'), ' ' where none says."""
+    cores = [float(c) for s in statuses
+             for c in re.findall(r"[0-9.]+", (re.search(r"others ([0-9.-]+) cores", s or "")
+                                             or ["", ""])[1])]
+    return f" up to {max(cores):.1f} cores of" if cores else ""
 
 
 def number(value) -> float | None:

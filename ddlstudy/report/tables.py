@@ -6,9 +6,9 @@ the speedup divided by the cores (or GPUs) the configuration used. Three views:
 
 - ``runs_frame`` (in ``runs``): one row per run (the long, tidy table for your own analysis);
 - ``speedup_table``: one row per configuration, medians and spread over repeats;
-- ``paper_tables``: the paper's Tables 1-3 (data parallelism; model and hybrid
-  parallelism; multi-node), a row per configuration and, per use case, the time per epoch
-  and the speedup.
+- ``paper_tables`` (in ``paper``): the paper's Tables 1-3 (data parallelism; model and
+  hybrid parallelism; multi-node), a row per configuration and, per use case, the time per
+  epoch and the speedup.
 
 Cells a study planned but could not run (no GPU, a backend not available) come from the
 study's ``study.json`` and are shown with the reason, never dropped. Runs marked noisy (other
@@ -17,7 +17,9 @@ when it has none, its noisy runs give them, marked ``noisy`` with the cores the 
 (a busy host's report is never empty).
 
 ``Report.text`` prints, in Markdown, a table that fits a terminal (``TERMINAL``: fewer
-columns, plain headers); the written files and the CSV keep every column under its name.
+columns, plain headers); speedup.csv and the printed CSV keep every column under its name.
+Every place the report shows a use case's target names the metric it is of
+(``target_metrics``: accuracy, or macro_f1 where ``[train] target_metric`` chose it).
 """
 
 from __future__ import annotations
@@ -27,8 +29,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ddlstudy.config.recipe import TARGET_METRICS
 from ddlstudy.files import atomic_write_text
+from ddlstudy.records.runfolder import MEMORY
 from ddlstudy.report.formats import FORMATS, cell_text, fitted_markdown, render, wrapped
+from ddlstudy.report.paper import TABLES as TABLES
+from ddlstudy.report.paper import left_apart, paper_tables
+from ddlstudy.report.paper import main_settings as main_settings
+from ddlstudy.report.paper import only_main as only_main
 from ddlstudy.report.projection import DEFAULT_HARDWARE, Hardware
 from ddlstudy.report.runs import (
     KEY,
@@ -45,12 +53,6 @@ from ddlstudy.report.runs import (
     time_to_target,
 )
 from ddlstudy.strategies import REGISTRY as STRATEGIES
-
-TABLES = {
-    1: "Table 1: data parallelism (CPU and GPU)",
-    2: "Table 2: model and hybrid parallelism",
-    3: "Table 3: several nodes (MPI and Spark)",
-}
 
 
 def _status(statuses: list[str], reasons: list[str], noisy: int = 0, mark: str = "") -> str:
@@ -132,7 +134,7 @@ COLUMNS = [*KEY, "table", "processes", "scaling", "runs", "status", "noisy", "ep
            "efficiency", "val_accuracy", "val_macro_f1", "target", "target_metric", "reached",
            "time_to_target_s", "tta_speedup",
            *(f"peak_{what}_gib{end}" for what in PEAKS for end in ("", "_min", "_max"))]
-"""The columns of ``speedup_table`` (of speedup.md and the CSV, which the notebook reads)."""
+"""The columns of ``speedup_table`` (speedup.csv's; the notebook shows them)."""
 
 
 def speedup_table(manifests: list[dict], planned: list[dict] = (),
@@ -192,68 +194,6 @@ def _ordered(table: pd.DataFrame) -> pd.DataFrame:
     return order.drop(columns=["_runs", "_base", "_strategy"]).reset_index(drop=True)
 
 
-def main_settings(table: pd.DataFrame) -> dict[str, str]:
-    """Each use case's setting with the most runs (the speedup table lists it first)."""
-    return {uc: g.setting.iloc[0] for uc, g in table.groupby("usecase", sort=False)}
-
-
-def only_main(table: pd.DataFrame) -> pd.DataFrame:
-    """The rows of each use case's main setting (what the paper's tables and the figures
-    show; ``left_apart`` names the rest)."""
-    main = main_settings(table)
-    return table[np.array([main[uc] == s for uc, s in zip(table.usecase, table.setting,
-                                                          strict=True)], dtype=bool)]
-
-
-def left_apart(table: pd.DataFrame) -> list[str]:
-    """What the report did not merge: per use case, the settings beside its main one, with
-    their runs, and whether they have a baseline of their own to divide by."""
-    notes = []
-    main = main_settings(table)
-    for (uc, other), g in table.groupby(["usecase", "setting"], sort=False):
-        if other == main[uc]:
-            continue
-        base = "its own baseline" if is_baseline(g).any() and g.speedup.notna().any() else \
-            "no sequential baseline of its own, so no speedup"
-        notes.append(f"{uc}: {int(g.runs.sum())} run(s) of another setting ({other}) are "
-                     f"kept apart from the main one ({main[uc]}): {base}")
-    return notes
-
-
-def paper_tables(table: pd.DataFrame, joined: bool = False) -> dict[int, pd.DataFrame]:
-    """The paper's layout: per table, a row per configuration and per use case the time
-    per epoch and the speedup (or why the cell is empty); ``joined``: both in one column
-    per use case ('1.20 s, 1.65x'), narrow enough for a terminal."""
-    out = {}
-    usecases = list(dict.fromkeys(table.usecase))
-    table = only_main(table)
-    for number in TABLES:
-        part = table[(table.table == number) | is_baseline(table)]
-        if number != 1 and not (part.table == number).any():
-            continue
-        rows = {}
-        for r in part.itertuples(index=False):
-            rows.setdefault(r.config, {"configuration": r.config}).update(
-                _paper_cells(r, joined))
-        columns = ["configuration", *(usecases if joined else
-                                      (f"{u} {c}" for u in usecases
-                                       for c in ("epoch s", "speedup")))]
-        out[number] = pd.DataFrame(list(rows.values()), columns=columns).fillna("-")
-    return out
-
-
-def _paper_cells(r, joined: bool) -> dict[str, str]:
-    """A configuration's cells of the paper's tables: its figures (marked where they come
-    from noisy runs only), or its status where it has none."""
-    measured = r.status.startswith("ok") or r.noisy
-    mark = " (noisy)" if r.noisy else ""
-    if joined:
-        speedup = f", {cell_text(r.speedup)}x" if pd.notna(r.speedup) else ""
-        return {r.usecase: f"{cell_text(r.epoch_s)} s{speedup}{mark}" if measured else r.status}
-    return {f"{r.usecase} epoch s": cell_text(r.epoch_s) + mark if measured else r.status,
-            f"{r.usecase} speedup": cell_text(r.speedup) + mark if measured else ""}
-
-
 SUMMARY_COLUMNS = ["usecase", "config", "scaling", "cores", "runs", "status", "epoch_s",
                    "epoch_s_spread", "images_per_s", "speedup", "speedup_95", "efficiency",
                    "val_accuracy", "reached", "time_to_target_s", "tta_speedup",
@@ -268,15 +208,20 @@ TERMINAL = {"config": "configuration", "runs": "runs", "speedup": "speedup",
             "time_to_target_s": "time to target", "peak_process_gib": "peak GiB proc/node"}
 """The summary's columns printed to a terminal (one table per use case), under plain
 headers: what fits ``WIDTH`` (the time per epoch is in the paper's tables below; images/s,
-efficiency, cores, the spreads and the median peaks are in the CSV and speedup.md)."""
+efficiency, cores, the spreads and the median peaks are in the CSV and speedup.csv); the
+accuracy column is the validation figure of the use case's target metric, under its name."""
 
 
-def terminal_table(table: pd.DataFrame) -> pd.DataFrame:
+def terminal_table(table: pd.DataFrame, metrics: dict[str, str] | None = None) -> pd.DataFrame:
     """``table``'s rows as printed: the ``TERMINAL`` columns under their headers, with the
     status in the runs ('3 ok, 1 noisy left out'), the interval bare (a note under the
-    table says what one that includes 1 means) and, where not every run reached the
+    table says what one that includes 1 means), the validation figure of the metric
+    each use case's target is of (``metrics``, ``target_metrics``: accuracy where not
+    given; ``terminal`` names it in the header) and, where not every run reached the
     target, how many did ('1/2 reached')."""
     out = table[list(TERMINAL)].copy()
+    out["val_accuracy"] = [getattr(r, TARGET_METRICS[(metrics or {}).get(r.usecase, ACCURACY)])
+                           for r in table.itertuples(index=False)]
     out["runs"] = [f"{r.runs} {r.status}" if r.status.startswith("ok") or r.noisy else
                    f"{r.runs} ok, {r.status}" if r.runs else r.status
                    for r in table.itertuples(index=False)]
@@ -302,9 +247,27 @@ SHRINK = ["configuration", "runs"]
 
 INTERVAL = ("95 % interval: of the speedup, over the repeats (one run: over its epochs); "
             "one that includes 1 cannot tell the configuration from the baseline.")
-MEMORY_NOTE = ("peak GiB proc/node: the peak resident memory while training of the largest "
-               "process, then of the largest node (its processes' peaks summed), least-most "
-               "over the repeats where they differ ('-': not recorded).")
+MEMORY_NOTE = (f"peak GiB proc/node: the {MEMORY['peak_process_bytes']} while training, then "
+               f"the {MEMORY['peak_node_bytes']}, least-most over the repeats where they "
+               f"differ ('-': not recorded).")
+
+
+ACCURACY = "accuracy"
+
+
+def target_metrics(runs: pd.DataFrame, by_id: dict[str, dict]) -> dict[str, str]:
+    """Each use case's target metric: what its runs' time to target, and every place the
+    report shows the target, are of (``[train] target_metric``: accuracy or macro_f1;
+    accuracy where its runs name none)."""
+    out: dict[str, str] = {}
+    for usecase, run in zip(runs.usecase, runs.run, strict=True):
+        config = (by_id.get(run) or {}).get("config") or {}
+        train = (config.get("usecase") or {}).get("train") or {}
+        metric = train.get("target_metric")
+        if metric in TARGET_METRICS and out.get(usecase, ACCURACY) == ACCURACY:
+            out[usecase] = metric
+        out.setdefault(usecase, ACCURACY)
+    return out
 
 
 class Report:
@@ -322,6 +285,15 @@ class Report:
         self.runs = runs_frame(self.manifests, self.planned, include_noisy)
         self.table = speedup_table(self.manifests, self.planned, include_noisy)
         self.paper = paper_tables(self.table)
+        self.metrics = target_metrics(self.runs, self.by_id)
+        """Each use case's target metric (``target_metrics``)."""
+
+    def target_words(self, usecase: str) -> str:
+        """' (target: macro_f1 0.80)': the use case's target by its metric's name ('' where
+        its runs set none, or several)."""
+        targets = set(self.runs[self.runs.usecase == usecase].target.dropna())
+        return f" (target: {self.metrics.get(usecase, ACCURACY)} {targets.pop():.2f})" \
+            if len(targets) == 1 else ""
 
     def text(self, fmt: str = "markdown") -> str:
         """The summary table, then the paper's tables (of each use case's main setting),
@@ -344,15 +316,18 @@ class Report:
         ``TERMINAL`` columns, a table per use case (and setting), the paper's tables, the
         labels cut to fit in full, what was kept apart and the noisy runs."""
         notes: dict[str, int] = {}
-        rows, memory = terminal_table(self.table), TERMINAL["peak_process_gib"]
+        rows, memory = terminal_table(self.table, self.metrics), TERMINAL["peak_process_gib"]
         parts = [f"**{CAPTION}**"]
         for (usecase, setting), part in rows.groupby([self.table.usecase, self.table.setting],
                                                      sort=False):
             several = (self.table[self.table.usecase == usecase].setting != setting).any()
             if (part[memory] == "-/-").all():  # runs from before memory was recorded
                 part = part.drop(columns=[memory])
-            parts.append(wrapped(f"*{usecase}, setting: {setting}*" if several else
-                                 f"*{usecase}*") + "\n\n" + fitted_markdown(part, SHRINK, notes))
+            metric = self.metrics.get(usecase, ACCURACY)
+            part = part.rename(columns={TERMINAL["val_accuracy"]: metric})
+            title = f"*{usecase}, setting: {setting}*" if several else f"*{usecase}*"
+            parts.append(wrapped(title + self.target_words(usecase)) + "\n\n"
+                         + fitted_markdown(part, SHRINK, notes))
         parts.append(wrapped(INTERVAL + (" " + MEMORY_NOTE if memory in "".join(parts) else "")))
         parts += [f"**{TABLES[n]}** (per use case: seconds per epoch, speedup)\n\n"
                   + fitted_markdown(t, ["configuration"], notes)
@@ -365,8 +340,8 @@ class Report:
                   + "\n".join(wrapped(f"- {note}", "  ") for note in apart)] if apart else []
         parts += [wrapped(note) for note in [self.noisy_note()] if note]
         parts.append(wrapped("Every column (images/s, efficiency, cores, spreads): "
-                             "`ddlstudy report --format csv`, or speedup.md and runs.csv "
-                             "in the folder `--out` writes."))
+                             "`ddlstudy report --format csv`, or speedup.csv and runs.csv "
+                             "in the folder `--out` writes, beside index.html, the page."))
         return "\n\n".join(parts)
 
     def noisy_note(self) -> str:
@@ -385,12 +360,15 @@ class Report:
                 f"all.")
 
     def write_tables(self, out: Path, fmt: str = "markdown") -> list[Path]:
-        """Tables in ``fmt`` (plus the tidy runs.csv)."""
+        """The paper's tables in ``fmt``, every column of the speedup table in speedup.csv
+        (and speedup.tex for LaTeX), and the tidy runs.csv."""
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
         ext = FORMATS[fmt]
-        written = {out / f"speedup.{ext}": render(self.table, fmt),
+        written = {out / "speedup.csv": render(self.table, "csv"),
                    out / "runs.csv": self.runs.drop(columns=["epoch_rates"]).to_csv(index=False)}
+        if fmt == "latex":  # Markdown's speedup.md is the short summary (report.summary)
+            written[out / "speedup.tex"] = render(self.table, fmt)
         for n, t in self.paper.items():
             written[out / f"table{n}.{ext}"] = render(t, fmt, TABLES[n])
         for path, text in written.items():

@@ -8,6 +8,7 @@ exit 143), and the samples gathered so far are written whatever happened.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -27,18 +28,13 @@ from ddlstudy.config import TARGET_METRICS, Effective, RunConfig, UseCase
 from ddlstudy.config.folders import usecase_key
 from ddlstudy.data import DataPlan, prepare_data
 from ddlstudy.errors import ConfigError, Unavailable, UsageError
-from ddlstudy.files import sweep_temporaries
+from ddlstudy.files import WriteFailed, atomic_write_text, sweep_temporaries
 from ddlstudy.machine import environment
 from ddlstudy.machine.sampler import NOISY_CORES, OthersLoad, ResourceSampler, others_cores
 from ddlstudy.models.sources import named, sha256_of
 from ddlstudy.models.trained import check_weights
-from ddlstudy.records.runfolder import (
-    RUN_ID_ENV,
-    RunFolder,
-    checked_run_id,
-    new_run_id,
-    now_iso,
-)
+from ddlstudy.records.runfolder import RunFolder, now_iso
+from ddlstudy.records.runid import RUN_ID_ENV, checked_run_id, claim, new_run_id, release
 from ddlstudy.runner.launched import RunFailed, launched_run, refuse_foreign_launcher
 from ddlstudy.runner.snapshots import load_snapshot
 from ddlstudy.runner.stops import close_unsaid, stop_file, stopped_early
@@ -119,7 +115,6 @@ def preflight(cfg: RunConfig, resuming: bool = False) -> RunConfig:
         models.check(uc.model, len(uc.classes), uc.train.image_size, cfg.checkpoint_activations)
         if cfg.init_weights is not None:
             check_weights(uc.model, len(uc.classes), cfg.init_weights)
-    recipe.check(uc.train)
     if (cfg.nodes or 1) > 1 and not backend.multi_node:
         several = [name for name, cls in BACKENDS.loaded().items() if cls.multi_node]
         raise ConfigError("--nodes", f"more than one node needs --backend "
@@ -127,6 +122,8 @@ def preflight(cfg: RunConfig, resuming: bool = False) -> RunConfig:
     cfg = resolve(cfg)
     strategy.check_options(cfg)
     strategy.check(cfg)
+    recipe.check(uc.train, cfg.lr, strategy.layout(cfg).device_type,
+                  recipe.planned_steps(cfg))
     exact = [name for name, cls in REGISTRY.loaded().items() if cls.resumable]
     if (resuming or cfg.snapshot_every) and not strategy.resumable:
         flag = "--resume" if resuming else "--snapshot-every"
@@ -215,6 +212,14 @@ def _open_folder(env: Environment, resume: Path | None, backend: dict, usecase: 
     return folder, snapshot
 
 
+def _created(env: Environment, *args) -> RunFolder | None:
+    """Node 0's new run folder (``_create``; None on the others), a refusal there (its id
+    taken meanwhile) raised on every node, which would otherwise wait for node 0."""
+    made = []
+    env.share(lambda: made.append(_create(*args)) or {}, wire.to_json, wire.from_json)
+    return made[0] if made else None
+
+
 def _create(cfg: RunConfig, strategy: Strategy, backend: Backend, described: dict,
             data) -> RunFolder:
     """Node 0's new run folder, its manifest written before training starts."""
@@ -268,8 +273,8 @@ def _run(cfg: RunConfig, show_progress: bool, resume: Path | None) -> RunFolder 
     data = _prepare(cfg, env, resume)
     described = backend.describe(cfg) | env.placement()
     folder, snapshot = _open_folder(env, resume, described, cfg.usecase)
-    if env.rank == 0 and folder is None:
-        folder = _create(cfg, strategy, backend, described, data)
+    if resume is None:
+        folder = _created(env, cfg, strategy, backend, described, data)
     load = OthersLoad()  # the host's load over the run where no samples say it
     sampler = ResourceSampler(cfg.sample_hz, rank=env.rank).start()
     outcome = Outcome("completed", 0)
@@ -289,41 +294,60 @@ def _run(cfg: RunConfig, show_progress: bool, resume: Path | None) -> RunFolder 
         outcome = Outcome("interrupted", 143, "terminated by SIGTERM")
     except Exception as exc:  # recorded in the manifest, then reported by the CLI
         if folder is not None:
-            (folder.path / "error.log").write_text(traceback.format_exc())
+            with contextlib.suppress(OSError, WriteFailed):  # a full disk: the failure stays
+                atomic_write_text(folder.path / "error.log", traceback.format_exc())
         error, cause = f"{type(exc).__name__}{env.where}: {exc}", env.cause(exc)
         outcome = Outcome("failed", 1, f"{cause}; then {error}" if cause else error)
         log.error("%s", env.failed(outcome.error))
     finally:
-        own_rows = sampler.stop()
+        own_rows, unrecorded = sampler.stop(), None
         if folder is not None:
-            folder.reload_epochs()
-            if outcome.exit_code == 0 and stopped_early(watched, folder, cfg):
-                outcome = Outcome("interrupted", signals.STOPPED_CODE,
-                                  f"stopped at a snapshot, as {signals.STOP_ENV} asked; `ddlstudy "
-                                  f"run --resume {folder.path}` continues it")
             rows = [r for node_rows in rows_by_node for r in node_rows] if rows_by_node \
                 else own_rows
-            folder.manifest["host_load"] = _host_load(cfg, backend,
-                                                      folder.write_samples(rows), load)
-            epochs, train = folder.manifest["epochs"], cfg.usecase.train
-            folder.finish(outcome.status, outcome.exit_code, outcome.error,
-                          summary=_summary(epochs), time_to_target=time_to_target(
-                              epochs, train.target_accuracy, train.target_metric))
-            if cfg.tensorboard:
-                _tensorboard(folder)
+            try:
+                outcome = _close(cfg, backend, folder, outcome, rows, load, watched)
+            except WriteFailed as exc:  # a full disk: the run's end cannot be written
+                unrecorded, outcome = folder.unrecorded(exc), Outcome("failed", 2)
         if outcome.exit_code not in (0, signals.STOPPED_CODE):
             env.abort(outcome.exit_code)  # the other nodes would wait in a collective
+        if unrecorded is not None:
+            raise unrecorded
     if outcome.exit_code:
         raise RunFailed(folder, outcome.exit_code, f"run {folder.path.name} {outcome.status}: "
                         f"{outcome.error} (details in {folder.path})")
     return folder
 
 
+def _close(cfg: RunConfig, backend: Backend, folder: RunFolder, outcome: Outcome,
+           rows: list[dict], load: OthersLoad, watched: str | None = None) -> Outcome:
+    """Node 0's run folder at the end: the samples of every node, the host's load, the
+    final status and what it measured; TensorBoard's scalars where asked. Samples a full
+    disk cannot take fail the run, recorded in its (far smaller) manifest. A training that
+    returned early at its stop file (``watched``) is ``interrupted``, exit code 75."""
+    folder.reload_epochs()
+    stopped = stopped_early(watched, folder, cfg)
+    if outcome.exit_code == 0 and stopped:
+        outcome = Outcome("interrupted", signals.STOPPED_CODE, stopped)
+    try:
+        frame = folder.write_samples(rows)
+    except WriteFailed as exc:
+        frame = None
+        outcome = outcome if outcome.exit_code else Outcome("failed", 2, str(exc))
+    folder.manifest["host_load"] = _host_load(cfg, backend, frame, load)
+    epochs, train = folder.manifest["epochs"], cfg.usecase.train
+    folder.finish(outcome.status, outcome.exit_code, outcome.error, summary=_summary(epochs),
+                  time_to_target=time_to_target(epochs, train.target_accuracy,
+                                                train.target_metric))
+    if cfg.tensorboard:
+        _tensorboard(folder)
+    return outcome
+
+
 def _host_load(cfg: RunConfig, backend: Backend, frame, load: OthersLoad) -> dict:
     """Whether other processes used the run's hosts (``noisy``): from its samples, else
     (no samples, or a backend whose processes they miss) from this host's CPU over the
     run less the run's process tree's (``load``), where that tree holds the run."""
-    others = None if backend.unsampled else others_cores(
+    others = None if backend.unsampled or frame is None else others_cores(
         frame, psutil.cpu_count() or 1, one_machine=str(cfg.hosts or "").startswith("emulated"))
     if others is None:
         outside = backend.outside_tree(cfg)
@@ -364,7 +388,13 @@ def start(cfg: RunConfig, argv: list[str], resume: Path | None = None) -> RunFol
         _reopen(Path(resume), None, cfg.usecase)
     run_id = checked_run_id(Path(resume).name if resume else os.environ.get(RUN_ID_ENV)
                             or new_run_id(cfg.usecase.name, cfg.strategy, cfg.backend))
-    ended = get_backend(cfg.backend).launch(cfg, argv, run_id)
+    backend = get_backend(cfg.backend)
+    claimed = claim(cfg.runs_dir, run_id) if resume is None and backend.launches(cfg) else []
+    try:  # the folder of the ranks it launches, claimed for them (of two launches given one
+        ended = backend.launch(cfg, argv, run_id)  # id, the second is refused here)
+    finally:
+        if claimed:
+            release(claimed)  # unless a rank took it up: then it is the run folder
     if ended is None:
         return _run(cfg, True, resume)
     return launched_run(ended, Path(cfg.runs_dir) / run_id)

@@ -29,11 +29,14 @@ def stop_file(strategy: Strategy) -> str | None:
     return path or None
 
 
-def stopped_early(stop_file: str | None, folder: RunFolder, cfg: RunConfig) -> bool:
-    """Whether the training that returned stopped at its stop file: it appeared, and fewer
-    epochs than asked are recorded (training returns early only so)."""
-    return bool(stop_file) and os.path.exists(stop_file) and \
-        len(folder.manifest["epochs"]) < cfg.usecase.train.epochs
+def stopped_early(stop_file: str | None, folder: RunFolder, cfg: RunConfig) -> str | None:
+    """How the training that returned stopped at its stop file (None: it did not): the file
+    appeared, and fewer epochs than asked are recorded (training returns early only so)."""
+    if stop_file and os.path.exists(stop_file) and \
+            len(folder.manifest["epochs"]) < cfg.usecase.train.epochs:
+        return (f"stopped at a snapshot, as {signals.STOP_ENV} asked; `ddlstudy run --resume "
+                f"{folder.path}` continues it")
+    return None
 
 
 def close_unsaid(folder: RunFolder) -> None:

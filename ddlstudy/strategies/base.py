@@ -62,6 +62,9 @@ class Footprint:
     tensor: int = 1
     """The processes each pair of consecutive Linear layers is split over (tensor
     parallel): those layers' weights count ``models / tensor`` times."""
+    shared_bytes: int = 0
+    """Bytes the node holds once in shared memory beyond its copies (sharded's arena of
+    gathered and reduced buffers)."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -151,12 +151,14 @@ class Pipeline(Strategy):
                 f"{layout.get('micro_batches', '?')} mb{schedule_note(layout)})")
 
     def probes(self, cores: int, gpus: int) -> list[Probe]:
-        """2 stages x 4 micro-batches under GPipe, then under 1F1B (the same bubble, fewer
-        activations held; the one ``bench all`` times)."""
+        """2 stages x 4 micro-batches under each schedule: GPipe, 1F1B (the same bubble,
+        fewer activations held) and interleaved 1F1B (2 stages a process, a smaller
+        bubble; the one ``bench all`` times)."""
         return [Probe(f"pipeline (2 stages x 4 mb{note})",
                       {"strategy": self.name, "stages": 2, "micro_batches": 4,
                        **({"schedule": schedule} if note else {})}, 2)
-                for schedule, note in (("gpipe", ""), ("1f1b", ", 1f1b"))]
+                for schedule, note in (("gpipe", ""), ("1f1b", ", 1f1b"),
+                                       ("interleaved-1f1b", ", interleaved 1f1b"))]
 
     def prepare(self, job) -> dict[str, Any]:
         """Where each stage starts, from the pieces' measured cost of a step (recorded),

@@ -23,6 +23,7 @@ sequential baseline's.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from ddlstudy.config import RunConfig
@@ -75,7 +76,11 @@ class _Sharding(CpuProcesses):
         return [Probe(f"{self.name} ({w} processes{', a GPU each' if w <= gpus else ''})",
                       {"strategy": self.name, "workers": w}, w,
                       replicas=w if self.whole_replicas else 1, gpus=w <= gpus)
-                for w in counts]
+                for w in counts] + self.more_probes(counts, gpus)
+
+    def more_probes(self, counts: list[int], gpus: int) -> list[Probe]:
+        """Other layouts of it worth ranking (none but sharded's)."""
+        return []
 
     def worker(self, job, link, device) -> None:
         from ddlstudy.training import sharding  # torch: in workers only
@@ -122,7 +127,7 @@ class Sharded(_Sharding):
                               f"over (the mesh would be 1 x {t}): that is --strategy tensor "
                               f"--workers {k}; or give --workers a multiple of {t} above it")
         if t > 1:
-            _check_tensor_pairs(cfg)
+            _check_tensor_pairs(cfg, t, "--tensor")
         require_batch_per_worker(cfg, k // t, "data-parallel shards")
         if self.device_type(cfg) == "cpu":
             warn_if_oversubscribed(k)
@@ -130,12 +135,39 @@ class Sharded(_Sharding):
     def data_parallel(self, cfg: RunConfig) -> int:
         return self.workers(cfg) // (cfg.tensor or 1)
 
+    def more_probes(self, counts: list[int], gpus: int) -> list[Probe]:
+        """Its largest layout with FSDP's own buffers (the memory they save against the
+        speed the shared ones buy), and a 2-D mesh of 4 processes (2 x 2: tensor parallel
+        inside each pair), named as too large where the machine has fewer cores."""
+        if not counts:
+            return []
+        w = counts[0]
+        return [Probe(f"{self.name} ({w} processes, own buffers)",
+                      {"strategy": self.name, "workers": w, "no_shared_buffers": True}, w,
+                      gpus=w <= gpus),
+                Probe(f"{self.name} (4 processes, tensor 2)",
+                      {"strategy": self.name, "workers": 4, "tensor": 2}, 4, gpus=gpus >= 4)]
+
     def footprint(self, cfg: RunConfig) -> Footprint:
         """Parameters, gradients and optimizer state cut in k shards: one copy over the
         node (with --no-reshard-after-forward each process keeps the gathered
         parameters, half a model, from forward to backward)."""
         k = self.workers(cfg)
-        return Footprint(k, 1.0 if cfg.reshard_after_forward else 1 + k / 2)
+        return Footprint(k, 1.0 if cfg.reshard_after_forward else 1 + k / 2,
+                         shared_bytes=self.arena(cfg))
+
+    def arena(self, cfg: RunConfig) -> int:
+        """The bytes of the arena in shared memory its processes gather and reduce
+        through (``--no-shared-buffers``, a 2-D mesh, --transport gloo or GPUs: none)."""
+        k = self.workers(cfg)
+        if (not cfg.shared_buffers or (cfg.tensor or 1) > 1 or k < 2
+                or cfg.transport != "auto" or self.device_type(cfg) != "cpu"):
+            return 0
+        from ddlstudy.models import shapes_only  # torch: only when asked
+        from ddlstudy.training.sharding import arena_bytes
+
+        model, _ = shapes_only(cfg.usecase.model, len(cfg.usecase.classes))
+        return arena_bytes(model, k)
 
     def label(self, layout: dict[str, Any]) -> str:
         tensor = layout.get("tensor")
@@ -187,9 +219,9 @@ class Tensor(_Sharding):
                               "workers; use --backend mpi (each node one tensor-parallel "
                               "group), or sharded or zero across Spark's tasks")
         _Sharding.check(self, cfg)
+        _check_tensor_pairs(cfg, self.workers(cfg), "--workers")
         if self.device_type(cfg) == "cpu":
             warn_if_oversubscribed(self.workers(cfg))
-        _check_tensor_pairs(cfg)
 
     def data_parallel(self, cfg: RunConfig) -> int:
         return 1
@@ -222,14 +254,26 @@ def _check_spark(name: str, cfg: RunConfig, workers: int) -> None:
                           f"--backend mpi, whose ranks lead nodes of several processes")
 
 
-def _check_tensor_pairs(cfg: RunConfig) -> None:
+def _check_tensor_pairs(cfg: RunConfig, degree: int, flag: str) -> None:
     """Refuse a model with no pair of consecutive Linear layers to split (tensor parallel
-    needs one), before anything starts."""
-    from ddlstudy.training.tensor_plan import linear_pairs  # torch: only when asked
+    needs one), or one whose pairs ``degree`` processes cannot split evenly, before
+    anything starts."""
+    from ddlstudy.training.tensor_plan import split_features  # torch: only when asked
 
     uc = cfg.usecase
-    if not linear_pairs(uc.model, len(uc.classes)):
+    split = split_features(uc.model, len(uc.classes))
+    if not split:
         raise ConfigError("--strategy", f"tensor parallelism splits pairs of consecutive "
                           f"Linear layers (only activations or dropout between them) and "
                           f"{uc.model.arch} has none; use sharded or zero to split its "
                           f"memory instead")
+    uneven = [(name, n) for name, n in split if n % degree]
+    if uneven:
+        name, n = uneven[0]
+        common = math.gcd(*(n for _, n in split))
+        fit = [str(d) for d in range(2, min(common, 64) + 1) if common % d == 0][:6]
+        said = f"{', '.join(fit[:-1])} or {fit[-1]}" if len(fit) > 1 else \
+            fit[0] if fit else "1: its pairs share no divisor"
+        raise ConfigError(flag, f"{degree} processes cannot split {name}'s {n} features "
+                          f"evenly (tensor parallelism cuts each Linear pair's features "
+                          f"among them); give {flag} {said}")

@@ -43,7 +43,7 @@ from ddlstudy.config import DataSpec, RunConfig, TrainSpec
 from ddlstudy.config.run import jsonable
 from ddlstudy.errors import NotHere, Unavailable, UsageError
 from ddlstudy.exports.mlflow import store
-from ddlstudy.files import atomic_write_json, atomic_write_text, folder_lock
+from ddlstudy.files import atomic_write_json, folder_lock
 from ddlstudy.machine.environment import python_module, usable_cores
 from ddlstudy.machine.sampler import check_load
 from ddlstudy.records.formats import Study as StudyRecord
@@ -67,9 +67,10 @@ log = logging.getLogger("ddlstudy")
 
 @dataclass
 class Cell:
-    """One run to do: a use case, its flags, which repeat."""
+    """One run to do: a use case (None: the flags' --data-dir alone), its flags, which
+    repeat."""
 
-    usecase: str
+    usecase: str | None
     flags: dict[str, Any]
     repeat: int
     cfg: RunConfig | None = None
@@ -84,8 +85,13 @@ class Cell:
     def argv(self, runs_dir: Path) -> list[str]:
         return ["run", "--quiet", *run_flags(self.usecase, self.flags, runs_dir)]
 
+    @property
+    def name(self) -> str:
+        """Its use case's name (of a --data-dir alone: the folder's use case's)."""
+        return self.usecase or (self.cfg.usecase.name if self.cfg else "--data-dir")
+
     def record(self) -> dict[str, Any]:
-        return {"id": self.id, "usecase": self.usecase, "label": self.label,
+        return {"id": self.id, "usecase": self.name, "label": self.label,
                 "strategy": self.flags.get("strategy", "sequential"),
                 "backend": self.flags.get("backend", "local"),
                 "nodes": self.flags.get("nodes", 1), "cores": self.cores, "flags": self.flags,
@@ -268,9 +274,9 @@ class Study:
                  sum(c.status == "skipped" for c in self.cells), runs_dir)
         for c in self.cells:
             if c.status == "skipped":
-                log.warning("skipped %s on %s: %s", c.label, c.usecase, c.reason)
+                log.warning("skipped %s on %s: %s", c.label, c.name, c.reason)
             if c.status == "failed":  # its set-up ran out before any run started
-                log.error("%s on %s failed: %s", c.label, c.usecase, c.reason)
+                log.error("%s on %s failed: %s", c.label, c.name, c.reason)
         self.save()
         start = time.monotonic()
         code = int(any(c.status == "failed" for c in self.cells))
@@ -282,7 +288,7 @@ class Study:
             elapsed = time.monotonic() - start
             left = time_left(todo[:i], todo[i:])
             log.info("[%d/%d] %s on %s, repeat %d: %s in %.1f s | elapsed %s, about %s left",
-                     i, len(todo), cell.label, cell.usecase, cell.repeat, cell.status,
+                     i, len(todo), cell.label, cell.name, cell.repeat, cell.status,
                      cell.seconds, _clock(elapsed), _clock(left))
             if cell.status == "interrupted":
                 return 130
@@ -323,33 +329,35 @@ class Study:
         cell.status, cell.reason = "failed", f"exit code {code}: {tail[0]}"
         if not manifest.is_file():
             cell.run = ""  # no folder: the report shows the cell from study.json
-        log.error("%s on %s failed (%s); log: %s", cell.label, cell.usecase, cell.reason,
+        log.error("%s on %s failed (%s); log: %s", cell.label, cell.name, cell.reason,
                   log_file)
         return 1
 
 
 def study(plan: Plan | Path, *, repeat: int | None = None, resume: bool = False,
           runs_dir: Path | None = None, overrides: dict[str, Any] | None = None,
-          fmt: str = "markdown", wait_quiet: bool = False) -> int:
+          fmt: str = "markdown", wait_quiet: bool = False, include_noisy: bool = False) -> int:
     """Run a plan (a Plan, or a plan file to load), write its report (tables and figures)
-    and print the tables; for a plan made from an advise.json, check the advice too."""
+    and print the tables; for a plan made from an advise.json, check the advice too
+    (``include_noisy``: the report and the check count the runs marked noisy)."""
     if not isinstance(plan, Plan):
         plan = load_plan(plan, repeat, runs_dir)
     cells = expand(plan, overrides or {})
     with folder_lock(plan.runs_dir, "study"):  # one study at a time writes into it
-        return _study(plan, cells, resume, fmt, wait_quiet)
+        code = Study(plan, cells, wait_quiet).run(resume)
+        write_report(plan, cells, fmt, include_noisy)
+        return code
 
 
-def _study(plan: Plan, cells: list[Cell], resume: bool, fmt: str, wait_quiet: bool) -> int:
-    code = Study(plan, cells, wait_quiet).run(resume)
-    write_report(plan, cells, fmt)
-    return code
-
-
-def write_report(plan: Plan, cells: list[Cell], fmt: str) -> None:
+def write_report(plan: Plan, cells: list[Cell], fmt: str, include_noisy: bool = False) -> None:
     """The study's report (tables, figures) into <runs_dir>/report, its tables printed; the
-    MLflow parent run and the advice checked where the plan asks."""
-    report = Report(plan.runs_dir)
+    advice checked first where the plan asks (the report opens with it), and the MLflow
+    parent run."""
+    from ddlstudy.tools.advise import check_study
+
+    checked = check_study(plan.path, plan.runs_dir, include_noisy) \
+        if plan.path.suffix == ".json" else None
+    report = Report(plan.runs_dir, include_noisy=include_noisy)
     paths = report.write(plan.runs_dir / "report", fmt)
     print(report.text(fmt))
     log.info("report: %d files in %s", len(paths), plan.runs_dir / "report")
@@ -358,8 +366,9 @@ def write_report(plan: Plan, cells: list[Cell], fmt: str) -> None:
         from ddlstudy.exports.mlflow.runs import after_study
 
         after_study(plan.runs_dir, uris, paths)
-    if plan.path.suffix == ".json":
-        _check_advice(plan)
+    if checked is not None:
+        print()
+        print(checked)
 
 
 def tracking_of(cell: Cell, runs_dir: Path) -> str | None:
@@ -370,21 +379,6 @@ def tracking_of(cell: Cell, runs_dir: Path) -> str | None:
     value = cell.flags.get("mlflow")
     return None if not value else \
         store.resolved(store.DEFAULT if value is True else str(value), runs_dir)
-
-
-def _check_advice(plan: Plan) -> None:
-    """advice-check.{json,md} in the report folder: the advice against what ran."""
-    from ddlstudy.records.plan import load_advice
-    from ddlstudy.tools.advise import check, check_text
-
-    record = load(plan.runs_dir / STUDY_FILE, StudyRecord, "study record")
-    result = check(load_advice(plan.path), plan.runs_dir, record)
-    text = check_text(result)
-    out = plan.runs_dir / "report"
-    atomic_write_json(out / "advice-check.json", result)
-    atomic_write_text(out / "advice-check.md", text + "\n")
-    print()
-    print(text)
 
 
 def time_left(done: list[Cell], rest: list[Cell]) -> float:

@@ -38,7 +38,7 @@ from ddlstudy.records.formats import Study as StudyRecord
 from ddlstudy.records.formats import load
 from ddlstudy.records.plan import Plan, run_flags
 from ddlstudy.records.runfolder import new_run_id, run_env
-from ddlstudy.redact import redact
+from ddlstudy.redact import shown
 from ddlstudy.report import STUDY_FILE
 from ddlstudy.study.jobscript import (
     Sbatch,
@@ -160,11 +160,12 @@ class SlurmStudy(Study):
 
 
 def no_secret(checked: list[tuple[str, dict[str, Any], Any]]) -> None:
-    """Refuse a plan whose cells (``plan.configs``) would log to MLflow through a URI that
-    holds a secret: a batch script, kept on disk, would hold it."""
+    """Refuse a plan whose cells (``plan.configs``) would log to MLflow through a URI with
+    anything in its user info, query or fragment, however typed (``redact.shown``): a
+    batch script, kept on disk, would hold it."""
     for usecase, _, cfg in checked:
-        if (uri := cfg.mlflow) and redact(uri) != uri:
-            raise UsageError(f"--submit slurm: the mlflow URI {redact(uri)!r} of a cell on "
+        if (uri := cfg.mlflow) and shown(uri) != uri:
+            raise UsageError(f"--submit slurm: the mlflow URI {shown(uri)!r} of a cell on "
                              f"{Path(usecase).stem} holds a secret, which its batch script "
                              "would keep on disk; give the URI without it, and the "
                              "credentials as MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_"

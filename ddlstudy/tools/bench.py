@@ -22,7 +22,7 @@ from ddlstudy.errors import ConfigError
 from ddlstudy.machine.sampler import ResourceSampler
 from ddlstudy.models import build_model, parameter_count
 from ddlstudy.records.plan import cell_config, cell_flags
-from ddlstudy.runner import resolve
+from ddlstudy.runner import preflight
 from ddlstudy.training import (
     WARMUP_STEPS,
     Trainer,
@@ -130,9 +130,10 @@ class What:
         return [*named, *cell_flags(self.given())]
 
     def config(self) -> RunConfig:
-        """The sequential baseline's config of it (refused here if it cannot train)."""
-        return resolve(cell_config(self.usecase, self.given() | {"sample_hz": 0},
-                                   DEFAULT_RUNS_DIR))
+        """The sequential baseline's config of it, through a run's checks (refused here if
+        it cannot train: its model, its recipe's arguments)."""
+        return preflight(cell_config(self.usecase, self.given() | {"sample_hz": 0},
+                                     DEFAULT_RUNS_DIR))
 
 
 def overhead(what: What, steps: int, repeats: int) -> Ratio:

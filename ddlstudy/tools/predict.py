@@ -51,6 +51,7 @@ from ddlstudy.backends.mpi.launch import placement, require_mpiexec
 from ddlstudy.backends.mpi.leftovers import Leftovers
 from ddlstudy.config.limits import most
 from ddlstudy.errors import ConfigError, UsageError
+from ddlstudy.files import write_outputs
 from ddlstudy.machine.environment import python_module
 from ddlstudy.reducers import terms
 from ddlstudy.tools import pipeline_model
@@ -381,12 +382,13 @@ def coinciding(table) -> str | None:
 
 
 def write(result: dict, out: Path) -> list[Path]:
-    out.mkdir(parents=True, exist_ok=True)
-    paths = [out / "predict.json", out / "predict.md"]
-    paths[0].write_text(json.dumps(result | {"published": published()}, indent=2) + "\n")
-    paths[1].write_text(markdown(result) + "\n")
+    """predict.json, predict.md and the figure, each written whole, or none of them (a
+    full disk: said in one line naming --out)."""
     fig = figure(result)
-    for ext in ("png", "svg"):
-        fig.savefig(out / f"predict.{ext}", dpi=120)
-        paths.append(out / f"predict.{ext}")
-    return paths
+    record = json.dumps(result | {"published": published()}, indent=2) + "\n"
+    files = {out / "predict.json": lambda f: f.write(record.encode()),
+             out / "predict.md": lambda f: f.write((markdown(result) + "\n").encode()),
+             **{out / f"predict.{ext}": lambda f, ext=ext: fig.savefig(f, format=ext, dpi=120)
+                for ext in ("png", "svg")}}
+    write_outputs("--out", files)
+    return list(files)

@@ -162,15 +162,7 @@ def share_buffers(model: nn.Module, group, total: int | None = None) -> Arena | 
     if not hostcoll.is_shared(group):
         return None
     units = [m for m in model.modules() if isinstance(m, FSDPModule)]
-    ranks, largest = group.size(), 0
-    for unit in units:  # every parameter whose module has no unit of its own below it
-        inner = {id(p) for m in unit.modules() if m is not unit and isinstance(m, FSDPModule)
-                 for p in m.parameters()}
-        largest = max(largest, sum(_padded(p, ranks) for p in unit.parameters()
-                                   if id(p) not in inner))
-    if total is None:
-        total = -(-(ranks + 1) * largest // ALIGN) * ALIGN + ALIGN * (len(units) + 2)
-    arena = Arena(group, total)
+    arena = Arena(group, total or arena_bytes(units, group.size()))
     if arena.shared is None:
         return None
     gather, scatter = SharedAllGather(arena), SharedReduceScatter(arena)
@@ -178,6 +170,20 @@ def share_buffers(model: nn.Module, group, total: int | None = None) -> Arena | 
         unit.set_custom_all_gather(gather)
         unit.set_custom_reduce_scatter(scatter)
     return arena
+
+
+def arena_bytes(units: list[nn.Module], ranks: int) -> int:
+    """The arena ``share_buffers`` makes for FSDP ``units`` over ``ranks``: the largest
+    unit's reduce-scatter (its gathered bytes on every rank) and one more unit's
+    all-gather, aligned; a unit's own parameters are those no unit below it holds
+    (``advise --memory`` predicts sharded's node with it)."""
+    largest = 0
+    for unit in units:
+        inner = {id(p) for m in unit.modules() if m is not unit and m in units
+                 for p in m.parameters()}
+        largest = max(largest, sum(_padded(p, ranks) for p in unit.parameters()
+                                   if id(p) not in inner))
+    return -(-(ranks + 1) * largest // ALIGN) * ALIGN + ALIGN * (len(units) + 2)
 
 
 def _padded(param: torch.Tensor, ranks: int) -> int:

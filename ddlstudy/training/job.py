@@ -172,6 +172,7 @@ def train_epochs(job: Job, trainer: Trainer, optimizer: torch.optim.Optimizer, *
     """
     cfg = job.cfg
     trainer.precision = cfg.precision
+    trainer.steady_seconds = cfg.steady_seconds
     schedule = recipe.schedule(optimizer, cfg.usecase.train, trainer.steps_per_epoch)
     states = states or States.of(trainer.model, optimizer)
     first = 1 if job.resume is None else resume(job.resume, trainer, states, schedule, rank)

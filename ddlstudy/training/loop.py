@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -20,11 +21,13 @@ from torch import nn
 from ddlstudy.config import WARMUP_STEPS
 from ddlstudy.machine.environment import seconds_since_command
 from ddlstudy.progress import progress
-from ddlstudy.training.memory import SavedForBackward
+from ddlstudy.training.memory import SavedForBackward, give_back
 from ddlstudy.training.metrics import Tally, scores, unpack
 from ddlstudy.training.steps import Batch, StepFn
 
 log = logging.getLogger("ddlstudy")
+MIN_PACED = 3
+"""The fewest steady steps an epoch paced by ``steady_seconds`` takes (a spread needs a few)."""
 
 
 @dataclass(frozen=True)
@@ -116,6 +119,8 @@ class Trainer:
         """The use case's classes: the confusion matrix validation fills (0: no validation)."""
         self.loss_fn = nn.CrossEntropyLoss()
         self.precision = "fp32"
+        self.steady_seconds: float | None = None
+        """End each epoch once its steady steps have taken about this long (``paced``)."""
         """bf16: each step runs under torch.autocast (set by train_epochs from the config)."""
         self.after_step: Callable[[int, int], None] = lambda epoch, step: None
         """Called after every step with (epoch, steps done in it), e.g. to snapshot."""
@@ -176,6 +181,17 @@ class Trainer:
         dtype = torch.float16 if self.precision == "fp16" else torch.bfloat16
         return torch.autocast(device, dtype=dtype)
 
+    def paced(self, done: int, step_s: float) -> float:
+        """With ``steady_seconds``: the step after which the epoch ends, ``done`` steps in
+        and the last warm-up step having taken ``step_s``: as many steady steps as fill
+        ``steady_seconds`` at that pace (the ranks' mean through ``reduce``, a collective
+        every rank calls at the same step, so that all end at the same step; their steps
+        wait for each other, so they take alike), at least MIN_PACED."""
+        if not self.steady_seconds:
+            return math.inf
+        total, ranks = self.reduce(step_s, 1.0)
+        return done + max(MIN_PACED, math.ceil(self.steady_seconds / max(total / ranks, 1e-6)))
+
     def _first(self) -> contextlib.AbstractContextManager:
         """The first step's context: when it started noted, what it saves for backward
         counted (``activation_bytes``); nothing for the others."""
@@ -198,14 +214,13 @@ class Trainer:
         if self.max_steps and sums["steps"] >= self.max_steps:
             batches = []
         autocast = self.autocast()
-        last = start
+        last, stop = start, math.inf
         for batch in batches:
             with autocast, self._first():
                 batch_loss, batch_correct, n = self.step(batch)
             now = time.perf_counter()
-            self.step_log.append((epoch, sums["steps"] + 1, batch_loss / max(n, 1), n,
-                                  now - last))
-            last = now
+            took, last = now - last, now
+            self.step_log.append((epoch, sums["steps"] + 1, batch_loss / max(n, 1), n, took))
             sums["loss"] += batch_loss
             sums["correct"] += batch_correct
             sums["images"] += n
@@ -213,8 +228,9 @@ class Trainer:
             if sums["steps"] - resumed == self.warmup_steps:
                 self.sync()
                 self._clock = (start, time.perf_counter(), sums["images"])
+                stop = self.paced(sums["steps"], took)
             self.after_step(epoch, sums["steps"])
-            if self.max_steps and sums["steps"] >= self.max_steps:
+            if self.max_steps and sums["steps"] >= self.max_steps or sums["steps"] >= stop:
                 break
         self.sync()
         train_time, steady_images, steady_time = self._timing()
@@ -224,6 +240,7 @@ class Trainer:
         tally = Tally(self.classes, self.device)
         val_loss, _ = validate(self.model, self.val_loader, self.loss_fn, tally, self.device)
         val_time = time.perf_counter() - val_start
+        give_back()  # what the epoch freed: the next one's peak is its own (memory.give_back)
         loss_sum, correct, images, steady_n, val_loss, *counts = self.reduce(
             sums["loss"], sums["correct"], sums["images"], steady_images, val_loss,
             *tally.sums())

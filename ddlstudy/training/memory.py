@@ -11,6 +11,7 @@ gradient or optimizer state counts its local shard (a DTensor's ``_local_tensor`
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import resource
 from collections.abc import Callable
 from pathlib import Path
@@ -34,6 +35,29 @@ def reset_peak(device: torch.device | None = None) -> str:
         return HWM
     except OSError:
         return RUSAGE
+
+
+def give_back() -> None:
+    """Return the memory this process has freed to the system (glibc's ``malloc_trim``;
+    nothing elsewhere). Called once an epoch, after its validation: glibc keeps the pages
+    of freed tensors and, as training and validation interleave, its heap grows with its
+    holes, so a run's peak grew with its epochs, not with what it trained: small_resnet at
+    64 px, one process, 1150 MiB after one epoch, 1227 after 2, 1288 after 3, 1276 after 5;
+    trimmed after each epoch, 1136 and 1157. A run's peak is then what its steps need, and
+    a short probe's predicts a long run's (advise)."""
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)
+
+
+def _glibc() -> ctypes.CDLL | None:
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return libc if hasattr(libc, "malloc_trim") else None
+    except OSError:  # not glibc (musl, macOS)
+        return None
+
+
+_LIBC = _glibc()
 
 
 def peak_rss() -> int:

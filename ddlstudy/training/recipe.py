@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import json
 import math
+import re
+import warnings
 from collections.abc import Iterable
 from typing import Any
 
@@ -16,9 +19,11 @@ import torch
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.optim import lr_scheduler
 
-from ddlstudy.config import TrainSpec
+from ddlstudy.config import RunConfig, TrainSpec
 from ddlstudy.config.recipe import SGD
+from ddlstudy.data import planned_train_images
 from ddlstudy.errors import ConfigError
+from ddlstudy.training.signature import fits, hints, takes
 
 Scheduler = lr_scheduler.LRScheduler
 
@@ -36,6 +41,17 @@ UNSTEPPABLE = {
 """torch's classes a use case cannot name, and why."""
 SHORT = {"step": "StepLR", "cosine": "CosineAnnealingLR", "onecycle": "OneCycleLR"}
 """``lr_schedule``'s short names, and torch's schedule each is."""
+_PERIOD = (1, False, "a period of no steps divides by zero at the first step")
+BOUNDS = {**dict.fromkeys(("step_size", "T_max", "T_0", "total_iters", "total_steps",
+                           "step_size_up", "step_size_down", "epochs", "steps_per_epoch"),
+                          _PERIOD),
+          "power": (0, False, "a negative power divides by zero at the schedule's end"),
+          "gamma": (0, True, "a factor of 0 or below stops or reverses learning")}
+"""The schedules' arguments torch takes without checking their range: (lowest, whether
+the lowest itself is refused, what it would do)."""
+SIMULATED_STEPS = 20_000
+"""The run's first steps a schedule is stepped through before the run (about 15 us a step
+on one core: 0.3 s at most); past them, ``BOUNDS`` stand for the rest."""
 
 
 def _classes(module: Any, base: type) -> dict[str, type]:
@@ -138,46 +154,123 @@ def schedule(optimizer: torch.optim.Optimizer, train: TrainSpec,
 
 
 def _accepts(cls: type, args: dict[str, Any], key: str, ours: tuple[str, ...]) -> None:
-    """Refuse an argument ``cls`` does not take, or one it needs and is not given."""
-    params = list(inspect.signature(cls.__init__).parameters.values())[1:]
-    if any(p.kind is p.VAR_KEYWORD for p in params):
-        return
-    named = [p for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-             and p.name not in ours]
-    takes = {p.name for p in named}
-    for name in args:
-        if name not in takes:
+    """Refuse an argument ``cls`` does not take, or one of another type than its
+    signature's (``signature``) or below its ``BOUNDS``."""
+    known = {name: hint for name, (hint, _) in hints(cls).items() if name not in ours}
+    for name, value in args.items():
+        if name not in known:
             raise ConfigError(f"{key}.{name}", f"is not an argument of {cls.__name__}, "
-                              f"which takes: {', '.join(sorted(takes))}")
-    needed = [p.name for p in named if p.default is p.empty and p.name not in args]
+                              f"which takes: {', '.join(sorted(known))}")
+        if not fits(value, known[name]):
+            what = takes(known[name]) or "what a table cannot hold"
+            raise ConfigError(f"{key}.{name}", f"{cls.__name__} takes {what}, got "
+                              f"{json.dumps(value)[:60]}")
+        low, above, why = BOUNDS.get(name, (None, False, ""))
+        if low is not None and isinstance(value, int | float) and \
+                (value <= low if above else value < low):
+            raise ConfigError(f"{key}.{name}", f"must be {'above' if above else 'at least'} "
+                              f"{low} ({why}), got {value!r}")
+
+
+def _needs(cls: type, args: dict[str, Any], key: str, ours: tuple[str, ...]) -> None:
+    """Refuse ``args`` (the defaults ddlstudy gives and the use case's) that leave out one
+    ``cls`` needs."""
+    needed = [n for n, (_, default) in hints(cls).items() if n not in ours
+              and default is inspect.Parameter.empty and n not in args]
     if needed:
         raise ConfigError(key, f"{cls.__name__} needs {', '.join(needed)}: give "
                           f"{'them' if len(needed) > 1 else 'it'} in [{key}]")
 
 
-def _made(key: str, name: str, make: Any) -> Any:
+FAILURES = (TypeError, ValueError, RuntimeError, KeyError, IndexError, AssertionError,
+            ZeroDivisionError, OverflowError)
+"""What torch raises for a value it refuses (an assertion for ``capturable`` on the CPU)."""
+
+
+def _made(key: str, name: str, make: Any, args: dict[str, Any], when: str = "") -> Any:
+    """``make()``, or a refusal naming ``key`` (the argument torch's message names, where
+    it names one of ``args``) and torch's first line."""
     try:
         return make()
-    except (TypeError, ValueError, RuntimeError, KeyError) as exc:
+    except FAILURES as exc:
         first = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
-        raise ConfigError(key, f"{name} refuses them: {first}") from None
+        named = next((a for a in args if re.search(rf"\b{a}\b", first)), None)
+        where = f"{key}.{named}" if named else key
+        raise ConfigError(where, f"{name} refuses {'it' if named else 'them'}{when}: "
+                          f"{first}") from None
 
 
-def check(train: TrainSpec, lr: float | None = None) -> None:
-    """Refuse (ConfigError naming the key) an optimizer or a schedule torch does not have
-    or cannot step per batch, an argument its class does not take, or a value it refuses
-    (each is made once, on one weight)."""
+def planned_steps(cfg: RunConfig) -> int | None:
+    """The optimizer steps of each of the run's epochs (``Trainer.steps_per_epoch``: one a
+    global batch, the last one short, at most --max-steps), known before its data is
+    prepared; None where its images cannot be counted yet."""
+    images = planned_train_images(cfg)
+    if images is None:
+        return None
+    steps = math.ceil(images / cfg.global_batch)
+    return min(steps, cfg.max_steps) if cfg.max_steps else steps
+
+
+def check(train: TrainSpec, lr: float | None = None, device: str = "cpu",
+          steps_per_epoch: int | None = None) -> None:
+    """Refuse (ConfigError naming the key and what it takes) an optimizer or a schedule
+    torch does not have or cannot step per batch, an argument its class does not take or
+    of another type or range than it takes, or a value torch refuses: the optimizer is
+    made on one weight of ``device`` and takes a step (where this machine has one), and
+    the schedule is made as the run makes it, over ``steps_per_epoch`` (where known), and
+    stepped through the run's steps (its first ``SIMULATED_STEPS``)."""
     lr = train.lr if lr is None else lr
     cls = optimizer_class(train.optimizer)
-    _accepts(cls, train.optimizer_args or {}, "train.optimizer_args", ("params", "lr"))
-    weight = torch.nn.Parameter(torch.zeros(2, 2))
+    given = train.optimizer_args or {}
+    _accepts(cls, given, "train.optimizer_args", ("params", "lr"))
+    _needs(cls, given, "train.optimizer_args", ("params", "lr"))
+    here = device if device == "cpu" or torch.cuda.is_available() else None
+    weight = torch.nn.Parameter(torch.zeros(2, 2, device=here or "cpu"))
     optimizer = _made("train.optimizer_args", train.optimizer,
-                      lambda: cls([weight], **optimizer_args(train, lr)))
+                      lambda: cls([weight], **optimizer_args(train, lr)), given)
+    if here is not None:  # a flag this device cannot take fails at the first step
+        weight.grad = torch.ones_like(weight)
+        _made("train.optimizer_args", train.optimizer, optimizer.step, given,
+              f" on {device}")
     if train.lr_schedule == "none":
         if train.lr_schedule_args:
             raise ConfigError("train.lr_schedule_args", "give them with a train.lr_schedule")
         return
+    _check_schedule(train, optimizer, lr, steps_per_epoch)
+
+
+def _check_schedule(train: TrainSpec, optimizer: torch.optim.Optimizer, lr: float,
+                    steps_per_epoch: int | None) -> None:
+    key, given = "train.lr_schedule_args", train.lr_schedule_args or {}
     scheduler = schedule_class(train.lr_schedule)
-    args = _schedule_args(train, lr, 100)
-    _accepts(scheduler, args, "train.lr_schedule_args", ("optimizer",))
-    _made("train.lr_schedule_args", scheduler.__name__, lambda: scheduler(optimizer, **args))
+    _accepts(scheduler, given, key, ("optimizer", "last_epoch"))
+    per_epoch = steps_per_epoch or 100
+    total = train.epochs * per_epoch
+    run = total - warmup_steps(train, per_epoch)
+    if steps_per_epoch and scheduler is lr_scheduler.OneCycleLR and \
+            (given.get("total_steps") or run) < run:
+        raise ConfigError(f"{key}.total_steps", f"OneCycleLR's cycle of "
+                          f"{given['total_steps']} steps would end before the run's {run} "
+                          f"({train.epochs} epochs of {steps_per_epoch}); give at least "
+                          f"{run}, or leave it out (the run's steps)")
+    _needs(scheduler, _schedule_args(train, lr, run), key, ("optimizer", "last_epoch"))
+    with warnings.catch_warnings():  # torch's, of a step before the optimizer's
+        warnings.simplefilter("ignore")
+        made = _made(key, scheduler.__name__, lambda: schedule(optimizer, train, per_epoch),
+                     given)
+        _simulate(made, optimizer, key, given, min(total, SIMULATED_STEPS)
+                  if steps_per_epoch else 2)
+
+
+def _simulate(made: Scheduler, optimizer: torch.optim.Optimizer, key: str,
+              given: dict[str, Any], steps: int) -> None:
+    """Step ``made`` as the run steps it, after each of its first ``steps`` steps: what
+    fails late (a division by zero, a step past a cycle's end, a rate that is no number)
+    fails here."""
+    name = type(made).__name__
+    for step in range(1, steps + 1):
+        _made(key, name, made.step, given, f" at the run's step {step}")
+        rate = optimizer.param_groups[0]["lr"]
+        if not math.isfinite(rate) or rate < 0:
+            raise ConfigError(key, f"{name} gives a learning rate of {rate} at the run's "
+                              f"step {step}; check its arguments")

@@ -72,6 +72,14 @@ def shard_units(model: nn.Module, share: float = UNIT_SHARE) -> list[str]:
             sum(p.numel() for p in module.parameters(recurse=False)) >= share * total]
 
 
+def arena_bytes(model: nn.Module, ranks: int) -> int:
+    """The shared-memory arena sharded's ``ranks`` processes would gather and reduce
+    ``model``'s units through (``hostfsdp.arena_bytes`` of the units ``shard_model``
+    makes: ``shard_units``, then the root)."""
+    modules = dict(model.named_modules())
+    return hostfsdp.arena_bytes([modules[n] for n in [*shard_units(model), ""]], ranks)
+
+
 def shard_model(model: nn.Module, mesh: DeviceMesh, precision: str = "fp32",
                 reshard_after_forward: bool = True) -> list[str]:
     """FSDP2 over ``mesh``: each of ``shard_units`` a unit, then the root with the rest;

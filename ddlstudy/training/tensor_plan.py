@@ -84,3 +84,13 @@ def linear_pairs(spec: ModelSpec, num_classes: int) -> tuple[tuple[str, str], ..
     """``pairs_in`` the use case's model, built on the meta device (nothing allocated)."""
     model, _ = shapes_only(spec, num_classes)
     return tuple(pairs_in(model))
+
+
+@lru_cache(maxsize=16)
+def split_features(spec: ModelSpec, num_classes: int) -> tuple[tuple[str, int], ...]:
+    """Each pair's first layer and the features its split cuts (its output features, the
+    second's input features): the processes must divide them evenly (DTensor's uneven
+    shards give the two halves of a pair mismatched shapes)."""
+    model, _ = shapes_only(spec, num_classes)
+    modules = dict(model.named_modules())
+    return tuple((first, modules[first].out_features) for first, _ in pairs_in(model))

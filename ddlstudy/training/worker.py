@@ -15,6 +15,7 @@ from ddlstudy.config import RunConfig
 from ddlstudy.models import build_model
 from ddlstudy.models.checkpointing import checkpoint_blocks
 from ddlstudy.models.trained import load_initial
+from ddlstudy.records.runfolder import node_share
 from ddlstudy.training import memory, recipe
 from ddlstudy.training.job import Job, Link, States, train_epochs
 from ddlstudy.training.loaders import val_loader
@@ -116,19 +117,6 @@ def record_memory(job: Job, link: Link, mine: dict) -> None:
                 "process's own tensors; setup_rss_bytes: resident once set up, before the "
                 "first step (of which setup_file_bytes are files' pages, shared with the "
                 "node's other processes)"})
-
-
-def node_share(row: dict) -> int:
-    """What a process's peak adds to its node's: the peak, its shared memory counted by its
-    proportional share (a page mapped by k processes is in each one's peak, and the node's
-    memory holds it once); the peak alone where the share was not recorded. The shared
-    pages are as at the end of training: the buffers stay mapped, and are touched, from the
-    first step on."""
-    peak, shared, share = (row.get(k) for k in ("peak_rss_bytes", "shmem_bytes",
-                                                "shmem_pss_bytes"))
-    if shared is None or share is None:
-        return peak
-    return max(peak - shared, 0) + share
 
 
 def same_buffers(buffers: list[torch.Tensor], link: Link) -> None:

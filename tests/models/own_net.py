@@ -98,3 +98,14 @@ def moves_away(num_classes: int) -> nn.Module:
 def never_returns(num_classes: int) -> nn.Module:
     while True:
         time.sleep(3600)
+
+
+def swallows_every_exception(num_classes: int) -> nn.Module:
+    """Does not return while the file ``HOLD_FILE`` names exists, and swallows whatever is
+    raised in it meanwhile (a time limit's exception too)."""
+    while os.path.exists(os.environ.get("HOLD_FILE", "")):
+        try:
+            time.sleep(0.05)
+        except BaseException:  # noqa: BLE001, S110 - what a careless factory does
+            pass
+    return small_resnet(num_classes)

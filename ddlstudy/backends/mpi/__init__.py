@@ -190,8 +190,11 @@ class Mpi(Backend):
                     "(give --sample-hz to sample them)")
         return None
 
+    def launches(self, cfg: RunConfig) -> bool:
+        return not launch.under_mpiexec()  # else this process is a rank already
+
     def launch(self, cfg: RunConfig, argv: list[str], run_id: str) -> launch.Launched | None:
-        if launch.under_mpiexec():
+        if not self.launches(cfg):
             return None
         # emulated hosts that are not up are refused here
         where = launch.placement(cfg.hosts, self.nodes(cfg), cfg.hostfile)

@@ -21,6 +21,7 @@ from ddlstudy.exports.mlflow.store import (
     epoch_metrics,
     experiment,
     experiment_name,
+    handed,
     log_batch,
     now_ms,
     open_run,
@@ -28,6 +29,7 @@ from ddlstudy.exports.mlflow.store import (
     resolved,
     run_tags,
 )
+from ddlstudy.redact import redact, shown
 from ddlstudy.watchers import Watcher
 
 log = logging.getLogger("ddlstudy")
@@ -36,9 +38,13 @@ _CLIENTS: dict[str, Any] = {}
 
 
 def _live(uri: str):
-    """This process's client of ``uri`` (a worker makes its own once)."""
+    """This process's client of ``uri`` (a worker makes its own once), with ``uri``'s
+    credentials the ones MLflow reads (``store.handed``: the last store used may have
+    been another)."""
     if uri not in _CLIENTS:
         _CLIENTS[uri] = client(uri)
+    else:
+        handed(uri)
     return _CLIENTS[uri]
 
 
@@ -109,7 +115,7 @@ def _logging(manifest: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def _failed(manifest: dict, uri: str, exc: Exception) -> None:
-    text = " ".join(str(exc).split())[:300]
+    text = redact(" ".join(str(exc).split()))[:300]  # redacted whole, then cut
     manifest.setdefault("mlflow", {"tracking_uri": uri})["error"] = text
     log.warning("MLflow (%s): %s; the run goes on without it (`ddlstudy export mlflow` "
-                "logs it afterwards)", uri, text)
+                "logs it afterwards)", shown(uri), text)

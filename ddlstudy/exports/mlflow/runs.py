@@ -46,6 +46,7 @@ from ddlstudy.machine.sampler import IDENTITY, read_samples
 from ddlstudy.reading import CAPS, BadFile, check_regular, read_bytes, read_text
 from ddlstudy.records.formats import Study, load
 from ddlstudy.records.runfolder import MANIFEST, METRICS, SAMPLES, STEPS, load_manifest
+from ddlstudy.redact import redact, shown
 from ddlstudy.report import STUDY_FILE, Report, load_runs, runs_frame
 from ddlstudy.report.runs import KEY
 
@@ -127,8 +128,13 @@ def export(runs: Path, uri: str | None = None, experiment: str | None = None,
         studies = read_studies(Path(runs), Path(tmp), report)
         with store.in_turn(uri):  # two exports into one store: one, then the other
             mlflow = store.client(uri)  # the last check: a server that does not answer
-            names = write(mlflow, uri, read, studies, experiment, Path(tmp))
-    return {"uri": uri, "runs": len(read), "experiments": sorted(set(names))}
+            try:
+                names = write(mlflow, uri, read, studies, experiment, Path(tmp))
+            except Exception as exc:  # noqa: BLE001 - MLflow's own kinds, said in one line
+                text = redact(" ".join(str(exc).split()))[:300] or type(exc).__name__
+                raise UsageError(f"MLflow ({shown(uri)}) stopped the export: {text}; what "
+                                 "was logged stays, and exporting again completes it") from None
+    return {"uri": shown(uri), "runs": len(read), "experiments": sorted(set(names))}
 
 
 def read_runs(root: Path, found: list[Path]) -> list[RunRead]:
@@ -361,9 +367,10 @@ def after_run(folder: Path, uri: str) -> None:
     epochs were logged as they ended); a failure is a warning, never the run's."""
     try:
         export(folder, uri)
-        log.info("MLflow: run %s logged to %s", Path(folder).name, uri)
+        log.info("MLflow: run %s logged to %s", Path(folder).name, shown(uri))
     except Exception as exc:  # noqa: BLE001 - the run is recorded already
-        log.warning("MLflow (%s): could not log run %s: %s", uri, Path(folder).name, exc)
+        log.warning("MLflow (%s): could not log run %s: %s", shown(uri), Path(folder).name,
+                    redact(str(exc)))
 
 
 def after_study(runs_dir: Path, uris: set[str], report: list[Path]) -> None:
@@ -373,6 +380,8 @@ def after_study(runs_dir: Path, uris: set[str], report: list[Path]) -> None:
     for uri in sorted(uris):
         try:
             done = export(runs_dir, uri, report=report)
-            log.info("MLflow: %d run(s) and the report logged to %s", done["runs"], uri)
+            log.info("MLflow: %d run(s) and the report logged to %s", done["runs"],
+                     done["uri"])
         except Exception as exc:  # noqa: BLE001 - the study's report is written already
-            log.warning("MLflow (%s): could not log the study: %s", uri, exc)
+            log.warning("MLflow (%s): could not log the study: %s", shown(uri),
+                        redact(str(exc)))

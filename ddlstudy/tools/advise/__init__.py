@@ -57,14 +57,22 @@ from ddlstudy.hosts import load as load_hosts
 from ddlstudy.machine import environment
 from ddlstudy.models import facts
 from ddlstudy.records.plan import cell_config
-from ddlstudy.tools.advise.checking import NOT_THE_CONFIGURATION, check, check_text
+from ddlstudy.tools.advise.checking import (
+    NOT_THE_CONFIGURATION,
+    check,
+    check_runs,
+    check_study,
+    check_text,
+    last_check_line,
+    write_check,
+)
 from ddlstudy.tools.advise.exchange import COMPRESSORS, Exchange, measure_exchange, on_link
 from ddlstudy.tools.advise.memory import gib, linear_share
 from ddlstudy.tools.advise.nodes import Setting, mpi_candidates
 from ddlstudy.tools.advise.output import as_csv, as_json, markdown, write
 from ddlstudy.tools.advise.probes import (
     CONTENDER,
-    PROBE_STEADY_STEPS,
+    PROBE_SECONDS,
     Candidate,
     admit,
     candidates,
@@ -72,7 +80,6 @@ from ddlstudy.tools.advise.probes import (
     fastest,
     over,
     probe,
-    probe_all,
     probe_settings,
     refuse_if_all_failed,
     say,
@@ -88,6 +95,7 @@ from ddlstudy.tools.advise.ranking import (
     rank,
     sureness,
 )
+from ddlstudy.tools.advise.schedule import Pace, probe_all
 
 
 def say_skipped(cands: list[Candidate]) -> None:
@@ -127,33 +135,35 @@ def skip_non_nodes(cands: list[Candidate], nodes: list[int], where: Setting) -> 
 
 
 def advise(usecase: str | None, nodes: list[int], hosts: str | None, link: str | None,
-           budget: float, out: Path, runs: Path | None = None, rounds: int = 3,
-           steps: int = PROBE_STEADY_STEPS, datasets_dir: Path | None = None,
+           budget: float | None, out: Path, runs: Path | None = None, rounds: int = 3,
+           box: float = PROBE_SECONDS, datasets_dir: Path | None = None,
            host_count: int | None = None, wait: bool = False,
            data: dict[str, Any] | None = None, strategies: list[str] | None = None,
-           memory: int | None = None, checkpointed: bool = False) -> dict:
+           memory: int | None = None, checkpointed: bool = False,
+           precisions: tuple[str, ...] = ()) -> dict:
     """Probe, measure, predict and rank (see the module's docstring): advise.json's
-    content. ``host_count``: how many ``hosts`` there are (MPI probes up to that many);
-    ``wait``: each probe waits for a quiet host first; ``data``: run flags of every probe
-    that say what it trains (``data_dir``, ``model``); ``strategies``: the only ones whose
-    layouts are probed (and sequential); ``memory``: --memory's bytes (``_memory``);
-    ``checkpointed``: each layout also with its activations checkpointed."""
+    content. ``budget``: seconds (None: auto, every layout once and then some); ``box``:
+    a probe's steady seconds; ``host_count``: how many ``hosts`` there are (MPI probes up
+    to that many); ``wait``: each probe waits for a quiet host first; ``data``: run flags
+    of every probe that say what it trains (``data_dir``, ``model``); ``strategies``: the
+    only ones whose layouts are probed (and sequential); ``memory``: --memory's bytes
+    (``_memory``); ``checkpointed``, ``precisions``: each layout also with its activations
+    checkpointed, and in each of these (bf16, fp16)."""
     started = time.monotonic()
-    deadline = started + budget
-    probes_dir = out / "probes"
+    deadline, probes_dir = None if budget is None else started + budget, out / "probes"
     given = (data or {}) | ({"datasets_dir": str(datasets_dir)} if datasets_dir else {})
     uc = cell_config(usecase, given, probes_dir).usecase  # its folder's classes, its model
-    conv = convergence(runs, uc)  # --runs read (or refused) before anything is probed
-    settings = probe_settings(uc, steps) | given
+    conv, pace = convergence(runs, uc), Pace(uc, box)  # --runs read before any probe
     cores, gpus = environment.usable_cores(), len(environment.gpus())
     gradient = facts(uc.model, len(uc.classes)).gradient_bytes
-    cands = skip_unasked(candidates(cores, gpus, checkpointed), strategies)
+    cands = skip_unasked(candidates(cores, gpus, checkpointed, precisions), strategies)
     check_fit(cands, usecase, probes_dir, given)
     where = _setting(cores, hosts, link, host_count)
     limit, fits = _memory(cands, uc, memory, where)
     skip_non_nodes(cands, nodes, where)
-    say(f"advise {usecase}: {sum(not c.skip for c in cands)} local configurations to probe "
-        f"on {cores} cores, {gpus} GPU(s); budget {budget:.0f} s, {gib(limit)} a node")
+    say(f"advise {uc.name}: {sum(not c.skip for c in cands)} local configurations to probe "
+        f"on {cores} cores, {gpus} GPU(s); budget "
+        f"{'auto' if budget is None else f'{budget:.0f} s'}, {gib(limit)} a node")
     say_skipped(cands)
     if any(n > 1 for n in nodes):
         t0 = time.monotonic()
@@ -161,9 +171,8 @@ def advise(usecase: str | None, nodes: list[int], hosts: str | None, link: str |
         where.exchange = on_link(measured, link) if link else measured
         say(f"  exchange measured between 2 ranks on {measured.link} in "
             f"{time.monotonic() - t0:.0f} s")
-    done, waited = probe_all(cands, usecase, settings, probes_dir, deadline, rounds,
-                             lambda done: mpi_candidates(done, nodes, where, gradient),
-                             wait, fits)
+    how = probe_all(cands, usecase, given, probes_dir, pace, deadline, rounds,
+                    lambda done: mpi_candidates(done, nodes, where, gradient), wait, fits)
     refuse_if_all_failed(cands)
     rows, notes = predictions(cands, nodes, where, uc.train.batch_size, gradient,
                               train_images(uc, given.get("data_dir")))
@@ -174,16 +183,23 @@ def advise(usecase: str | None, nodes: list[int], hosts: str | None, link: str |
         r["command"] = command(usecase, (data or {}) | r["flags"])
     return {"usecase": uc.name, "origin": origin(usecase, uc, given), "nodes": nodes,
             "hosts": hosts, "link": link, "budget_s": budget,
-            "seconds": round(time.monotonic() - started, 1), "waited_s": round(waited, 1),
-            "rounds": done, "cores": cores, "gpus": gpus, "batch": uc.train.batch_size,
-            "gradient_bytes": gradient, "probe_settings": settings, "memory_bytes": limit,
-            "probes": [c.record() for c in cands],
+            "seconds": round(time.monotonic() - started, 1),
+            "waited_s": round(how["waited_s"], 1), "rounds": how["rounds"],
+            "every_layout": how["every_layout"],
+            "budget_needed_s": how.get("budget_needed_s"), "probe_seconds": box,
+            "cores": cores, "gpus": gpus, "batch": uc.train.batch_size,
+            "gradient_bytes": gradient, "probe_settings": pace.settings(box) | given,
+            "memory_bytes": limit, "probes": [c.record() for c in cands],
             "exchange": where.exchange.record() if where.exchange else None,
-            "convergence": conv | ({"factor": {k: finite(v) for k, v in
-                                               conv["factor"].items()}}
-                                   if "factor" in conv else {}),
-            "notes": notes, "sureness": sureness(rows),
-            "ranking": rows, "left_out": left_out, "host": environment.host()}
+            "convergence": _recorded(conv), "notes": notes, "sureness": sureness(rows),
+            "ranking": rows, "left_out": left_out, "host": environment.host(),
+            "last_check": last_check_line(uc.name)}
+
+
+def _recorded(conv: dict[str, Any]) -> dict[str, Any]:
+    """The convergence as advise.json holds it (JSON has no infinity: never is null)."""
+    return conv | ({"factor": {k: finite(v) for k, v in conv["factor"].items()}}
+                   if "factor" in conv else {})
 
 
 def _setting(cores: int, hosts: str | None, link: str | None, host_count: int | None
@@ -268,9 +284,10 @@ def _shared(where: Setting, nodes: list[int]) -> list[str]:
             "to plan for separate machines give --link RATE (predicted) or --hosts"]
 
 
-__all__ = ["COMPRESSORS", "CONTENDER", "NOT_THE_CONFIGURATION", "PROBE_STEADY_STEPS",
+__all__ = ["COMPRESSORS", "CONTENDER", "NOT_THE_CONFIGURATION", "PROBE_SECONDS", "Pace",
            "Candidate", "Exchange", "Setting", "admit", "advise", "as_csv", "as_json",
-           "candidates", "check", "check_fit", "check_text", "command", "convergence",
+           "candidates", "check", "check_fit", "check_runs", "check_study", "check_text",
+           "last_check_line", "write_check", "command", "convergence",
            "convergence_key", "fastest", "finite", "fitting", "markdown", "measure_exchange",
            "mpi_candidates", "on_link", "predictions", "probe", "probe_all", "probe_settings",
            "rank", "say", "settle_noisy", "sureness", "train_images", "write"]

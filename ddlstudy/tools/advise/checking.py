@@ -1,86 +1,371 @@
-"""The advice against a study of its recommendations (``ddlstudy study --from-advice``):
-whether the first-ranked is the fastest measured."""
+"""The advice against the runs that measure it (``ddlstudy study --from-advice``, or any
+folder of runs that holds configurations of an advice): per configuration, the predicted
+and the measured images/s (or time to target) and peak memory of a node and of a
+process, each error in %; over the rows, the mean absolute % error, the rank correlation
+(Spearman) between predicted and measured, and the measured rank of the first choice.
+
+An error is (predicted - measured) / measured: +0.10 predicted 10 % more than measured.
+"""
 
 from __future__ import annotations
 
 import json
+import logging
 import math
+import os
+import socket
 import statistics
+import time
 from pathlib import Path
 from typing import Any
 
-from ddlstudy.report import load_runs
-from ddlstudy.tools.advise.output import _figure
+import numpy as np
+import pandas as pd
+
+from ddlstudy.config import DEFAULT_RUNS_DIR
+from ddlstudy.errors import UsageError
+from ddlstudy.files import atomic_write_json, atomic_write_text
+from ddlstudy.reading import read_text
+from ddlstudy.records.advised import load_advice
+from ddlstudy.records.formats import Study as StudyRecord
+from ddlstudy.records.formats import load
+from ddlstudy.records.runfolder import memory_of
+from ddlstudy.report import STUDY_FILE, load_runs
+from ddlstudy.tools.advise.figure import plot_check, save
 from ddlstudy.tools.advise.probes import fastest
 from ddlstudy.tools.advise.ranking import finite
 
 NOT_THE_CONFIGURATION = {"datasets_dir", "epochs", "max_steps", "max_val_steps",
-                         "warmup_steps"}
-"""A study cell's flags that say how long it trains or where its data is, not what it
-runs: left out when matching cells to the advice's rows."""
+                         "warmup_steps", "no_snapshot", "sample_hz", "data_dir", "model",
+                         "runs_dir", "snapshot_every", "quiet"}
+"""A cell's flags that say how long it trains, where its data is or where it writes, not
+what configuration it runs: left out when matching runs to the advice's rows."""
+log = logging.getLogger("ddlstudy")
+GOAL = 0.10
+"""The error a prediction is held to (the first choice within 10 % of the best measured;
+an images/s or memory row within 10 % of its measurement)."""
+MIN_RANKED = 3
+"""Rows it takes for a rank correlation to say anything (2 rows: always +1 or -1)."""
 
 
-def check(advice: dict, runs_dir: Path, study: dict) -> dict:
-    """The advice against a study of its recommendations (``study.json``'s record): each
-    cell's measured figure (its best repeat, as advise ranks on its best probe) beside the
-    predicted one, and whether the first-ranked is within 10 % of the best measured. Runs
-    marked noisy (other processes kept the host busy) are left out, as the report leaves
-    them out of speedups."""
-    by_flags = {json.dumps(r["flags"], sort_keys=True): r for r in advice["ranking"]}
-    manifests = {m["id"]: m for m in load_runs(runs_dir)}
+def check(advice: dict, manifests: list[dict], cells: list[dict] | None = None,
+          include_noisy: bool = False) -> dict:
+    """The advice against ``manifests`` (completed runs; of a study, ``cells`` names each
+    one's run and flags, else a run is matched to a row by its recorded configuration).
+    Each configuration's measured figure is its best repeat's (advise ranks on its best
+    probe). Runs marked noisy (other processes kept the host busy) are left out and
+    counted, as the report leaves them out of speedups; ``include_noisy`` counts them,
+    every row they give marked ``busy``."""
     ttt = bool((advice.get("convergence") or {}).get("factor"))
-    measured: dict[str, list[float]] = {}
+    rows_by_key = {_key(r["flags"]): r for r in advice["ranking"]}
+    found: dict[str, list[tuple[dict, bool]]] = {}
     noisy = 0
-    for cell in study["cells"]:
-        m = manifests.get(cell["run"])
-        what = {k: v for k, v in cell["flags"].items() if k not in NOT_THE_CONFIGURATION}
-        row = by_flags.get(json.dumps(what, sort_keys=True))
-        if row is None or m is None or m.get("status") != "completed":
+    for m, flags in _runs(manifests, cells, advice):
+        row = rows_by_key.get(_key(flags))
+        if row is None or m.get("status") != "completed":
             continue
-        if (m.get("host_load") or {}).get("noisy") is True:
+        busy = (m.get("host_load") or {}).get("noisy") is True
+        if busy and not include_noisy:
             noisy += 1
             continue
-        if ttt:
-            tta = m.get("time_to_target") or {}
-            value = tta["seconds"] if tta.get("reached") else math.inf
-        else:
-            value = statistics.median(e["steady_images_per_s"] for e in m["epochs"])
-        measured.setdefault(json.dumps(row["flags"], sort_keys=True), []).append(value)
-    rows = []
-    for key, values in measured.items():
-        r = by_flags[key]
-        rows.append({"rank": r["rank"], "label": r["label"],
-                     "predicted": r["time_to_target_s"] if ttt else r["images_per_s"],
-                     "measured": min(values) if ttt else fastest(values),
-                     "runs": len(values)})
-    rows.sort(key=lambda r: r["rank"])
+        found.setdefault(_key(row["flags"]), []).append((m, busy))
+    rows = sorted((_row(rows_by_key[k], runs, ttt) for k, runs in found.items()),
+                  key=lambda r: r["rank"])
     out: dict[str, Any] = {"criterion": "time to target (s)" if ttt else "images/s",
-                           "rows": rows, "noisy_left_out": noisy}
-    if rows and rows[0]["rank"] == 1 and not math.isinf(min(r["measured"] for r in rows)):
-        better = min if ttt else max
-        best = better(rows, key=lambda r: r["measured"])
-        first = rows[0]["measured"]
-        ratio = (best["measured"] / first) if ttt else (first / best["measured"])
-        out |= {"best_rank": best["rank"], "first_over_best": ratio,
-                "confirmed": ratio >= 0.9}
-    for r in rows:
-        r["measured"] = finite(r["measured"])
+                           "rows": rows, "noisy_left_out": noisy,
+                           "include_noisy": include_noisy,
+                           "summary": summary(rows, ttt)}
+    first = out["summary"]
+    if first.get("first_over_best") is not None:  # the keys earlier checks had
+        out |= {"best_rank": first["best_rank"], "first_over_best": first["first_over_best"],
+                "confirmed": first["confirmed"]}
     return out
 
 
+def _runs(manifests: list[dict], cells: list[dict] | None, advice: dict
+          ) -> list[tuple[dict, dict]]:
+    """Each run with the flags to match: its study cell's, or (no study) the advice's row
+    whose configuration its manifest records."""
+    if cells is not None:
+        by_id = {m["id"]: m for m in manifests}
+        return [(by_id[c["run"]], c["flags"]) for c in cells if c.get("run") in by_id]
+    out = []
+    for m in manifests:
+        if m.get("usecase") != advice["usecase"]:
+            continue
+        config = m.get("config") or {}
+        row = next((r for r in advice["ranking"] if _recorded(r["flags"], config)), None)
+        if row is not None:
+            out.append((m, row["flags"]))
+    return out
+
+
+def _recorded(flags: dict, config: dict) -> bool:
+    """Whether a run's recorded configuration is the one ``flags`` give: every flag that
+    says what runs as recorded, and a row without a backend a local run."""
+    what = {k: v for k, v in flags.items() if k not in NOT_THE_CONFIGURATION}
+    return config.get("backend", "local") == what.get("backend", "local") and all(
+        config.get(k[3:]) is (not v) if k.startswith("no_") and k not in config
+        else config.get(k) == v for k, v in what.items())
+
+
+def _key(flags: dict) -> str:
+    return json.dumps({k: v for k, v in flags.items() if k not in NOT_THE_CONFIGURATION},
+                      sort_keys=True)
+
+
+def _row(advised: dict, runs: list[tuple[dict, bool]], ttt: bool) -> dict[str, Any]:
+    """One configuration: the advice's prediction beside its runs' measurement."""
+    values = [_measured(m, ttt) for m, _ in runs]
+    measured = min(values) if ttt else fastest(values)
+    best = runs[values.index(measured)][0]
+    memory = [memory_of(m) for m, _ in runs]
+    node = _median([x["peak_node_bytes"] for x in memory])
+    process = _median([x["peak_process_bytes"] for x in memory])
+    predicted = advised.get("time_to_target_s") if ttt else advised["images_per_s"]
+    pred_node = advised.get("predicted_need_node_bytes")
+    pred_process = advised.get("predicted_peak_process_bytes")
+    return {"rank": advised["rank"], "label": advised["label"], "nodes": advised.get("nodes", 1),
+            "basis": advised.get("basis"), "predicted": predicted,
+            "measured": finite(measured), "error": error(predicted, measured),
+            "runs": len(runs), "best_run": best["id"],
+            "busy": any(b for _, b in runs) or None,
+            "predicted_node_bytes": pred_node, "measured_node_bytes": node,
+            "node_error": error(pred_node, node),
+            "predicted_process_bytes": pred_process, "measured_process_bytes": process,
+            "process_error": error(pred_process, process)}
+
+
+def _measured(m: dict, ttt: bool) -> float:
+    if ttt:
+        tta = m.get("time_to_target") or {}
+        return tta["seconds"] if tta.get("reached") else math.inf
+    return statistics.median(e["steady_images_per_s"] for e in m["epochs"])
+
+
+def _median(values: list[int | None]) -> int | None:
+    known = [v for v in values if v is not None]
+    return round(statistics.median(known)) if known else None
+
+
+def error(predicted: float | None, measured: float | None) -> float | None:
+    """(predicted - measured) / measured; None where either is unknown or never."""
+    if predicted is None or measured is None or not math.isfinite(measured) or measured <= 0:
+        return None
+    return (predicted - measured) / measured
+
+
+def spearman(a: list[float], b: list[float]) -> float | None:
+    """The rank correlation of ``a`` and ``b`` (ties averaged; None with fewer than
+    MIN_RANKED pairs, or where one side has no spread)."""
+    if len(a) < MIN_RANKED:
+        return None
+    ra, rb = pd.Series(a).rank().to_numpy(), pd.Series(b).rank().to_numpy()
+    if ra.std() == 0 or rb.std() == 0:
+        return None
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def summary(rows: list[dict], ttt: bool) -> dict[str, Any]:
+    """Over the rows: the mean absolute % error of the criterion, of a node's and of a
+    process's peak (and the worst of a node's), each kind of row's (its ``basis``), the
+    rank correlation, the first choice's measured rank and whether it came within GOAL of
+    the best measured."""
+    timed = [r for r in rows if r["error"] is not None]
+    out: dict[str, Any] = {"rows": len(rows), "mape": _mape(r["error"] for r in timed)}
+    for side in ("node", "process"):
+        errors = [r[f"{side}_error"] for r in rows if r[f"{side}_error"] is not None]
+        out[f"{side}_memory_mape"] = _mape(errors)
+        out[f"{side}_memory_worst"] = max(errors, key=abs) if errors else None
+    out["by_basis"] = {b: {"rows": len(rs), "mape": _mape(r["error"] for r in rs)}
+                       for b in sorted({r["basis"] or "?" for r in timed})
+                       for rs in [[r for r in timed if (r["basis"] or "?") == b]]}
+    out["spearman"] = spearman([r["predicted"] for r in timed],
+                               [r["measured"] for r in timed])
+    measured = [r for r in rows if r["measured"] is not None]
+    first = next((r for r in rows if r["rank"] == 1), None)
+    out |= {"first_measured_rank": None, "best_rank": None, "first_over_best": None,
+            "confirmed": None}
+    if first is None or first["measured"] is None or not measured:
+        return out
+    order = sorted(measured, key=lambda r: r["measured"], reverse=not ttt)
+    best = order[0]
+    ratio = best["measured"] / first["measured"] if ttt else first["measured"] / best[
+        "measured"]
+    return out | {"first_measured_rank": order.index(first) + 1, "best_rank": best["rank"],
+                  "first_over_best": ratio, "confirmed": ratio >= 1 - GOAL}
+
+
+def _mape(errors) -> float | None:
+    errors = [abs(e) for e in errors]
+    return statistics.fmean(errors) if errors else None
+
+
 def check_text(result: dict) -> str:
-    lines = [f"advice against the measured runs ({result['criterion']}):", "",
-             "| rank | configuration | predicted | measured | runs |", "|---|---|---|---|---|"]
-    lines += [f"| {r['rank']} | {r['label']} | {_figure(r['predicted'])} | "
-              f"{_figure(r['measured'])} | {r['runs']} |" for r in result["rows"]]
-    if "confirmed" in result:
-        verdict = "confirmed" if result["confirmed"] else "not confirmed"
-        lines += ["", f"{verdict}: the first-ranked measured {result['first_over_best']:.0%} "
-                  f"of the best measured (rank {result['best_rank']}); within 10 % confirms"]
-    else:
-        lines += ["", "not checked: the first-ranked configuration did not complete (or "
-                  "only on a busy host), or none reached the target"]
-    if result.get("noisy_left_out"):
-        lines.append(f"({result['noisy_left_out']} run(s) left out: other processes kept "
-                     "the host busy; --wait-quiet waits for a quiet host before each cell)")
+    """The check as advice-check.md: the table, then what it adds up to."""
+    crit = result["criterion"]
+    lines = [f"advice against the measured runs ({crit}; error = (predicted - measured) / "
+             "measured):", "",
+             "| rank | configuration | predicted | measured | error | node GiB predicted "
+             "| measured | error | process GiB predicted | measured | error | runs |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['rank']} | {r['label']}{' (busy host)' if r.get('busy') else ''} | "
+              f"{_figure(r['predicted'])} | {_figure(r['measured'])} | {_pct(r['error'])} | "
+              f"{_gib(r['predicted_node_bytes'])} | {_gib(r['measured_node_bytes'])} | "
+              f"{_pct(r['node_error'])} | {_gib(r['predicted_process_bytes'])} | "
+              f"{_gib(r['measured_process_bytes'])} | {_pct(r['process_error'])} | "
+              f"{r['runs']} |" for r in result["rows"]]
+    lines += ["", *summary_lines(result)]
     return "\n".join(lines)
+
+
+def summary_lines(result: dict) -> list[str]:
+    """What the check adds up to, in a few lines (advise and the report open with them)."""
+    s = result.get("summary") or {}
+    if not result["rows"]:
+        why = ("every run that matched was on a busy host: `--include-noisy` counts them, "
+               "marked" if result.get("noisy_left_out") else
+               "no completed run matched a row of the advice")
+        return [f"not checked: {why}"]
+    out = [f"{s['rows']} configuration(s) checked: {result['criterion']} off by "
+           f"{_pct(s['mape'], signed=False)} on average (mean absolute error)"
+           + (f"; rank correlation {s['spearman']:.2f} (Spearman)"
+              if s.get("spearman") is not None else
+              f"; no rank correlation with fewer than {MIN_RANKED} rows")]
+    if s.get("node_memory_mape") is not None:
+        out.append(f"peak memory of a node off by {_pct(s['node_memory_mape'], signed=False)}"
+                   f" on average, at worst {_pct(s['node_memory_worst'])}; of a process by "
+                   f"{_pct(s['process_memory_mape'], signed=False)}")
+    if s.get("confirmed") is None:
+        out.append("the first choice was not measured (it failed, or only on a busy host), or "
+                   "none reached the target: its place is not checked")
+    else:
+        verdict = "confirmed" if s["confirmed"] else "not confirmed"
+        out.append(f"{verdict}: the first choice measured {s['first_over_best']:.0%} of the "
+                   f"best measured (rank {s['best_rank']}), measured rank "
+                   f"{s['first_measured_rank']} of {_measured_rows(result)}; within "
+                   f"{GOAL:.0%} confirms")
+    if result.get("noisy_left_out"):
+        out.append(f"({result['noisy_left_out']} run(s) left out: other processes kept the "
+                   "host busy; --wait-quiet waits for a quiet host before each cell, "
+                   "--include-noisy counts them, marked)")
+    if any(r.get("busy") for r in result["rows"]):
+        out.append("(rows marked 'busy host' were measured while other processes kept the "
+                   "host busy: their errors say as much of the host as of the advice)")
+    return out
+
+
+def _measured_rows(result: dict) -> int:
+    return sum(r["measured"] is not None for r in result["rows"])
+
+
+def _figure(value: float | None) -> str:
+    return "never" if value is None else f"{value:.1f}"
+
+
+def _pct(value: float | None, signed: bool = True) -> str:
+    return "-" if value is None else f"{value:+.0%}" if signed else f"{value:.0%}"
+
+
+def _gib(nbytes: int | None) -> str:
+    return "-" if nbytes is None else f"{nbytes / 2**30:.2f}"
+
+
+def write_check(result: dict, out: Path) -> list[Path]:
+    """advice-check.json, advice-check.md and the figure (predicted against measured) into
+    ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    fig = plot_check(result)
+    paths = save(fig, out, "advice-check") if fig is not None else []
+    result = result | ({"figure": "advice-check.svg"} if paths else {})
+    atomic_write_json(out / "advice-check.json", result)
+    atomic_write_text(out / "advice-check.md", check_text(result) + "\n")
+    return [out / "advice-check.json", out / "advice-check.md", *paths]
+
+
+CHECKS_ENV = "DDLSTUDY_ADVICE_CHECKS"
+"""The file where every advice check on this host is remembered (default
+``<runs>/advise/checks.jsonl``): ``advise`` says how the last one did."""
+
+
+def checks_file() -> Path:
+    return Path(os.environ.get(CHECKS_ENV) or DEFAULT_RUNS_DIR / "advise" / "checks.jsonl")
+
+
+def check_study(advice_path: Path, runs_dir: Path, include_noisy: bool = False) -> str:
+    """A study of an advice's rows (its study.json) checked against the advice: written to
+    ``<runs_dir>/report`` (before the report, which opens with it), remembered for
+    ``advise``, and returned as text."""
+    record = load(runs_dir / STUDY_FILE, StudyRecord, "study record")
+    return check_runs(advice_path, runs_dir, runs_dir / "report", include_noisy,
+                      record["cells"])
+
+
+def check_runs(advice_path: Path, runs_dir: Path, out: Path | None,
+               include_noisy: bool = False, cells: list[dict] | None = None) -> str:
+    """The runs of ``runs_dir`` that are rows of the advice (its study's ``cells``, else
+    matched by the configuration each manifest records) checked against it: written to
+    ``out`` (None: not written), remembered for ``advise``, and returned as text."""
+    advice = load_advice(advice_path)
+    result = check(advice, load_runs(runs_dir), cells, include_noisy)
+    if out is not None:
+        write_check(result, out)
+    if result["rows"]:
+        remember(result, advice, advice_path)
+    return check_text(result)
+
+
+def remember(result: dict, advice: dict, advice_path: Path) -> None:
+    """Add the check's summary to ``checks_file`` (one JSON line; best effort: a check is
+    not lost for a history that cannot be written)."""
+    line = {"host": socket.gethostname(), "at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "usecase": advice["usecase"], "advice": str(Path(advice_path).resolve()),
+            "criterion": result["criterion"], "noisy_left_out": result["noisy_left_out"],
+            "summary": {k: v for k, v in result["summary"].items() if k != "by_basis"}}
+    try:
+        path = checks_file()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(line) + "\n")
+    except OSError as exc:
+        log.warning("could not remember this advice check in %s: %s", checks_file(), exc)
+
+
+def last_check(usecase: str | None = None) -> dict | None:
+    """The last check remembered on this host (of ``usecase`` if there is one, else of
+    any), None where there is none or the history cannot be read."""
+    try:
+        text = read_text(checks_file(), "advice checks") if checks_file().is_file() else ""
+    except UsageError:
+        return None
+    host = socket.gethostname()
+    mine = []
+    for line in text.splitlines():
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(entry, dict) and entry.get("host") == host and isinstance(
+                entry.get("summary"), dict):
+            mine.append(entry)
+    same = [e for e in mine if e.get("usecase") == usecase]
+    return (same or mine or [None])[-1]
+
+
+def last_check_line(usecase: str | None) -> str:
+    """advise's line on how its last check on this host did."""
+    entry = last_check(usecase)
+    if entry is None:
+        return ("this host has no advice check yet: `ddlstudy study --from-advice "
+                "<out>/advise.json` measures the top rows and gives each one's error")
+    s = entry["summary"]
+    parts = [f"{entry['criterion']} off by {_pct(s.get('mape'), signed=False)} on average"]
+    if s.get("node_memory_mape") is not None:
+        parts.append(f"a node's memory by {_pct(s['node_memory_mape'], signed=False)}")
+    if s.get("spearman") is not None:
+        parts.append(f"rank correlation {s['spearman']:.2f}")
+    if s.get("first_measured_rank") is not None:
+        parts.append(f"its first choice measured rank {s['first_measured_rank']}")
+    whose = "" if entry.get("usecase") == usecase else f" (of {entry.get('usecase')})"
+    return (f"the last advice check on this host{whose}, {entry.get('at', '?')}: "
+            f"{s.get('rows', 0)} configuration(s), " + ", ".join(parts))

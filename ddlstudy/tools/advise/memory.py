@@ -21,6 +21,7 @@ from typing import Any
 
 from ddlstudy.config import ModelSpec
 from ddlstudy.models import shapes_only
+from ddlstudy.records.runfolder import node_bytes
 from ddlstudy.strategies.base import Footprint
 from ddlstudy.training.tensor_plan import linear_pairs
 
@@ -84,15 +85,24 @@ def predict(fp: Footprint, base: Split, node_batch: int) -> int:
 
 
 def need(fp: Footprint, base: Split, node_batch: int) -> int:
-    """What a node needs of its memory: ``predict``'s peaks of its processes, the files'
-    pages they share counted once (not once a process, as resident memory counts them)."""
-    return predict(fp, base, node_batch) - (fp.processes - 1) * base.shared
+    """What a node needs of its memory, as ``records.runfolder.node_bytes`` measures it:
+    ``predict``'s peaks of its processes, less the files' pages each maps (torch's
+    libraries: the machine holds them once, and a node's memory cgroup is not charged for
+    pages already cached), plus the shared memory the node holds once
+    (``fp.shared_bytes``)."""
+    return predict(fp, base, node_batch) - fp.processes * base.shared + fp.shared_bytes
+
+
+def process_peak(fp: Footprint, base: Split, node_batch: int) -> int:
+    """The predicted peak of a node's largest process (resident, the libraries' pages
+    included, as ``peak_process_bytes`` measures it): one process's ``rest``, and an even
+    share of what the node holds over its processes (one process of a pipeline's uneven
+    stages holds more: its row says so)."""
+    shared_node = predict(fp, base, node_batch) - fp.processes * base.rest
+    return round(base.rest + (shared_node + fp.shared_bytes) / fp.processes)
 
 
 def measured(memory: dict[str, Any], nodes: int = 1) -> int | None:
-    """A run's peak a node from its manifest's ``backend.memory``: its host's processes'
-    peaks summed (``nodes`` sharing one host: that sum over how many there are on it)."""
-    hosts = memory.get("per_host_bytes")
-    if not hosts:
-        return None
-    return round(max(hosts.values()) / max(1, nodes // len(hosts)))
+    """A run's peak a node from its manifest's ``backend.memory``: the one figure of a
+    node's memory (``node_bytes``)."""
+    return node_bytes(memory, nodes)

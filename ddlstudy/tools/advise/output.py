@@ -29,15 +29,29 @@ CSV_COLUMNS = ["rank", "list", "label", "nodes", "images_per_s", "low", "high", 
 """``advise --format csv``: a row a ranked configuration."""
 
 
-def markdown(result: dict, top: int = 10) -> str:
+def _header(result: dict) -> list[str]:
+    """The advice's first lines: where, how long, whether every layout was probed, and how
+    right the last check on this host found advise."""
     where = result["link"] and f"a {result['link']} link between machines like this one" \
         or result["hosts"] or "this host (nodes share its cores and memory)"
     lines = [f"# ddlstudy advise: {result['usecase']}", "",
              wrapped(f"{result['cores']} cores, {result['gpus']} GPU(s); nodes "
                      f"{result['nodes']} on {where}; {result['rounds']} probe round(s) in "
-                     f"{result['seconds']:.0f} s (budget {result['budget_s']:.0f} s"
+                     f"{result['seconds']:.0f} s (budget "
+                     + ("auto" if result["budget_s"] is None else f"{result['budget_s']:.0f} s")
                      + (f"; {result['waited_s']:.0f} s more waiting for a quiet host"
                         if result.get("waited_s") else "") + ")"), ""]
+    if result.get("budget_needed_s"):
+        lines += [wrapped(f"not every configuration was probed: --budget "
+                          f"{result['budget_needed_s']}s (or auto, the default) would probe "
+                          "them all"), ""]
+    if result.get("last_check"):
+        lines += [wrapped(f"How right advise has been: {result['last_check']}"), ""]
+    return lines
+
+
+def markdown(result: dict, top: int = 10) -> str:
+    lines = _header(result)
     conv = result["convergence"]
     ttt = bool(conv.get("factor"))
     ranked = f"predicted time to {conv['target']}" if ttt else "images/s"
@@ -64,8 +78,9 @@ def markdown(result: dict, top: int = 10) -> str:
                           "probe's range in advise.json); basis: probed, or a probe's compute + "
                           f"the exchange's model, or a model of one node; {SCALING_EFFICIENCY}; "
                           "epochs: to the target, against the baseline's (measured in --runs); "
-                          "GiB: a node's predicted need (its processes' peaks, the pages they "
-                          "share once; --memory leaves out what would not fit)")]
+                          "GiB: a node's predicted memory, what it is held to (its processes' "
+                          "peaks less the libraries' pages, shared memory once; --memory leaves "
+                          "out what would not fit)")]
     lines += ["", f"best per node count ({SAME}), and how to run it:", ""]
     lines += [wrapped(f"- {n}: {r['label']}, {r['images_per_s']:.1f} images/s (rank "
                       f"{r['rank']})", "  ") for n, r in sorted(best.items())]

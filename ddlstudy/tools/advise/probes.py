@@ -13,23 +13,28 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ddlstudy.config import UseCase
+from ddlstudy.config import PROBE_SECONDS, UseCase
 from ddlstudy.data.folder import IMAGE_EXTENSIONS
 from ddlstudy.errors import ConfigError, Unavailable, UsageError
 from ddlstudy.machine.environment import python_module
-from ddlstudy.machine.sampler import NOISY_CORES, OthersLoad, wait_quiet_at_most
+from ddlstudy.machine.sampler import NOISY_CORES, OthersLoad
 from ddlstudy.records.plan import cell_config, run_flags
 from ddlstudy.records.runfolder import MANIFEST, load_manifest, new_run_id, run_env
 from ddlstudy.runner import preflight
 from ddlstudy.strategies import REGISTRY as STRATEGIES
 from ddlstudy.strategies.base import Footprint
-from ddlstudy.tools.advise.memory import Split, gib, measured, need, predict, split
+from ddlstudy.tools.advise.memory import (
+    Split,
+    gib,
+    measured,
+    need,
+    predict,
+    process_peak,
+    split,
+)
 from ddlstudy.training import WARMUP_STEPS
 
 log = logging.getLogger("ddlstudy")
-PROBE_STEADY_STEPS = 24
-"""Steady steps (after each epoch's warm-up) a probe times, over as many epochs as that
-takes: enough that a tiny probe's figure is not one step's noise."""
 CONTENDER = 0.8
 """After the first round, only candidates whose fastest probe reaches this share of the
 leader's speed (its fastest probe, ``fastest``) are probed again."""
@@ -54,6 +59,11 @@ class Candidate:
     waits for no other)."""
     runs: list[str] = field(default_factory=list)
     seconds: list[float] = field(default_factory=list)
+    """Each probe's wall time, start-up included."""
+    trained_s: list[float] = field(default_factory=list)
+    """Each probe's time in its epochs (the rest of ``seconds`` is its start-up)."""
+    step_s: list[float] = field(default_factory=list)
+    """Each probe's steady seconds a step."""
     noisy: list[dict[str, Any]] = field(default_factory=list)
     """Probes during which other processes kept more than NOISY_CORES of the host busy:
     kept for the record, left out of ``speeds`` unless no quiet probe came (``busy``)."""
@@ -86,6 +96,11 @@ class Candidate:
         fp = (self.node or self).footprint
         return need(fp, self.split, node_batch) if fp and self.split else None
 
+    def process(self, node_batch: int) -> int | None:
+        """Its predicted peak of a node's largest process (``memory.process_peak``)."""
+        fp = (self.node or self).footprint
+        return process_peak(fp, self.split, node_batch) if fp and self.split else None
+
     def measured_peak(self) -> int | None:
         """Its last probe's peak a node, as recorded."""
         return measured(self.memory, self.nodes) if self.memory else None
@@ -106,11 +121,14 @@ class Candidate:
             {"noisy": self.noisy, "only_noisy": self.busy} if self.noisy else {})
 
 
-def candidates(cores: int, gpus: int, checkpointed: bool = False) -> list[Candidate]:
+def candidates(cores: int, gpus: int, checkpointed: bool = False,
+               precisions: tuple[str, ...] = ()) -> list[Candidate]:
     """Every strategy's layouts worth probing on a machine of ``cores`` and ``gpus`` (its
     ``Strategy.probes``; those that cannot fit carry the reason in ``skip``); with
     ``checkpointed``, each one whose strategy checkpoints again with its activations
-    checkpointed (the memory saved against the recomputation's time, both probed)."""
+    checkpointed (the memory saved against the recomputation's time, both probed); and
+    each again in every one of ``precisions`` (bf16, fp16: a strategy that refuses one
+    says why, as preflight does)."""
     out = []
     for cls in STRATEGIES.loaded().values():
         for p in cls().probes(cores, gpus):
@@ -121,6 +139,8 @@ def candidates(cores: int, gpus: int, checkpointed: bool = False) -> list[Candid
             if checkpointed and cls.checkpoints:
                 out.append(Candidate(f"{p.label}, checkpointed", p.flags | {
                     "checkpoint_activations": True}, p.cores, p.replicas, skip=skip))
+            out += [Candidate(f"{p.label}, {precision}", p.flags | {"precision": precision},
+                              p.cores, p.replicas, skip=skip) for precision in precisions]
     if cores < 2:
         out.append(Candidate("layouts of 2 or more workers", {}, 2,
                              skip=f"this machine has {cores} usable core"))
@@ -187,14 +207,16 @@ def refuse_if_all_failed(cands: list[Candidate]) -> None:
                          f"nothing can be ranked without it")
 
 
-def probe_settings(uc: UseCase, steps: int) -> dict[str, Any]:
-    """The run flags of a probe: enough epochs of at most ``steps_per_epoch`` steps to time
-    ``steps`` steady steps, one validation batch an epoch, no snapshot, no sampler."""
+def probe_settings(uc: UseCase, steady_s: float = PROBE_SECONDS,
+                   warmup: int = WARMUP_STEPS, epochs: int = 1) -> dict[str, Any]:
+    """The run flags of a probe: ``epochs`` of at most an epoch's steps, each ending once
+    its steady steps (after ``warmup``) have taken about ``steady_s`` (the time box: as many
+    steps as a figure needs, whatever a step costs), one validation batch an epoch, no
+    snapshot, no sampler."""
     per_epoch = max(1, math.ceil(train_images(uc) / uc.train.batch_size))
-    steady_per_epoch = max(1, min(per_epoch, WARMUP_STEPS + steps) - WARMUP_STEPS)
-    return {"epochs": max(1, math.ceil(steps / steady_per_epoch)),
-            "max_steps": min(per_epoch, WARMUP_STEPS + steps), "max_val_steps": 1,
-            "no_snapshot": True, "sample_hz": 0}
+    return {"epochs": epochs, "max_steps": per_epoch, "warmup_steps": min(warmup, per_epoch - 1)
+            if per_epoch > 1 else 0, "steady_seconds": round(steady_s, 2),
+            "max_val_steps": 1, "no_snapshot": True, "sample_hz": 0}
 
 
 def probe(c: Candidate, usecase: str, settings: dict[str, Any], runs_dir: Path) -> None:
@@ -217,6 +239,8 @@ def probe(c: Candidate, usecase: str, settings: dict[str, Any], runs_dir: Path) 
     m = load_manifest(manifest)
     c.memory = (m.get("backend") or {}).get("memory") or c.memory
     speed = statistics.median(e["steady_images_per_s"] for e in m["epochs"])
+    c.trained_s.append(sum(e["epoch_time_s"] for e in m["epochs"]))
+    c.step_s.append(m["effective"]["global_batch"] / speed if speed else 0.0)
     exchange = None
     if c.nodes > 1:
         ranks = m["backend"]["exchange"]["per_rank"]
@@ -245,95 +269,6 @@ def settle_noisy(cands: list[Candidate]) -> None:
 def say(text: str) -> None:
     """Progress on stderr (not with --quiet)."""
     log.info("%s", text)
-
-
-def probe_all(cands: list[Candidate], usecase: str, settings: dict[str, Any],
-              runs_dir: Path, deadline: float, rounds: int,
-              grow: Callable[[list[Candidate]], list[Candidate]] = lambda done: [],
-              wait: bool = False,
-              fits: Callable[[list[Candidate]], None] = lambda cands: None
-              ) -> tuple[int, float]:
-    """Rounds of probes while the deadline allows. The first probes every candidate; after
-    it ``grow`` adds those that depend on it (MPI nodes of the fastest local strategies),
-    probed first in the second round; later rounds probe first again those whose probes
-    were all noisy (another process kept the host busy), then only the contenders, fastest
-    first: those whose fastest probe reaches ``CONTENDER`` of the leader's speed (a
-    candidate far behind needs no more probes to be ranked below it). A probe starts only
-    if the slowest earlier probe of it (or of any, before its first) would end before the
-    deadline; the baseline always runs once, first. Before each probe ``fits`` leaves out
-    what would not fit in memory (``admit``, once the baseline has run). With ``wait``,
-    each probe first waits for a quiet host (at most WAIT_MOST_S), and the wait is not
-    charged to the budget. Returns
-    the rounds probes ran in (the last perhaps cut by the budget) and the seconds waited."""
-    count, waited, ran_in = 0, 0.0, 0
-    try:
-        for r in range(rounds):
-            if r == 0:  # the baseline first: what else fits is predicted from its probe
-                order = sorted((c for c in cands if not c.skip),
-                               key=lambda c: c.label != "sequential")
-            else:
-                more = grow(cands) if r == 1 else []
-                cands += more
-                ran = [c for c in cands if c.speeds and not c.skip]
-                lead = max((c.speed for c in ran), default=0.0)
-                again = [c for c in cands if c.noisy and not c.speeds and not c.skip]
-                order = more + again + sorted(
-                    (c for c in ran if max(c.speeds) >= CONTENDER * lead),
-                    key=lambda c: -c.speed)
-            for c in order:
-                fits(cands)  # after the baseline's probe: what would not fit is left out
-                if c.skip or len(c.speeds) > r:
-                    continue
-                if wait:
-                    w = _wait_quiet()
-                    deadline, waited = deadline + w, waited + w
-                done = _probe_in_budget(c, cands, usecase, settings, runs_dir, deadline,
-                                        count + 1, r)
-                if done is None:
-                    return ran_in, waited
-                count, ran_in = count + 1, r + 1
-        return rounds, waited
-    finally:
-        fits(cands)
-        settle_noisy(cands)
-
-
-def _wait_quiet() -> float:
-    """Wait for a quiet host (at most WAIT_MOST_S); the seconds waited."""
-    start = time.monotonic()
-    busy = wait_quiet_at_most()
-    if busy > NOISY_CORES:
-        say(f"  the host stayed busy ({busy:.2f} cores): probing anyway")
-    return time.monotonic() - start
-
-
-def _probe_in_budget(c: Candidate, cands: list[Candidate], usecase: str,
-                     settings: dict[str, Any], runs_dir: Path, deadline: float, count: int,
-                     r: int) -> bool | None:
-    """Probe ``c`` if the deadline allows (None, every unprobed candidate marked skipped,
-    when it does not)."""
-    guess = max(c.seconds or [s for o in cands for s in o.seconds] or [0.0])
-    left = deadline - time.monotonic()
-    if guess > left and (c.speeds or c.noisy or c.label != "sequential"):
-        for o in cands:
-            if not o.speeds and not o.noisy and not o.skip:
-                o.skip = "not probed: the time budget ran out (give a larger --budget)"
-        say(f"  budget: {max(left, 0):.0f} s left, a probe takes about {guess:.0f} s;"
-            " probing stops")
-        return None
-    quiet = len(c.speeds)
-    probe(c, usecase, settings, runs_dir)
-    if c.skip:
-        got = c.skip
-    elif len(c.speeds) > quiet:
-        got = f"{c.speeds[-1]:.1f} images/s"
-    else:
-        n = c.noisy[-1]
-        got = (f"{n['images_per_s']:.1f} images/s, noisy: other processes used "
-               f"{n['others_cores']:.2f} cores (not counted; --wait-quiet waits)")
-    say(f"  [probe {count}, round {r + 1}] {c.label}: {got} ({c.seconds[-1]:.1f} s; "
-        f"{max(deadline - time.monotonic(), 0):.0f} s of the budget left)")
-    return True
 
 
 def fastest(speeds: list[float]) -> float:

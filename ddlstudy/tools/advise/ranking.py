@@ -194,7 +194,23 @@ def _row(c: Candidate, n: int, method: str | None, speeds: list[float], base: fl
             "runnable": n == 1 or where.link is None, "noisy": busy,
             "predicted_peak_node_bytes": c.peak(math.ceil(batches[0] / n)),
             "predicted_need_node_bytes": c.need(math.ceil(batches[0] / n)),
-            "measured_peak_node_bytes": probe.measured_peak() if probe else None}
+            "predicted_peak_process_bytes": c.process(math.ceil(batches[0] / n)),
+            "measured_peak_node_bytes": probe.measured_peak() if probe else None,
+            "not_predicted": unpredicted(c)}
+
+
+def unpredicted(c: Candidate) -> list[str]:
+    """What a row cannot predict, in words (empty: its speed and memory both are)."""
+    out = []
+    if c.split is None:
+        out.append("memory: the baseline's probe recorded none")
+    if c.flags.get("precision", "fp32") != "fp32":
+        out.append(f"memory: as in fp32 (autocast keeps the weights in fp32; the share of "
+                   f"its activations kept in {c.flags['precision']} is not modelled)")
+    if c.flags.get("strategy") in ("pipeline", "hybrid"):
+        out.append("a process's memory: an even share of the node's, where a pipeline's "
+                   "stages hold unequal parts")
+    return out
 
 
 SAME, CHANGES = "same convergence", "changes convergence"
