@@ -123,6 +123,14 @@ def limited() -> bool:
     return _limits > 0
 
 
+STOP_ENV = "DDLSTUDY_STOP_FILE"
+"""A file whose appearance asks a run to write its snapshot at its next step and end
+(``STOPPED_CODE``), to be continued by ``run --resume``: a Slurm job's batch shell creates
+it when Slurm warns the job before its time limit (``study --warn-before``)."""
+STOPPED_CODE = 75
+"""The exit code of a run that stopped so: sysexits' EX_TEMPFAIL (try again later)."""
+
+
 STOPPED = {signal.SIGINT: (130, "interrupted by SIGINT (Ctrl-C)"),
            signal.SIGTERM: (143, "terminated by SIGTERM")}
 """A signal's exit code and the error a run it ended records."""

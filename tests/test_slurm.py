@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -27,17 +28,27 @@ TINY_RUN = ("run", "--usecase", "tiny", "--backend", "mpi", "--epochs", "1", "--
 
 
 def ddlstudy(*args: str, launcher: tuple[str, ...] = (), code: int | None = 0,
-             env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+             env: dict[str, str] | None = None,
+             cwd: Path | None = None) -> subprocess.CompletedProcess:
     out = subprocess.run([*launcher, sys.executable, "-m", "ddlstudy", *args],
-                         capture_output=True, text=True, timeout=300, env=env)
+                         capture_output=True, text=True, timeout=300, env=env, cwd=cwd)
     assert code is None or out.returncode == code, out.stdout[-2000:] + out.stderr[-3000:]
     return out
 
 
+MEMORY_MB = 3072
+"""Each host's memory (--memory), which its Slurm node has and schedules."""
+
+
 @pytest.fixture(scope="session")
 def slurm():
-    """Two hosts and Slurm on them, once: the environment srun and sinfo need."""
-    ddlstudy("hosts", "up", "--count", "2", "--prefix", PREFIX, "--subnet", SUBNET)
+    """Two hosts of MEMORY_MB each and Slurm on them, once: the environment srun and sinfo
+    need. Where the machine's cgroups cannot limit a host's memory, hosts of the machine's
+    (``slurm_memory`` then skips)."""
+    where = ("--count", "2", "--prefix", PREFIX, "--subnet", SUBNET)
+    if ddlstudy("hosts", "up", *where, "--memory", f"{MEMORY_MB}MiB", code=None).returncode:
+        ddlstudy("hosts", "down", "--prefix", PREFIX, code=None)
+        ddlstudy("hosts", "up", *where)
     try:
         said = ddlstudy("hosts", "slurm", "--prefix", PREFIX).stdout
         conf = hosts.slurm_conf(PREFIX)
@@ -45,6 +56,14 @@ def slurm():
         yield os.environ | {"SLURM_CONF": str(conf)}
     finally:
         ddlstudy("hosts", "down", "--prefix", PREFIX)
+
+
+@pytest.fixture
+def slurm_memory(slurm) -> dict[str, str]:
+    """``slurm``, where its hosts are of MEMORY_MB each (else skipped, saying why)."""
+    if hosts.load(PREFIX, flag=None).memory is None:
+        pytest.skip("the machine's cgroups cannot limit an emulated host's memory")
+    return slurm
 
 
 def _daemons() -> list[dict]:
@@ -58,6 +77,10 @@ def test_sinfo_sees_each_host_as_an_idle_node_with_its_cpus(slurm):
                          capture_output=True, text=True, check=True).stdout
     cpus = os.cpu_count()
     assert out.splitlines() == [f"stest-h1 {cpus} idle stest*", f"stest-h2 {cpus} idle stest*"]
+    memory = subprocess.run(["sinfo", "-h", "-N", "-o", "%m"], env=slurm, capture_output=True,
+                            text=True, check=True).stdout.split()
+    made = hosts.load(PREFIX, flag=None).memory
+    assert memory == [str((made or psutil.virtual_memory().total) >> 20)] * 2
     # each slurmd runs in its host's network namespace, under the host's name
     task = subprocess.run(["srun", "-N", "2", "-n", "2", "-l", "sh", "-c",
                            "echo $(hostname) $(ip -4 -o addr show dev eth0 | awk '{print $4}')"],
@@ -144,8 +167,14 @@ def _script(plan: Path, cell: dict) -> tuple[list[str], str]:
 
 
 def _resumed_until_done(plan: Path, env: dict, code: int = 0, most_s: float = 240) -> str:
-    """`study --resume` again until no cell is queued or running (at most ``most_s``)."""
+    """`study --resume` again until no cell is queued or running (at most ``most_s``), once
+    `squeue` lists none of the study's jobs (a `--resume` imports for seconds)."""
     deadline = time.monotonic() + most_s
+    jobs = ",".join({c["job"].split("_")[0] for c in _record(plan) if c["job"]})
+    while jobs and subprocess.run(["squeue", "-h", "-j", jobs], env=env, capture_output=True,
+                                  text=True).stdout.strip():
+        assert time.monotonic() < deadline, f"jobs {jobs} still queued or running"
+        time.sleep(1)
     while True:
         out = ddlstudy("study", str(plan), "--resume", env=env, code=None)
         if "queued or running" not in out.stdout:
@@ -186,16 +215,21 @@ def test_a_study_submitted_as_slurm_jobs_is_resumed_and_reported(slurm, tmp_path
         sbatch, command = _script(plan, cell)
         assert sbatch == [f"--job-name={cell['run']}", f"--nodes={nodes}",
                           "--ntasks-per-node=1", "--cpus-per-task=1", "--mem=512M",
-                          f"--output={runs}/logs/{cell['run']}.log"]
+                          f"--output={runs}/logs/{cell['run']}.log", "--open-mode=append",
+                          "--requeue"]
         assert command.startswith("srun --mpi=pmi2 " if cell["backend"] == "mpi" else "exec ")
-        assert " -m ddlstudy run --quiet --usecase tiny " in command
-        assert "--nodes" not in command and f"--runs-dir {runs} " in command
+        assert command.endswith(" -m ddlstudy \"$@\"")
+        text = (runs / "slurm" / f"{cell['run']}.sbatch").read_text()
+        (run,) = [x for x in text.splitlines() if x.startswith("set -- run ")]
+        assert run.startswith("set -- run --quiet --usecase tiny ")
+        assert "--nodes" not in run and f"--runs-dir {runs} " in run
     (script,) = (runs / "slurm").glob("array-*.sbatch")
     lines = script.read_text().splitlines()
     assert [x for x in lines if x.startswith("#SBATCH ")] == [
         "#SBATCH --job-name=jobs", "#SBATCH --array=0-1", "#SBATCH --nodes=1",
         "#SBATCH --ntasks-per-node=1", "#SBATCH --cpus-per-task=1", "#SBATCH --mem=512M",
-        f"#SBATCH --output={runs}/logs/{cells[0]['run']}_%a.array.log"]
+        f"#SBATCH --output={runs}/logs/{cells[0]['run']}_%a.array.log",
+        "#SBATCH --open-mode=append", "#SBATCH --requeue"]
     assert lines[-3] == f"scripts=({runs}/slurm/{cells[0]['run']}.sbatch " \
         f"{runs}/slurm/{cells[2]['run']}.sbatch)"
     report = _resumed_until_done(plan, slurm, code=1)
@@ -287,12 +321,255 @@ def test_submit_without_slurm_or_its_controller_is_refused_in_one_line(tmp_path,
     assert not (plan.parent / "runs").exists() and "hunter2" not in out.stdout + out.stderr
 
 
+@needs_slurm
+def test_a_value_slurm_conf_cannot_hold_is_refused_before_anything(tmp_path):
+    """Hosts recorded in a folder whose path holds a space: slurm.conf's lines are split at
+    spaces (and read by daemons that run as root), so `hosts slurm` refuses in one line and
+    writes nothing."""
+    env = os.environ | {"DDLSTUDY_HOSTS_DIR": str(tmp_path / "hosts dir")}
+    ddlstudy("hosts", "up", "--count", "1", "--prefix", "stconf", "--subnet", "10.86.52",
+             env=env)
+    try:
+        out = ddlstudy("hosts", "slurm", "--prefix", "stconf", env=env, code=2)
+        assert out.stderr == (
+            f"ddlstudy: error: DDLSTUDY_HOSTS_DIR: '{tmp_path}/hosts dir/stconf-slurm' holds "
+            "' ', which Slurm's configuration cannot hold (its lines are key=value pairs "
+            "split at spaces); use letters, digits and ._/:@+-\n")
+        assert not (tmp_path / "hosts dir" / "stconf-slurm").exists()
+    finally:
+        ddlstudy("hosts", "down", "--prefix", "stconf", env=env)
+
+
 def test_hosts_slurm_without_the_packages_names_the_install_line(tmp_path):
     out = subprocess.run([sys.executable, "-m", "ddlstudy", "hosts", "slurm"], text=True,
                          capture_output=True, env=os.environ | {"PATH": str(tmp_path)})
     assert out.returncode == 2 and out.stderr == (
         "ddlstudy: error: hosts slurm: munged, slurmctld, slurmd, srun, sinfo, scontrol not "
         "found; install Slurm and munge: apt-get install slurm-wlm munge\n")
+
+
+def _sbatch(env: dict, *options: str, wrap: str = "sleep 120") -> str:
+    return subprocess.run(["sbatch", "--parsable", "-o", "/dev/null", *options, "--wrap", wrap],
+                          env=env, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def _job(env: dict, job: str) -> dict[str, str]:
+    """What ``scontrol show job`` says of ``job`` (its JobState, Reason, Restarts...)."""
+    line = subprocess.run(["scontrol", "show", "job", "-o", job], env=env, capture_output=True,
+                          text=True, check=True).stdout
+    return dict(kv.split("=", 1) for kv in line.split() if "=" in kv)
+
+
+def _until(what: str, done, most_s: float = 180, every_s: float = 0.5):
+    """``done()``'s first true answer, asked every ``every_s`` for at most ``most_s``."""
+    deadline = time.monotonic() + most_s
+    while not (answer := done()):
+        assert time.monotonic() < deadline, f"no {what} within {most_s:.0f} s"
+        time.sleep(every_s)
+    return answer
+
+
+@pytest.mark.slow
+@needs_slurm
+def test_each_node_has_its_hosts_memory_and_slurm_schedules_it(slurm_memory):
+    """Hosts of 3 GiB: a job asking more than a node has is refused with Slurm's reason,
+    and of two jobs of 2 GiB on one node the second waits for the first (Resources), as on
+    a real cluster; without memory in the scheduling (CR_CPU) both ran at once."""
+    refused = subprocess.run(["sbatch", "--test-only", f"--mem={MEMORY_MB + 1}M", "--wrap",
+                              "true"], env=slurm_memory, capture_output=True, text=True)
+    assert refused.returncode != 0
+    assert "Requested node configuration is not available" in refused.stderr
+    half = f"--mem={MEMORY_MB * 2 // 3}M"
+    jobs = [_sbatch(slurm_memory, half, "-w", f"{PREFIX}-h1") for _ in range(2)]
+    try:
+        first, second = jobs
+        _until("first job running", lambda: _job(slurm_memory, first)["JobState"] == "RUNNING")
+        waits = _until("a reason to wait", lambda: _job(slurm_memory, second)["Reason"]
+                       if _job(slurm_memory, second)["Reason"] != "None" else None, 60)
+        assert waits == "Resources" and _job(slurm_memory, second)["JobState"] == "PENDING"
+        jobs.append(_sbatch(slurm_memory, "--hold"))  # no --mem: its CPU's share, 1.5 GiB
+        assert _job(slurm_memory, jobs[-1])["MinMemoryCPU"] == f"{MEMORY_MB / 2048:.2f}G"
+    finally:
+        subprocess.run(["scancel", *jobs], env=slurm_memory, check=True)
+
+
+def test_an_sbatch_option_holding_a_newline_is_refused_before_anything(tmp_path,
+                                                                       datasets_dir):
+    plan = _plan(tmp_path / "newline", datasets_dir, 'strategy = "sequential"')
+    for flags, said in [
+            (("--sbatch-arg=--comment=x\ntouch pwned",),
+             "--sbatch-arg '--comment=x\\ntouch pwned' holds '\\n'"),
+            (("--partition", "cpu\rgpu"), "--partition 'cpu\\rgpu' holds '\\r'")]:
+        out = ddlstudy("study", str(plan), "--submit", "slurm", *flags, code=2, cwd=tmp_path)
+        assert out.stderr == f"ddlstudy: error: {said}, which a batch script's line cannot " \
+            "hold (a newline would end it, and the rest would run as a command in the job); " \
+            "give it without\n"
+    for flags, said in [(("--warn-before", "60"), "--warn-before: an option of Slurm jobs; "
+                         "give it with --submit slurm or --resume --resubmit"),
+                        (("--submit", "slurm", "--warn-before", "0"), "--warn-before 0: give "
+                         "the seconds before the time limit, from 1 to 65535 (Slurm's "
+                         "--signal range)")]:
+        out = ddlstudy("study", str(plan), *flags, code=2, cwd=tmp_path)
+        assert out.stderr == f"ddlstudy: error: {said}\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["newline"]
+    assert sorted(p.name for p in plan.parent.iterdir()) == ["plan.toml"]
+
+
+@pytest.mark.slow
+@needs_slurm
+def test_a_newline_in_a_plans_value_is_quoted_or_refused(slurm, tmp_path, datasets_dir, tiny):
+    """A use case whose path holds a newline and a command: the script quotes it (the job
+    trains that use case, runs no command of it), its comment shows it escaped. A runs
+    folder holding one, which an #SBATCH line would need, is refused, nothing written (by
+    the plan's path checks, before the script's own refusal of any value an #SBATCH line
+    cannot hold)."""
+    usecase = tmp_path / "tiny\ntouch pwned\n.toml"
+    usecase.write_text((Path(__file__).parents[1] / "usecases" / "tiny.toml").read_text())
+    plan = _plan(tmp_path / "quoted", datasets_dir, 'strategy = "sequential"')
+    plan.write_text(plan.read_text().replace('usecases = ["tiny"]',
+                                             f"usecases = [{json.dumps(str(usecase))}]"))
+    ddlstudy("study", str(plan), "--submit", "slurm", env=slurm, cwd=tmp_path)
+    (cell,) = _record(plan)
+    text = (plan.parent / "runs" / "slurm" / f"{cell['run']}.sbatch").read_text()
+    assert text.splitlines()[1].startswith(
+        f"# ddlstudy study quoted: sequential on {tmp_path}/tiny\\ntouch pwned\\n.toml, ")
+    assert f"--usecase '{usecase}' --runs-dir" in text  # the newlines inside the quotes
+    assert text.count("\ntouch pwned\n") == 1  # those, data
+    _resumed_until_done(plan, slurm)
+    assert _record(plan)[0]["status"] == "completed" and not (tmp_path / "pwned").exists()
+    bad = _plan(tmp_path / "bad", datasets_dir, 'strategy = "sequential"')
+    runs = tmp_path / "bad" / "runs\nsleep 1"
+    bad.write_text(bad.read_text().replace(str(tmp_path / "bad" / "runs"),
+                                           str(runs).replace("\n", "\\n")))
+    out = ddlstudy("study", str(bad), "--submit", "slurm", env=slurm, code=2, cwd=tmp_path)
+    assert out.stderr.startswith(f"ddlstudy: error: {bad}, use case tiny, cell ")
+    assert out.stderr.endswith(f"{str(runs)!r} holds a control character (a newline, a tab); "
+                               "give a plain path (see `ddlstudy run --help`)\n")
+    assert out.stderr.count("\n") == 1 and sorted(p.name for p in bad.parent.iterdir()) == \
+        ["plan.toml"]
+
+
+@pytest.mark.slow
+@needs_slurm
+def test_options_the_controller_refuses_are_refused_before_anything(slurm, tmp_path,
+                                                                    datasets_dir):
+    """`sbatch --test-only` with the jobs' options first: a partition, an option or a size
+    the controller refuses is one line, exit 2, nothing written (each cell failed as a job,
+    exit 1, before); --resume --resubmit of a folder never submitted writes nothing."""
+    plan = _plan(tmp_path / "asked", datasets_dir, 'strategy = "sequential"')
+    for flags, said in [
+            (("--partition", "nosuch"), "(--partition=nosuch): invalid partition specified: "
+                                        "nosuch"),
+            (("--sbatch-arg=--bogus", "--time", "5:00"), "(--time=5:00 --bogus): "
+                                                         "unrecognized option '--bogus'")]:
+        out = ddlstudy("study", str(plan), "--submit", "slurm", *flags, env=slurm, code=2)
+        assert out.stderr.startswith("ddlstudy: error: --submit slurm: Slurm refuses the "
+                                     "jobs' options "), out.stderr
+        assert out.stderr.removeprefix("ddlstudy: error: --submit slurm: Slurm refuses the "
+                                       "jobs' options ").split("\n")[0] == said
+    out = ddlstudy("study", str(plan), "--resume", "--resubmit", env=slurm, code=2)
+    assert out.stderr == f"ddlstudy: error: --resubmit: {plan.parent / 'runs'} holds no " \
+        "study submitted to Slurm; submit it with --submit slurm\n"
+    assert sorted(p.name for p in plan.parent.iterdir()) == ["plan.toml"]
+
+
+def _manifest(folder: Path) -> dict | None:
+    try:
+        return json.loads((folder / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _held(runs: Path, cells: list[dict]) -> list[int]:
+    """Each cell's run stopped (SIGSTOP) once it recorded its first epoch, all watched at
+    once: the fault each is given then comes while it trains, however fast it trains."""
+    held: dict[str, int] = {}
+
+    def hold() -> bool:
+        for cell in cells:
+            manifest = _manifest(runs / cell["run"])
+            if cell["run"] not in held and manifest and manifest["epochs"]:
+                os.kill(manifest["pid"], signal.SIGSTOP)
+                held[cell["run"]] = manifest["pid"]
+        return len(held) == len(cells)
+
+    _until("every run's first epoch", hold, every_s=0.01)
+    return [held[c["run"]] for c in cells]
+
+
+def _every_loss(folder: Path) -> list[float]:
+    return [v for e in _manifest(folder)["epochs"] for v in (e["train_loss"], e["val_loss"])]
+
+
+@pytest.mark.slow
+@needs_slurm
+def test_a_requeued_or_warned_cell_ends_as_an_uninterrupted_one(slurm, tmp_path, datasets_dir):
+    """Four cells that train alike, one job array: one left alone; one requeued (`scontrol
+    requeue`) after its first epoch, which goes on from its snapshot; one requeued before
+    any snapshot (it writes none), which starts again; one warned by Slurm before its time
+    limit (--warn-before: sbatch's --signal=B:USR1), which writes its snapshot at its next
+    step and asks Slurm to requeue it. Each run is held still (SIGSTOP) when its fault
+    comes, and the warned job's time limit is shortened while it runs (scontrol update), so
+    that Slurm's warning comes now rather than in ten minutes. Each ends with the losses of
+    the one left alone, in its own folder; `study --resume` shows them requeued meanwhile."""
+    plan = _plan(tmp_path / "requeue", datasets_dir, 'strategy = "sequential"',
+                 'strategy = "sequential"\nsnapshot_every = 2',
+                 'strategy = "sequential"\nno_snapshot = true',
+                 'strategy = "sequential"\nsnapshot_every = 4')
+    plan.write_text(plan.read_text().replace("epochs = 1\nmax_steps = 3\n", "epochs = 8\n"
+                                             "max_steps = 5\n").replace(
+        "no_snapshot = true\nsample_hz", "sample_hz"))
+    ddlstudy("study", str(plan), "--submit", "slurm", "--time", "10:00", "--warn-before",
+             "120", env=slurm)
+    cells = _record(plan)
+    alone, again, fresh, warned = cells
+    runs = plan.parent / "runs"
+    array = alone["job"].split("_")[0]
+    assert [c["job"] for c in cells] == [f"{array}_{i}" for i in range(4)]
+    assert _script(plan, warned)[0][-3:] == ["--requeue", "--signal=B:USR1@120", "--time=10:00"]
+    again_pid, fresh_pid, warned_pid = _held(runs, [again, fresh, warned])
+    for cell, pid in ((again, again_pid), (fresh, fresh_pid)):
+        subprocess.run(["scontrol", "requeue", cell["job"]], env=slurm, check=True)
+        os.kill(pid, signal.SIGCONT)  # its SIGTERM is heard
+    subprocess.run(["scontrol", "update", f"JobId={warned['job']}", "TimeLimit=2"], env=slurm,
+                   check=True)  # ends within 2 minutes of its start: warned 120 s before
+    _until("Slurm's warning", (runs / "slurm" / f"{warned['run']}.stop").exists, 120)
+    os.kill(warned_pid, signal.SIGCONT)
+    for cell in (again, fresh, warned):
+        _until(f"job {cell['job']} requeued", lambda c=cell: (
+            _job(slurm, c["job"])["JobState"], _job(slurm, c["job"])["Restarts"]) ==
+            ("PENDING", "1"))
+    table = ddlstudy("study", str(plan), "--resume", env=slurm).stdout
+    shown = {line.split()[3]: line.split(None, 5)[4:] for line in table.splitlines()
+             if line.startswith("sequential")}
+    for cell, again_from in ((again, "from its snapshot"), (warned, "from its snapshot"),
+                             (fresh, "from the start (no snapshot yet)")):
+        status, reason = shown[cell["job"]]
+        assert status == "requeued" and reason.startswith(
+            f"requeued 1x, its run goes on {again_from}; "), table
+    subprocess.run(["scontrol", "update", f"JobId={warned['job']}", "TimeLimit=10"],
+                   env=slurm, check=True)
+    for cell in (again, fresh, warned):  # not after Slurm's hold of requeued jobs (2 min)
+        subprocess.run(["scontrol", "update", f"JobId={cell['job']}", "StartTime=now"],
+                       env=slurm, check=True)
+    _resumed_until_done(plan, slurm)
+    assert [(c["status"], c["run"]) for c in _record(plan)] == \
+        [("completed", c["run"]) for c in cells]
+    expected = _every_loss(runs / alone["run"])
+    assert len(expected) == 16 and all(_every_loss(runs / c["run"]) == expected
+                                       for c in (again, fresh, warned))
+    (resumed,) = _manifest(runs / again["run"])["resumed"]
+    assert resumed["from_epoch"] >= 1 and resumed["after"] == {
+        "status": "interrupted", "error": "terminated by SIGTERM"}
+    (resumed,) = _manifest(runs / warned["run"])["resumed"]
+    assert resumed["from_epoch"] >= 1 and resumed["from_step"] >= 1
+    assert resumed["after"]["error"].startswith("stopped at a snapshot, as DDLSTUDY_STOP_FILE")
+    log = (runs / "logs" / f"{warned['run']}.log").read_text()  # both attempts' output
+    assert "stopped at a snapshot" in log and log.rstrip().splitlines()[-1].startswith(
+        str(runs / warned["run"]))
+    assert "resumed" not in _manifest(runs / fresh["run"])  # started again, its first
+    first = _manifest(runs / "slurm" / f"{fresh['run']}.attempt-1")  # attempt kept aside
+    assert first["status"] == "interrupted" and first["epochs"]
 
 
 @pytest.mark.slow

@@ -133,6 +133,8 @@ def cli_page() -> str:
         lines += ["#" * depth + f" {name.removeprefix('ddlstudy ')}", "", cell(help_), "",
                   "```", synopsis(name, parser), "```", ""]
         lines += _arguments(parser)
+        if parser.epilog:  # what its exit codes mean
+            lines += [cell(parser.epilog), ""]
     return "\n".join(lines)
 
 

@@ -10,6 +10,7 @@ import sys
 import threading
 from pathlib import Path
 
+from ddlstudy import signals
 from ddlstudy.config.options import add_run_options, path_arg
 from ddlstudy.errors import ConfigError
 from ddlstudy.machine.sparkjvm import start_early
@@ -22,7 +23,13 @@ PREPARING_NOTICE_S = 1.0
 
 
 def register(sub) -> None:
-    p = sub.add_parser("run", help="train one use case with one strategy into runs/<id>/")
+    p = sub.add_parser("run", help="train one use case with one strategy into runs/<id>/",
+                       epilog=f"exit codes: 0 completed; 1 failed (the manifest's error says "
+                       f"why); 2 refused before anything was written; {signals.STOPPED_CODE} "
+                       f"stopped at a snapshot because the file {signals.STOP_ENV} names "
+                       f"appeared (a Slurm job warned before its time limit): --resume goes "
+                       f"on; 130 or 143 interrupted (SIGINT, SIGTERM): --resume goes on from "
+                       f"the last snapshot")
     add_run_options(p)
     faults = p.add_argument_group("faults")
     faults.add_argument("--resume", type=path_arg, metavar="RUN", help="continue runs/<id> from "
@@ -97,7 +104,8 @@ def _train(cfg, argv: list[str], resume: Path | None, max_restarts: int, fmt: st
             folder = start(cfg, argv, resume)
             break
         except RunFailed as exc:
-            restartable = (exc.folder is not None and exc.exit_code not in (2, 130, 143)
+            restartable = (exc.folder is not None and exc.exit_code not in
+                           (2, 130, 143, signals.STOPPED_CODE)  # stopped, not failed
                            and (exc.folder.path / SNAPSHOT).is_file())
             if restarts >= max_restarts or not restartable:
                 print(f"ddlstudy: {exc}", file=sys.stderr)

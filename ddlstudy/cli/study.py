@@ -15,8 +15,17 @@ JOB_OPTIONS = {"partition": "the jobs' partition (default: the cluster's)",
 """The options of every Slurm job of a study (sbatch's flags of the same names)."""
 
 
+EXIT_CODES = ("exit codes: 0 every cell completed (with --submit slurm: every cell "
+              "submitted; with --resume of a submitted study: none failed, though some may "
+              "still wait); 1 a cell failed, and the others ran (its reason is in the table, "
+              "in study.json and in logs/; --resume --resubmit, or --resume here, runs it "
+              "again); 2 refused before anything ran or was written (one line says why); 130 "
+              "interrupted (Ctrl-C, or a cell's run interrupted): --resume goes on")
+
+
 def register(sub) -> None:
-    p = sub.add_parser("study", help="run a study plan: use cases x configurations x repeats")
+    p = sub.add_parser("study", help="run a study plan: use cases x configurations x repeats",
+                       epilog=EXIT_CODES)
     p.add_argument("plan", type=path_arg, nargs="?", help="a study plan TOML, e.g. "
                    "usecases/demo.toml, or "
                    "the name of one shipped with ddlstudy (demo, paper, ...)")
@@ -47,6 +56,10 @@ def register(sub) -> None:
     p.add_argument("--sbatch-arg", action="append", default=[], metavar="ARG",
                    help="with --submit slurm: one more #SBATCH line of every job, e.g. "
                    "--sbatch-arg=--mem=8G (repeatable)")
+    p.add_argument("--warn-before", type=int, metavar="SECONDS", help="with --submit slurm: "
+                   "Slurm warns each job this long before its time limit (--signal=B:USR1@"
+                   "SECONDS): its run writes a snapshot at its next step and the job is "
+                   "requeued, to continue from it (default: no warning)")
     p.add_argument("--resubmit", action="store_true", help="with --resume of a study "
                    "submitted to Slurm: submit its failed cells (and cells it lacks) again")
 
@@ -84,10 +97,12 @@ def cmd_study(args: argparse.Namespace) -> int:
     checked = configs(plan, overrides)
     if args.submit or args.resubmit:
         from ddlstudy.hosts.slurm import require_client
+        from ddlstudy.study.jobscript import ask_controller
         from ddlstudy.study.slurm import no_secret
 
         no_secret(checked)
         require_client()
+        ask_controller(sbatch)  # the controller's word on the jobs' options
     from ddlstudy.study.slurm import slurm_study, submitted
 
     if args.submit or args.resubmit or submitted(plan.runs_dir):  # its jobs: never run here
@@ -100,12 +115,13 @@ def cmd_study(args: argparse.Namespace) -> int:
 
 
 def _sbatch(args: argparse.Namespace):
-    """The jobs' options (--partition, --account, --time, --sbatch-arg), refused where no
-    job is submitted."""
-    from ddlstudy.hosts.slurm import Sbatch
+    """The jobs' options (--partition, --account, --time, --sbatch-arg, --warn-before),
+    refused where no job is submitted, or where one would not fit on an #SBATCH line."""
+    from ddlstudy.study.jobscript import Sbatch
 
-    given = [f"--{n.replace('_', '-')}" for n in ("partition", "account", "time", "sbatch_arg")
-             if getattr(args, n)]
+    given = [f"--{n.replace('_', '-')}" for n in ("partition", "account", "time", "sbatch_arg",
+                                                  "warn_before")
+             if getattr(args, n) is not None and getattr(args, n) != []]
     if args.resubmit and not args.resume:
         raise UsageError("--resubmit goes with --resume (of a study submitted with --submit "
                          "slurm)")
@@ -118,4 +134,5 @@ def _sbatch(args: argparse.Namespace):
     if args.wait_quiet and (args.submit or args.resubmit):
         raise UsageError("--wait-quiet waits for this host before each cell; a study "
                          "submitted to Slurm runs its cells elsewhere: leave it out")
-    return Sbatch(args.partition, args.account, args.time, tuple(args.sbatch_arg))
+    return Sbatch(args.partition, args.account, args.time, tuple(args.sbatch_arg),
+                  args.warn_before)

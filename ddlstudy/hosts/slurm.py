@@ -17,18 +17,18 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import socket
 import subprocess
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 
 import ddlstudy.hosts.spec as spec
-from ddlstudy.errors import Unavailable, UsageError
+from ddlstudy.errors import ConfigError, Unavailable, UsageError
 from ddlstudy.hosts.processes import _kill
 from ddlstudy.hosts.spec import MPI_ENV, Hosts, check_prefix
 from ddlstudy.hosts.state import read
@@ -38,7 +38,7 @@ PROGRAMS = ("munged", "slurmctld", "slurmd", "srun", "sinfo", "scontrol")
 _PLUGINS = """ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
-SelectTypeParameters=CR_CPU
+SelectTypeParameters=CR_CPU_Memory
 SchedulerType=sched/backfill
 MpiDefault=none
 ReturnToService=2
@@ -96,21 +96,47 @@ def _memory_mb(hosts: Hosts) -> int:
     return min(machine, hosts.memory or machine) >> 20
 
 
+_CONF_SAFE = re.compile(r"[\w./:@+-]+")
+"""What a value of slurm.conf may hold: its lines are key=value pairs split at spaces, and
+a ``#`` starts a comment; a newline would start a line of the writer's choosing, read by
+daemons that run as root."""
+
+
+def conf_value(value: object, what: str) -> str:
+    """``value`` as written into slurm.conf (or a file beside it), refused where it holds
+    anything but letters, digits and ``._/:@+-``."""
+    text = str(value)
+    if not _CONF_SAFE.fullmatch(text):
+        bad = next((c for c in text if not _CONF_SAFE.fullmatch(c)), "nothing")
+        raise ConfigError(what, f"{text!r} holds {bad!r}, which Slurm's configuration "
+                          "cannot hold (its lines are key=value pairs split at spaces); use "
+                          "letters, digits and ._/:@+-")
+    return text
+
+
 def _conf(hosts: Hosts, folder: Path, port: int) -> str:
-    """The slurm.conf: a controller on the gateway, one node per host, one partition."""
-    nodes = "".join(f"NodeName={n} NodeAddr={a} CPUs={c} RealMemory={_memory_mb(hosts)} "
-                    "State=UNKNOWN\n"
-                    for (n, a), c in zip(hosts.members, _cpus(hosts), strict=True))
-    return (f"# ddlstudy hosts slurm --prefix {hosts.prefix}: written by ddlstudy, removed by "
-            f"hosts down\nClusterName={hosts.prefix}\n"
-            f"SlurmctldHost={hosts.prefix}-gw({hosts.gateway})\nSlurmctldPort={port}\n"
+    """The slurm.conf: a controller on the gateway, one node per host, one partition; each
+    node with its host's memory, which Slurm schedules (``CR_CPU_Memory``): a job gets the
+    memory it asks for (``--mem``), else its CPUs' share of its node's (``DefMemPerCPU``),
+    and a job asking more than a node has is refused, one that does not fit beside others
+    waits (reason ``Resources``)."""
+    where = conf_value(folder, "DDLSTUDY_HOSTS_DIR")
+    prefix, gateway = conf_value(hosts.prefix, "--prefix"), conf_value(hosts.gateway, "--subnet")
+    mb, cpus = _memory_mb(hosts), _cpus(hosts)
+    nodes = "".join(f"NodeName={conf_value(n, '--prefix')} NodeAddr={conf_value(a, '--subnet')} "
+                    f"CPUs={c} RealMemory={mb} State=UNKNOWN\n"
+                    for (n, a), c in zip(hosts.members, cpus, strict=True))
+    return (f"# ddlstudy hosts slurm --prefix {prefix}: written by ddlstudy, removed by "
+            f"hosts down\nClusterName={prefix}\n"
+            f"SlurmctldHost={prefix}-gw({gateway})\nSlurmctldPort={port}\n"
             "CommunicationParameters=NoCtldInAddrAny\n"
-            f"AuthInfo=socket={folder}/munge.socket\n{_PLUGINS}"
-            f"StateSaveLocation={folder}/ctld\nSlurmctldPidFile={folder}/slurmctld.pid\n"
-            f"SlurmctldLogFile={folder}/slurmctld.log\nSlurmdSpoolDir={folder}/%n\n"
-            f"SlurmdPidFile={folder}/slurmd-%n.pid\nSlurmdLogFile={folder}/slurmd-%n.log\n"
-            f"TaskProlog={folder}/task-prolog\n{nodes}"
-            f"PartitionName={hosts.prefix} Nodes=ALL Default=YES MaxTime=INFINITE State=UP\n")
+            f"AuthInfo=socket={where}/munge.socket\n{_PLUGINS}"
+            f"StateSaveLocation={where}/ctld\nSlurmctldPidFile={where}/slurmctld.pid\n"
+            f"SlurmctldLogFile={where}/slurmctld.log\nSlurmdSpoolDir={where}/%n\n"
+            f"SlurmdPidFile={where}/slurmd-%n.pid\nSlurmdLogFile={where}/slurmd-%n.log\n"
+            f"TaskProlog={where}/task-prolog\n{nodes}"
+            f"PartitionName={prefix} Nodes=ALL Default=YES MaxTime=INFINITE State=UP "
+            f"DefMemPerCPU={max(1, mb // max(cpus))}\n")
 
 
 def _write(path: Path, text: str, mode: int = 0o644) -> None:
@@ -119,27 +145,28 @@ def _write(path: Path, text: str, mode: int = 0o644) -> None:
         f.write(text)
 
 
-def _files(hosts: Hosts, folder: Path) -> tuple[Path, int]:
-    """The folder's files: munge's key (this user's alone), slurm.conf, cgroup.conf (the
-    cgroup plugin slurmd loads even with proctrack/linuxproc: v1, which needs no mount in
-    the host's namespace), the task prolog that gives every task the netmod that crosses
-    the hosts' links (``MPI_ENV``), the names the controller resolves, the nodes' spool
-    folders; with the controller's port (a free one on the gateway)."""
+def _files(hosts: Hosts, folder: Path, conf_text: str) -> Path:
+    """The folder's files: munge's key (this user's alone), slurm.conf (``conf_text``),
+    cgroup.conf (the cgroup plugin slurmd loads even with proctrack/linuxproc: v1, which
+    needs no mount in the host's namespace), the task prolog that gives every task the
+    netmod that crosses the hosts' links (``MPI_ENV``), the names the controller resolves,
+    the nodes' spool folders."""
     folder.mkdir(parents=True)
     folder.chmod(0o755)  # munged wants every folder above its socket searchable
     (folder / "ctld").mkdir()
     _write(folder / "munge.key", os.urandom(1024).hex(), 0o600)
     conf = folder / "slurm.conf"
-    port = _free_port(hosts.gateway)
-    _write(conf, _conf(hosts, folder, port))
+    _write(conf, conf_text)
     _write(folder / "cgroup.conf", "CgroupPlugin=cgroup/v1\n")
     _write(folder / "task-prolog", "#!/bin/sh\n" + "".join(
-        f"echo export {k}={v}\n" for k, v in MPI_ENV.items()), 0o755)
+        f"echo export {conf_value(k, 'MPI_ENV')}={conf_value(v, 'MPI_ENV')}\n"
+        for k, v in MPI_ENV.items()), 0o755)
     _write(folder / "hosts", "127.0.0.1 localhost\n" + "".join(
-        f"{a} {n}\n" for n, a in [*hosts.members, (f"{hosts.prefix}-gw", hosts.gateway)]))
+        f"{conf_value(a, '--subnet')} {conf_value(n, '--prefix')}\n"
+        for n, a in [*hosts.members, (f"{hosts.prefix}-gw", hosts.gateway)]))
     for name in hosts.names:  # slurmd's spool folders (SlurmdSpoolDir)
         (folder / name).mkdir()
-    return conf, port
+    return conf
 
 
 def _record(folder: Path, started: list[dict]) -> None:
@@ -168,9 +195,11 @@ def slurm_up(hosts: Hosts, timeout: float = 60) -> Path:
     slurm.conf once every node is idle. Daemons that did not come up are stopped (their
     logs stay in the folder until ``hosts down``)."""
     require_slurm()
-    slurm_down(hosts.prefix)
     folder = slurm_folder(hosts.prefix)
-    conf, port = _files(hosts, folder)
+    port = _free_port(hosts.gateway)
+    text = _conf(hosts, folder, port)  # refused here, before anything is stopped or written
+    slurm_down(hosts.prefix)
+    conf = _files(hosts, folder, text)
     try:
         _daemons(hosts, folder, conf, port, timeout)
     except BaseException:
@@ -275,13 +304,14 @@ def slurm_status(prefix: str) -> str:
             f"export SLURM_CONF={conf}")
 
 
-def slurm_call(*command: str, env: dict[str, str] | None = None,
-               check: bool = True) -> subprocess.CompletedProcess:
-    """A Slurm command's answer; refused in one line where it cannot be run or (``check``)
-    fails."""
+def slurm_call(*command: str, env: dict[str, str] | None = None, check: bool = True,
+               input: str | None = None) -> subprocess.CompletedProcess:  # noqa: A002
+    """A Slurm command's answer (``input``: what it reads on stdin); refused in one line
+    where it cannot be run or (``check``) fails."""
+    stdin = {"input": input} if input is not None else {"stdin": subprocess.DEVNULL}
     try:
         out = subprocess.run(list(command), capture_output=True, text=True, timeout=60,
-                             env=env, check=False)
+                             env=env, check=False, **stdin)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise UsageError(f"--submit slurm: {command[0]} did not answer ({exc})") from None
     if check and out.returncode != 0:
@@ -308,19 +338,3 @@ def require_client() -> None:
         raise UsageError(f"--submit slurm: Slurm's controller does not answer ({said[-1]}); "
                          "set SLURM_CONF to your cluster's slurm.conf (on emulated hosts, "
                          "`ddlstudy hosts slurm` prints it)")
-
-
-@dataclass(frozen=True)
-class Sbatch:
-    """What the user asks of every job: --partition, --account, --time, --sbatch-arg."""
-
-    partition: str | None = None
-    account: str | None = None
-    time: str | None = None
-    args: tuple[str, ...] = ()
-
-    def lines(self) -> list[str]:
-        named = [f"--{k}={v}" for k, v in (("partition", self.partition),
-                                           ("account", self.account), ("time", self.time))
-                 if v]
-        return [*named, *self.args]

@@ -37,6 +37,7 @@ from ddlstudy.records.runfolder import RunFolder, now_iso
 from ddlstudy.records.runid import RUN_ID_ENV, checked_run_id, claim, new_run_id, release
 from ddlstudy.runner.launched import RunFailed, launched_run, refuse_foreign_launcher
 from ddlstudy.runner.snapshots import load_snapshot
+from ddlstudy.runner.stops import close_unsaid, stop_file, stopped_early
 from ddlstudy.strategies import REGISTRY, Strategy, get_strategy
 from ddlstudy.training import Job, recipe
 from ddlstudy.training.loaders import preprocessing
@@ -171,10 +172,16 @@ def _reopen(path: Path, backend: dict | None,
     m = folder.manifest
     if m["status"] == "completed":
         raise UsageError(f"run {path.name} completed all its epochs; nothing to resume")
-    if m["status"] == "running" and m.get("host", {}).get("hostname") == socket.gethostname() \
-            and m.get("pid") and psutil.pid_exists(m["pid"]) and m["pid"] != os.getpid():
+    here = m.get("host", {}).get("hostname") == socket.gethostname() and m.get("pid")
+    if m["status"] == "running" and here and psutil.pid_exists(m["pid"]) and \
+            m["pid"] != os.getpid():
         raise UsageError(f"run {path.name} is still running (PID {m['pid']}); stop it first")
-    snap = load_snapshot(folder.path, mmap=backend is None, usecase=usecase)
+    try:
+        snap = load_snapshot(folder.path, mmap=backend is None, usecase=usecase)
+    except UsageError:
+        if m["status"] == "running" and here:  # its process is gone: the run ended
+            close_unsaid(folder)
+        raise
     if backend is None:
         return folder, snap
     sweep_temporaries(folder.path)
@@ -272,10 +279,11 @@ def _run(cfg: RunConfig, show_progress: bool, resume: Path | None) -> RunFolder 
     sampler = ResourceSampler(cfg.sample_hz, rank=env.rank).start()
     outcome = Outcome("completed", 0)
     rows_by_node = None
+    watched = stop_file(strategy)
     try:
         with signals.handled():
             job = Job(cfg=cfg, data=data, folder=folder, show_progress=show_progress,
-                      resume=snapshot)
+                      resume=snapshot, stop_file=watched)
             # What the strategy prepares once, on node 0, for every node's workers.
             job.plan = env.share(lambda: strategy.prepare(job), wire.to_json, wire.from_json)
             others = backend.fit(job, env)  # the samples of the node's other processes
@@ -297,10 +305,10 @@ def _run(cfg: RunConfig, show_progress: bool, resume: Path | None) -> RunFolder 
             rows = [r for node_rows in rows_by_node for r in node_rows] if rows_by_node \
                 else own_rows
             try:
-                outcome = _close(cfg, backend, folder, outcome, rows, load)
+                outcome = _close(cfg, backend, folder, outcome, rows, load, watched)
             except WriteFailed as exc:  # a full disk: the run's end cannot be written
                 unrecorded, outcome = folder.unrecorded(exc), Outcome("failed", 2)
-        if outcome.exit_code:
+        if outcome.exit_code not in (0, signals.STOPPED_CODE):
             env.abort(outcome.exit_code)  # the other nodes would wait in a collective
         if unrecorded is not None:
             raise unrecorded
@@ -311,11 +319,15 @@ def _run(cfg: RunConfig, show_progress: bool, resume: Path | None) -> RunFolder 
 
 
 def _close(cfg: RunConfig, backend: Backend, folder: RunFolder, outcome: Outcome,
-           rows: list[dict], load: OthersLoad) -> Outcome:
+           rows: list[dict], load: OthersLoad, watched: str | None = None) -> Outcome:
     """Node 0's run folder at the end: the samples of every node, the host's load, the
     final status and what it measured; TensorBoard's scalars where asked. Samples a full
-    disk cannot take fail the run, recorded in its (far smaller) manifest."""
+    disk cannot take fail the run, recorded in its (far smaller) manifest. A training that
+    returned early at its stop file (``watched``) is ``interrupted``, exit code 75."""
     folder.reload_epochs()
+    stopped = stopped_early(watched, folder, cfg)
+    if outcome.exit_code == 0 and stopped:
+        outcome = Outcome("interrupted", signals.STOPPED_CODE, stopped)
     try:
         frame = folder.write_samples(rows)
     except WriteFailed as exc:

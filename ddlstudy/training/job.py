@@ -4,6 +4,8 @@ epoch loop every strategy shares (``train_epochs``): resume, record, snapshot.""
 from __future__ import annotations
 
 import copy
+import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +20,8 @@ from ddlstudy.signals import deferred
 from ddlstudy.training import recipe
 from ddlstudy.training.loop import EpochResult, Trainer, log_epoch
 from ddlstudy.training.steps import rng_state, set_rng_state
+
+log = logging.getLogger("ddlstudy")
 
 SNAPSHOT_FORMAT = 1
 
@@ -35,6 +39,9 @@ class Job:
     plan: Any = None
     """What the strategy prepared once on node 0 for every worker of every node (the
     pipeline's cuts: ``Strategy.prepare``), plain JSON values."""
+    stop_file: str | None = None
+    """A file whose appearance stops training at the next step, its snapshot written first
+    (``signals.STOP_ENV``); None: nothing is watched."""
 
 
 def _untimed(model: nn.Module, flat: torch.Tensor, train: Any) -> None:
@@ -159,7 +166,9 @@ def train_epochs(job: Job, trainer: Trainer, optimizer: torch.optim.Optimizer, *
     every ``--snapshot-every`` steps. ``gather`` collects every rank's random states on the
     writer (a collective: every rank calls it at the same step), ``barrier`` ends an epoch;
     ``states``: how the model and optimizer are saved and loaded (default: their own state
-    dicts).
+    dicts). Where ``job.stop_file`` is watched, every rank asks after every step whether it
+    appeared for any of them (``stop_asked``): then each writes its part of a snapshot at
+    that step and its training ends there.
     """
     cfg = job.cfg
     trainer.precision = cfg.precision
@@ -167,6 +176,60 @@ def train_epochs(job: Job, trainer: Trainer, optimizer: torch.optim.Optimizer, *
     schedule = recipe.schedule(optimizer, cfg.usecase.train, trainer.steps_per_epoch)
     states = states or States.of(trainer.model, optimizer)
     first = 1 if job.resume is None else resume(job.resume, trainer, states, schedule, rank)
+
+    snapshot = _snapshots(job, states, schedule, gather, writer)
+    every = cfg.snapshot_every if cfg.snapshot else None
+    stop = stop_asked(job.stop_file, trainer.reduce)
+
+    def after_step(epoch: int, step: int) -> None:
+        if schedule is not None:
+            advance(schedule, optimizer)
+        snapped = bool(every and step % every == 0)
+        if snapped:
+            snapshot(epoch - 1, trainer.position())
+        if stop():  # every rank at this step: its snapshot, then the end of its training
+            if not snapped:
+                snapshot(epoch - 1, trainer.position())
+            raise _Stopped(f"stopped at epoch {epoch}, step {step}, its snapshot written")
+
+    trainer.after_step = after_step
+    try:
+        for epoch in range(first, cfg.usecase.train.epochs + 1):
+            result = trainer.train_epoch(epoch)
+            # The epoch's record and its snapshot land together: a Ctrl-C or SIGTERM
+            # between them would leave an epoch on record that --resume cannot continue
+            # from.
+            with deferred():
+                if writer:
+                    job_epoch(job, result, trainer.step_log)
+                trainer.step_log = []
+                if cfg.snapshot:
+                    snapshot(epoch, {"generator": trainer.generator.get_state(),
+                                     "sums": dict(trainer.sums)})
+            barrier()
+    except _Stopped as stopped:
+        if writer:
+            log.warning("%s, as %s asked", stopped, job.stop_file)
+
+
+class _Stopped(Exception):
+    """The run's stop file appeared (``Job.stop_file``): its snapshot is written."""
+
+
+def stop_asked(path: str | None, reduce: Callable[..., list[float]]) -> Callable[[], bool]:
+    """Whether the training stops at this step: ``path`` exists where any rank looks
+    (``reduce`` sums over every rank: a collective each step, only where a file is
+    watched, so that every rank stops at the same step)."""
+    if path is None:
+        return lambda: False
+    return lambda: reduce(float(os.path.exists(path)))[0] > 0
+
+
+def _snapshots(job: Job, states: States, schedule: torch.optim.lr_scheduler.LRScheduler | None,
+               gather: Callable[[Any], list | None],
+               writer: bool) -> Callable[[int, dict], None]:
+    """``snapshot(epochs_done, position)``: a collective every rank calls at the same step;
+    the writer saves the run's snapshot."""
 
     def snapshot(epochs_done: int, position: dict) -> None:
         # Every rank's own random states and running sums (each sums its slice).
@@ -181,27 +244,7 @@ def train_epochs(job: Job, trainer: Trainer, optimizer: torch.optim.Optimizer, *
                              "sums": [r["sums"] for r in ranks]},
                 "rng": [r["rng"] for r in ranks]})
 
-    every = cfg.snapshot_every if cfg.snapshot else None
-
-    def after_step(epoch: int, step: int) -> None:
-        if schedule is not None:
-            advance(schedule, optimizer)
-        if every and step % every == 0:
-            snapshot(epoch - 1, trainer.position())
-
-    trainer.after_step = after_step
-    for epoch in range(first, cfg.usecase.train.epochs + 1):
-        result = trainer.train_epoch(epoch)
-        # The epoch's record and its snapshot land together: a Ctrl-C or SIGTERM between
-        # them would leave an epoch on record that --resume cannot continue from.
-        with deferred():
-            if writer:
-                job_epoch(job, result, trainer.step_log)
-            trainer.step_log = []
-            if cfg.snapshot:
-                snapshot(epoch, {"generator": trainer.generator.get_state(),
-                                 "sums": dict(trainer.sums)})
-        barrier()
+    return snapshot
 
 
 def resume(snapshot: dict, trainer: Trainer, states: States,
