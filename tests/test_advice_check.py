@@ -16,7 +16,8 @@ from ddlstudy.records.advised import spread
 from ddlstudy.records.plan import baseline, cell_config
 from ddlstudy.records.runfolder import memory_of, node_bytes
 from ddlstudy.tools import advise
-from ddlstudy.tools.advise.checking import last_check, last_check_line, remember, spearman
+from ddlstudy.tools.advise.checking import spearman
+from ddlstudy.tools.advise.history import last_check, last_check_line, remember
 from ddlstudy.tools.advise.schedule import Pace, _box, _out_of_budget, settled
 from ddlstudy.training.loop import MIN_PACED, Trainer
 

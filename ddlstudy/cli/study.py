@@ -107,7 +107,8 @@ def cmd_study(args: argparse.Namespace) -> int:
 
     if args.submit or args.resubmit or submitted(plan.runs_dir):  # its jobs: never run here
         return slurm_study(plan, resume=args.resume, resubmit=args.resubmit, sbatch=sbatch,
-                           overrides=overrides, fmt=args.format)
+                           overrides=overrides, fmt=args.format,
+                           include_noisy=args.include_noisy)
     from ddlstudy.study.matrix import study
 
     return study(plan, resume=args.resume, overrides=overrides, fmt=args.format,

@@ -184,7 +184,7 @@ def submitted(runs_dir: Path) -> bool:
 
 
 def slurm_study(plan: Plan, *, resume: bool, resubmit: bool, sbatch: Sbatch,
-                overrides: dict[str, Any], fmt: str) -> int:
+                overrides: dict[str, Any], fmt: str, include_noisy: bool = False) -> int:
     """Submit a plan's cells as jobs (0: every cell submitted or skipped), or, ``resume``,
     read where a submitted study's jobs stand (``_resume``). Whatever is refused is
     refused before anything is written: a folder of jobs submitted again, --resubmit of a
@@ -206,7 +206,7 @@ def slurm_study(plan: Plan, *, resume: bool, resubmit: bool, sbatch: Sbatch,
             checked.scripts(alike, sbatch)
     with folder_lock(plan.runs_dir, "study"):
         if resume:
-            return _resume(plan, cells, sbatch, fmt)
+            return _resume(plan, cells, sbatch, fmt, include_noisy)
         study = SlurmStudy(plan, cells)
         study.open(resume=False)
         _submit_pending(study, study.cells, sbatch)
@@ -224,7 +224,8 @@ def _submit_pending(study: SlurmStudy, cells: list[JobCell], sbatch: Sbatch) -> 
         study.save()
 
 
-def _resume(plan: Plan, planned: list[JobCell], sbatch: Sbatch, fmt: str) -> int:
+def _resume(plan: Plan, planned: list[JobCell], sbatch: Sbatch, fmt: str,
+            include_noisy: bool = False) -> int:
     """Each waiting cell settled from Slurm and its run; with ``planned`` (--resubmit), its
     failed cells and the plan's cells it lacks submitted again; the table printed, and the
     report written once no cell waits (0: none failed)."""
@@ -245,7 +246,7 @@ def _resume(plan: Plan, planned: list[JobCell], sbatch: Sbatch, fmt: str) -> int
         print(f"\n{left} of {len(study.cells)} cells queued or running; `ddlstudy study "
               f"{plan.path} --resume` again writes the report once every cell is done")
         return 0
-    write_report(plan, study.cells, fmt)
+    write_report(plan, study.cells, fmt, include_noisy)
     return int(any(c.status == "failed" for c in study.cells))
 
 

@@ -27,7 +27,7 @@ from ddlstudy.data.generate import make_dataset
 from ddlstudy.errors import UsageError
 from ddlstudy.files import atomic_write_json, atomic_write_text
 from ddlstudy.machine.environment import host, python_module
-from ddlstudy.tools.advise.checking import pct
+from ddlstudy.tools.advise.output import pct
 from ddlstudy.tools.advise.probes import say
 
 OWN_MODEL = REPO_ROOT / "tests" / "models" / "own_net.py"

@@ -63,10 +63,10 @@ from ddlstudy.tools.advise.checking import (
     check_runs,
     check_study,
     check_text,
-    last_check_line,
     write_check,
 )
 from ddlstudy.tools.advise.exchange import COMPRESSORS, Exchange, measure_exchange, on_link
+from ddlstudy.tools.advise.history import last_check_line
 from ddlstudy.tools.advise.memory import gib, linear_share
 from ddlstudy.tools.advise.nodes import Setting, mpi_candidates
 from ddlstudy.tools.advise.output import as_csv, as_json, markdown, write

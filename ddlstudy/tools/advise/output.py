@@ -183,3 +183,8 @@ def _figure(value: float | None, unit: str = "") -> str:
 def _gib(nbytes: int | None) -> str:
     """A row's predicted peak a node in GiB ('?' where the baseline recorded no memory)."""
     return "?" if nbytes is None else f"{nbytes / 2**30:.2f}"
+
+
+def pct(value: float | None, signed: bool = True, digits: int = 0) -> str:
+    """A fraction in %: signed (an error) or not (a mean absolute error); '-' for none."""
+    return "-" if value is None else f"{value:+.{digits}%}" if signed else f"{value:.{digits}%}"
