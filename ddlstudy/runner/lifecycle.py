@@ -259,10 +259,12 @@ def _run(cfg: RunConfig, show_progress: bool, resume: Path | None) -> RunFolder 
     strategy, backend = get_strategy(cfg.strategy), get_backend(cfg.backend)
     env = backend.environment(cfg)
     data = _prepare(cfg, env, resume)
+    environment.mark_phase("data")
     described = backend.describe(cfg) | env.placement()
     folder, snapshot = _open_folder(env, resume, described, cfg.usecase)
     if env.rank == 0 and folder is None:
         folder = _create(cfg, strategy, backend, described, data)
+        environment.mark_phase("folder")
     load = OthersLoad()  # the host's load over the run where no samples say it
     sampler = ResourceSampler(cfg.sample_hz, rank=env.rank).start()
     outcome = Outcome("completed", 0)
@@ -341,6 +343,7 @@ def _tensorboard(folder: RunFolder) -> None:
 def start(cfg: RunConfig, argv: list[str], resume: Path | None = None) -> RunFolder | None:
     """``ddlstudy run``: train here, or, where the backend starts the run's processes
     itself (``--backend mpi --nodes N`` from a plain shell), launch them and wait."""
+    environment.mark_phase("imports")
     refuse_foreign_launcher(dict(os.environ), get_backend(cfg.backend))
     limit = os.environ.get(signals.SETUP_TIMEOUT_ENV)  # a study's cell
     try:
@@ -348,6 +351,7 @@ def start(cfg: RunConfig, argv: list[str], resume: Path | None = None) -> RunFol
             cfg = preflight(cfg, resuming=resume is not None)
     except signals.TimedOut as exc:
         raise UsageError(f"{exc}; a study's setup_timeout_s sets the limit") from None
+    environment.mark_phase("checks")
     if resume is not None:  # refused here, before a launcher starts ranks that would each say
         _reopen(Path(resume), None, cfg.usecase)
     run_id = checked_run_id(Path(resume).name if resume else os.environ.get(RUN_ID_ENV)

@@ -24,6 +24,7 @@ import torch.multiprocessing as mp
 
 from ddlstudy import signals, wire
 from ddlstudy.logs import setup_logging
+from ddlstudy.machine import environment
 from ddlstudy.machine.sampler import ResourceSampler, write_rows
 from ddlstudy.training.flat import average
 from ddlstudy.training.job import Job, Link
@@ -63,6 +64,8 @@ def _then_exit(index: int, fn, *args) -> None:
     suites died of it, SIGABRT ("terminate called without an active exception") after
     its last epoch, failing a run that had finished. Its files are written by now."""
     _die_with_parent()
+    environment.this_process(f"rank {index}")
+    environment.mark_phase("start")
     fn(index, *args)
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
@@ -197,6 +200,7 @@ def process_group(rank: int, world: int, port: int | str,
     dist.init_process_group("nccl" if cuda else "gloo", store=store, rank=rank,
                             world_size=world, timeout=COLLECTIVE_TIMEOUT,
                             device_id=device if cuda else None)
+    environment.mark_phase("group")
     try:
         yield device
         dist.barrier()  # the group ends together: no rank closes its pairs (rank 0 the
