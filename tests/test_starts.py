@@ -35,13 +35,15 @@ def _describe(index: int, out: str) -> None:
         "removed": os.environ.get("DDLSTUDY_TEST_REMOVED"),
         "sigterm": signal.getsignal(signal.SIGTERM) == signal.SIG_DFL,
         "parent": psutil.Process().ppid()}))
+    print(f"rank {index} says so on its stderr", file=sys.stderr, flush=True)
 
 
-def test_a_rank_starts_as_a_spawned_one_would(tmp_path, monkeypatch):
+def test_a_rank_starts_as_a_spawned_one_would(tmp_path, monkeypatch, capfd):
     """The server imported torch before the rank started, and the rank still begins with
     one thread and no CUDA, with the environment its parent had when it started the rank
-    (set and removed after the server started), and SIGTERM's default action (the server
-    ignores it); its parent is the server, a child of this process."""
+    (set and removed after the server started), its parent's standard error as it is now
+    (here the test's capture), and SIGTERM's default action (the server ignores it); its
+    parent is the server, a child of this process."""
     forkserver.warm()
     monkeypatch.setenv("DDLSTUDY_TEST_AFTER", "yes")
     monkeypatch.delenv("DDLSTUDY_TEST_REMOVED", raising=False)
@@ -54,6 +56,8 @@ def test_a_rank_starts_as_a_spawned_one_would(tmp_path, monkeypatch):
     for row in seen:
         assert row["threads"] == 1 and not row["cuda"] and row["torch_imported_before"]
         assert row["set_after"] == "yes" and row["removed"] is None and row["sigterm"]
+    err = capfd.readouterr().err
+    assert "rank 0 says so on its stderr" in err and "rank 1 says so on its stderr" in err
 
 
 def _sleep(index: int, out: str) -> None:

@@ -11,13 +11,11 @@ import subprocess
 import sys
 import time
 from importlib import metadata
-from typing import Annotated, Any
+from typing import Any
 
 import psutil
-from pydantic import BaseModel, Field
 
 from ddlstudy.config import REPO_ROOT
-from ddlstudy.config.schema import RECORDED
 
 STARTED_ENV = "DDLSTUDY_STARTED_AT"
 """When the user's command started (seconds since the epoch): set by the first ddlstudy
@@ -118,31 +116,6 @@ def started_phases() -> list[list]:
     except ValueError:
         return []
     return marks if isinstance(marks, list) else []
-
-
-class Phase(BaseModel):
-    """One phase of a run's start, in the process that ran it."""
-    model_config = RECORDED
-    process: str
-    """``command`` (the user's), ``rank N`` (a process the run spawned), ``MPI rank N``."""
-    phase: str
-    """What ended: ``python`` (the interpreter and ddlstudy's command line), ``imports``
-    (torch and the runner), ``checks`` (the run's checks: its model on the meta device),
-    ``data`` (the data set scanned and split), ``folder`` (the run folder), ``MPI`` (MPI
-    initialised), ``start`` (a spawned process's own start, until it runs ddlstudy's code),
-    ``group`` (its process group joined), ``model`` (the model built), ``setup`` (the
-    rest, up to the first step: optimizer, loaders, buffers, the first batch), ``first
-    step`` (the first training step itself)."""
-    s: Annotated[float, Field(ge=0)]
-    """Its seconds: from the end of the phase before."""
-    at_s: Annotated[float, Field(ge=0)]
-    """Seconds from the command to its end."""
-
-
-class Startup(BaseModel):
-    """Where the seconds from the command to the end of rank 0's first step went."""
-    model_config = RECORDED
-    phases: list[Phase] = []
 
 
 def startup() -> dict[str, Any]:

@@ -66,20 +66,6 @@ def context() -> multiprocessing.context.BaseContext:
     return multiprocessing.get_context("forkserver")
 
 
-def adopt(env: dict[str, str]) -> None:
-    """In a child of the server, first of all: ``env`` (its parent's environment when it
-    started the child) as its own, SIGTERM's default action, and the server's "alive"
-    pipe closed (the server ends once its parent has, then its children)."""
-    os.environ.clear()
-    os.environ.update(env)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    server = forkserver._forkserver
-    if server._forkserver_alive_fd is not None:
-        with contextlib.suppress(OSError):
-            os.close(server._forkserver_alive_fd)
-        server._forkserver_alive_fd = None
-
-
 class _Fd:
     """A file descriptor of the parent, sent to the child as a duplicate (pickled while
     the child is being started, when multiprocessing can send descriptors)."""
@@ -93,6 +79,32 @@ class _Fd:
 
 def _received(dup) -> int:
     return dup.detach()
+
+
+def inherited() -> tuple[dict[str, str], _Fd, _Fd]:
+    """What a child of the server takes from the process that starts it (``adopt``): its
+    environment, and its output and errors (a test's capture, a study's log) as they are
+    now, where the server's are those of when it started."""
+    return dict(os.environ), _Fd(1), _Fd(2)
+
+
+def adopt(env: dict[str, str], out: int | None = None, err: int | None = None) -> None:
+    """In a child of the server, first of all: ``env`` (its parent's environment when it
+    started the child) as its own, ``out`` and ``err`` as its standard output and error,
+    SIGTERM's default action, and the server's "alive" pipe closed (the server ends once
+    its parent has, then its children)."""
+    os.environ.clear()
+    os.environ.update(env)
+    for fd, target in ((out, 1), (err, 2)):
+        if fd is not None and fd != target:
+            os.dup2(fd, target)
+            os.close(fd)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    server = forkserver._forkserver
+    if server._forkserver_alive_fd is not None:
+        with contextlib.suppress(OSError):
+            os.close(server._forkserver_alive_fd)
+        server._forkserver_alive_fd = None
 
 
 def command(argv: list[str], env: dict[str, str], out: int, err: int) -> int:
@@ -130,11 +142,8 @@ def _command(argv: list[str], env: dict[str, str], cwd: str, out: int, err: int)
     """The warm command, in the child: its environment, folder and output, then ddlstudy's
     ``__main__`` as ``python -m`` runs it, and the interpreter's exit (atexit's
     functions, the streams flushed) with its code."""
-    adopt(env)
+    adopt(env, out, err)
     os.chdir(cwd)
-    for fd, target in ((out, 1), (err, 2)):
-        os.dup2(fd, target)
-        os.close(fd)
     environment.this_process("command (forked warm)")
     sys.argv = ["ddlstudy", *argv]
     code = 0

@@ -22,7 +22,7 @@ from pydantic import BaseModel, Field, ValidationError, create_model
 from ddlstudy.config.run import options
 from ddlstudy.config.schema import RECORDED, field_rows, finite
 from ddlstudy.config.schema import problem as schema_problem
-from ddlstudy.machine import environment, sampler
+from ddlstudy.machine import phases, sampler
 from ddlstudy.reading import CAPS, BadFile, read_json
 
 SCHEMA_VERSION = 1
@@ -273,7 +273,7 @@ class Manifest(_Record):
     val_confusion: dict[str, Any] | None = None  # the last epoch's: counts[true][predicted]
     first_step_s: Seconds | None = None
     """Seconds from the command to rank 0's first training step (where they went: startup)."""
-    startup: environment.Startup | None = None
+    startup: phases.Startup | None = None
 
 
 class CellFlags(_Record):

@@ -57,16 +57,16 @@ def spawn(fn, nprocs: int, args: tuple) -> mp.ProcessContext:
     error still ends it as torch's wrapper does, exit code 1 and the traceback for the
     parent)."""
     forkserver.warm()
-    return mp.start_processes(_then_exit, args=(fn, dict(os.environ), *args), nprocs=nprocs,
-                              join=False, start_method="forkserver")
+    return mp.start_processes(_then_exit, args=(fn, forkserver.inherited(), *args),
+                              nprocs=nprocs, join=False, start_method="forkserver")
 
 
-def _then_exit(index: int, fn, env: dict[str, str], *args) -> None:
+def _then_exit(index: int, fn, inherited: tuple, *args) -> None:
     """A finished rank skips the interpreter's teardown: there gloo's threads and the
     tensors they hold are destroyed in no set order, and one rank in a few full test
     suites died of it, SIGABRT ("terminate called without an active exception") after
     its last epoch, failing a run that had finished. Its files are written by now."""
-    forkserver.adopt(env)
+    forkserver.adopt(*inherited)
     _die_with_parent()
     environment.this_process(f"rank {index}")
     environment.mark_phase("start")
