@@ -162,7 +162,7 @@ def check(spec: ModelSpec, num_classes: int, image_size: int,
                           f"several with weights); train it without the flag")
     if meta:
         _built_for_real(spec, num_classes, found)
-    memo.keep(spec, num_classes, checked=(image_size, checkpointed))
+    memo.keep(spec, num_classes, sizes=(image_size, checkpointed))
 
 
 def _built_for_real(spec: ModelSpec, num_classes: int, found: Facts) -> None:

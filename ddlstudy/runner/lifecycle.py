@@ -16,6 +16,7 @@ import socket
 import statistics
 import traceback
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 
 import psutil
@@ -23,7 +24,7 @@ import psutil
 from ddlstudy import models, signals, wire
 from ddlstudy.backends import REGISTRY as BACKENDS
 from ddlstudy.backends import Backend, Environment, get_backend
-from ddlstudy.config import TARGET_METRICS, Effective, RunConfig, UseCase
+from ddlstudy.config import TARGET_METRICS, Effective, RunConfig, UseCase, checked
 from ddlstudy.config.folders import usecase_key
 from ddlstudy.data import DataPlan, prepare_data
 from ddlstudy.errors import ConfigError, Unavailable, UsageError
@@ -98,6 +99,17 @@ def _prepare(cfg: RunConfig, env: Environment, resume: Path | None):
     return DataPlan.from_message(env.share(make, wire.to_json, wire.from_json))
 
 
+def _recipe_checked(train) -> None:
+    """``recipe.check``, once for each [train] table and torch version on this machine
+    (``config.checked``): it makes the optimizer, whose first making imports torch's
+    compiler front end (1 s) in a process that may train nothing (the parent of a run's
+    processes, MPI's launcher)."""
+    key = [dataclasses.asdict(train), metadata.version("torch")]
+    if not checked.recalled("recipes", key):
+        recipe.check(train)
+        checked.keep("recipes", key, passed=True)
+
+
 def resolve(cfg: RunConfig) -> RunConfig:
     """``cfg`` with its effective parallelism: the strategy's data-parallel workers on a
     node times the backend's nodes, and the global batch and learning rate they give."""
@@ -118,7 +130,7 @@ def preflight(cfg: RunConfig, resuming: bool = False) -> RunConfig:
         models.check(uc.model, len(uc.classes), uc.train.image_size, cfg.checkpoint_activations)
         if cfg.init_weights is not None:
             check_weights(uc.model, len(uc.classes), cfg.init_weights)
-    recipe.check(uc.train)
+    _recipe_checked(uc.train)
     if (cfg.nodes or 1) > 1 and not backend.multi_node:
         several = [name for name, cls in BACKENDS.loaded().items() if cls.multi_node]
         raise ConfigError("--nodes", f"more than one node needs --backend "
