@@ -106,3 +106,28 @@ def test_a_warm_command_is_the_command(tmp_path, monkeypatch):
     assert done.returncode == 2 and "run id '../bad' is not a plain folder name" in done.stderr
     assert "DDLSTUDY_RUN_ID" not in os.environ and not (tmp_path / "runs").exists()
     assert forkserver.captured(["--version"], env).stdout.startswith("ddlstudy ")
+
+
+_PREFLIGHT = """
+import json, sys
+from ddlstudy.config import RunConfig, load_usecase
+from ddlstudy.models import describe
+from ddlstudy.runner import preflight
+cfg = preflight(RunConfig(usecase=load_usecase("simple-big")))
+print(json.dumps({"imported": sorted(m for m in ("torchvision", "torch._dynamo")
+                                     if m in sys.modules),
+                  "model": describe(cfg.usecase.model, len(cfg.usecase.classes))}))
+"""
+
+
+def test_a_run_checked_before_is_checked_without_building_its_model(tmp_path):
+    """The checks of simple-big (its AlexNet built on the meta device, its optimizer made
+    once) import torchvision and torch's compiler front end; a command that checks the
+    same run again on this machine (the parent of a run's processes, MPI's launcher)
+    imports neither, and describes the model as the first did."""
+    env = dict(os.environ, DDLSTUDY_CACHE=str(tmp_path / "cache"))
+    seen = [json.loads(subprocess.run([sys.executable, "-c", _PREFLIGHT], env=env, check=True,
+                                      capture_output=True, text=True).stdout)
+            for _ in range(2)]
+    assert seen[0]["imported"] == ["torch._dynamo", "torchvision"] and seen[1]["imported"] == []
+    assert seen[0]["model"] == seen[1]["model"] and seen[1]["model"]["parameters"] == 57_016_131

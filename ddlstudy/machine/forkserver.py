@@ -36,7 +36,7 @@ PRELOAD = ("__main__", "ddlstudy.cli", "ddlstudy.runner", "ddlstudy.training.pre
 """What the server imports before it forks anything (``training.preload`` lists the
 rest); torchvision too where the run's model needs it (``warm``)."""
 SERVER_ENV = "DDLSTUDY_FORKSERVER"
-"""Set only in the server's environment: ``training.preload`` ignores SIGTERM there."""
+"""Set only in the server's environment: ``training.preload`` calls ``serve`` there."""
 GRACE_S = 30.0
 """How long a warm command interrupted by Ctrl-C may take to end before SIGKILL."""
 
@@ -57,6 +57,20 @@ def warm(*modules: str) -> None:
     finally:
         os.environ.pop(SERVER_ENV, None)
     _started["pid"] = os.getpid()
+
+
+def serve() -> None:
+    """In the server, as it imports (``training.preload``): SIGTERM ignored, so that a
+    signal to the whole process group reaches the ranks' own handlers rather than ending
+    them through it; and its exit, once its parent has ended, at once (``_ended``)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    atexit.register(_ended)
+
+
+def _ended() -> None:
+    """The server's exit without the interpreter's teardown of torch's modules (seconds
+    on a busy host, while its children wait for it to end to end themselves)."""
+    os._exit(0)
 
 
 def context() -> multiprocessing.context.BaseContext:
@@ -93,6 +107,7 @@ def adopt(env: dict[str, str], out: int | None = None, err: int | None = None) -
     started the child) as its own, ``out`` and ``err`` as its standard output and error,
     SIGTERM's default action, and the server's "alive" pipe closed (the server ends once
     its parent has, then its children)."""
+    atexit.unregister(_ended)
     os.environ.clear()
     os.environ.update(env)
     for fd, target in ((out, 1), (err, 2)):

@@ -1,12 +1,11 @@
 """What the warm server a run's processes are forked from imports (``machine.forkserver``),
 besides the command line and the runner: torch's compiler front end, which every optimizer
 loads (``torch._compile``: about 1 s), and the modules each strategy's worker imports when
-it starts. In the server alone (its environment says so), SIGTERM is ignored: a signal to
-the whole process group must not end the server, whose end ends the ranks with SIGKILL
-before their own handlers could finish a snapshot's write."""
+it starts; in the server alone (its environment says so), ``forkserver.serve``: SIGTERM
+ignored (the server's end would end the ranks with SIGKILL before their own handlers could
+finish a snapshot's write), and an exit without teardown once its parent has ended."""
 
 import os
-import signal
 
 import torch._dynamo  # noqa: F401
 
@@ -15,7 +14,7 @@ import ddlstudy.training.one_model
 import ddlstudy.training.replicas
 import ddlstudy.training.sharding
 import ddlstudy.training.stages  # noqa: F401
-from ddlstudy.machine.forkserver import SERVER_ENV
+from ddlstudy.machine import forkserver
 
-if os.environ.get(SERVER_ENV):
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+if os.environ.get(forkserver.SERVER_ENV):
+    forkserver.serve()
