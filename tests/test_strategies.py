@@ -16,7 +16,6 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -25,7 +24,7 @@ from ddlstudy.models import build_model
 from ddlstudy.runner import run
 from ddlstudy.strategies import REGISTRY, get_strategy
 from ddlstudy.training import ShardedBatches, hostmem, plain_step, split_sizes
-from ddlstudy.training.distributed import free_port
+from ddlstudy.training.distributed import free_port, spawn
 from ddlstudy.training.flat import exchange_step, flat_gradients
 from ddlstudy.training.job import Link
 from ddlstudy.training.one_model import ddp_step
@@ -33,6 +32,14 @@ from ddlstudy.training.replicas import replica_grads
 
 BATCH = 16
 TOLERANCE = 1e-5
+
+
+def _ranks(fn, nprocs: int, args: tuple) -> None:
+    """``fn(rank, *args)`` in ``nprocs`` processes as a run starts them (forked from the
+    warm server that imported torch once), waiting for all."""
+    context = spawn(fn, nprocs, args)
+    while not context.join():
+        pass
 
 
 def _setup():
@@ -105,7 +112,7 @@ def test_cpu_processes_step_equals_sequential(tmp_path):
     test_ranks_keep_gloo's."""
     before, reference = _sequential_update()
     out = tmp_path / "weights.pt"
-    mp.start_processes(_ddp_rank, args=(3, free_port(), out), nprocs=3, start_method="spawn")
+    _ranks(_ddp_rank, 3, (3, free_port(), out))
     update = torch.load(out, weights_only=True) - before
     assert _relative_error(update, reference) < TOLERANCE
 
@@ -137,8 +144,7 @@ def _shared_memory_rank(rank, world, port, out, shm_dir=None):
 
 def _shared_memory_step(world, tmp_path, shm_dir=None):
     out = tmp_path / "weights"
-    mp.start_processes(_shared_memory_rank, args=(world, free_port(), out, shm_dir),
-                       nprocs=world, start_method="spawn")
+    _ranks(_shared_memory_rank, world, (world, free_port(), out, shm_dir))
     return [torch.load(out.with_suffix(f".{r}.pt"), weights_only=True) for r in range(world)]
 
 
@@ -301,9 +307,7 @@ def test_pipeline_step_equals_sequential(stages, micro, schedule, shared, tmp_pa
     through gloo and through shared memory."""
     before, reference = _sequential_update()
     out = tmp_path / "weights.pt"
-    mp.start_processes(_pipeline_rank, args=(stages, free_port(), 1, micro, out, schedule,
-                                             shared),
-                       nprocs=stages, start_method="spawn")
+    _ranks(_pipeline_rank, stages, (stages, free_port(), 1, micro, out, schedule, shared))
     update = torch.load(out, weights_only=True) - before
     assert _relative_error(update, reference) < TOLERANCE
     loss = torch.load(out.with_suffix(".loss"), weights_only=True).item()
@@ -313,8 +317,7 @@ def test_pipeline_step_equals_sequential(stages, micro, schedule, shared, tmp_pa
 def test_hybrid_step_equals_sequential(tmp_path):
     before, reference = _sequential_update()
     out = tmp_path / "weights.pt"
-    mp.start_processes(_pipeline_rank, args=(4, free_port(), 2, 2, out), nprocs=4,
-                       start_method="spawn")
+    _ranks(_pipeline_rank, 4, (4, free_port(), 2, 2, out))
     update = torch.load(out, weights_only=True) - before
     assert _relative_error(update, reference) < TOLERANCE
 
@@ -346,8 +349,7 @@ def _ddp_accumulating_rank(rank, world, port, out):
 def test_accumulation_under_ddp_syncs_once_and_equals_the_whole_batch(tmp_path):
     before, reference = _sequential_update()
     out = tmp_path / "result.pt"
-    mp.start_processes(_ddp_accumulating_rank, args=(2, free_port(), out), nprocs=2,
-                       start_method="spawn")
+    _ranks(_ddp_accumulating_rank, 2, (2, free_port(), out))
     result = torch.load(out, weights_only=True)
     assert _relative_error(result["weights"] - before, reference) < TOLERANCE
     # The tiny model's gradients fill DDP's first two buckets: one synced backward makes
@@ -399,7 +401,7 @@ def test_sharded_zero_and_tensor_steps_equal_sequential(tmp_path):
     """Their whole weights after a step, gathered from the shards, are the baseline's."""
     before, reference = _sequential_update()
     out = tmp_path / "weights"
-    mp.start_processes(_mesh_rank, args=(2, free_port(), out), nprocs=2, start_method="spawn")
+    _ranks(_mesh_rank, 2, (2, free_port(), out))
     for strategy in ("sharded", "zero", "tensor"):
         update = torch.load(out.with_suffix(f".{strategy}.pt"), weights_only=True) - before
         assert _relative_error(update, reference) < TOLERANCE, strategy

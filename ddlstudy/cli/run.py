@@ -16,6 +16,7 @@ from ddlstudy.errors import ConfigError
 from ddlstudy.machine.sparkjvm import start_early
 from ddlstudy.progress import on_terminal
 from ddlstudy.records.runfolder import CHILD_ENV
+from ddlstudy.strategies.processes import warm_early
 
 log = logging.getLogger("ddlstudy")
 PREPARING_NOTICE_S = 1.0
@@ -88,6 +89,7 @@ def train(cfg, argv: list[str], resume: Path | None = None, max_restarts: int = 
         notice.start()
     if resume is None:  # a Spark run's JVM and context start beside those imports
         start_early(cfg)
+    warm_early(cfg)  # and the server its processes are forked from
     try:
         return _train(cfg, argv, resume, max_restarts, fmt)
     finally:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from ddlstudy.errors import ConfigError
 
 BENCH_GROUPS = ("overhead", "ceiling", "sampler", "loader", "strategies", "pipeline",
-                "sharding", "reducers", "transport", "mpi", "spark")
+                "sharding", "reducers", "transport", "mpi", "spark", "start")
 """What ``bench all --only`` takes."""
 
 

@@ -19,6 +19,18 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 site-packages folder, which has no git."""
 
 
+CACHE_ENV = "DDLSTUDY_CACHE"
+"""Where ddlstudy keeps what it can compute again (decoded images, checked images and
+models), if set; else $XDG_CACHE_HOME/ddlstudy or ~/.cache/ddlstudy."""
+
+
+def cache_dir() -> Path:
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "ddlstudy"
+
+
 def _usecases_dir() -> Path:
     checkout = REPO_ROOT / "usecases"
     if (REPO_ROOT / "pyproject.toml").is_file() and checkout.is_dir():

@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from ddlstudy.config.paths import CACHE_ENV, cache_dir
 from ddlstudy.errors import UsageError
 from ddlstudy.files import atomic_write_text
 from ddlstudy.reading import read_json
@@ -38,16 +39,8 @@ from ddlstudy.reading import read_json
 log = logging.getLogger("ddlstudy")
 
 VERSION = 1
-CACHE_ENV = "DDLSTUDY_CACHE"
 SPARE_BYTES = 512 << 20
 """Free space a cache leaves on its disk: a cache never fills the disk runs write to."""
-
-
-def cache_dir() -> Path:
-    if os.environ.get(CACHE_ENV):
-        return Path(os.environ[CACHE_ENV])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "ddlstudy"
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import shutil
@@ -49,10 +50,11 @@ def mark_command_start(from_command_line: bool, launched: bool) -> None:
     """Note when the user's command started: this process's start where it is the command
     (the CLI's own process), now where Python called the CLI; a process ddlstudy
     ``launched`` (a rank of its own mpiexec) keeps its launcher's."""
-    if launched and STARTED_ENV in os.environ:
-        return
-    started = process_start() if from_command_line else time.time()
-    os.environ[STARTED_ENV] = repr(started)
+    if not (launched and STARTED_ENV in os.environ):
+        started = process_start() if from_command_line else time.time()
+        os.environ[STARTED_ENV] = repr(started)
+        os.environ.pop(PHASES_ENV, None)  # a new command: its own start
+    mark_phase("python")
 
 
 def process_start() -> float:
@@ -76,6 +78,55 @@ def seconds_since_command() -> float | None:
         return time.time() - float(started) if started else None
     except ValueError:
         return None
+
+
+PHASES_ENV = "DDLSTUDY_STARTUP"
+"""The phases of the run's start so far, as JSON: inherited, as the clock is, by every
+process the command starts, so that rank 0 holds the whole path to its first step."""
+MOST_PHASES = 64
+"""The phases kept (the last): a process that calls many runs (a test session) does not
+grow its environment without bound (one variable may hold 128 KiB)."""
+_process = {"name": None}
+
+
+def this_process(name: str) -> None:
+    """How this process's phases are named in the manifest (``rank 1``); by default the
+    user's command, or the MPI rank a launcher started."""
+    _process["name"] = name
+
+
+def mark_phase(phase: str) -> None:
+    """Note that ``phase`` of this process's start ended now (seconds since the command):
+    the manifest's ``startup`` block, where a run's first seconds go."""
+    at = seconds_since_command()
+    if at is None:
+        return
+    rank = next((os.environ[v] for v in ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK")
+                 if os.environ.get(v, "").isdigit()), None)
+    name = _process["name"] or (f"MPI rank {rank}" if rank is not None else "command")
+    marks = [*started_phases(), [name, phase, round(at, 3)]]
+    os.environ[PHASES_ENV] = json.dumps(marks[-MOST_PHASES:])  # runs called in one process
+
+
+def started_phases() -> list[list]:
+    """The phases noted so far on the way to this point, this process's and its
+    ancestors': [process, phase, seconds from the command to its end]."""
+    try:
+        marks = json.loads(os.environ.get(PHASES_ENV) or "[]")
+    except ValueError:
+        return []
+    return marks if isinstance(marks, list) else []
+
+
+def startup() -> dict[str, Any]:
+    """The manifest's ``startup`` block: each phase of the start with its seconds, in the
+    order they ran, up to where this process stands (its first step's end)."""
+    rows, last = [], 0.0
+    for process, phase, at in started_phases():
+        rows.append({"process": process, "phase": phase, "s": round(max(at - last, 0), 3),
+                     "at_s": at})
+        last = max(last, at)
+    return {"phases": rows}
 
 
 PACKAGES = ("ddlstudy", "torch", "torchvision", "numpy", "mpi4py", "pyspark", "psutil",

@@ -19,6 +19,7 @@ from torch import nn
 
 from ddlstudy.config import ModelSpec
 from ddlstudy.errors import ConfigError
+from ddlstudy.models import memo
 from ddlstudy.models.checkpointing import checkpoint_blocks
 from ddlstudy.models.paper import ScaledAlexNet, ScaledVGG16
 from ddlstudy.models.sources import FLAG, made, maker, origin, torchvision_names
@@ -96,11 +97,18 @@ class Facts:
 
 @lru_cache(maxsize=64)
 def facts(spec: ModelSpec, num_classes: int) -> Facts:
-    """What ``spec``'s model is, with ``num_classes`` outputs (cached per process)."""
+    """What ``spec``'s model is, with ``num_classes`` outputs (cached per process, and on
+    this machine for the paper's and torchvision's: ``memo``)."""
+    known = memo.recalled(spec, num_classes).get("facts")
+    if isinstance(known, dict) and set(known) == {"parameters", "buffers", "min_image_size"}:
+        return Facts(str(spec.arch), **known)
     model, meta = shapes_only(spec, num_classes)
     buffers = sum(b.numel() for b in model.buffers() if b.is_floating_point())
-    return Facts(str(spec.arch), count_parameters(model), buffers,
-                 _smallest(model, meta) if meta else None)
+    found = Facts(str(spec.arch), count_parameters(model), buffers,
+                  _smallest(model, meta) if meta else None)
+    memo.keep(spec, num_classes, facts={"parameters": found.parameters, "buffers": buffers,
+                                        "min_image_size": found.min_image_size})
+    return found
 
 
 def parameter_count(spec: ModelSpec, num_classes: int) -> int:
@@ -115,8 +123,12 @@ def check(spec: ModelSpec, num_classes: int, image_size: int,
     """Refuse (ConfigError) a model that cannot train on this use case: one that cannot
     be built, does not give ``num_classes`` outputs an image, or does not take images of
     ``image_size`` px (saying the smallest it takes); with ``checkpointed``, one with no
-    block to checkpoint."""
+    block to checkpoint. A size the paper's or torchvision's model passed before, with
+    the same code, is not checked again (``memo``): nothing is built."""
     found = facts(spec, num_classes)
+    if [image_size, checkpointed] in memo.recalled(spec, num_classes).get("checked", []):
+        _built_for_real(spec, num_classes, found)  # the memory free now
+        return
     model, meta = shapes_only(spec, num_classes)
     out = _forward(model, image_size, meta, train=True)
     if isinstance(out, Exception) and meta:  # a forward that needs real values (.item())
@@ -150,6 +162,7 @@ def check(spec: ModelSpec, num_classes: int, image_size: int,
                           f"several with weights); train it without the flag")
     if meta:
         _built_for_real(spec, num_classes, found)
+    memo.keep(spec, num_classes, sizes=(image_size, checkpointed))
 
 
 def _built_for_real(spec: ModelSpec, num_classes: int, found: Facts) -> None:

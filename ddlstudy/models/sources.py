@@ -18,6 +18,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import lru_cache
+from importlib import metadata
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -234,14 +235,9 @@ def origin(spec: ModelSpec) -> dict[str, Any]:
     """Where the model comes from, for the manifest: the library and its version, or the
     factory file's sha256."""
     kind = spec.kind
-    if kind in ("paper", "torchvision"):
-        import torchvision
-
-        return {"kind": kind, "torchvision": torchvision.__version__}
-    if kind == "timm":
-        import timm
-
-        return {"kind": kind, "timm": timm.__version__}
+    if kind in ("paper", "torchvision", "timm"):  # the installed version, not imported
+        library = "timm" if kind == "timm" else "torchvision"
+        return {"kind": kind, library: metadata.version(library)}
     where = FACTORY.fullmatch(spec.arch)["where"]
     if kind == "file":
         return {"kind": kind, "file": where, "sha256": sha256_of(Path(where))}

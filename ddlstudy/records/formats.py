@@ -22,7 +22,7 @@ from pydantic import Field, ValidationError, create_model
 from ddlstudy.config.run import options
 from ddlstudy.config.schema import field_rows, finite
 from ddlstudy.config.schema import problem as schema_problem
-from ddlstudy.machine import sampler
+from ddlstudy.machine import phases, sampler
 from ddlstudy.reading import CAPS, BadFile, read_json
 from ddlstudy.records.advice import Advice, AdviceCheck
 from ddlstudy.records.kinds import (
@@ -264,6 +264,9 @@ class Manifest(_Record):
     summary: Summary | None = None
     time_to_target: TimeToTarget | None = None
     val_confusion: dict[str, Any] | None = None  # the last epoch's: counts[true][predicted]
+    first_step_s: Seconds | None = None
+    """Seconds from the command to rank 0's first training step (where they went: startup)."""
+    startup: phases.Startup | None = None
 
 
 class CellFlags(_Record):
@@ -304,11 +307,6 @@ FORMATS: dict[str, type[_Record]] = {"manifest.json": Manifest, "study.json": St
                                      "advise.json": Advice, "advice-check.json": AdviceCheck}
 
 
-def problem(error: ValidationError) -> str:
-    """The first error of a validation, as 'field: what is wrong'."""
-    return ": ".join(schema_problem(error))
-
-
 def check(doc: Any, model: type[_Record], path: Path | str, what: str) -> dict[str, Any]:
     """``doc`` if it is a valid ``model``, else BadFile naming the field."""
     a = f"{'an' if what[:1].lower() in 'aeiou' else 'a'} {what}"
@@ -318,8 +316,8 @@ def check(doc: Any, model: type[_Record], path: Path | str, what: str) -> dict[s
     try:
         model.model_validate(doc)
     except ValidationError as exc:
-        raise BadFile(what, path, f"{problem(exc)}; is it {a} ddlstudy wrote, and "
-                      "complete?") from None
+        raise BadFile(what, path, f"{': '.join(schema_problem(exc))}; is it {a} ddlstudy "
+                      "wrote, and complete?") from None
     return doc
 
 

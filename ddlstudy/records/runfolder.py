@@ -354,7 +354,7 @@ class RunFolder:
             self.manifest["epochs"] = written["epochs"]
         except (UsageError, KeyError, TypeError):
             return
-        for key in ("first_step_s", "transport"):
+        for key in ("first_step_s", "startup", "transport"):
             if key in written:
                 self.manifest.setdefault(key, written[key])
         if CONFUSION in written:  # the last epoch's, this attempt's where it trained one

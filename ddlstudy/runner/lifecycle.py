@@ -9,7 +9,6 @@ exit 143), and the samples gathered so far are written whatever happened.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import logging
 import os
@@ -22,24 +21,22 @@ from pathlib import Path
 import psutil
 
 from ddlstudy import models, signals, wire
-from ddlstudy.backends import REGISTRY as BACKENDS
 from ddlstudy.backends import Backend, Environment, get_backend
-from ddlstudy.config import TARGET_METRICS, Effective, RunConfig, UseCase
-from ddlstudy.config.folders import usecase_key
+from ddlstudy.config import TARGET_METRICS, RunConfig, UseCase
 from ddlstudy.data import DataPlan, prepare_data
-from ddlstudy.errors import ConfigError, Unavailable, UsageError
+from ddlstudy.errors import UsageError
 from ddlstudy.files import WriteFailed, atomic_write_text, sweep_temporaries
 from ddlstudy.machine import environment
 from ddlstudy.machine.sampler import NOISY_CORES, OthersLoad, ResourceSampler, others_cores
-from ddlstudy.models.sources import named, sha256_of
-from ddlstudy.models.trained import check_weights
+from ddlstudy.models.sources import sha256_of
 from ddlstudy.records.runfolder import RunFolder, now_iso
 from ddlstudy.records.runid import RUN_ID_ENV, checked_run_id, claim, new_run_id, release
+from ddlstudy.runner.checks import preflight
 from ddlstudy.runner.launched import RunFailed, launched_run, refuse_foreign_launcher
 from ddlstudy.runner.snapshots import load_snapshot
 from ddlstudy.runner.stops import close_unsaid, stop_file, stopped_early
-from ddlstudy.strategies import REGISTRY, Strategy, get_strategy
-from ddlstudy.training import Job, recipe
+from ddlstudy.strategies import Strategy, get_strategy
+from ddlstudy.training import Job
 from ddlstudy.training.loaders import preprocessing
 
 log = logging.getLogger("ddlstudy")
@@ -93,68 +90,6 @@ def _prepare(cfg: RunConfig, env: Environment, resume: Path | None):
         return prepare_data(cfg).to_message()
 
     return DataPlan.from_message(env.share(make, wire.to_json, wire.from_json))
-
-
-def resolve(cfg: RunConfig) -> RunConfig:
-    """``cfg`` with its effective parallelism: the strategy's data-parallel workers on a
-    node times the backend's nodes, and the global batch and learning rate they give."""
-    if cfg.effective is not None:
-        return cfg
-    workers = get_strategy(cfg.strategy).data_parallel(cfg) * \
-        get_backend(cfg.backend).nodes(cfg)
-    return dataclasses.replace(cfg, effective=Effective.of(cfg, workers))
-
-
-def preflight(cfg: RunConfig, resuming: bool = False) -> RunConfig:
-    """Refuse what cannot run before anything starts: ConfigError for a bad combination,
-    Unavailable for one this machine or this version cannot run (no GPU, no mpiexec).
-    Returns ``cfg`` resolved (its effective parallelism computed, once)."""
-    strategy, backend = get_strategy(cfg.strategy), get_backend(cfg.backend)
-    uc = cfg.usecase
-    with named("--model" if cfg.model is not None else usecase_key(uc, "model.arch")):
-        models.check(uc.model, len(uc.classes), uc.train.image_size, cfg.checkpoint_activations)
-        if cfg.init_weights is not None:
-            check_weights(uc.model, len(uc.classes), cfg.init_weights)
-    if (cfg.nodes or 1) > 1 and not backend.multi_node:
-        several = [name for name, cls in BACKENDS.loaded().items() if cls.multi_node]
-        raise ConfigError("--nodes", f"more than one node needs --backend "
-                          f"{' or '.join(several)}")
-    cfg = resolve(cfg)
-    strategy.check_options(cfg)
-    strategy.check(cfg)
-    recipe.check(uc.train, cfg.lr, strategy.layout(cfg).device_type,
-                  recipe.planned_steps(cfg))
-    exact = [name for name, cls in REGISTRY.loaded().items() if cls.resumable]
-    if (resuming or cfg.snapshot_every) and not strategy.resumable:
-        flag = "--resume" if resuming else "--snapshot-every"
-        raise Unavailable(flag, f"{strategy.name} cannot yet be resumed exactly (only its "
-                          f"epoch-end snapshots are written); strategies that can: "
-                          f"{', '.join(exact)}")
-    # --accumulate and fp16's gradient scaler live in the step every accumulating
-    # strategy shares (training.accumulate_grads and optimizer_step).
-    can = [name for name, cls in REGISTRY.loaded().items() if cls.accumulates]
-    if cfg.precision == "fp16":
-        if not strategy.accumulates:
-            raise Unavailable("--precision", f"{strategy.name} has no fp16 gradient scaler "
-                              f"yet; use bf16, or one of: {', '.join(can)}")
-        if resuming or cfg.snapshot_every:
-            raise Unavailable("--resume" if resuming else "--snapshot-every",
-                              "fp16 runs cannot be resumed exactly yet (the snapshot does "
-                              "not hold the gradient scaler's state)")
-        if strategy.layout(cfg).collectives != "nccl":
-            log.warning("fp16 on the CPU runs through slow kernels (simple-big sequential "
-                        "measured 1.2 images/s against 37 in fp32 on an AVX-512 CPU); it "
-                        "is meant for GPUs: on CPUs use --precision bf16")
-    if cfg.accumulate > 1:
-        if not strategy.accumulates:
-            raise Unavailable("--accumulate", f"{strategy.name} does not accumulate "
-                              f"gradients yet; strategies that do: {', '.join(can)}")
-        share = cfg.global_batch // cfg.data_parallel()
-        if cfg.accumulate > share:
-            raise ConfigError("--accumulate", f"{cfg.accumulate} micro-batches but each "
-                              f"worker gets only {share} image(s) of every batch")
-    backend.check(cfg, strategy, resuming)
-    return cfg
 
 
 def _study_tag() -> dict:
@@ -271,10 +206,12 @@ def _run(cfg: RunConfig, show_progress: bool, resume: Path | None) -> RunFolder 
     strategy, backend = get_strategy(cfg.strategy), get_backend(cfg.backend)
     env = backend.environment(cfg)
     data = _prepare(cfg, env, resume)
+    environment.mark_phase("data")
     described = backend.describe(cfg) | env.placement()
     folder, snapshot = _open_folder(env, resume, described, cfg.usecase)
     if resume is None:
         folder = _created(env, cfg, strategy, backend, described, data)
+        environment.mark_phase("folder")
     load = OthersLoad()  # the host's load over the run where no samples say it
     sampler = ResourceSampler(cfg.sample_hz, rank=env.rank).start()
     outcome = Outcome("completed", 0)
@@ -377,6 +314,7 @@ def _tensorboard(folder: RunFolder) -> None:
 def start(cfg: RunConfig, argv: list[str], resume: Path | None = None) -> RunFolder | None:
     """``ddlstudy run``: train here, or, where the backend starts the run's processes
     itself (``--backend mpi --nodes N`` from a plain shell), launch them and wait."""
+    environment.mark_phase("imports")
     refuse_foreign_launcher(dict(os.environ), get_backend(cfg.backend))
     limit = os.environ.get(signals.SETUP_TIMEOUT_ENV)  # a study's cell
     try:
@@ -384,6 +322,7 @@ def start(cfg: RunConfig, argv: list[str], resume: Path | None = None) -> RunFol
             cfg = preflight(cfg, resuming=resume is not None)
     except signals.TimedOut as exc:
         raise UsageError(f"{exc}; a study's setup_timeout_s sets the limit") from None
+    environment.mark_phase("checks")
     if resume is not None:  # refused here, before a launcher starts ranks that would each say
         _reopen(Path(resume), None, cfg.usecase)
     run_id = checked_run_id(Path(resume).name if resume else os.environ.get(RUN_ID_ENV)

@@ -13,12 +13,16 @@ with the others (each a slice, counts summed) and writes the run folder.
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 from ddlstudy.config import RunConfig
 from ddlstudy.errors import NotHere
-from ddlstudy.machine.environment import usable_cores
+from ddlstudy.machine import forkserver
+from ddlstudy.machine.environment import under_launcher, usable_cores
 from ddlstudy.strategies.base import (
+    REGISTRY,
     Layout,
     Probe,
     register,
@@ -60,8 +64,35 @@ class CpuProcesses(OneModel):
                       w, replicas=w) for w in worker_counts(cores)]
 
 
+GPU_DEVICE_FILES = ("nvidia[0-9]*", "kfd", "dxg")
+"""The device files through which torch's CUDA (or ROCm's HIP, or WSL's) reaches a GPU:
+without any, it sees none."""
+
+
+def warm_early(cfg: RunConfig) -> None:
+    """Where this process will start its node's processes (a local run of several, or an
+    MPI rank leading several), start the server they are forked from now, before this
+    process's own imports: on another core, it imports torch and ddlstudy beside them
+    (``machine.forkserver``), and torchvision where the model comes from it."""
+    if cfg.backend != "local" and not (cfg.backend == "mpi" and under_launcher()):
+        return
+    try:
+        several = REGISTRY.named(cfg.strategy)().layout(cfg).processes > 1
+    except Exception:  # noqa: BLE001 - refused, with its reason, by the run's checks
+        return
+    spec = cfg.usecase.model
+    if several:
+        torchvision = spec.kind == "torchvision" or (spec.kind == "paper" and spec.width == 1)
+        forkserver.warm(*(["torchvision"] if torchvision else []))
+
+
 def cuda_devices() -> int:
-    """The CUDA GPUs torch sees (imports torch: a check, not a listing)."""
+    """The CUDA GPUs torch sees (imports torch: a check, not a listing), none without
+    importing it where the machine has no GPU device (the layouts of a command's first
+    second need it, before torch is imported: ``warm_early``)."""
+    hidden = os.environ.get("CUDA_VISIBLE_DEVICES", "any").strip() in ("", "-1")
+    if hidden or not any(next(Path("/dev").glob(p), None) for p in GPU_DEVICE_FILES):
+        return 0
     import torch
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0

@@ -32,7 +32,6 @@ import hashlib
 import json
 import logging
 import statistics
-import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,7 +43,8 @@ from ddlstudy.config.run import jsonable
 from ddlstudy.errors import NotHere, Unavailable, UsageError
 from ddlstudy.exports.mlflow import store
 from ddlstudy.files import atomic_write_json, folder_lock
-from ddlstudy.machine.environment import python_module, usable_cores
+from ddlstudy.machine import forkserver
+from ddlstudy.machine.environment import usable_cores
 from ddlstudy.machine.sampler import check_load
 from ddlstudy.records.formats import Study as StudyRecord
 from ddlstudy.records.formats import load
@@ -307,12 +307,10 @@ class Study:
         logs = runs_dir / "logs"
         logs.mkdir(exist_ok=True)
         env = run_env(cell.run, **self.cell_vars(cell))
-        cmd = python_module("ddlstudy", *cell.argv(runs_dir))
         start = time.monotonic()
         with open(logs / f"{cell.run}.log", "w") as out:
-            try:
-                code = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                      check=False).returncode
+            try:  # `python -m ddlstudy run` forked warm: no seconds of imports a cell
+                code = forkserver.command(cell.argv(runs_dir), env, out.fileno(), out.fileno())
             except KeyboardInterrupt:
                 code = 130
         cell.seconds = time.monotonic() - start

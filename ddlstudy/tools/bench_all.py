@@ -29,7 +29,9 @@ per repeat, then summarised as min / median / max:
               (steady images/s)
 - spark:      2 Spark tasks / 2 MPI nodes (steady images/s)
 - start:      with strategies and spark, the seconds from the command to the first
-              training step (imports, data scan, spawning, set-up) of the same runs
+              training step (imports, data scan, spawning, set-up) of the same runs;
+              alone (``--only start``), plain 12-step runs against the goals of fast
+              starts and of sharded, zero and MPI at their bound (``bench_start``)
 """
 
 from __future__ import annotations
@@ -37,7 +39,6 @@ from __future__ import annotations
 import json
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -46,13 +47,12 @@ from pathlib import Path
 import torch
 
 from ddlstudy.config.catalog import bench_groups
-from ddlstudy.errors import ConfigError, UsageError
-from ddlstudy.machine.environment import python_module, usable_cores
+from ddlstudy.errors import ConfigError
+from ddlstudy.machine.environment import usable_cores
 from ddlstudy.records.plan import cell_flags
-from ddlstudy.records.runfolder import load_manifest
 from ddlstudy.report import BASELINE
 from ddlstudy.strategies import REGISTRY as STRATEGIES
-from ddlstudy.tools import pipeline_model
+from ddlstudy.tools import bench_start, pipeline_model
 from ddlstudy.tools.bench import (
     Ratio,
     What,
@@ -62,6 +62,7 @@ from ddlstudy.tools.bench import (
     raw_loop,
     sampler,
 )
+from ddlstudy.tools.bench_start import run_plain, steady
 
 
 def strategy_flags(cores: int) -> dict[str, list[str]]:
@@ -78,30 +79,11 @@ def strategy_flags(cores: int) -> dict[str, list[str]]:
     return out
 
 
-def _steady(manifest: dict) -> float:
-    return statistics.median(e["steady_images_per_s"] for e in manifest["epochs"])
-
-
-def _run(runs: Path, what: What, steps: int, *flags: str) -> dict:
-    """One real ``ddlstudy run`` of a few steps (validating on one batch); its manifest."""
-    before = set(runs.glob("*/manifest.json"))
-    out = subprocess.run([*python_module("ddlstudy", "run"), *what.flags(),
-                          "--runs-dir", str(runs), "--epochs", "1", "--max-steps",
-                          str(steps), "--max-val-steps", "1", "--no-snapshot", "--sample-hz",
-                          "0", "--quiet", *flags],
-                         capture_output=True, text=True)
-    if out.returncode:
-        raise UsageError(f"ddlstudy run {' '.join(flags)} failed ({out.returncode}): "
-                         f"{out.stderr.strip()[-400:]}")
-    (path,) = set(runs.glob("*/manifest.json")) - before
-    return load_manifest(path)
-
-
 def _side_by_side(speed: Ratio, start: Ratio, a: dict, b: dict) -> None:
     """Runs ``a`` and ``b``: their steady images/s into ``speed``, their seconds from the
     command to the first step into ``start``."""
-    speed.a.append(_steady(a))
-    speed.b.append(_steady(b))
+    speed.a.append(steady(a))
+    speed.b.append(steady(b))
     start.a.append(a["first_step_s"])
     start.b.append(b["first_step_s"])
 
@@ -162,7 +144,7 @@ def ceiling(what: What, steps: int, repeats: int, runs: Path) -> list[Ratio]:
               for name, (threads, _) in settings.items()}
     for _ in range(repeats):
         for name, (threads, flags) in settings.items():
-            ratios[name].a.append(_steady(_run(runs, what, WARMUP_STEPS + steps, *flags)))
+            ratios[name].a.append(steady(run_plain(runs, what, WARMUP_STEPS + steps, *flags)))
             torch.set_num_threads(threads)
             seed_everything(0)
             ratios[name].b.append(raw_loop(build_model(uc.model, len(uc.classes)), held,
@@ -180,9 +162,9 @@ def strategies(what: What, steps: int, repeats: int, runs: Path) -> list[Ratio]:
     start = {s: Ratio("start", f"{s} / sequential: seconds from the command to the first "
                       "step", "s") for s in layouts}
     for _ in range(repeats):
-        baseline = _run(runs, what, steps)
+        baseline = run_plain(runs, what, steps)
         for name, flags in layouts.items():
-            _side_by_side(speed[name], start[name], _run(runs, what, steps, *flags), baseline)
+            _side_by_side(speed[name], start[name], run_plain(runs, what, steps, *flags), baseline)
     return [*speed.values(), *start.values()]
 
 
@@ -221,13 +203,13 @@ def pipelines(what: What, steps: int, repeats: int, runs: Path) -> list[Ratio]:
     twins = {name: Ratio("pipeline", f"{name[:-len(TWIN)]}: shared memory / gloo", "images/s")
              for name in PIPELINES if name.endswith(TWIN) and name[:-len(TWIN)] in PIPELINES}
     for _ in range(repeats):
-        baseline = _run(runs, what, steps)
+        baseline = run_plain(runs, what, steps)
         done = {}
         for name, flags in PIPELINES.items():
-            run = done[name] = _run(runs, what, steps, *flags)
+            run = done[name] = run_plain(runs, what, steps, *flags)
             speed, bound = ratios[name]
-            speed.a.append(_steady(run))
-            speed.b.append(_steady(baseline))
+            speed.a.append(steady(run))
+            speed.b.append(steady(baseline))
             timed = run["backend"].get("stages_time") or {}
             if timed.get("of_bound"):  # none where no step but each process's first ran
                 bound.a.append(timed["bound_step_s"])
@@ -236,8 +218,8 @@ def pipelines(what: What, steps: int, repeats: int, runs: Path) -> list[Ratio]:
                 predicted[name].a.append(row["predicted_step_s"])
                 predicted[name].b.append(row["measured_step_s"])
         for name, twin in twins.items():
-            twin.a.append(_steady(done[name[:-len(TWIN)]]))
-            twin.b.append(_steady(done[name]))
+            twin.a.append(steady(done[name[:-len(TWIN)]]))
+            twin.b.append(steady(done[name]))
     return [r for pair in ratios.values() for r in pair if r.a] + \
         [r for r in predicted.values() if r.a] + list(twins.values())
 
@@ -278,7 +260,7 @@ def exchanges(groups: list[str], what: What, steps: int, repeats: int,
     start = {(a, b): Ratio("start", f"{a} / {b}: seconds from the command to the first "
                            "step", "s") for _, a, b in pairs}
     for _ in range(repeats):
-        done = {name: _run(runs, what, steps, *FLAGS[name]) for name in settings}
+        done = {name: run_plain(runs, what, steps, *FLAGS[name]) for name in settings}
         for _, a, b in pairs:
             _side_by_side(speed[a, b], start[a, b], done[a], done[b])
     return [r for key in speed for r in (speed[key], start[key])]
@@ -309,11 +291,11 @@ def sharding(what: What, steps: int, repeats: int, runs: Path) -> list[Ratio]:
     flags = {name: ["--strategy", name, "--workers", "2"] for name in
              (*SHARDING, *SHARDING.values())}
     for _ in range(repeats):
-        done = {name: _run(runs, what, steps, *f) for name, f in flags.items()}
+        done = {name: run_plain(runs, what, steps, *f) for name, f in flags.items()}
         for s, twin in SHARDING.items():
             for side, run in (("a", done[s]), ("b", done[twin])):
                 peak, held = _memory(run)
-                for kind, value in (("speed", _steady(run)), ("peak", peak), ("held", held)):
+                for kind, value in (("speed", steady(run)), ("peak", peak), ("held", held)):
                     getattr(ratios[s, kind], side).append(value)
     return list(ratios.values())
 
@@ -349,6 +331,8 @@ def bench_all(what: What, steps: int, repeats: int, groups: list[str],
                 results += pipelines(what, steps, repeats, runs)
             elif group == "sharding":
                 results += sharding(what, steps, repeats, runs)
+            elif group == "start":
+                results += bench_start.start(what, repeats, runs)
             elif group == "reducers":
                 results += reducers(what, repeats, hosts)
             elif group in joined:
@@ -377,7 +361,7 @@ def markdown(result: dict) -> str:
                      f"{statistics.median(f['b']):.2f} | {f['unit']} | {r['min']:.3f} / "
                      f"{r['median']:.3f} / {r['max']:.3f} |")
     lines += [f"| {group} | skipped: {why} | | | | |" for group, why in result["skipped"].items()]
-    return "\n".join(lines)
+    return "\n".join(lines + bench_start.phases_markdown(result))
 
 
 def write(result: dict, out: Path) -> list[Path]:

@@ -24,6 +24,7 @@ import torch.multiprocessing as mp
 
 from ddlstudy import signals, wire
 from ddlstudy.logs import setup_logging
+from ddlstudy.machine import environment, forkserver
 from ddlstudy.machine.sampler import ResourceSampler, write_rows
 from ddlstudy.training.flat import average
 from ddlstudy.training.job import Job, Link
@@ -50,19 +51,25 @@ class WorkerDied(RuntimeError):
 
 
 def spawn(fn, nprocs: int, args: tuple) -> mp.ProcessContext:
-    """Start ``fn(i, *args)`` for i in 0..nprocs-1, each in a spawned process that ends
-    with ``os._exit(0)`` once ``fn`` returns (an error still ends it as torch's wrapper
-    does, exit code 1 and the traceback for the parent)."""
-    return mp.start_processes(_then_exit, args=(fn, *args), nprocs=nprocs, join=False,
-                              start_method="spawn")
+    """Start ``fn(i, *args)`` for i in 0..nprocs-1, each in a process forked from the warm
+    server (``machine.forkserver``: torch and ddlstudy imported once, not by each) with
+    this process's environment, which ends with ``os._exit(0)`` once ``fn`` returns (an
+    error still ends it as torch's wrapper does, exit code 1 and the traceback for the
+    parent)."""
+    forkserver.warm()
+    return mp.start_processes(_then_exit, args=(fn, forkserver.inherited(), *args),
+                              nprocs=nprocs, join=False, start_method="forkserver")
 
 
-def _then_exit(index: int, fn, *args) -> None:
+def _then_exit(index: int, fn, inherited: tuple, *args) -> None:
     """A finished rank skips the interpreter's teardown: there gloo's threads and the
     tensors they hold are destroyed in no set order, and one rank in a few full test
     suites died of it, SIGABRT ("terminate called without an active exception") after
     its last epoch, failing a run that had finished. Its files are written by now."""
+    forkserver.adopt(*inherited)
     _die_with_parent()
+    environment.this_process(f"rank {index}")
+    environment.mark_phase("start")
     fn(index, *args)
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
@@ -71,17 +78,20 @@ def _then_exit(index: int, fn, *args) -> None:
 
 
 def _die_with_parent() -> None:
-    """A rank ends when the process that spawned it does, however it ended: a parent
+    """A rank ends when the process that started it does, however it ended: a parent
     killed by SIGKILL (a scheduler's, a test's timeout) otherwise leaves its ranks waiting
-    in a collective for ever, holding their memory. Linux only (prctl); snapshots are
-    written whole or not at all, so nothing is left half-written."""
+    in a collective for ever, holding their memory. The kernel sends SIGKILL when the
+    rank's own parent, the warm server, ends, which it does once the process that started
+    the rank has ended (``machine.forkserver``). Linux only (prctl); snapshots are written
+    whole or not at all, so nothing is left half-written."""
     if not sys.platform.startswith("linux"):
         return
-    parent = multiprocessing.parent_process()
+    server = os.getppid()
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    if parent is not None and os.getppid() != parent.pid:  # it died before the call
-        os._exit(1)
+    parent = multiprocessing.parent_process()  # the starter: its end closes the sentinel
+    if os.getppid() != server or (parent is not None and not parent.is_alive()):
+        os._exit(1)  # it ended before the call
 
 
 def run_ranks(fn, world: int, args: tuple) -> None:
@@ -90,7 +100,7 @@ def run_ranks(fn, world: int, args: tuple) -> None:
     The first rank that fails ends the others (torch's ProcessContext.join raises); if this
     process is interrupted, no rank is left behind.
     """
-    log.info("starting %d worker processes (each imports torch: a few seconds) ...", world)
+    log.info("starting %d worker processes ...", world)
     context = spawn(fn, world, (world, *args))
     try:
         while not context.join():
@@ -197,6 +207,7 @@ def process_group(rank: int, world: int, port: int | str,
     dist.init_process_group("nccl" if cuda else "gloo", store=store, rank=rank,
                             world_size=world, timeout=COLLECTIVE_TIMEOUT,
                             device_id=device if cuda else None)
+    environment.mark_phase("group")
     try:
         yield device
         dist.barrier()  # the group ends together: no rank closes its pairs (rank 0 the

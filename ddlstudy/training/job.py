@@ -15,6 +15,7 @@ from torch import nn
 
 from ddlstudy.config import RunConfig
 from ddlstudy.data import DataPlan
+from ddlstudy.machine import environment
 from ddlstudy.records.runfolder import RunFolder
 from ddlstudy.signals import deferred
 from ddlstudy.training import recipe
@@ -281,4 +282,5 @@ def job_epoch(job: Job, result: EpochResult, steps: list[tuple] = ()) -> None:
         job.folder.record_steps(steps)
         if result.first_step_s is not None:  # the first attempt's, not a resume's
             job.folder.manifest.setdefault("first_step_s", round(result.first_step_s, 2))
+            job.folder.manifest.setdefault("startup", environment.startup())
         job.folder.record_epoch(result.as_dict(), result.confusion)

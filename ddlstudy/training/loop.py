@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from ddlstudy.config import WARMUP_STEPS
-from ddlstudy.machine.environment import seconds_since_command
+from ddlstudy.machine.environment import mark_phase, seconds_since_command
 from ddlstudy.progress import progress
 from ddlstudy.training.memory import SavedForBackward, give_back
 from ddlstudy.training.metrics import Tally, scores, unpack
@@ -194,11 +194,17 @@ class Trainer:
 
     def _first(self) -> contextlib.AbstractContextManager:
         """The first step's context: when it started noted, what it saves for backward
-        counted (``activation_bytes``); nothing for the others."""
+        counted (``activation_bytes``), its end noted (the start's last phase); nothing
+        for the others."""
         if self.first_step_s is not None:
             return contextlib.nullcontext()
         self.first_step_s = seconds_since_command()
-        return SavedForBackward(self.model, lambda n: setattr(self, "activation_bytes", n))
+        mark_phase("setup")
+        first = contextlib.ExitStack()
+        first.callback(mark_phase, "first step")
+        first.enter_context(SavedForBackward(self.model, lambda n: setattr(
+            self, "activation_bytes", n)))
+        return first
 
     def train_epoch(self, epoch: int) -> EpochResult:
         self.model.train()

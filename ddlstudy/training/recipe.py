@@ -16,7 +16,6 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
-from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.optim import lr_scheduler
 
 from ddlstudy.config import RunConfig, TrainSpec
@@ -95,7 +94,9 @@ def optimizer(params: Iterable[torch.nn.Parameter], train: TrainSpec, lr: float,
     ZeroRedundancyOptimizer over it (its state sharded over ``group``, default: the
     default process group)."""
     cls, args = optimizer_class(train.optimizer), optimizer_args(train, lr)
-    if zero:
+    if zero:  # torch.distributed.optim loads FSDP, DTensor and sympy: only where it is used
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
         return ZeroRedundancyOptimizer(params, cls, process_group=group,
                                        parameters_as_bucket_view=True, **args)
     return cls(params, **args)

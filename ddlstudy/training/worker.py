@@ -12,6 +12,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ddlstudy.config import RunConfig
+from ddlstudy.machine.environment import mark_phase
 from ddlstudy.models import build_model
 from ddlstudy.models.checkpointing import checkpoint_blocks
 from ddlstudy.models.trained import load_initial
@@ -39,6 +40,7 @@ def new_model(cfg: RunConfig, rank: int | None = None,
         model.to(device)
     if rank is not None:
         torch.manual_seed(uc.train.seed + rank)
+    mark_phase("model")
     return model
 
 

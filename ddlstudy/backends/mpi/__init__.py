@@ -209,7 +209,9 @@ class Mpi(Backend):
         return ended
 
     def environment(self, cfg: RunConfig) -> Environment:
-        return MpiEnvironment(launch.world())
+        env = MpiEnvironment(launch.world())
+        environment.mark_phase("MPI")
+        return env
 
     def fit(self, job: Job, env: Environment) -> list[dict]:
         assert isinstance(env, MpiEnvironment)

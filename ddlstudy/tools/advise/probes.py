@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 import math
 import statistics
-import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -16,7 +15,7 @@ from typing import Any
 from ddlstudy.config import PROBE_SECONDS, UseCase
 from ddlstudy.data.folder import IMAGE_EXTENSIONS
 from ddlstudy.errors import ConfigError, Unavailable, UsageError
-from ddlstudy.machine.environment import python_module
+from ddlstudy.machine import forkserver
 from ddlstudy.machine.sampler import NOISY_CORES, OthersLoad
 from ddlstudy.records.plan import cell_config, run_flags
 from ddlstudy.records.runfolder import (
@@ -240,8 +239,7 @@ def probe(c: Candidate, usecase: str, settings: dict[str, Any], runs_dir: Path) 
     env = run_env(run_id)
     argv = ["run", "--quiet", *run_flags(usecase, settings | c.flags, runs_dir)]
     start, others = time.monotonic(), OthersLoad()
-    out = subprocess.run(python_module("ddlstudy", *argv), capture_output=True,
-                         text=True, env=env)
+    out = forkserver.captured(argv, env)  # `python -m ddlstudy` forked warm
     c.seconds.append(time.monotonic() - start)
     load = others.cores()
     manifest = runs_dir / run_id / MANIFEST

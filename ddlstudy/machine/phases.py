@@ -1,0 +1,37 @@
+"""The manifest's ``startup`` block (``environment.startup``), as its readers check it
+(``records.formats``): apart from the functions that note the phases, so that a process
+that notes them does not build its schema (pydantic reads the fields' docstrings from
+the source: 60 ms a process)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BaseModel, Field
+
+from ddlstudy.config.schema import RECORDED
+
+
+class Phase(BaseModel):
+    """One phase of a run's start, in the process that ran it."""
+    model_config = RECORDED
+    process: str
+    """``command`` (the user's), ``rank N`` (a process the run spawned), ``MPI rank N``."""
+    phase: str
+    """What ended: ``python`` (the interpreter and ddlstudy's command line), ``imports``
+    (torch and the runner), ``checks`` (the run's checks: its model on the meta device),
+    ``data`` (the data set scanned and split), ``folder`` (the run folder), ``MPI`` (MPI
+    initialised), ``start`` (a spawned process's own start, until it runs ddlstudy's code),
+    ``group`` (its process group joined), ``model`` (the model built), ``setup`` (the
+    rest, up to the first step: optimizer, loaders, buffers, the first batch), ``first
+    step`` (the first training step itself)."""
+    s: Annotated[float, Field(ge=0)]
+    """Its seconds: from the end of the phase before."""
+    at_s: Annotated[float, Field(ge=0)]
+    """Seconds from the command to its end."""
+
+
+class Startup(BaseModel):
+    """Where the seconds from the command to the end of rank 0's first step went."""
+    model_config = RECORDED
+    phases: list[Phase] = []
