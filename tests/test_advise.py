@@ -475,7 +475,7 @@ def test_bench_advise_advises_an_own_use_case_checks_it_and_finds_each_error(
     round: as many probes on a busy host as on a quiet one), then ``study --from-advice``
     of 3 rows spread over its ranking, each a plain run. The check gives each row's
     errors, the rank correlation and the figure, the bench its row; an advice made wrong
-    on purpose (one row's images/s tripled) shows as a large error. Whether the errors are
+    on purpose (one row's images/s 4 times its measured) shows as a large error. Whether the errors are
     small is this host's quiet (the benchmark's figures): here their arithmetic."""
     out = tmp_path / "bench"
     code = main(["bench", "advise", "--only", "own", "--rows", "3", "--rounds", "1",
@@ -513,12 +513,13 @@ def test_bench_advise_advises_an_own_use_case_checks_it_and_finds_each_error(
         assert r["measured_process_bytes"] > r["measured_node_bytes"] / 4 > 0
     assert s["spearman"] is not None and -1 <= s["spearman"] <= 1
     assert 1 <= s["first_measured_rank"] <= len(rows)
-    # the same runs against an advice made wrong: one row's images/s tripled
+    # the same runs against an advice made wrong: one row predicted at 4 times what its
+    # run measured (whatever its own error was: that is the host's)
     wrong = out / "wrong.json"
     twisted = json.loads(json.dumps(advice))
     target = next(r for r in twisted["ranking"] if r["label"] == rows[-1]["label"]
                   and r["rank"] == rows[-1]["rank"])
-    target["images_per_s"] *= 3
+    target["images_per_s"] = 4 * rows[-1]["measured"]
     wrong.write_text(json.dumps(twisted))
     assert main(["study", "--from-advice", str(wrong), "--top", "3", "--spread", "--repeat",
                  "1", "--epochs", "2", "--resume", "--include-noisy", "--runs-dir",
@@ -529,8 +530,7 @@ def test_bench_advise_advises_an_own_use_case_checks_it_and_finds_each_error(
     for r in again["rows"]:  # the same runs, reused: only the twisted row's error moves
         assert r["measured"] == was[r["rank"]]["measured"]
     bad = next(r for r in again["rows"] if r["rank"] == target["rank"])
-    assert bad["error"] == pytest.approx(3 * (1 + was[bad["rank"]]["error"]) - 1)
-    assert bad["error"] > 1.0 and f"{bad['error']:+.0%}" in printed
+    assert bad["error"] == pytest.approx(3.0) and "+300%" in printed
 
 
 @pytest.mark.slow
