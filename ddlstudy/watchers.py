@@ -80,7 +80,7 @@ MANIFEST_KEYS = ("schema", "id", "status", "started_at", "ended_at", "exit_code"
                  "seeds", "effective", "data", "preprocessing", "git", "versions", "host",
                  "launch", "sampler", "study", "epochs", "summary", "time_to_target",
                  "val_confusion", "host_load", "samples", "resumed", "first_step_s",
-                 "transport", "watchers")
+                 "transport", "watchers", "startup")
 """The manifest's own keys (a test holds them to a run's and the format's): a watcher
 notes under its name, so no watcher is named like one."""
 RESERVED = {**dict.fromkeys(OWN, "the name of ddlstudy's own watcher"),

@@ -37,6 +37,9 @@ def _usecase(replace: dict[str, str] | None = None, prefix: str = "") -> str:
 PLAN = '[study]\nusecases = ["tiny"]\n'
 OWN_NET = f"{Path(__file__).parent / 'models' / 'own_net.py'}:small_resnet"
 
+ROW = '{"rank": 1, "label": "sequential", "images_per_s": 1.0, '
+"""What advise.json's every ranking row holds (its flags aside)."""
+
 FILES = {
     "afile": "not a folder",
     "secret-empty": "\n",
@@ -90,14 +93,14 @@ FILES = {
     "deep.toml": "a = " + "[" * 3000 + "]" * 3000 + "\n",
     "deep/manifest.json": "[" * 3000 + "]" * 3000,
     "uc/four.toml": _usecase(prefix='classes = ["a", "b", "c", "d"]\n'),
-    "advise-moves.json": '{"usecase": "tiny", "ranking": [{"flags": {"strategy": '
+    "advise-moves.json": '{"usecase": "tiny", "ranking": [' + ROW + '"flags": {"strategy": '
                          '"sequential", "runs_dir": "/tmp/elsewhere"}}]}',
     "plan/too-many.toml": PLAN + '[[cells]]\nstrategy = "sequential"\n' * 2001,
     "uc/source-key.toml": _usecase(prefix='source = "elsewhere.toml"\n'),
     "uc/date.toml": _usecase({"epochs = 1": "epochs = 1979-05-27"}),
     "plan/lr-text.toml": PLAN + '[settings]\nlr = "0.01"\n[[cells]]\nstrategy = "sequential"\n',
     "plan/strategy-int.toml": PLAN + '[[cells]]\nstrategy = 5\n',
-    "advise-int.json": '{"usecase": "tiny", "ranking": [{"flags": {"strategy": 5}}]}',
+    "advise-int.json": '{"usecase": "tiny", "ranking": [' + ROW + '"flags": {"strategy": 5}}]}',
     "plan-data5.toml": PLAN + '[settings]\ndatasets_dir = 5\n[[cells]]\nstrategy = "x"\n',
     "null-start/manifest.json": '{"id": "n", "status": "completed", "started_at": null, '
                                 '"config": {"usecase": {}}, "strategy": {"name": "x"}, '
@@ -672,12 +675,13 @@ def test_an_unreadable_image_is_refused_before_the_decode_memo_is_written(imagef
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("ddlstudy: error: unreadable image ") and str(bad) in err, err
-    assert err.count("\n") == 1 and not cache.exists() and not (tmp_path / "runs").exists()
+    assert err.count("\n") == 1 and not (tmp_path / "runs").exists()
+    assert not (cache / "checked" / "images").exists()  # the recipe's and model's checks passed
 
     from ddlstudy.config import BadImagePolicy
     from ddlstudy.data.folder import scan_imagefolder
 
     classes = tuple(sorted(p.name for p in imagefolder.iterdir() if p.is_dir()))
     scan_imagefolder(imagefolder, classes, BadImagePolicy.SKIP)
-    memo, = (cache / "checked").iterdir()
+    memo, = (cache / "checked" / "images").iterdir()
     assert "fire/bad.jpg" in memo.read_text()

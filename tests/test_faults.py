@@ -47,24 +47,24 @@ def ddlstudy(*args: str) -> int:
 
 
 def _victims(proc: psutil.Process, which: str) -> list[psutil.Process]:
+    """The processes ``which`` names below ``proc``: ranks forked from the warm server are
+    known by their names (``ddlstudy-rank1``); their environment in /proc is their
+    server's, which MPI rank 1 started where the rank is its node's."""
     if which == "run":
         return [proc]
     mpi_ranks, workers, node_workers = [], [], []
     for child in proc.children(recursive=True):
         try:
-            env, cmd = child.environ(), " ".join(child.cmdline())
+            env, cmd, name = child.environ(), " ".join(child.cmdline()), child.name()
         except psutil.Error:
             continue
-        if "spawn_main" in cmd:  # spawned by the run, or by MPI rank 1 (its environment)
+        if name == "ddlstudy-rank1":  # rank 1 of the run, or of MPI rank 1's node
             (node_workers if env.get("PMI_RANK") == "1" else workers).append(child)
-        elif env.get("PMI_RANK") == "1" and "ddlstudy" in cmd:
+        elif env.get("PMI_RANK") == "1" and "ddlstudy" in cmd and "forkserver" not in cmd \
+                and not name.startswith("ddlstudy-rank"):
             mpi_ranks.append(child)
-    if which == "mpi-rank-1":
-        return mpi_ranks
-    if which == "node-1-worker":  # MPI rank 1 leads its node; it spawned one other worker
-        return node_workers
-    workers.sort(key=lambda p: p.pid)  # torch spawns rank 0 first
-    return workers[1:2] if len(workers) == 2 else []
+    return {"mpi-rank-1": mpi_ranks, "node-1-worker": node_workers,
+            "worker-1": workers}[which]
 
 
 def run_and_kill(args: list[str], runs: Path, which: str, after_epochs: int = 2,

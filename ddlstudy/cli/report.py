@@ -31,7 +31,8 @@ def register(sub) -> None:
                    "advice against the runs of the folder that are rows of it (matched by "
                    "their recorded configuration): each one's predicted and measured images/s "
                    "and memory, the errors, the rank correlation (with --out: "
-                   "advice-check.md, .json and .svg, and the page opens with it)")
+                   "advice-check.md, .json and .svg, and the page opens with it; default: "
+                   "no advice checked)")
     p.add_argument("--project", default="32@10gbit", metavar="CORES@LINK",
                    help="project each finding onto nodes of CORES cores joined by a LINK of "
                    "this rate (a model fitted to the runs, marked as one), or 'none' "

@@ -160,7 +160,9 @@ def ended(folder) -> dict:
 
 def _reached(tta: dict) -> str:
     """The run's time to target, as its last line says it (the target by its metric)."""
-    target = f"target {tta.get('metric') or 'accuracy'} {tta.get('target', 0):.2f}"
+    if not isinstance(tta.get("target"), int | float):
+        return ""  # no target (--target-accuracy none): nothing to reach
+    target = f"target {tta.get('metric') or 'accuracy'} {tta['target']:.2f}"
     if tta.get("reached") is True:
         return f"  {target} reached in {tta['seconds']:.1f} s (epoch {tta['epoch']})"
     if tta.get("reached") is False:

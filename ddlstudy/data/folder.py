@@ -133,7 +133,7 @@ def _checked_file(rels: list[str], digests: list[tuple[str | None, str]]) -> Pat
     if any(digest is None for digest, _ in digests):
         return None
     key = fingerprint((rel, d) for rel, (d, _) in zip(rels, digests, strict=True))
-    return cache_dir() / "checked" / f"{key[:32]}-pillow{PIL.__version__}.json"
+    return cache_dir() / "checked" / "images" / f"{key[:32]}-pillow{PIL.__version__}.json"
 
 
 def _each(pool: ThreadPoolExecutor, threads: int, files: list[tuple[Path, int]],

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
 import multiprocessing
 import os
 import runpy
@@ -28,6 +29,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from multiprocessing import forkserver, reduction
 
 from ddlstudy.machine import environment
@@ -39,6 +41,9 @@ SERVER_ENV = "DDLSTUDY_FORKSERVER"
 """Set only in the server's environment: ``training.preload`` calls ``serve`` there."""
 GRACE_S = 30.0
 """How long a warm command interrupted by Ctrl-C may take to end before SIGKILL."""
+REAP_S = 10.0
+"""How long a process waits at its exit for its server to end (one still importing reads
+its "alive" pipe once it has: seconds at most)."""
 
 _started = {"pid": None}
 
@@ -57,6 +62,26 @@ def warm(*modules: str) -> None:
     finally:
         os.environ.pop(SERVER_ENV, None)
     _started["pid"] = os.getpid()
+    atexit.register(_reap)
+
+
+def _reap() -> None:
+    """At this process's exit: the server told to end, and waited for (at most REAP_S).
+    Reaped, its CPU seconds and its children's (the ranks it forked) count in this
+    process's; left to init, they would vanish from the tree that ``sampler.OthersLoad``
+    measures (advise's probes: their ranks' CPU seen as other processes')."""
+    server = forkserver._forkserver
+    pid, alive = server._forkserver_pid, server._forkserver_alive_fd
+    if pid is None or _started["pid"] != os.getpid():
+        return
+    server._forkserver_pid = server._forkserver_alive_fd = None
+    if alive is not None:
+        with contextlib.suppress(OSError):
+            os.close(alive)
+    deadline = time.monotonic() + REAP_S
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(pid, os.WNOHANG) == (0, 0) and time.monotonic() < deadline:
+            time.sleep(0.02)
 
 
 def serve() -> None:
@@ -122,6 +147,24 @@ def adopt(env: dict[str, str], out: int | None = None, err: int | None = None) -
         server._forkserver_alive_fd = None
 
 
+def die_with_parent() -> None:
+    """In a child of the server: its end when the process that started it ends, however
+    that ended. A parent killed by SIGKILL (a scheduler's, a test's timeout) would
+    otherwise leave a rank waiting in a collective for ever, or a study's cell training
+    on, orphaned, holding a core and its memory. The kernel sends SIGKILL when the child's
+    own parent, the server, ends, which it does once the process that started the child
+    has ended. Linux only (prctl); snapshots are written whole or not at all, so nothing
+    is left half-written."""
+    if not sys.platform.startswith("linux"):
+        return
+    server = os.getppid()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    parent = multiprocessing.parent_process()  # the starter: its end closes the sentinel
+    if os.getppid() != server or (parent is not None and not parent.is_alive()):
+        os._exit(1)  # it ended before the call
+
+
 def command(argv: list[str], env: dict[str, str], out: int, err: int) -> int:
     """``python -P -m ddlstudy ARGV`` (what ``environment.python_module`` starts) run in a
     child of the server, with ``env`` and its output and errors to the descriptors ``out``
@@ -158,6 +201,7 @@ def _command(argv: list[str], env: dict[str, str], cwd: str, out: int, err: int)
     ``__main__`` as ``python -m`` runs it, and the interpreter's exit (atexit's
     functions, the streams flushed) with its code."""
     adopt(env, out, err)
+    die_with_parent()
     os.chdir(cwd)
     environment.this_process("command (forked warm)")
     sys.argv = ["ddlstudy", *argv]

@@ -8,7 +8,6 @@ import ctypes
 import datetime
 import functools
 import logging
-import multiprocessing
 import os
 import signal
 import socket
@@ -67,7 +66,8 @@ def _then_exit(index: int, fn, inherited: tuple, *args) -> None:
     suites died of it, SIGABRT ("terminate called without an active exception") after
     its last epoch, failing a run that had finished. Its files are written by now."""
     forkserver.adopt(*inherited)
-    _die_with_parent()
+    forkserver.die_with_parent()
+    _named(f"ddlstudy-rank{index}")
     environment.this_process(f"rank {index}")
     environment.mark_phase("start")
     fn(index, *args)
@@ -77,21 +77,12 @@ def _then_exit(index: int, fn, inherited: tuple, *args) -> None:
     os._exit(0)
 
 
-def _die_with_parent() -> None:
-    """A rank ends when the process that started it does, however it ended: a parent
-    killed by SIGKILL (a scheduler's, a test's timeout) otherwise leaves its ranks waiting
-    in a collective for ever, holding their memory. The kernel sends SIGKILL when the
-    rank's own parent, the warm server, ends, which it does once the process that started
-    the rank has ended (``machine.forkserver``). Linux only (prctl); snapshots are written
-    whole or not at all, so nothing is left half-written."""
-    if not sys.platform.startswith("linux"):
-        return
-    server = os.getppid()
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    parent = multiprocessing.parent_process()  # the starter: its end closes the sentinel
-    if os.getppid() != server or (parent is not None and not parent.is_alive()):
-        os._exit(1)  # it ended before the call
+def _named(name: str) -> None:
+    """The rank's name as ps, top and psutil show it (``ddlstudy-rank1``), where a forked
+    process would otherwise show its server's command line. Linux only (prctl)."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(15, name.encode()[:15])  # PR_SET_NAME
 
 
 def run_ranks(fn, world: int, args: tuple) -> None:
@@ -225,6 +216,7 @@ def spawned_rank(rank: int, world: int, port: int | str, job: Job, threads: int,
     to ``drop``, a folder its MPI node's leader collects, tagged ``tag``: the rank among
     every node's workers). Yields the rank's device."""
     tag = rank if tag is None else tag
+    _named(f"ddlstudy-rank{rank}")  # its rank within its group (its node's, under MPI)
     torch.set_num_threads(threads)
     os.environ["RANK"] = str(tag)
     setup_logging(log_level)
