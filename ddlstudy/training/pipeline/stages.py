@@ -7,9 +7,9 @@ backward of every micro-batch, and the optimizer's step) is as even as possible 
 on node 0). A torch.distributed.pipelining schedule (``SCHEDULES``: GPipe, 1F1B,
 interleaved 1F1B) runs the micro-batches through the stages: on CPU processes through
 this host's shared memory (``training.shm``'s pipes; gloo with --transport gloo or where
-it cannot), NCCL on GPUs. The loss is the mean over a micro-batch and the schedule divides the
-gradients by the number of micro-batches, so with equal micro-batches one step is exactly
-the baseline's step on the same global batch.
+it cannot), NCCL on GPUs. The loss is the mean over a micro-batch and the schedule
+divides the gradients by the number of micro-batches, so with equal micro-batches one
+step is exactly the baseline's step on the same global batch.
 
 The first stage reads the images, the last one only the labels (same seeded order). After
 each epoch the stages send their weights to rank 0, which validates the whole model and
