@@ -14,15 +14,15 @@ from ddlstudy.machine.environment import usable_cores
 @pytest.mark.slow
 def test_bench_all_writes_every_ratio_with_its_spread(tmp_path, datasets_dir, capsys,
                                                      monkeypatch):
-    from ddlstudy.tools import bench_all
+    from ddlstudy.tools.bench import suite
 
     # One of the strategies that fit here (each one more run a repeat: the same code; the
     # pipeline group times pipeline's layouts against the baseline): cpu-intraop, one
     # process like the baseline (cpu-processes, 2 is transport's setting, run there).
-    every = bench_all.strategy_flags
+    every = suite.strategy_flags
     assert {"cpu-intraop", "cpu-threads", "cpu-processes", "pipeline"} <= set(every(2))
     assert "hybrid" not in every(2) and "hybrid" in every(4)  # one process a core
-    monkeypatch.setattr(bench_all, "strategy_flags", lambda cores: {
+    monkeypatch.setattr(suite, "strategy_flags", lambda cores: {
         k: v for k, v in every(cores).items() if k == "cpu-intraop"})
     # The spread of 2 repeats on the groups that time in this process; the groups of runs
     # (each a real `ddlstudy run` or MPI launch) once each: the same Ratio code writes both.
@@ -62,13 +62,13 @@ def test_bench_all_writes_every_ratio_with_its_spread(tmp_path, datasets_dir, ca
 @pytest.mark.slow
 def test_bench_all_pipeline_sets_each_schedule_against_the_baseline_and_its_bound(
         tmp_path, datasets_dir, monkeypatch):
-    from ddlstudy.tools import bench_all
+    from ddlstudy.tools.bench import suite
 
     # Three of its eight layouts (each one run takes a few seconds here): interleaved (two
     # stages a process), hybrid, and hybrid's twin through gloo.
     layouts = ["pipeline 2 stages, 4 mb, interleaved-1f1b", "hybrid 2 x 2 stages, 4 mb, 1f1b",
                "hybrid 2 x 2 stages, 4 mb, 1f1b, gloo"]
-    monkeypatch.setattr(bench_all, "PIPELINES", {k: bench_all.PIPELINES[k] for k in layouts})
+    monkeypatch.setattr(suite, "PIPELINES", {k: suite.PIPELINES[k] for k in layouts})
     out = tmp_path / "bench"
     assert main(["bench", "all", "--only", "pipeline", "--steps", "3", "--repeats", "1",
                  "--datasets-dir", str(datasets_dir), "--out", str(out)]) == 0

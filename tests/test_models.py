@@ -135,7 +135,7 @@ def test_a_model_that_cannot_train_is_refused_before_any_run_folder(model, messa
 def test_models_lists_what_model_takes_and_bench_sizes_any_of_them(capsys):
     from ddlstudy.cli import main
     from ddlstudy.errors import ConfigError
-    from ddlstudy.tools.bench import gradient_floats
+    from ddlstudy.tools.bench.ratios import gradient_floats
 
     assert main(["models"]) == 0
     out = capsys.readouterr().out

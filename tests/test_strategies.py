@@ -23,12 +23,13 @@ from ddlstudy.config import ModelSpec, RunConfig, with_overrides
 from ddlstudy.models import build_model
 from ddlstudy.runner import run
 from ddlstudy.strategies import REGISTRY, get_strategy
-from ddlstudy.training import ShardedBatches, hostmem, plain_step, split_sizes
+from ddlstudy.training import ShardedBatches, plain_step, split_sizes
 from ddlstudy.training.distributed import free_port, spawn
 from ddlstudy.training.flat import exchange_step, flat_gradients
 from ddlstudy.training.job import Link
 from ddlstudy.training.one_model import ddp_step
 from ddlstudy.training.replicas import replica_grads
+from ddlstudy.training.shm import average as shm_average
 
 BATCH = 16
 TOLERANCE = 1e-5
@@ -124,10 +125,10 @@ def _shared_memory_rank(rank, world, port, out, shm_dir=None):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)
     if shm_dir is not None and rank == 0:
-        hostmem.SHM_DIR = shm_dir
+        shm_average.SHM_DIR = shm_dir
     model, images, labels = _setup()
     mine = next(iter(ShardedBatches([list(range(BATCH))], rank, world)))
-    shared = hostmem.join("auto", rank, world, sum(p.numel() for p in model.parameters()))
+    shared = shm_average.join("auto", rank, world, sum(p.numel() for p in model.parameters()))
     if shared is None:
         ddp_step(DistributedDataParallel(model), _sgd(model), nn.CrossEntropyLoss(), BATCH,
                  world)((images[mine], labels[mine]))
@@ -135,7 +136,7 @@ def _shared_memory_rank(rank, world, port, out, shm_dir=None):
         flat = flat_gradients(model, shared.buffer)
         link = Link(rank, world, lambda _flat, _step: shared.average(), None, None, None)
         exchange_step(model, _sgd(model), flat, link, BATCH)((images[mine], labels[mine]))
-    left = sorted(p.name for p in hostmem.SHM_DIR.glob(f"ddlstudy-{os.getpid()}-*"))
+    left = sorted(p.name for p in shm_average.SHM_DIR.glob(f"ddlstudy-{os.getpid()}-*"))
     torch.save({"weights": _flat(model), "shared": shared is not None, "left": left},
                out.with_suffix(f".{rank}.pt"))
     dist.barrier()  # rank 0 holds the TCPStore: none leaves while another still uses it
@@ -239,7 +240,7 @@ def test_thread_replicas_repeat_bit_for_bit(quick_config, tmp_path):
 
 
 def test_balanced_cuts_minimise_the_slowest_stage():
-    from ddlstudy.training.stages import balanced_cuts
+    from ddlstudy.training.pipeline import balanced_cuts
 
     assert balanced_cuts([1, 1, 1, 1], 2) == [0, 2]
     assert balanced_cuts([5, 1, 1, 1, 1, 1], 2) == [0, 1]
@@ -252,9 +253,9 @@ def _pipeline_rank(rank, world, port, replicas, micro, out, schedule="gpipe", sh
     last stage of pipeline 0 saves its step's loss, rank 0 the weights."""
     from ddlstudy.config.run import stages_a_process
     from ddlstudy.models.cuts import Layers
-    from ddlstudy.training import hostpipes
-    from ddlstudy.training import stages as pipe
-    from ddlstudy.training.stage_exchange import gather_weights, replica_exchange
+    from ddlstudy.training import shm
+    from ddlstudy.training.pipeline import stages as pipe
+    from ddlstudy.training.pipeline.exchange import gather_weights, replica_exchange
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
@@ -263,10 +264,10 @@ def _pipeline_rank(rank, world, port, replicas, micro, out, schedule="gpipe", sh
     chunks = stages_a_process(schedule)
     replica, index = divmod(rank, stages)
     if shared:
-        hostpipes.register()
+        shm.register_pipes()
     pipes, data_groups = pipe._groups(replicas, stages,
-                                      hostpipes.PipesOptions(1 << 20) if shared else None)
-    assert isinstance(pipes[replica], hostpipes.HostPipes) == shared
+                                      shm.PipesOptions(1 << 20) if shared else None)
+    assert isinstance(pipes[replica], shm.HostPipes) == shared
     model, images, labels = _setup()
     layers = Layers(model)
     starts = pipe.balanced_cuts([1.0] * len(layers), stages * chunks, layers.starts)

@@ -88,7 +88,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     groups = bench_groups(args.only) if args.bench_command == "all" else []
     from ddlstudy.machine.sampler import check_load
-    from ddlstudy.tools.bench import gradient_floats
+    from ddlstudy.tools.bench.ratios import gradient_floats
 
     out = getattr(args, "out", None) or DEFAULT_RUNS_DIR / "bench" / time.strftime(
         "%Y%m%d-%H%M%S")
@@ -96,7 +96,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         check_folder("--out", out)  # before minutes of measuring, not after
     if args.bench_command in ALONE:
         gradient_floats(args.size)  # refused before the host's load is measured
-    from ddlstudy.tools.bench import What, bench_overhead, bench_reduce, bench_sampler
+    from ddlstudy.tools.bench.ratios import What, bench_overhead, bench_reduce, bench_sampler
 
     what = What(usecase_of(args), getattr(args, "data_dir", None),
                 getattr(args, "model", None), getattr(args, "datasets_dir", None))
@@ -108,16 +108,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
         placement(args.hosts, 2)  # hosts that are not up: refused before measuring
     check_load()  # figures measured on a busy host say little: say so first
     if args.bench_command == "all":
-        from ddlstudy.tools import bench_all
+        from ddlstudy.tools.bench import suite
 
-        result = bench_all.bench_all(what, args.steps, args.repeats, groups, args.hosts)
-        print(bench_all.markdown(result))
-        for path in bench_all.write(result, out):
+        result = suite.bench_all(what, args.steps, args.repeats, groups, args.hosts)
+        print(suite.markdown(result))
+        for path in suite.write(result, out):
             print(f"wrote {path}")
     elif args.bench_command == "reduce":
         print(bench_reduce(args.size, args.nodes, args.repeats, args.hosts))
     elif args.bench_command == "collectives":
-        from ddlstudy.tools.bench_coll import bench_collectives
+        from ddlstudy.tools.bench.collectives import bench_collectives
 
         print(bench_collectives(args.size, args.processes, args.repeats))
     elif args.bench_command == "sampler":
@@ -132,18 +132,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def _bench_advise(args: argparse.Namespace) -> int:
     from ddlstudy.config import DEFAULT_RUNS_DIR
     from ddlstudy.machine.sampler import check_load
-    from ddlstudy.tools import bench_advise
+    from ddlstudy.tools.bench import advise
 
-    only = bench_advise.names(args.only)
+    only = advise.names(args.only)
     out = args.out or DEFAULT_RUNS_DIR / "bench" / time.strftime("advise-%Y%m%d-%H%M%S")
     check_folder("--out", out)
     if out.is_dir() and any(out.iterdir()):  # its advices and checks would be taken as new
         raise ConfigError("--out", f"{out} holds files already (an earlier bench?): give a "
                           "new or empty folder")
     check_load(args.wait_quiet)
-    result = bench_advise.bench_advise(only, out, args.rows, args.datasets_dir,
-                                       args.wait_quiet, args.rounds, args.include_noisy)
-    print(bench_advise.markdown(result))
-    for path in bench_advise.write(result, out):
+    result = advise.bench_advise(only, out, args.rows, args.datasets_dir,
+                                 args.wait_quiet, args.rounds, args.include_noisy)
+    print(advise.markdown(result))
+    for path in advise.write(result, out):
         print(f"wrote {path}")
     return 0

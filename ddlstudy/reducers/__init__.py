@@ -49,7 +49,7 @@ EXACT = tuple(name for name, r in REGISTRY.items() if r.exact)
 AUTO = "auto"
 RING_FROM_MIB = {True: 16, False: 8}
 """``auto``: the gradient size (MiB) from which the ring beats MPICH's Allreduce, for rank
-counts that are (True) or are not (False) a power of two. Measured with `bench_reduce`
+counts that are (True) or are not (False) a power of two. Measured with `bench reduce`
 (median of 5-7, ms, Allreduce against ring-allreduce) on the 2-core development machine,
 MPICH 4 from its PyPI wheel, shared memory:
 

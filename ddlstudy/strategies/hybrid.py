@@ -3,8 +3,8 @@
 R replicas of an S-stage pipeline (R x S processes, global rank = replica * S + stage);
 each replica trains on its slice of every global batch (as a data-parallel worker), and
 each stage's gradients are averaged over the replicas that hold it before the optimizer
-step (``training.stage_exchange.replica_exchange``). Nothing of the training loop is new: the
-pipeline's stage worker runs with R > 1.
+step (``training.pipeline.exchange.replica_exchange``). Nothing of the training loop is new:
+the pipeline's stage worker runs with R > 1.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 The network is cut into ``--stages`` contiguous stages whose measured cost of a step is as
 even as possible (on node 0, once: ``prepare``): each piece's forward and backward on a
 micro-batch, times the micro-batches, plus its optimizer step. Each process trains its
-stage under torch.distributed.pipelining's schedule ``--schedule`` (``training.stages``):
+stage under torch.distributed.pipelining's schedule ``--schedule`` (``training.pipeline``):
 GPipe (every micro-batch forward, then every one backward), 1F1B (after a warm-up, one
 forward then one backward: stage i of S holds S - i micro-batches' activations, not M) or
 interleaved 1F1B (two stages a process, stage q on process q mod S: a bubble half as
@@ -87,7 +87,7 @@ class Pipeline(Strategy):
         return cfg.stages or max(2, usable_cores() // self.replicas(cfg))
 
     def check(self, cfg: RunConfig) -> None:
-        from ddlstudy.training.stages import layers_of  # torch: the model's layers
+        from ddlstudy.training.pipeline import layers_of  # torch: the model's layers
 
         r, s, m, v = self.replicas(cfg), self.stages(cfg), cfg.micro_batches, chunks(cfg)
         batch, pipelines = cfg.global_batch, cfg.data_parallel()  # x nodes under MPI
@@ -163,7 +163,7 @@ class Pipeline(Strategy):
     def prepare(self, job) -> dict[str, Any]:
         """Where each stage starts, from the pieces' measured cost of a step (recorded),
         measured on the threads a stage will have (every usable core for GPU stages)."""
-        from ddlstudy.training.stages import cuts  # torch: measures the model
+        from ddlstudy.training.pipeline import cuts  # torch: measures the model
 
         cfg = job.cfg
         r, s, v = self.replicas(cfg), self.stages(cfg), chunks(cfg)
@@ -175,7 +175,7 @@ class Pipeline(Strategy):
         return {"starts": starts}
 
     def worker(self, job, link, device) -> None:
-        from ddlstudy.training.stages import train_stage  # torch: in workers only
+        from ddlstudy.training.pipeline import train_stage  # torch: in workers only
         from ddlstudy.training.worker import record
 
         stages = self.stages(job.cfg)

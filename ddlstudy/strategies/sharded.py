@@ -258,7 +258,7 @@ def _check_tensor_pairs(cfg: RunConfig, degree: int, flag: str) -> None:
     """Refuse a model with no pair of consecutive Linear layers to split (tensor parallel
     needs one), or one whose pairs ``degree`` processes cannot split evenly, before
     anything starts."""
-    from ddlstudy.training.tensor_plan import split_features  # torch: only when asked
+    from ddlstudy.training.sharding import split_features  # torch: only when asked
 
     uc = cfg.usecase
     split = split_features(uc.model, len(uc.classes))

@@ -99,7 +99,7 @@ def measure_sizes(sizes: list[int], nodes: int, repeats: int, hosts: str | None 
     mpiexec = require_mpiexec()
     where, netmod = placement(hosts, nodes)
     with subprocess.Popen([mpiexec, *where, "-n", str(nodes),
-                           *python_module("ddlstudy.tools.bench_reduce"), "--floats",
+                           *python_module("ddlstudy.tools.bench.reduce"), "--floats",
                            ",".join(map(str, sizes)), "--repeats", str(repeats), "--compress",
                            ",".join(compress)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True, env=os.environ | netmod) as proc:

@@ -1,9 +1,14 @@
-"""Training, the same for every strategy and backend: what the strategies' workers run
-(``one_model``: one model a process; ``replicas``: thread replicas; ``stages``: a
-pipeline's stages), the loop (``loop``), the batches (``loaders``), one step (``steps``),
-the epochs and snapshots (``job``, with the ``Link`` a backend hands a worker), one
-worker's set-up (``worker``), flat gradient buffers (``flat``), this host's shared memory
-(``hostmem``) and processes that train together (``distributed``)."""
+"""Training, the same for every strategy and backend. At the top, what every strategy
+shares: the loop (``loop``), the batches (``loaders``), one step (``steps``), the epochs
+and snapshots (``job``, with the ``Link`` a backend hands a worker), one worker's set-up
+(``worker``, its recipe: ``recipe``), flat gradient buffers (``flat``), processes that
+train together (``distributed``), and the workers of one model a process (``one_model``)
+and of thread replicas (``replicas``). Beside them, a room each (a package whose
+``__init__`` is its face): ``pipeline`` (the pipeline's worker: its stages, what they
+exchange, their clock), ``sharding`` (FSDP2, ZeRO-1 and tensor parallelism's workers, and
+where tensor parallelism splits a model) and ``shm`` (one host's shared memory: the
+gradients' average, the ``ddlstudy-shm`` collectives and ``ddlstudy-pipes`` sends, FSDP's
+and ZeRO's buffers), which the other two and ``one_model`` reach through its face."""
 
 from ddlstudy.training.job import Job, Link, Nodes, train_epochs
 from ddlstudy.training.loaders import (

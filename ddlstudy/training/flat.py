@@ -1,7 +1,7 @@
 """Every gradient as a view of one flat buffer, so a step's exchange is one collective on
 one buffer and no gradient is copied: backward accumulates into the views, an exchange
 averages the buffer in place (MPI reducers through its numpy view, torch.distributed
-through ``average``, this host's shared memory through ``hostmem``); ``exchange_step``
+through ``average``, this host's shared memory through ``training.shm``); ``exchange_step``
 is the step of every worker that exchanges so (MPI nodes, cpu-processes in shared
 memory)."""
 

@@ -86,7 +86,7 @@ class Link:
     own, between hosts) and each node's processes (``local``: this process's index among
     them and their number), which are this process's default torch.distributed group where
     there are several. A strategy lays its own dimensions over a node's processes
-    (replicas x stages: ``training.stages``; shards x tensor: ``sharding.mesh_of``).
+    (replicas x stages: ``training.pipeline``; shards x tensor: ``sharding.mesh_of``).
 
     Over every worker of the run: ``exchange(flat, step)`` averages the gradient buffer in
     place; ``sum`` adds per-worker counts; ``gather`` collects an object from every worker

@@ -4,7 +4,7 @@ process group on this host, as an MPI node or a Spark task.
 
 It takes its slice of every global batch (all of it alone) and averages its gradients with
 the other workers through its ``Link``: where every worker is in its process group
-(``link.group``), through this host's shared memory (``training.hostmem``: 4.6 ms for
+(``link.group``), through this host's shared memory (``training.shm``: 4.6 ms for
 tiny's 13.6 MiB between 2 ranks here, against 19.2 over gloo) or DistributedDataParallel
 (gloo's TCP, NCCL on GPUs), which all-reduces buckets while backward runs; elsewhere by
 the link's own exchange, which the backend provides (MPI's reducers, a node's leader).
@@ -24,7 +24,7 @@ from torch import nn
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel
 
-from ddlstudy.training import hostcoll, hostmem, hostzero
+from ddlstudy.training import shm
 from ddlstudy.training.flat import exchange_step, flat_gradients
 from ddlstudy.training.job import Job, Link, States
 from ddlstudy.training.loaders import make_loaders
@@ -81,11 +81,10 @@ def train_one_model(job: Job, link: Link, device: torch.device,
     cuda = device.type == "cuda"
     shared = None
     if link.group and not cuda:
-        shared = hostmem.join(cfg.transport, link.rank, link.world,
-                              sum(p.numel() for p in model.parameters()))
+        shared = shm.join(cfg.transport, link.rank, link.world,
+                          sum(p.numel() for p in model.parameters()))
         if link.rank == 0 and job.folder is not None:  # the parent reloads the manifest
-            job.folder.manifest["transport"] = hostmem.GLOO if shared is None else \
-                hostmem.SHARED
+            job.folder.manifest["transport"] = shm.GLOO if shared is None else shm.SHARED
     train, val = make_loaders(cfg, job.data, shard=link.shard, loader_workers=loader_workers)
     scaler = make_scaler(cfg.precision, device.type)
     if link.group and shared is None:  # DDP all-reduces buckets during backward
@@ -96,7 +95,7 @@ def train_one_model(job: Job, link: Link, device: torch.device,
     else:
         optimizer = new_optimizer(model.parameters(), cfg, zero, _zero_group(zero, cfg, cuda))
         if zero and cfg.shared_buffers and link.world == dist.get_world_size():  # one node
-            hostzero.share_weights(optimizer)
+            shm.share_weights(optimizer)
         flat = flat_gradients(model, None if shared is None else shared.buffer)
         if shared is not None:
             link = _through(link, shared)
@@ -111,7 +110,7 @@ def train_one_model(job: Job, link: Link, device: torch.device,
             shared.close()
 
 
-def _through(link: Link, shared: hostmem.HostMemory) -> Link:
+def _through(link: Link, shared: shm.HostMemory) -> Link:
     """``link``, averaging through this host's shared memory (its buffer holds the flat
     gradients of every rank)."""
     return dataclasses.replace(link, exchange=lambda _flat, _step: shared.average())
@@ -120,12 +119,12 @@ def _through(link: Link, shared: hostmem.HostMemory) -> Link:
 
 def _zero_group(zero: bool, cfg, cuda: bool = False) -> dist.ProcessGroup | None:
     """ZeRO's group: the node's processes, its weights' broadcasts through this host's
-    shared memory with --transport auto (``hostcoll``; on a run of one node the weights
-    themselves live there, ``hostzero``, and the broadcasts are a barrier), else the
-    default group's (gloo, or NCCL on GPUs)."""
+    shared memory with --transport auto (``shm.new_group``; on a run of one node the
+    weights themselves live there, ``shm.share_weights``, and the broadcasts are a
+    barrier), else the default group's (gloo, or NCCL on GPUs)."""
     if not zero or cuda or cfg.transport != "auto" or dist.get_world_size() == 1:
         return None
-    return hostcoll.new_group()
+    return shm.new_group()
 
 
 def zero_states(model: nn.Module, optimizer: ZeroRedundancyOptimizer) -> States:

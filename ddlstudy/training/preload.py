@@ -11,9 +11,14 @@ import torch._dynamo  # noqa: F401
 
 import ddlstudy.training.distributed
 import ddlstudy.training.one_model
+import ddlstudy.training.pipeline
 import ddlstudy.training.replicas
-import ddlstudy.training.sharding
-import ddlstudy.training.stages  # noqa: F401
+
+# the parts a room's face imports on the first use of their names (FSDP2, DTensor, ZeRO):
+# the workers use them, so the server holds them (an import contract lets this module in)
+import ddlstudy.training.sharding.workers
+import ddlstudy.training.shm.fsdp
+import ddlstudy.training.shm.zero  # noqa: F401
 from ddlstudy.machine import forkserver
 
 if os.environ.get(forkserver.SERVER_ENV):

@@ -20,9 +20,9 @@ buffer, so no step copies a gradient on a CPU node. The node's workers write the
 resource samples to a folder on their own host; the leader hands them to MPI rank 0.
 
 A node of pipelines (``pipeline``, ``hybrid``: R replicas of S stages) averages through its
-leader's ``between`` (``training.stage_exchange.node_exchange``). Every node cuts its pipelines
-where rank 0's measurement says (``job.plan``), and takes slice i * R + r of every batch,
-as pipeline r of N * R would.
+leader's ``between`` (``training.pipeline.exchange.node_exchange``). Every node cuts its
+pipelines where rank 0's measurement says (``job.plan``), and takes slice i * R + r of
+every batch, as pipeline r of N * R would.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from typing import Any
 from ddlstudy.config import ModelSpec
 from ddlstudy.models import shapes_only
 from ddlstudy.strategies.base import Footprint
-from ddlstudy.training.tensor_plan import linear_pairs
+from ddlstudy.training.sharding import linear_pairs
 
 
 def gib(nbytes: float) -> str:

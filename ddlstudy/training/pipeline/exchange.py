@@ -14,7 +14,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ddlstudy.models.cuts import Layers
-from ddlstudy.training import hostmem, hostpipes
+from ddlstudy.training import shm
 from ddlstudy.training.flat import average, check_views, flat_gradients, param_ranges
 from ddlstudy.training.job import Link
 
@@ -33,7 +33,7 @@ class Exchange(NamedTuple):
     """What a stage does with its gradients between its backward passes and its optimizer
     step: ``run`` the exchange; ``zero`` them before the next step (None: the stage has
     nothing to exchange, the optimizer zeroes them); ``transport``, how they move within
-    the node (``hostmem.SHARED`` or a group's backend)."""
+    the node (``shm.SHARED`` or a group's backend)."""
     run: Callable[[], None]
     zero: Callable[[], None] | None = None
     transport: str | None = None
@@ -44,27 +44,27 @@ def replica_exchange(full: nn.Module, module: nn.Module, layers: Layers,
                      stages: int = 0, shared: bool = False) -> Exchange:
     """A stage alone on its node: its replicas average its gradients, one buffer of which
     every gradient is a view, through this host's shared memory where ``shared`` and
-    every replica maps it (``hostmem``), else one all-reduce over ``data_group``."""
+    every replica maps it (``training.shm``), else one all-reduce over ``data_group``."""
     params = list(module.parameters())
     if replicas == 1 or not params:
         return Exchange(lambda: None)
-    memory = hostmem.HostMemory.join(rank // stages, replicas, sum(p.numel() for p in params),
-                                     data_group) if shared else None
+    memory = shm.HostMemory.join(rank // stages, replicas, sum(p.numel() for p in params),
+                                 data_group) if shared else None
     if memory is not None:
         return Exchange(memory.average, flat_gradients(module, memory.buffer).zero_,
-                        hostmem.SHARED)
+                        shm.SHARED)
     flat = flat_gradients(module)
     return Exchange(lambda: average(flat, data_group, replicas), flat.zero_,
                     dist.get_backend(data_group))
 
 
 def transport_of(group) -> str:
-    """How a pipeline's stages send: ``hostmem.SHARED``, or the group's backend (gloo
+    """How a pipeline's stages send: ``shm.SHARED``, or the group's backend (gloo
     where the shared-memory backend fell back to it)."""
-    if isinstance(group, hostpipes.HostPipes):
-        return hostmem.SHARED
+    if isinstance(group, shm.HostPipes):
+        return shm.SHARED
     backend = dist.get_backend(group)
-    return hostmem.GLOO if backend == hostpipes.BACKEND else backend
+    return shm.GLOO if backend == shm.PIPES_BACKEND else backend
 
 
 def gather_weights(full: nn.Module | None, layers: Layers, starts: list[int],
@@ -104,7 +104,7 @@ def node_exchange(node: Link, full: nn.Module, module: nn.Module, layers: Layers
     """
     replica, index = divmod(rank, stages)
     ranges = _stage_ranges(full, layers, starts)
-    memory = hostmem.HostMemory.join(rank, replicas * stages, sum(
+    memory = shm.HostMemory.join(rank, replicas * stages, sum(
         p.numel() for p in full.parameters()), slots=replicas) if shared else None
     flat = flat_gradients(full, None if memory is None else memory.slots[replica])
     if memory is not None:
@@ -117,7 +117,7 @@ def node_exchange(node: Link, full: nn.Module, module: nn.Module, layers: Layers
 
     if memory is not None:
         return Exchange(_through_memory(node, full, memory, ranges[index::stages], replica),
-                        zero, hostmem.SHARED)
+                        zero, shm.SHARED)
     others = [(q % stages, flat[lo:hi]) for q, (lo, hi) in enumerate(ranges)
               if q % stages and hi > lo]
     count = 0
@@ -159,7 +159,7 @@ def _stage_ranges(full: nn.Module, layers: Layers, starts: list[int]) -> list[tu
     return ranges
 
 
-def _through_memory(node: Link, full: nn.Module, memory: hostmem.HostMemory,
+def _through_memory(node: Link, full: nn.Module, memory: shm.HostMemory,
                     mine: list[tuple[int, int]], replica: int) -> Callable[[], None]:
     """The node's exchange in shared memory: slot r holds replica r's whole model. After
     a barrier (every backward done), rank (r, s) puts the mean over the replicas of the

@@ -1,4 +1,4 @@
-"""The collectives' algorithms over one shared file (``hostcoll``'s): a slot per rank in
+"""The collectives' algorithms over one shared file (``collectives``'s): a slot per rank in
 each of two areas, a barrier of counters and doorbells, and the chunked all-reduce,
 reduce-scatter, all-gather and broadcast on flat CPU rows.
 
@@ -26,8 +26,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ddlstudy.training import hostshm
-from ddlstudy.training.hostmem import HEADER
+from ddlstudy.training.shm import file
+from ddlstudy.training.shm.average import HEADER
 
 LINE = 64
 """A rank's counters (epoch, the checksums of two collectives) have a cache line."""
@@ -63,9 +63,9 @@ def control_bytes(size: int) -> int:
 
 
 class Slots:
-    """This rank's view of the shared file (``hostshm.Shared``) of ``size`` ranks."""
+    """This rank's view of the shared file (``file.Shared``) of ``size`` ranks."""
 
-    def __init__(self, rank: int, size: int, shared: hostshm.Shared, slot_bytes: int,
+    def __init__(self, rank: int, size: int, shared: file.Shared, slot_bytes: int,
                  timeout_s: float) -> None:
         self.rank, self.size, self.slot = rank, size, slot_bytes
         self._shared, self._timeout = shared, timeout_s
@@ -164,9 +164,9 @@ class Slots:
                 self._shared.ring(peer)
         try:
             if flags.min() < epoch:
-                hostshm.sleep_until(self._shared.bells[self.rank],
-                                    lambda: flags.min() >= epoch, self._timeout,
-                                    lambda: self._late(epoch))
+                file.sleep_until(self._shared.bells[self.rank],
+                                 lambda: flags.min() >= epoch, self._timeout,
+                                 lambda: self._late(epoch))
             self._check()
         except RuntimeError as exc:
             self._broken = str(exc)

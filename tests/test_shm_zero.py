@@ -1,4 +1,4 @@
-"""ZeRO-1's weights in shared memory (``hostzero``), between 2 and 3 spawned processes:
+"""ZeRO-1's weights in shared memory (``training.shm.zero``), between 2 and 3 spawned processes:
 the same losses and weights, to the bit, as ZeroRedundancyOptimizer's own broadcasts, its
 step's exchange a barrier, every rank's parameters views of one file (an update by one
 rank is seen by all); over gloo, nothing changes."""
@@ -8,13 +8,14 @@ from collections import Counter
 import pytest
 import torch
 import torch.distributed as dist
-from test_hostcoll import _init, _spawn
+from test_shm_collectives import _init, _spawn
 from torch import nn
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
-from ddlstudy.training import hostcoll, hostshm, hostzero
+from ddlstudy.training.shm import collectives, zero
+from ddlstudy.training.shm import file as shm_file
 
-pytestmark = pytest.mark.skipif(hostshm.usable() != "", reason=hostshm.usable())
+pytestmark = pytest.mark.skipif(shm_file.usable() != "", reason=shm_file.usable())
 
 
 def _train(group, rank, share: bool) -> dict:
@@ -24,7 +25,7 @@ def _train(group, rank, share: bool) -> dict:
     optimizer = ZeroRedundancyOptimizer(model.parameters(), torch.optim.SGD,
                                         process_group=group, parameters_as_bucket_view=True,
                                         lr=0.1, momentum=0.9)
-    shared = hostzero.share_weights(optimizer) if share else None
+    shared = zero.share_weights(optimizer) if share else None
     gen = torch.Generator().manual_seed(rank)
     x, y = torch.randn(8, 12, generator=gen), torch.randint(0, 6, (8,), generator=gen)
     losses = []
@@ -52,7 +53,7 @@ def _train(group, rank, share: bool) -> dict:
 
 def _ranks(rank, world, port, out):
     _init(rank, world, port)  # gloo, one thread
-    shm, gloo = hostcoll.new_group(), dist.new_group(backend="gloo")
+    shm, gloo = collectives.new_group(), dist.new_group(backend="gloo")
     result = {"own": _train(shm, rank, False), "shared": _train(shm, rank, True),
               "gloo": _train(gloo, rank, True)}
     torch.save(result, out / f"{rank}.pt")

@@ -2,9 +2,10 @@
 ``ddlstudy-shm`` torch.distributed backend, for sharded data parallel (FSDP2), ZeRO-1 and
 tensor parallel (DTensor) on CPU.
 
-Use it as any process group (every rank of the default group calls ``new_group``)::
+Use it as any process group (every rank of the default group calls ``new_group``, which
+``training.shm`` offers)::
 
-    group = hostcoll.new_group()              # or new_group(ranks=[...])
+    group = shm.new_group()                     # or new_group(ranks=[...])
     mesh = DeviceMesh.from_group(group, "cpu")  # fully_shard(model, mesh=mesh), DTensor
     ZeroRedundancyOptimizer(params, torch.optim.SGD, process_group=group, lr=0.1)
 
@@ -17,7 +18,7 @@ its CPU backend and called through its own Python bindings (``GLOO_DOES``).
 ``new_group`` gives that plain gloo group on every rank where some rank cannot map the
 file (another host, no /dev/shm, no room) or the host is not x86-64.
 
-The ranks map one file (``hostslots``): two areas of a slot per rank, used in turn. A
+The ranks map one file (``slots``): two areas of a slot per rank, used in turn. A
 collective goes in chunks of a slot: each rank copies its part into its slot, all meet at
 a barrier, then each reads what it needs. Between 2 ranks (or for a chunk of at most 64
 KiB) every rank adds up the whole chunk of every slot in rank order into its own tensor;
@@ -62,8 +63,8 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import _create_work_from_future
 
-from ddlstudy.training import hostshm
-from ddlstudy.training.hostslots import LINE, R, Reduction, Slots, file_bytes
+from ddlstudy.training.shm import file
+from ddlstudy.training.shm.slots import LINE, R, Reduction, Slots, file_bytes
 
 log = logging.getLogger("ddlstudy")
 
@@ -125,11 +126,11 @@ class _Flat:
             self.tensor.copy_(self.row.view(self.tensor.shape))
 
 
-class HostColl(hostshm.NamedGroup):
+class HostColl(file.NamedGroup):
     """A process group of one host's ranks whose collectives go through shared memory (see
     the module's docstring); gloo does the rest."""
 
-    def __init__(self, rank: int, size: int, shared: hostshm.Shared, slot_bytes: int,
+    def __init__(self, rank: int, size: int, shared: file.Shared, slot_bytes: int,
                  gloo: dist.ProcessGroupGloo, timeout: timedelta,
                  store: dist.Store | None = None) -> None:
         super().__init__(rank, size, BACKEND)
@@ -142,14 +143,14 @@ class HostColl(hostshm.NamedGroup):
         """The collectives this group moved, by method name, and those it left to gloo
         ("gloo <name>")."""
 
-    def open_file(self, total: int, prefix: str, what: str) -> hostshm.Shared | None:
+    def open_file(self, total: int, prefix: str, what: str) -> file.Shared | None:
         """Another shared file of ``total`` bytes for this group's ranks (a collective: every
         rank calls it), or None on every rank where some rank could not map it."""
         if self._store is None:
             return None
         self._files += 1
         store = dist.PrefixStore(f"file{self._files}/", self._store)
-        return hostshm.open_shared(store, self._me, self._size, total, prefix, what)
+        return file.open_shared(store, self._me, self._size, total, prefix, what)
 
     def meet(self, called: str, counted: str = "") -> None:
         """A barrier of this group's ranks, which all called ``called`` (else every rank
@@ -292,25 +293,25 @@ for _name in GLOO_DOES:
 
 def _create_backend(options, coll: CollOptions | None) -> HostColl | dist.ProcessGroupGloo:
     """torch's extended creator: HostColl over a gloo group, or where shared memory fails
-    or this host cannot use it (``hostshm.usable``), that gloo group alone."""
+    or this host cannot use it (``file.usable``), that gloo group alone."""
     rank, size, timeout = options.group_rank, options.group_size, options.timeout
     gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo/", options.store), rank, size, timeout)
     slot = (coll or CollOptions()).slot_bytes
-    why = hostshm.usable()
+    why = file.usable()
     if why:
         if rank == 0:
             log.info("collectives through gloo, not shared memory: %s", why)
         return gloo
     total = file_bytes(size, slot)
-    shared = hostshm.open_shared(dist.PrefixStore("shm/", options.store), rank, size, total,
-                                 "ddlstudy-coll", "collectives")
+    shared = file.open_shared(dist.PrefixStore("shm/", options.store), rank, size, total,
+                              "ddlstudy-coll", "collectives")
     return gloo if shared is None else HostColl(rank, size, shared, slot, gloo, timeout,
                                                 options.store)
 
 
 def register() -> None:
     """The ``ddlstudy-shm`` backend, once a process."""
-    hostshm.register(BACKEND, _create_backend)
+    file.register(BACKEND, _create_backend)
 
 
 def new_group(ranks: list[int] | None = None, timeout: timedelta | None = None,

@@ -46,7 +46,7 @@ NAME_BYTES = 256
 def reserve(path: Path, size: int, head: bytes = b"") -> None:
     """A new file of ``size`` bytes at ``path`` (never an existing one), its room reserved
     (a full tmpfs fails here, not mid-step) and ``head`` at its start; nothing is left
-    where that fails (``hostpipes`` makes its rings' file with it too)."""
+    where that fails (``pipes`` makes its rings' file with it too)."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         os.posix_fallocate(fd, 0, size)

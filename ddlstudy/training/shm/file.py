@@ -1,8 +1,8 @@
 """One file in this host's shared memory and a doorbell per rank, for the Python
-torch.distributed groups of one host's ranks (``hostpipes``' rings, ``hostcoll``'s
-collectives).
+torch.distributed groups of one host's ranks (``pipes``' rings, the slots of
+``collectives``).
 
-Rank 0 makes the file (``hostmem.reserve``, a random token at its start) and a FIFO per
+Rank 0 makes the file (``average.reserve``, a random token at its start) and a FIFO per
 rank; every rank maps the file, checks the token and opens every FIFO; the ranks agree
 through the group's store, so either every rank has them or none keeps them (another host,
 no /dev/shm, no room). The paths are unlinked once every rank has them open or gave up:
@@ -26,12 +26,12 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from ddlstudy.training.hostmem import SHM_DIR, reserve
+from ddlstudy.training.shm.average import SHM_DIR, reserve
 
 log = logging.getLogger("ddlstudy")
 
 TOKEN_BYTES = 32
-"""The token's length at the file's start (its first page, ``hostmem.HEADER``, is left to
+"""The token's length at the file's start (its first page, ``average.HEADER``, is left to
 it)."""
 
 

@@ -17,20 +17,20 @@ from __future__ import annotations
 import torch
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
-from ddlstudy.training import hostcoll, hostshm
-from ddlstudy.training.hostmem import HEADER
+from ddlstudy.training.shm import collectives, file
+from ddlstudy.training.shm.average import HEADER
 
 ALIGN = 64
 
 
-def share_weights(optimizer: ZeroRedundancyOptimizer) -> hostshm.Shared | None:
+def share_weights(optimizer: ZeroRedundancyOptimizer) -> file.Shared | None:
     """The optimizer's buckets (one device's, the CPU's) in a shared file of its group,
     its parameters' data views of them, and its step's broadcasts a barrier; None (the
-    broadcasts as before) where the group is not a ``hostcoll`` group, the buckets are
+    broadcasts as before) where the group is not a ``collectives`` group, the buckets are
     not views or the file cannot be made (on every rank alike)."""
     group = optimizer.process_group
     buckets = getattr(optimizer, "_buckets", [])
-    if (not hostcoll.is_shared(group) or not optimizer.parameters_as_bucket_view
+    if (not collectives.is_shared(group) or not optimizer.parameters_as_bucket_view
             or len(buckets) != 1 or buckets[0][0].device.type != "cpu"):
         return None
     row = buckets[0]

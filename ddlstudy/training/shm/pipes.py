@@ -28,9 +28,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ddlstudy.training import hostshm
-from ddlstudy.training.hostmem import HEADER
-from ddlstudy.training.hostshm import usable
+from ddlstudy.training.shm import file
+from ddlstudy.training.shm.average import HEADER
+from ddlstudy.training.shm.file import usable
 
 BACKEND = "ddlstudy-pipes"
 """The name this module registers with torch.distributed (``new_group(backend=...)``)."""
@@ -149,11 +149,11 @@ class _Transfer(dist.Work):
         return self.done
 
 
-class HostPipes(hostshm.NamedGroup):
+class HostPipes(file.NamedGroup):
     """Send and receive between the ranks of one host through shared memory (see the
     module's docstring); nothing else."""
 
-    def __init__(self, rank: int, size: int, shared: hostshm.Shared, ring_bytes: int,
+    def __init__(self, rank: int, size: int, shared: file.Shared, ring_bytes: int,
                  timeout: timedelta) -> None:
         super().__init__(rank, size, BACKEND)
         self._shared, self._timeout = shared, timeout.total_seconds()
@@ -221,7 +221,7 @@ class HostPipes(hostshm.NamedGroup):
             self.progress()
             return op.done
 
-        hostshm.sleep_until(self._shared.bells[self._me], done, limit, lambda: (
+        file.sleep_until(self._shared.bells[self._me], done, limit, lambda: (
             f"rank {self._me} waited {limit:.0f} s for rank {op.peer} to "
             f"{'receive' if op.send else 'send'} through shared memory: it stopped or died"))
 
@@ -235,8 +235,8 @@ def create(store: dist.Store, rank: int, size: int, timeout: timedelta,
     """Every rank of a new group: its HostPipes, or None on every rank where some rank could
     not open the shared file and the doorbells (another host, no /dev/shm, no room)."""
     total = HEADER + len(neighbours(size)) * (CONTROL + ring_bytes)
-    shared = hostshm.open_shared(store, rank, size, total, "ddlstudy-pipes",
-                                 "pipeline stages", " or pass --transport gloo")
+    shared = file.open_shared(store, rank, size, total, "ddlstudy-pipes",
+                              "pipeline stages", " or pass --transport gloo")
     return None if shared is None else HostPipes(rank, size, shared, ring_bytes, timeout)
 
 
@@ -254,7 +254,7 @@ def _create_backend(options, pipes: PipesOptions | None):
 
 def register() -> None:
     """The ``ddlstudy-pipes`` backend, once a process."""
-    hostshm.register(BACKEND, _create_backend)
+    file.register(BACKEND, _create_backend)
 
 
 def neighbours(size: int) -> list[tuple[int, int]]:

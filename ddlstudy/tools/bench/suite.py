@@ -31,7 +31,7 @@ per repeat, then summarised as min / median / max:
 - start:      with strategies and spark, the seconds from the command to the first
               training step (imports, data scan, spawning, set-up) of the same runs;
               alone (``--only start``), plain 12-step runs against the goals of fast
-              starts and of sharded, zero and MPI at their bound (``bench_start``)
+              starts and of sharded, zero and MPI at their bound (``start``)
 """
 
 from __future__ import annotations
@@ -52,8 +52,9 @@ from ddlstudy.machine.environment import usable_cores
 from ddlstudy.records.plan import cell_flags
 from ddlstudy.report import BASELINE
 from ddlstudy.strategies import REGISTRY as STRATEGIES
-from ddlstudy.tools import bench_start, pipeline_model
-from ddlstudy.tools.bench import (
+from ddlstudy.tools import pipeline_model
+from ddlstudy.tools.bench import start as bench_start
+from ddlstudy.tools.bench.ratios import (
     Ratio,
     What,
     images_per_s,
@@ -62,7 +63,7 @@ from ddlstudy.tools.bench import (
     raw_loop,
     sampler,
 )
-from ddlstudy.tools.bench_start import run_plain, steady
+from ddlstudy.tools.bench.start import run_plain, steady
 
 
 def strategy_flags(cores: int) -> dict[str, list[str]]:

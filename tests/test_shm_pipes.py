@@ -1,4 +1,4 @@
-"""A pipeline's sends and receives through this host's shared memory (``hostpipes``): the
+"""A pipeline's sends and receives through this host's shared memory (``training.shm.pipes``): the
 bytes arrive whole and in order, however small the ring; a peer out of step or gone is an
 error, not a hang; a host without room falls back to gloo; nothing is left in /dev/shm."""
 
@@ -8,31 +8,32 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from test_hostcoll import left_behind
+from test_shm_collectives import left_behind
 
-from ddlstudy.training import hostpipes, hostshm
 from ddlstudy.training.distributed import free_port
-from ddlstudy.training.hostmem import SHM_DIR
+from ddlstudy.training.shm import file as shm_file
+from ddlstudy.training.shm import pipes
+from ddlstudy.training.shm.average import SHM_DIR
 
-pytestmark = pytest.mark.skipif(hostpipes.usable() != "", reason=hostpipes.usable())
+pytestmark = pytest.mark.skipif(pipes.usable() != "", reason=pipes.usable())
 
 
 def _rank(rank, world, port, ring, mode, out):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)
-    hostpipes.register()
+    pipes.register()
     if mode == "fail1" and rank == 1:  # this rank cannot open the doorbells; rank 0 can
         def refuse(path, flags, *mode):
             if str(path).endswith(".bell"):
                 raise PermissionError(13, "refused", str(path))
             return opened(path, flags, *mode)
-        opened, hostshm.os.open = hostshm.os.open, refuse
-    group = dist.new_group(list(range(world)), backend=hostpipes.BACKEND,
-                           pg_options=hostpipes.PipesOptions(ring),
+        opened, shm_file.os.open = shm_file.os.open, refuse
+    group = dist.new_group(list(range(world)), backend=pipes.BACKEND,
+                           pg_options=pipes.PipesOptions(ring),
                            timeout=timedelta(seconds=3))
     peer = 1 - rank
-    result = {"shared": isinstance(group, hostpipes.HostPipes)}
+    result = {"shared": isinstance(group, pipes.HostPipes)}
     try:
         if mode in ("stream", "fail1"):  # both send first: 12x the ring, then 3 smaller ones
             sizes = [3_000_000, 7, 1, 65_537]
@@ -95,12 +96,12 @@ def test_a_peer_that_never_sends_ends_the_wait_at_the_timeout(tmp_path):
 
 
 def test_rings_join_neighbours_only():
-    assert hostpipes.neighbours(2) == [(0, 1), (1, 0)]
-    four = hostpipes.neighbours(4)
+    assert pipes.neighbours(2) == [(0, 1), (1, 0)]
+    four = pipes.neighbours(4)
     assert len(four) == 8 and (0, 3) in four and (3, 0) in four and (0, 2) not in four
 
 
 def test_ring_bytes_hold_the_messages_in_flight_within_bounds():
-    assert hostpipes.ring_bytes(300_000, 5) == -(-5 * (300_000 + 64) // 4096) * 4096
-    assert hostpipes.ring_bytes(10, 2) == 1 << 20
-    assert hostpipes.ring_bytes(10**9, 5) == 1 << 26
+    assert pipes.ring_bytes(300_000, 5) == -(-5 * (300_000 + 64) // 4096) * 4096
+    assert pipes.ring_bytes(10, 2) == 1 << 20
+    assert pipes.ring_bytes(10**9, 5) == 1 << 26

@@ -34,11 +34,11 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from ddlstudy.training import hostcoll, hostfsdp, hostmem
+from ddlstudy.training import shm
 from ddlstudy.training.job import Job, Link, States
 from ddlstudy.training.loaders import make_loaders
 from ddlstudy.training.one_model import ddp_step, train_one_model
-from ddlstudy.training.tensor_plan import pairs_in
+from ddlstudy.training.sharding.plan import pairs_in
 from ddlstudy.training.worker import new_model, new_optimizer, record, train_worker
 
 UNIT_SHARE = 0.05
@@ -74,10 +74,10 @@ def shard_units(model: nn.Module, share: float = UNIT_SHARE) -> list[str]:
 
 def arena_bytes(model: nn.Module, ranks: int) -> int:
     """The shared-memory arena sharded's ``ranks`` processes would gather and reduce
-    ``model``'s units through (``hostfsdp.arena_bytes`` of the units ``shard_model``
+    ``model``'s units through (``shm.arena_bytes`` of the units ``shard_model``
     makes: ``shard_units``, then the root)."""
     modules = dict(model.named_modules())
-    return hostfsdp.arena_bytes([modules[n] for n in [*shard_units(model), ""]], ranks)
+    return shm.arena_bytes([modules[n] for n in [*shard_units(model), ""]], ranks)
 
 
 def shard_model(model: nn.Module, mesh: DeviceMesh, precision: str = "fp32",
@@ -104,7 +104,8 @@ def mesh_of(processes: int, tensor: int, transport: str = "auto",
     "tensor") with ``tensor`` > 1, tensor parallel among consecutive ranks, or ("tensor",)
     where every process is in the tensor group. On GPUs NCCL's groups; on CPU, with
     ``transport`` auto, each dimension's groups move their collectives through this host's
-    shared memory (``hostcoll``: every process of a node runs on its host), else gloo's."""
+    shared memory (``training.shm``: every process of a node runs on its host), else
+    gloo's."""
     if tensor in (1, processes):
         shape, names = (processes,), ("shard" if tensor == 1 else "tensor",)
     else:
@@ -116,7 +117,7 @@ def mesh_of(processes: int, tensor: int, transport: str = "auto",
     groups = []
     for dim in range(len(shape)):  # every process makes every group, in the same order
         lines = ranks.movedim(dim, -1).reshape(-1, shape[dim]).tolist()
-        made = [hostcoll.new_group(ranks=line) for line in lines]
+        made = [shm.new_group(ranks=line) for line in lines]
         groups.append(next(g for g, line in zip(made, lines, strict=True)
                            if dist.get_rank() in line))
     return DeviceMesh.from_group(groups if len(groups) > 1 else groups[0], "cpu", mesh=ranks,
@@ -127,8 +128,8 @@ def transport_of(mesh: DeviceMesh) -> str:
     """How the mesh's collectives travel: the manifest's ``transport``."""
     if mesh.device_type == "cuda":
         return "nccl"
-    shared = all(hostcoll.is_shared(mesh.get_group(d)) for d in range(mesh.ndim))
-    return hostmem.SHARED if shared and mesh.size() > 1 else hostmem.GLOO
+    shared = all(shm.is_shared(mesh.get_group(d)) for d in range(mesh.ndim))
+    return shm.SHARED if shared and mesh.size() > 1 else shm.GLOO
 
 
 def tensor_parallel(model: nn.Module, mesh: DeviceMesh) -> list[tuple[str, str]]:
@@ -244,7 +245,7 @@ def train_sharded(job: Job, link: Link, device: torch.device,
         tensor_parallel(model, mesh["tensor"])
     shards = mesh["shard"] if tensor > 1 else mesh
     units = shard_model(model, shards, cfg.precision, cfg.reshard_after_forward)
-    arena = hostfsdp.share_buffers(model, shards.get_group()) \
+    arena = shm.share_buffers(model, shards.get_group()) \
         if cfg.shared_buffers and tensor == 1 else None  # a 2-D mesh: FSDP's own buffers
     optimizer = new_optimizer(model.parameters(), cfg)
     train, val = make_loaders(cfg, job.data, shard=(dp_rank, dp) if dp > 1 else None,

@@ -1,6 +1,6 @@
 """FSDP2's all-gather and reduce-scatter with their buffers in this host's shared memory
 (``FSDPModule.set_custom_all_gather`` / ``set_custom_reduce_scatter``), for a shard group
-that is a ``hostcoll`` group.
+that is a ``collectives`` group.
 
 FSDP asks its comm for the buffer first (``allocate``), copies into it, then calls the
 collective. Here the buffers are blocks of one more shared file of the group's ranks (the
@@ -12,7 +12,7 @@ arena), at the same offset on every rank:
 - reduce-scatter: each rank's input is its own part of a block of ``ranks`` inputs; after a
   barrier rank r adds up the r-th piece of every rank's input, in rank order, straight into
   its output (a private tensor: FSDP keeps the sharded gradients in it). The same kernels
-  in the same order as ``hostslots``' reduce-scatter: the same bits.
+  in the same order as ``slots``' reduce-scatter: the same bits.
 
 A block's bytes are reused only when every rank is done with them: a rank takes a block
 only once its own tensors of the block's last use are gone (an all-gather's output lives
@@ -33,9 +33,9 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
 
-from ddlstudy.training import hostcoll
-from ddlstudy.training.hostmem import HEADER
-from ddlstudy.training.hostslots import _combine
+from ddlstudy.training.shm import collectives
+from ddlstudy.training.shm.average import HEADER
+from ddlstudy.training.shm.slots import _combine
 
 ALIGN = 4096
 """Blocks start on a page."""
@@ -45,7 +45,7 @@ class Arena:
     """First fit over the file's bytes after its token's page; every rank takes and frees
     the same blocks in the same order, so they lie at the same offsets everywhere."""
 
-    def __init__(self, group: hostcoll.HostColl, total: int) -> None:
+    def __init__(self, group: collectives.HostColl, total: int) -> None:
         self.group, self.total = group, total
         self.shared = group.open_file(HEADER + total, "ddlstudy-fsdp", "FSDP's buffers")
         self._held: dict[int, tuple[int, weakref.ref | None]] = {}  # offset: bytes, owner
@@ -135,7 +135,7 @@ class SharedReduceScatter(ReduceScatter):
 
     def __call__(self, output_tensor, input_tensor, group, op, async_op: bool = False):
         at, block = self._blocks.pop(input_tensor.data_ptr(), (None, None))
-        how = hostcoll.reduction(op, output_tensor.dtype)
+        how = collectives.reduction(op, output_tensor.dtype)
         if at is None or how is None or not output_tensor.is_contiguous():
             if at is not None:  # the group's own collective, from the block's part
                 self.arena.free(at)
@@ -146,7 +146,7 @@ class SharedReduceScatter(ReduceScatter):
                   "fsdp reduce_scatter")
         me, dtype = coll.rank(), output_tensor.dtype
         rows = list(block.view(dtype).view(coll.size(), coll.size(), n)[:, me])
-        if how.factor is not None:  # scaled as hostslots scales each rank's block
+        if how.factor is not None:  # scaled as slots scales each rank's block
             rows = [torch.mul(row, how.factor) for row in rows]
         with torch.no_grad():
             _combine(how, rows, output_tensor.view(-1))
@@ -158,8 +158,8 @@ def share_buffers(model: nn.Module, group, total: int | None = None) -> Arena | 
     """Every FSDP unit of ``model`` (sharded over ``group``) gathers and reduces through
     one arena in shared memory of ``total`` bytes, by default sized for the largest unit's
     reduce-scatter and one more unit's all-gather; None (FSDP's own buffers) where
-    ``group`` is not a hostcoll group or the arena cannot be made (on every rank alike)."""
-    if not hostcoll.is_shared(group):
+    ``group`` is not a ``collectives`` group or the arena cannot be made (on every rank alike)."""
+    if not collectives.is_shared(group):
         return None
     units = [m for m in model.modules() if isinstance(m, FSDPModule)]
     arena = Arena(group, total or arena_bytes(units, group.size()))

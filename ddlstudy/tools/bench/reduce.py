@@ -1,7 +1,7 @@
 """Times every reducer on one gradient-sized buffer; run under mpiexec by `ddlstudy bench
 reduce`, which launches it:
 
-    mpiexec -n 2 python -m ddlstudy.tools.bench_reduce --floats 57016131 --repeats 5
+    mpiexec -n 2 python -m ddlstudy.tools.bench.reduce --floats 57016131 --repeats 5
 
 ``--floats`` can list several sizes (``--floats 4194304,262144``): one launch times them all.
 

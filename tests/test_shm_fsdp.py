@@ -1,5 +1,5 @@
 """FSDP2's all-gathers and reduce-scatters with their buffers in shared memory
-(``hostfsdp``), between 2 and 3 spawned processes: the same losses and weights, to the
+(``training.shm.fsdp``), between 2 and 3 spawned processes: the same losses and weights, to the
 bit, as the group's own collectives through its slots (and gloo's bits between 2 ranks),
 with every collective moved as a barrier in the arena (backward's prefetch included),
 AVG and PREMUL_SUM; with no room in the arena, the group's own collectives."""
@@ -9,12 +9,13 @@ from collections import Counter
 import pytest
 import torch
 import torch.distributed as dist
-from test_hostcoll import _init, _spawn
+from test_shm_collectives import _init, _spawn
 from torch import nn
 
-from ddlstudy.training import hostcoll, hostfsdp, hostshm
+from ddlstudy.training.shm import collectives, fsdp
+from ddlstudy.training.shm import file as shm_file
 
-pytestmark = pytest.mark.skipif(hostshm.usable() != "", reason=hostshm.usable())
+pytestmark = pytest.mark.skipif(shm_file.usable() != "", reason=shm_file.usable())
 
 
 def _train(group, rank, share: bool, divide: float | None, total: int | None = None):
@@ -29,7 +30,7 @@ def _train(group, rank, share: bool, divide: float | None, total: int | None = N
         fully_shard(layer, mesh=mesh)
         if divide:
             layer.set_gradient_divide_factor(divide)
-    arena = hostfsdp.share_buffers(model, group, total) if share else None
+    arena = fsdp.share_buffers(model, group, total) if share else None
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
     gen = torch.Generator().manual_seed(rank)
     x, y = torch.randn(8, 12, generator=gen), torch.randint(0, 6, (8,), generator=gen)
@@ -49,7 +50,7 @@ def _train(group, rank, share: bool, divide: float | None, total: int | None = N
 
 def _ranks(rank, world, port, out):
     _init(rank, world, port)  # gloo, one thread
-    shm, gloo = hostcoll.new_group(slot_bytes=1024), dist.new_group(backend="gloo")
+    shm, gloo = collectives.new_group(slot_bytes=1024), dist.new_group(backend="gloo")
     result = {}
     for divide in (None, 4.0):  # AVG, then PREMUL_SUM (which gloo has not)
         result[divide] = {"own": _train(shm, rank, False, divide),

@@ -25,7 +25,7 @@ from pathlib import Path
 from ddlstudy.errors import UsageError
 from ddlstudy.machine.environment import python_module
 from ddlstudy.records.runfolder import load_manifest
-from ddlstudy.tools.bench import Ratio, What
+from ddlstudy.tools.bench.ratios import Ratio, What
 
 PLAIN_STEPS = 12
 """The steps of the plain runs the goals are set on."""

@@ -1,4 +1,4 @@
-"""Collectives through this host's shared memory (``hostcoll``, the ``ddlstudy-shm``
+"""Collectives through this host's shared memory (``training.shm.collectives``, the ``ddlstudy-shm``
 backend) between 2 spawned processes: each gives gloo's bits (2 ranks: a sum in either
 order is the same float, gloo's AVG is that sum halved), in chunks larger messages than a
 slot, non-contiguous tensors, async works; FSDP2, ZeRO-1 and a DTensor MLP train as over
@@ -16,11 +16,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ddlstudy.training import hostcoll, hostshm
 from ddlstudy.training.distributed import free_port, run_ranks
-from ddlstudy.training.hostmem import SHM_DIR
+from ddlstudy.training.shm import collectives
+from ddlstudy.training.shm import file as shm_file
+from ddlstudy.training.shm.average import SHM_DIR
 
-pytestmark = pytest.mark.skipif(hostshm.usable() != "", reason=hostshm.usable())
+pytestmark = pytest.mark.skipif(shm_file.usable() != "", reason=shm_file.usable())
 R = dist.ReduceOp
 SLOT = 1024
 """Bytes a slot in the tests: 1000 elements go in several chunks."""
@@ -128,28 +129,28 @@ def _gloo_does_the_rest(g, rank) -> dict:
 
 def _ops(rank, world, port, out):
     _init(rank, world, port)
-    g = hostcoll.new_group(slot_bytes=SLOT)
-    result = {"rank": rank, "shared": hostcoll.is_shared(g), "bad": _differences(g, rank),
+    g = collectives.new_group(slot_bytes=SLOT)
+    result = {"rank": rank, "shared": collectives.is_shared(g), "bad": _differences(g, rank),
               **_odd_shapes(g, rank), **_gloo_does_the_rest(g, rank)}
     # a tmpfs without room for the file, and a rank that cannot open it: gloo on both
-    huge = hostcoll.new_group(slot_bytes=1 << 50)
+    huge = collectives.new_group(slot_bytes=1 << 50)
     if rank == 1:
-        opened = hostshm.os.open
-        hostshm.os.open = lambda path, *a: (_ for _ in ()).throw(PermissionError(13, "no"))
-    refused = hostcoll.new_group()
+        opened = shm_file.os.open
+        shm_file.os.open = lambda path, *a: (_ for _ in ()).throw(PermissionError(13, "no"))
+    refused = collectives.new_group()
     if rank == 1:
-        hostshm.os.open = opened
+        shm_file.os.open = opened
     x = torch.full((5,), rank + 1.0)
     dist.all_reduce(x, group=refused)
-    result |= {"huge": hostcoll.is_shared(huge), "refused": hostcoll.is_shared(refused),
+    result |= {"huge": collectives.is_shared(huge), "refused": collectives.is_shared(refused),
                "refused sum": x.tolist()}
-    late = hostcoll.new_group(timeout=timedelta(seconds=2))
+    late = collectives.new_group(timeout=timedelta(seconds=2))
     if rank == 0:  # rank 1 never joins this all-reduce
         try:
             dist.all_reduce(torch.ones(1), group=late)
         except RuntimeError as exc:
             result["late"] = str(exc)
-    out_of_step = hostcoll.new_group()
+    out_of_step = collectives.new_group()
     try:  # rank 0 sums 10 floats, rank 1 12: one chunk each, the same barriers
         dist.all_reduce(torch.ones(10 + 2 * rank), group=out_of_step)
     except RuntimeError as exc:
@@ -214,9 +215,9 @@ def _three(rank, world, port, out):
     """3 ranks: gloo's ring adds in another order, so sums agree with gloo's to float
     tolerance; every rank has the same bits (each chunk reduced in rank order)."""
     _init(rank, world, port)
-    g = hostcoll.new_group(slot_bytes=256 << 10)  # 300 000 floats: 5 chunks, each shared
+    g = collectives.new_group(slot_bytes=256 << 10)  # 300 000 floats: 5 chunks, each shared
     gen = torch.Generator().manual_seed(rank)
-    result = {"shared": hostcoll.is_shared(g), "far": [], "unlike": []}
+    result = {"shared": collectives.is_shared(g), "far": [], "unlike": []}
     for n, dt in ((300_000, torch.float32), (999, torch.float32), (300_000, torch.int64)):
         x = (torch.randn(n, generator=gen) * 100).to(dt)
         for op in (R.SUM, R.MIN, R.MAX) + ((R.AVG,) if dt.is_floating_point else ()):
@@ -289,10 +290,10 @@ def _strategies(rank, world, port, out):
     same = [(torch.randn(8, 12, generator=torch.Generator().manual_seed(9 + i)),
              torch.arange(8) % 6) for i in range(3)]  # every rank the same (tensor parallel)
     result = {}
-    for name, group in (("shm", hostcoll.new_group(slot_bytes=SLOT)),
+    for name, group in (("shm", collectives.new_group(slot_bytes=SLOT)),
                         ("gloo", dist.new_group(backend="gloo"))):
         mesh = DeviceMesh.from_group(group, "cpu")
-        result[name] = {"shared": hostcoll.is_shared(group)}
+        result[name] = {"shared": collectives.is_shared(group)}
         model = _mlp()
         for layer in (model[0], model[2], model):
             fully_shard(layer, mesh=mesh)
@@ -322,7 +323,8 @@ def test_fsdp2_zero_and_tensor_parallel_train_as_over_gloo(tmp_path):
         assert {"broadcast", "allreduce"} <= set(r["shm"]["zero moved"])  # ZeRO's, DDP's
         assert "allreduce" in r["shm"]["tp moved"]
         assert not [k for s in ("zero", "tp") for k in r["shm"][s + " moved"]
-                    if k.startswith("gloo") and k.removeprefix("gloo ") not in hostcoll.GLOO_DOES]
+                    if k.startswith("gloo")
+                    and k.removeprefix("gloo ") not in collectives.GLOO_DOES]
         assert r["shm"]["fsdp"][2] < r["shm"]["fsdp"][0]  # it learns
 
 

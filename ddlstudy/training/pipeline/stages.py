@@ -6,19 +6,19 @@ cut, where one activation flows on, into stages whose measured cost of a step (f
 backward of every micro-batch, and the optimizer's step) is as even as possible (``cuts``,
 on node 0). A torch.distributed.pipelining schedule (``SCHEDULES``: GPipe, 1F1B,
 interleaved 1F1B) runs the micro-batches through the stages: on CPU processes through
-this host's shared memory (``hostpipes``; gloo with --transport gloo or where it cannot),
-NCCL on GPUs. The loss is the mean over a micro-batch and the schedule divides the
-gradients by the number of micro-batches, so with equal micro-batches one step is exactly
-the baseline's step on the same global batch.
+this host's shared memory (``training.shm``'s pipes; gloo with --transport gloo or where
+it cannot), NCCL on GPUs. The loss is the mean over a micro-batch and the schedule
+divides the gradients by the number of micro-batches, so with equal micro-batches one
+step is exactly the baseline's step on the same global batch.
 
 The first stage reads the images, the last one only the labels (same seeded order). After
 each epoch the stages send their weights to rank 0, which validates the whole model and
 writes the run folder. R replicas of the pipeline (hybrid) average each stage's gradients
-over the replicas that hold it (``stage_exchange.replica_exchange``: through shared memory
+over the replicas that hold it (``exchange.replica_exchange``: through shared memory
 too); a node among others (an MPI rank leading R x S processes) also averages the whole
 model's gradients with the other nodes through its leader (``node_exchange``: in shared
 memory too). Each process times its step's phases and its micro-batches' passes
-(``stageclock.StageClock``): the manifest's ``backend.stages_time``.
+(``clock.StageClock``): the manifest's ``backend.stages_time``.
 """
 
 from __future__ import annotations
@@ -36,17 +36,17 @@ from torch.utils.data import Dataset
 from ddlstudy.config import RunConfig, UseCase
 from ddlstudy.models import build_model, shapes_only
 from ddlstudy.models.cuts import Layers
-from ddlstudy.training import hostpipes
+from ddlstudy.training import shm
 from ddlstudy.training.job import Job, Link
 from ddlstudy.training.loaders import image_dataset, train_loader, val_loader
-from ddlstudy.training.stage_exchange import (
+from ddlstudy.training.pipeline.clock import StageClock
+from ddlstudy.training.pipeline.exchange import (
     gather_weights,
     node_exchange,
     rank_module,
     replica_exchange,
     transport_of,
 )
-from ddlstudy.training.stageclock import StageClock
 from ddlstudy.training.steps import Batch, StepFn
 from ddlstudy.training.worker import new_model, new_optimizer, train_worker
 
@@ -140,13 +140,13 @@ def pipeline_step(schedule: _PipelineSchedule, optimizer: torch.optim.Optimizer,
     return step
 
 
-def _groups(replicas: int, stages: int, pipes: hostpipes.PipesOptions | None = None):
+def _groups(replicas: int, stages: int, pipes: shm.PipesOptions | None = None):
     """Process groups: one pipeline per replica (through this host's shared memory where
     ``pipes`` is given, else the default backend), one data-parallel group per stage index.
 
     Global rank = replica * stages + stage. Every rank creates every group, in one order.
     """
-    kind = {} if pipes is None else {"backend": hostpipes.BACKEND, "pg_options": pipes}
+    kind = {} if pipes is None else {"backend": shm.PIPES_BACKEND, "pg_options": pipes}
     pipe_groups = [dist.new_group(list(range(r * stages, (r + 1) * stages)), **kind)
                    for r in range(replicas)]
     data = [dist.new_group(list(range(s, replicas * stages, stages))) for s in range(stages)]
@@ -154,17 +154,17 @@ def _groups(replicas: int, stages: int, pipes: hostpipes.PipesOptions | None = N
 
 
 def _pipes(cfg: RunConfig, device: torch.device, examples: list[torch.Tensor], micro: int,
-           stages: int) -> hostpipes.PipesOptions | None:
+           stages: int) -> shm.PipesOptions | None:
     """Rings for the stages' activations and gradients in this host's shared memory
     (--transport auto, on CPUs), room for every micro-batch each stage has in flight."""
     why = "--transport gloo" if cfg.transport != "auto" else \
-        "stages on GPUs" if device.type != "cpu" else hostpipes.usable()
+        "stages on GPUs" if device.type != "cpu" else shm.usable()
     if why:
         log.info("pipeline stages send through %s: %s", dist.get_backend(), why)
         return None
-    hostpipes.register()
+    shm.register_pipes()
     largest = max(e.numel() * e.element_size() for e in examples[1:])
-    return hostpipes.PipesOptions(hostpipes.ring_bytes(
+    return shm.PipesOptions(shm.ring_bytes(
         largest, micro * len(examples) // stages + 1))
 
 

@@ -1,5 +1,5 @@
 """`ddlstudy bench collectives`: the collectives of sharded and tensor parallelism between
-this host's processes, through its shared memory (``training.hostcoll``) and through gloo.
+this host's processes, through its shared memory (``training.shm``) and through gloo.
 
 Each repeat times every collective over shared memory and over gloo, one after the other
 (A B, A B, ...), after a barrier, and counts the slowest rank's time (of one call, or the
@@ -16,8 +16,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ddlstudy.tools.bench import Ratio, _spread, gradient_floats
-from ddlstudy.training import hostcoll
+from ddlstudy.tools.bench.ratios import Ratio, _spread, gradient_floats
+from ddlstudy.training import shm
 from ddlstudy.training.distributed import free_port, run_ranks
 
 COLLECTIVES = ("all_reduce", "reduce_scatter_single", "all_gather_single")
@@ -49,9 +49,9 @@ def _rank(rank: int, world: int, port: int, floats: int, repeats: int, out: Path
     torch.set_num_threads(1)  # a process a core, as the strategies run
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)
-    groups = {SHARED: hostcoll.new_group(slot_bytes=slot_bytes),
+    groups = {SHARED: shm.new_group(slot_bytes=slot_bytes),
               GLOO: dist.new_group(backend="gloo")}
-    shared = hostcoll.is_shared(groups[SHARED])
+    shared = shm.is_shared(groups[SHARED])
     floats -= floats % world
     calls = max(1, min(CALLS, SMALL // (4 * floats)))
     buffers = {"full": torch.randn(floats), "part": torch.randn(floats // world)}
@@ -76,7 +76,7 @@ def measure(floats: int, ranks: int = 2, repeats: int = 5,
             slot_bytes: int | None = None) -> dict:
     """The milliseconds of each collective on ``floats`` float32s between ``ranks``
     processes, ``repeats`` times through each group (shared memory's slots of
-    ``slot_bytes``, default ``hostcoll.CollOptions``'); and whether shared memory was used
+    ``slot_bytes``, default ``shm.CollOptions``'); and whether shared memory was used
     (False: this host cannot, and both columns are gloo's)."""
     with tempfile.TemporaryDirectory(prefix="ddlstudy-bench-") as tmp:
         out = Path(tmp) / "ms.pt"
