@@ -475,8 +475,9 @@ def test_bench_advise_advises_an_own_use_case_checks_it_and_finds_each_error(
     round: as many probes on a busy host as on a quiet one), then ``study --from-advice``
     of 3 rows spread over its ranking, each a plain run. The check gives each row's
     errors, the rank correlation and the figure, the bench its row; an advice made wrong
-    on purpose (one row's images/s 4 times its measured) shows as a large error. Whether the errors are
-    small is this host's quiet (the benchmark's figures): here their arithmetic."""
+    on purpose (one row's images/s 4 times its measured) shows as a large error. Whether
+    the errors are small is this host's quiet (the benchmark's figures): here their
+    arithmetic."""
     out = tmp_path / "bench"
     code = main(["bench", "advise", "--only", "own", "--rows", "3", "--rounds", "1",
                  "--include-noisy", "--datasets-dir", str(datasets_dir), "--out", str(out)])
