@@ -49,8 +49,10 @@ def typed_uris(draw, marks: bool = False) -> tuple[str, str, list[str]]:
     uri = (f"{scheme}://{userinfo or ''}{host}{path}" + (f"?{query}" if query is not None
                                                           else "") +
            (f"#{fragment}" if fragment is not None else ""))
+    # a "#" typed in the query begins a fragment, as every reader of the URI takes it
+    fragmented = fragment is not None or (query is not None and "#" in query)
     clean = (f"{scheme}://{host}{path}" + (f"?{HIDDEN}" if query is not None else "") +
-             (f"#{HIDDEN}" if fragment is not None else ""))
+             (f"#{HIDDEN}" if fragmented else ""))
     return uri, clean, [s for s in (user, password, query, fragment) if s]
 
 

@@ -147,6 +147,21 @@ def adopt(env: dict[str, str], out: int | None = None, err: int | None = None) -
         server._forkserver_alive_fd = None
 
 
+def loader_worker(worker_id: int) -> None:
+    """A DataLoader worker's first step (``worker_init_fn``). Where its rank was forked
+    from a server, the workers come from a server of the rank's own (the rank's default
+    start method), and, as each of its children, hold that server's "alive" pipe: the
+    server then outlives the rank, and the workers (whose parent it is) wait for the
+    rank's indices for ever, each holding the run's output pipes. Closed here, the
+    server ends with the rank, and torch's watchdog ends the workers once their parent
+    has gone."""
+    server = forkserver._forkserver
+    if server._forkserver_alive_fd is not None:
+        with contextlib.suppress(OSError):
+            os.close(server._forkserver_alive_fd)
+        server._forkserver_alive_fd = None
+
+
 def die_with_parent() -> None:
     """In a child of the server: its end when the process that started it ends, however
     that ended. A parent killed by SIGKILL (a scheduler's, a test's timeout) would

@@ -14,6 +14,7 @@ from ddlstudy.config.recipe import MEAN, STD
 from ddlstudy.data import DataPlan
 from ddlstudy.data.cache import Decoded, decoded
 from ddlstudy.data.images import CachedImages, ImageListDataset, Preprocess, as_batch
+from ddlstudy.machine import forkserver
 
 log = logging.getLogger("ddlstudy")
 
@@ -124,7 +125,8 @@ def image_dataset(cfg: RunConfig, data: DataPlan, items: list[tuple[str, int]],
 
 def _worker_args(workers: int) -> dict:
     return {"num_workers": workers,
-            **({"persistent_workers": True, "prefetch_factor": 4} if workers else {})}
+            **({"persistent_workers": True, "prefetch_factor": 4,
+                "worker_init_fn": forkserver.loader_worker} if workers else {})}
 
 
 def _collate(dataset: Dataset):
