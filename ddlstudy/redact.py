@@ -70,7 +70,10 @@ def split(uri: str) -> Parts:
     head, rest = scheme.group(0), uri[scheme.end():]
     if rest.startswith("//"):
         head, rest = head + "//", rest[2:]
-        has_user = "@" in rest and re.match(r"[^/?#]*", rest).group(0) != ""  # type: ignore
+        # an empty authority ("http:///...") is a path, but for a "user:password@" in it:
+        # a user name typed beginning with "/" (hiding a path's "x:y@" too is the safe side)
+        has_user = "@" in rest and (re.match(r"[^/?#]*", rest).group(0) != ""  # type: ignore
+                                    or ":" in rest[:rest.rfind("@")])
     else:  # no authority: "file:/x?y", or a scheme-less "me:pw@host" taken for one
         has_user = "@" in rest
     userinfo = None
