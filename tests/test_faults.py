@@ -60,9 +60,8 @@ def _victims(proc: psutil.Process, which: str) -> list[psutil.Process]:
             continue
         if name == "ddlstudy-rank1":  # rank 1 of the run, or of MPI rank 1's node
             (node_workers if env.get("PMI_RANK") == "1" else workers).append(child)
-        elif env.get("PMI_RANK") == "1" and "ddlstudy" in cmd and "forkserver" not in cmd \
-                and not name.startswith("ddlstudy-rank"):
-            mpi_ranks.append(child)
+        elif env.get("PMI_RANK") == "1" and "ddlstudy" in cmd and "forkserver" not in cmd:
+            mpi_ranks.append(child)  # not its server, nor what that forked (its command)
     return {"mpi-rank-1": mpi_ranks, "node-1-worker": node_workers,
             "worker-1": workers}[which]
 

@@ -71,13 +71,11 @@ def _reap() -> None:
     process's; left to init, they would vanish from the tree that ``sampler.OthersLoad``
     measures (advise's probes: their ranks' CPU seen as other processes')."""
     server = forkserver._forkserver
-    pid, alive = server._forkserver_pid, server._forkserver_alive_fd
+    pid = server._forkserver_pid
     if pid is None or _started["pid"] != os.getpid():
         return
-    server._forkserver_pid = server._forkserver_alive_fd = None
-    if alive is not None:
-        with contextlib.suppress(OSError):
-            os.close(alive)
+    server._forkserver_pid = None
+    _let_go()
     deadline = time.monotonic() + REAP_S
     with contextlib.suppress(ChildProcessError):
         while os.waitpid(pid, os.WNOHANG) == (0, 0) and time.monotonic() < deadline:
@@ -140,6 +138,13 @@ def adopt(env: dict[str, str], out: int | None = None, err: int | None = None) -
             os.dup2(fd, target)
             os.close(fd)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _let_go()
+
+
+def _let_go() -> None:
+    """This process's copy of its server's "alive" pipe closed: the server ends once no
+    process holds it (the parent that started it, and each child that was handed a copy
+    as it was forked)."""
     server = forkserver._forkserver
     if server._forkserver_alive_fd is not None:
         with contextlib.suppress(OSError):
@@ -155,11 +160,7 @@ def loader_worker(worker_id: int) -> None:
     rank's indices for ever, each holding the run's output pipes. Closed here, the
     server ends with the rank, and torch's watchdog ends the workers once their parent
     has gone."""
-    server = forkserver._forkserver
-    if server._forkserver_alive_fd is not None:
-        with contextlib.suppress(OSError):
-            os.close(server._forkserver_alive_fd)
-        server._forkserver_alive_fd = None
+    _let_go()
 
 
 def die_with_parent() -> None:
