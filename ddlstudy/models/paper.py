@@ -1,9 +1,13 @@
 """The paper's networks: torchvision's AlexNet and VGG16, or width-scaled twins of them.
 
-At width 1.0 the model *is* torchvision's (``alexnet``/``vgg16`` with ``weights=None``).
-Below 1.0 the same layer structure is built with fewer channels and hidden units, so the
-tiny use case exercises the code paths of the real ones (including the ``features`` /
-``avgpool`` / ``classifier`` split the pipeline strategy cuts along).
+At width 1.0 the model is torchvision's (``alexnet``/``vgg16`` with ``weights=None``):
+the same layers made in the same order, the same initialisation, so the same weights
+from the same seed (tests/test_models.py compares them), built here without importing
+torchvision, whose package brings torch's compiler front end (about 1.5 s of a run's
+start on a 2-core host). Below 1.0 the same layer structure is built with fewer channels
+and hidden units, so the tiny use case exercises the code paths of the real ones
+(including the ``features`` / ``avgpool`` / ``classifier`` split the pipeline strategy
+cuts along).
 """
 
 from __future__ import annotations
@@ -23,7 +27,8 @@ def _c(n: int, width: float) -> int:
 class ScaledAlexNet(nn.Module):
     """torchvision.models.AlexNet with every width multiplied by ``width``."""
 
-    def __init__(self, num_classes: int, width: float, dropout: float = 0.5) -> None:
+    def __init__(self, num_classes: int, width: float, dropout: float = 0.5,
+                 he_init: bool = True) -> None:
         super().__init__()
         c = [_c(n, width) for n in (64, 192, 384, 256, 256)]
         hidden = _c(4096, width)
@@ -43,9 +48,10 @@ class ScaledAlexNet(nn.Module):
             nn.Dropout(p=dropout), nn.Linear(hidden, hidden), nn.ReLU(inplace=True),
             nn.Linear(hidden, num_classes),
         )
-        # torchvision's AlexNet keeps PyTorch's default initialisation; at reduced width that
-        # stalls at chance for hundreds of steps on small data, so He initialisation here.
-        for m in self.modules():
+        # torchvision's AlexNet keeps PyTorch's default initialisation (he_init False); at
+        # reduced width that stalls at chance for hundreds of steps on small data, so He
+        # initialisation there.
+        for m in self.modules() if he_init else ():
             if isinstance(m, nn.Conv2d | nn.Linear):
                 nn.init.kaiming_normal_(m.weight, mode="fan_in", nonlinearity="relu")
                 nn.init.zeros_(m.bias)
@@ -90,11 +96,8 @@ class ScaledVGG16(nn.Module):
 
 
 def build_paper(spec: ModelSpec, num_classes: int) -> nn.Module:
-    """alexnet or vgg16: torchvision's own at width 1.0, the scaled twin below it."""
-    if spec.width == 1.0:
-        from torchvision import models  # 2 s of imports (torch._dynamo): only when needed
-
-        make = models.alexnet if spec.arch is Arch.ALEXNET else models.vgg16
-        return make(weights=None, num_classes=num_classes)
-    cls = ScaledAlexNet if spec.arch is Arch.ALEXNET else ScaledVGG16
-    return cls(num_classes, spec.width)
+    """alexnet or vgg16: torchvision's own at width 1.0 (its initialisation), the scaled
+    twin below it."""
+    if spec.arch is Arch.ALEXNET:
+        return ScaledAlexNet(num_classes, spec.width, he_init=spec.width != 1.0)
+    return ScaledVGG16(num_classes, spec.width)  # VGG's initialisation at every width

@@ -154,7 +154,7 @@ class Sharded(_Sharding):
         parameters, half a model, from forward to backward)."""
         k = self.workers(cfg)
         return Footprint(k, 1.0 if cfg.reshard_after_forward else 1 + k / 2,
-                         shared_bytes=self.arena(cfg))
+                         shared_bytes=self.arena(cfg), gathers=(1.0, 1.0))
 
     def arena(self, cfg: RunConfig) -> int:
         """The bytes of the arena in shared memory its processes gather and reduce
@@ -190,9 +190,10 @@ class Zero(_Sharding):
     whole_replicas = True
 
     def footprint(self, cfg: RunConfig) -> Footprint:
-        """A whole replica in each process, the optimizer state cut in k shards."""
+        """A whole replica in each process, the optimizer state cut in k shards (whole on
+        rank 0 as it writes a snapshot)."""
         k = self.workers(cfg)
-        return Footprint(k, k, 1.0)
+        return Footprint(k, k, 1.0, gathers=(0.0, 1.0))
 
     def check(self, cfg: RunConfig) -> None:
         _Sharding.check(self, cfg)
@@ -228,9 +229,10 @@ class Tensor(_Sharding):
 
     def footprint(self, cfg: RunConfig) -> Footprint:
         """k processes, each the model but its half of each Linear pair, each computing
-        the whole batch."""
+        the whole batch (rank 0 the whole model and optimizer state as it writes a
+        snapshot)."""
         k = self.workers(cfg)
-        return Footprint(k, k, k, k, tensor=k)
+        return Footprint(k, k, k, k, tensor=k, gathers=(1.0, 1.0))
 
     def tensor_degree(self, cfg: RunConfig) -> int | None:
         return self.workers(cfg)

@@ -28,7 +28,7 @@ from ddlstudy.report import STUDY_FILE, load_runs
 from ddlstudy.tools.advise.figure import plot_check, save
 from ddlstudy.tools.advise.history import remember
 from ddlstudy.tools.advise.output import pct
-from ddlstudy.tools.advise.probes import fastest, steady_speed
+from ddlstudy.tools.advise.probes import steady_speed
 from ddlstudy.tools.advise.ranking import finite
 
 NOT_THE_CONFIGURATION = {"datasets_dir", "epochs", "max_steps", "max_val_steps",
@@ -123,8 +123,8 @@ def _key(flags: dict) -> str:
 def _row(advised: dict, runs: list[tuple[dict, bool]], ttt: bool) -> dict[str, Any]:
     """One configuration: the advice's prediction beside its runs' measurement."""
     values = [_measured(m, ttt) for m, _ in runs]
-    measured = min(values) if ttt else fastest(values)
-    best, busy = runs[values.index(measured)]
+    measured = statistics.median(values)  # what a run is likely to measure, as predicted
+    best, busy = runs[min(range(len(values)), key=lambda i: abs(values[i] - measured))]
     memory = [memory_of(m) for m, _ in runs]
     node = _median([x["peak_node_bytes"] for x in memory])
     process = _median([x["peak_process_bytes"] for x in memory])

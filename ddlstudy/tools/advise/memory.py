@@ -11,7 +11,10 @@ rest once a process, the model and optimizer state as many times as it keeps cop
 node's batch (strong scaling over N nodes: 1/N of the batch) as many times as it computes
 them at once. What --memory is held to is the node's ``need``: those peaks summed, less the
 files' pages (torch's libraries) every process but one counts again, which the node's
-memory holds once (a host's memory cgroup charges them once).
+memory holds once (a host's memory cgroup charges them once). A strategy whose snapshot's
+writer gathers the whole model or optimizer state (``Footprint.gathers``) peaks, after an
+epoch, at its training memory less the activations plus what it gathers, where that is
+more: a run writes a snapshot after every epoch, though a probe writes none.
 """
 
 from __future__ import annotations
@@ -44,6 +47,9 @@ class Split:
     shared: int = 0
     """Of ``rest``, the files' pages (torch's libraries): a node's processes share them,
     and its memory holds them once."""
+    parameters: int = 0
+    """Of ``model``, the parameters (0 in an advise.json written before it was recorded:
+    half the model is taken)."""
 
     def record(self) -> dict[str, Any]:
         return asdict(self)
@@ -61,7 +67,7 @@ def split(memory: dict[str, Any], batch: int, linear: float = 0.0) -> Split | No
     return Split(rest=max(setup - static, 0), model=model, states=held["optimizer_state"],
                  activations=max(peak - setup - held["gradients"] - held["optimizer_state"],
                                  0), batch=batch, linear=linear,
-                 shared=rank.get("setup_file_bytes") or 0)
+                 shared=rank.get("setup_file_bytes") or 0, parameters=held["parameters"])
 
 
 def linear_share(spec: ModelSpec, classes: int) -> float:
@@ -74,13 +80,24 @@ def linear_share(spec: ModelSpec, classes: int) -> float:
     return inside / total if total else 0.0
 
 
+def _parts(fp: Footprint, base: Split, node_batch: int) -> tuple[float, float, float]:
+    """A node's peak while training, its activations' part of it, and what its snapshot's
+    writer gathers beside its shards (bytes)."""
+    split_share = (1 - base.linear) + base.linear / fp.tensor
+    activations = fp.activations * base.activations * node_batch / base.batch
+    training = (fp.processes * base.rest + fp.models * split_share * base.model
+                + fp.states * split_share * base.states + activations)
+    gathered = (fp.gathers[0] * (base.parameters or base.model / 2)
+                + fp.gathers[1] * base.states)
+    return training, activations, gathered
+
+
 def predict(fp: Footprint, base: Split, node_batch: int) -> int:
     """A node's predicted peak bytes: ``fp``'s copies of the baseline's parts, its
-    activations for ``node_batch`` images."""
-    split_share = (1 - base.linear) + base.linear / fp.tensor
-    return round(fp.processes * base.rest + fp.models * split_share * base.model
-                 + fp.states * split_share * base.states
-                 + fp.activations * base.activations * node_batch / base.batch)
+    activations for ``node_batch`` images; or, where more, as its snapshot is written (the
+    activations freed, the writer's gathered copies held)."""
+    training, activations, gathered = _parts(fp, base, node_batch)
+    return round(max(training, training - activations + gathered))
 
 
 def need(fp: Footprint, base: Split, node_batch: int) -> int:
@@ -98,5 +115,7 @@ def process_peak(fp: Footprint, base: Split, node_batch: int) -> int:
     share of what the node holds over its processes (one process of a pipeline's uneven
     stages holds more: its row says so), and the whole of the node's shared memory, which
     every process maps and touches."""
-    held = predict(fp, base, node_batch) - fp.processes * base.rest
-    return round(base.rest + held / fp.processes + fp.shared_bytes)
+    training, activations, gathered = _parts(fp, base, node_batch)
+    held = training - fp.processes * base.rest
+    process = base.rest + held / fp.processes + fp.shared_bytes
+    return round(max(process, process - activations / fp.processes + gathered))

@@ -74,10 +74,11 @@ def markdown(result: dict, top: int = 10) -> str:
             lines += ["", wrapped(f"## {title}"), "", _table(shown, conv, notes)]
             if len(shown) < len(rows):
                 lines.append(f"\n({len(rows) - len(shown)} more in advise.json)")
-    lines += ["", wrapped("images/s: the fastest probe's (*: a busy host's probes only; every "
-                          "probe's range in advise.json); basis: probed, or a probe's compute + "
-                          f"the exchange's model, or a model of one node; {SCALING_EFFICIENCY}; "
-                          "epochs: to the target, against the baseline's (measured in --runs); "
+    lines += ["", wrapped("images/s: the probes' median (*: a busy host's probes only: their "
+                          "fastest; every probe's range in advise.json); basis: probed, or a "
+                          "probe's compute + the exchange's model, or a model of one node; "
+                          f"{SCALING_EFFICIENCY}; epochs: to the target, against the "
+                          "baseline's (measured in --runs); "
                           "GiB: a node's predicted memory, what it is held to (its processes' "
                           "peaks less the libraries' pages, shared memory once; --memory leaves "
                           "out what would not fit)")]

@@ -40,8 +40,8 @@ from ddlstudy.training import WARMUP_STEPS
 
 log = logging.getLogger("ddlstudy")
 CONTENDER = 0.8
-"""After the first round, only candidates whose fastest probe reaches this share of the
-leader's speed (its fastest probe, ``fastest``) are probed again."""
+"""After the first round, only candidates whose figure (``typical``) reaches this share of
+the leader's are probed again."""
 
 
 @dataclass
@@ -82,7 +82,7 @@ class Candidate:
 
     @property
     def speed(self) -> float:
-        return fastest(self.speeds)
+        return typical(self.speeds, self.busy)
 
     def node_batch(self, batch: int) -> int:
         """The images a node of it computes a step, of the use case's ``batch``."""
@@ -288,10 +288,12 @@ def say(text: str) -> None:
     log.info("%s", text)
 
 
-def fastest(speeds: list[float]) -> float:
-    """A configuration's images/s from several runs of it: the fastest. On a shared host
-    another tenant only ever slows a run, and not evenly: here a 2-thread cpu-intraop run
-    of tiny measured about 800 or about 1,170 images/s, process by process, on a quiet
-    host, while the sequential one stayed within 825-910. The median of 3 probes then
-    ranked by which mode came up twice; the fastest run is the configuration's own speed."""
-    return max(speeds)
+def typical(speeds: list[float], busy: bool = False) -> float:
+    """A configuration's images/s from several probes of it: their median, what a run of
+    it is likely to measure; a busy host's probes only (``busy``): the fastest, since
+    another tenant only ever slows a run, and not evenly. On a quiet host the probes of
+    one configuration still differ process by process (a 2-thread cpu-intraop run of tiny
+    measured about 800 or about 1,170 images/s): their fastest, advise's figure until
+    2026-11-29, put the contenders 5-20 % above their runs and made the first choice the
+    luckiest probe rather than the fastest configuration."""
+    return max(speeds) if busy else statistics.median(speeds)

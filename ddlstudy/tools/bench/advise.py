@@ -1,6 +1,6 @@
 """``ddlstudy bench advise``: how right advise is, on a fixed set of layouts. For each, the
 advice (``advise``, its default budget) then its check (``study --from-advice``: rows
-spread over the ranking, each a plain run of 2 epochs), and one row of figures: the
+spread over the ranking, each a plain run of CHECK_EPOCHS epochs), and one row of figures: the
 images/s mean absolute error, a node's and a process's memory error (mean and worst),
 the rank correlation, the first choice's measured rank, and what the advice took.
 
@@ -160,11 +160,17 @@ def _ddlstudy(argv: list[str], log: Path) -> int:
                               stderr=subprocess.STDOUT).returncode
 
 
+CHECK_EPOCHS = 6
+"""The epochs of each check run: its images/s is the median of its epochs'. Two were too
+few on tiny, whose epoch trains 0.3 s: the two epochs of one run differed by up to 20 %
+(761 and 612 images/s), more than the errors the check is there to find."""
+
+
 def _check(advice: Path, out: Path, rows: int, wait: bool, include_noisy: bool) -> None:
     """``study --from-advice`` of ``rows`` of the advice spread over its ranking, each a
-    plain run of 2 epochs (its output in ``out``/check.log)."""
+    plain run of CHECK_EPOCHS epochs (its output in ``out``/check.log)."""
     argv = ["study", "--from-advice", str(advice), "--top", str(rows), "--spread",
-            "--repeat", "1", "--epochs", "2", "--runs-dir", str(out / "check"),
+            "--repeat", "1", "--epochs", str(CHECK_EPOCHS), "--runs-dir", str(out / "check"),
             *(["--wait-quiet"] if wait else []),
             *(["--include-noisy"] if include_noisy else [])]
     code = _ddlstudy(argv, out / "check.log")
