@@ -527,7 +527,8 @@ def test_bench_advise_advises_an_own_use_case_checks_it_and_finds_each_error(
     arithmetic."""
     out = tmp_path / "bench"
     code = main(["bench", "advise", "--only", "own", "--rows", "3", "--rounds", "1",
-                 "--include-noisy", "--datasets-dir", str(datasets_dir), "--out", str(out)])
+                 "--check-epochs", "2", "--include-noisy", "--datasets-dir",
+                 str(datasets_dir), "--out", str(out)])
     printed = capsys.readouterr().out
     assert code == 0
     assert "| own | yes |" in printed, printed  # every layout probed at the default budget

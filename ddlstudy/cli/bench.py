@@ -59,6 +59,8 @@ def register(sub) -> None:
                    "over its ranking (default 6)")
     b.add_argument("--rounds", type=int, help="each advice's most probe rounds (default: "
                    "advise's own)")
+    b.add_argument("--check-epochs", type=int, default=6, help="epochs of each check run, "
+                   "whose images/s is the median of its epochs' (default 6)")
     b.add_argument("--datasets-dir", type=path_arg, help="where tiny's data set is (made "
                    "there if missing; default: datasets/)")
     b.add_argument("--wait-quiet", action="store_true", help="each probe and check run waits "
@@ -77,7 +79,7 @@ def register(sub) -> None:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     check_positive(args, "steps", "repeats", "threads", "nodes", "processes", "rows",
-                   "rounds")
+                   "rounds", "check_epochs")
     if args.bench_command == "advise":
         return _bench_advise(args)
     hz = getattr(args, "hz", 1.0)
@@ -142,7 +144,8 @@ def _bench_advise(args: argparse.Namespace) -> int:
                           "new or empty folder")
     check_load(args.wait_quiet)
     result = advise.bench_advise(only, out, args.rows, args.datasets_dir,
-                                 args.wait_quiet, args.rounds, args.include_noisy)
+                                 args.wait_quiet, args.rounds, args.include_noisy,
+                                 args.check_epochs)
     print(advise.markdown(result))
     for path in advise.write(result, out):
         print(f"wrote {path}")

@@ -12,7 +12,8 @@ from ddlstudy.errors import ConfigError
 
 BOUND = {"max_steps": "steps", "steps": "steps", "epochs": "epochs", "repeats": "repeats",
          "threads": "threads", "nodes": "nodes", "rounds": "rounds", "top": "top",
-         "cores": "cores", "processes": "processes", "rows": "top"}
+         "cores": "cores", "processes": "processes", "rows": "top",
+         "check_epochs": "epochs"}
 """Which bound of ``config.limits`` each integer flag has."""
 
 

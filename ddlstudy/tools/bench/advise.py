@@ -1,7 +1,7 @@
 """``ddlstudy bench advise``: how right advise is, on a fixed set of layouts. For each, the
 advice (``advise``, its default budget) then its check (``study --from-advice``: rows
-spread over the ranking, each a plain run of CHECK_EPOCHS epochs), and one row of figures: the
-images/s mean absolute error, a node's and a process's memory error (mean and worst),
+spread over the ranking, each a plain run of CHECK_EPOCHS epochs), and one row of
+figures: the images/s mean absolute error, a node's and a process's memory error (mean and worst),
 the rank correlation, the first choice's measured rank, and what the advice took.
 
 The layouts: tiny and tiny-resnet on one node; tiny on 2 and 3 emulated hosts at 1 Gbit/s
@@ -63,17 +63,25 @@ NAMES = {layout.name.split(",")[0].replace(" ", "") + (
 """``--only``'s names: tiny, tiny-resnet, tiny-2h-1gbit, ..., own, tiny-full."""
 
 
+CHECK_EPOCHS = 6
+"""The epochs of each check run: its images/s is the median of its epochs'. Two were too
+few on tiny, whose epoch trains 0.3 s: the two epochs of one run differed by up to 20 %
+(761 and 612 images/s), more than the errors the check is there to find."""
+
+
 def bench_advise(only: list[str] | None, out: Path, check_rows: int = 6,
                  datasets_dir: Path | None = None, wait: bool = False,
-                 rounds: int | None = None, include_noisy: bool = False) -> dict[str, Any]:
+                 rounds: int | None = None, include_noisy: bool = False,
+                 check_epochs: int = CHECK_EPOCHS) -> dict[str, Any]:
     """Every layout (or ``only`` those named): advise (``rounds``: its --rounds, default
-    its own), then check ``check_rows`` of its rows (``include_noisy``: the runs marked
-    noisy counted, marked); the figures a row a layout."""
+    its own), then check ``check_rows`` of its rows, each a run of ``check_epochs``
+    (``include_noisy``: the runs marked noisy counted, marked); the figures a row a
+    layout."""
     datasets_dir = datasets_dir or DEFAULT_DATASETS_DIR
     tiny = load_usecase("tiny")
     make_dataset(tiny.data, datasets_dir / tiny.data.name)
     result = {"host": host(), "at": time.strftime("%Y-%m-%d %H:%M"), "check_rows": check_rows,
-              "include_noisy": include_noisy}
+              "check_epochs": check_epochs, "include_noisy": include_noisy}
     rows: list[dict[str, Any]] = []
     for name, layout in NAMES.items():
         if only and name not in only:
@@ -85,7 +93,7 @@ def bench_advise(only: list[str] | None, out: Path, check_rows: int = 6,
         say(f"bench advise: {layout.name}")
         try:
             rows.append(_layout(layout, out / name, check_rows, datasets_dir, wait, rounds,
-                                include_noisy))
+                                include_noisy, check_epochs))
         except UsageError as exc:  # a layout that failed is a row that says why
             rows.append({"layout": layout.name, "skipped": f"failed: {exc}"})
         write(result | {"layouts": rows}, out)  # as it goes: an interrupted bench keeps
@@ -105,7 +113,8 @@ def _cannot(layout: Layout) -> str | None:
 
 
 def _layout(layout: Layout, out: Path, check_rows: int, datasets_dir: Path,
-            wait: bool, rounds: int | None, include_noisy: bool) -> dict[str, Any]:
+            wait: bool, rounds: int | None, include_noisy: bool,
+            check_epochs: int = CHECK_EPOCHS) -> dict[str, Any]:
     """One layout: its advice, its check, its figures."""
     up = hosts.up(layout.hosts, prefix=PREFIX, subnet=SUBNET, rate=layout.rate) \
         if layout.hosts else None
@@ -113,7 +122,7 @@ def _layout(layout: Layout, out: Path, check_rows: int, datasets_dir: Path,
         start = time.monotonic()
         advice = _advise(layout, out, datasets_dir, wait, rounds)
         took = time.monotonic() - start
-        _check(advice, out, check_rows, wait, include_noisy)
+        _check(advice, out, check_rows, wait, include_noisy, check_epochs)
     finally:
         if up:
             hosts.down(PREFIX)
@@ -160,17 +169,12 @@ def _ddlstudy(argv: list[str], log: Path) -> int:
                               stderr=subprocess.STDOUT).returncode
 
 
-CHECK_EPOCHS = 6
-"""The epochs of each check run: its images/s is the median of its epochs'. Two were too
-few on tiny, whose epoch trains 0.3 s: the two epochs of one run differed by up to 20 %
-(761 and 612 images/s), more than the errors the check is there to find."""
-
-
-def _check(advice: Path, out: Path, rows: int, wait: bool, include_noisy: bool) -> None:
+def _check(advice: Path, out: Path, rows: int, wait: bool, include_noisy: bool,
+           epochs: int = CHECK_EPOCHS) -> None:
     """``study --from-advice`` of ``rows`` of the advice spread over its ranking, each a
-    plain run of CHECK_EPOCHS epochs (its output in ``out``/check.log)."""
+    plain run of ``epochs`` (its output in ``out``/check.log)."""
     argv = ["study", "--from-advice", str(advice), "--top", str(rows), "--spread",
-            "--repeat", "1", "--epochs", str(CHECK_EPOCHS), "--runs-dir", str(out / "check"),
+            "--repeat", "1", "--epochs", str(epochs), "--runs-dir", str(out / "check"),
             *(["--wait-quiet"] if wait else []),
             *(["--include-noisy"] if include_noisy else [])]
     code = _ddlstudy(argv, out / "check.log")
@@ -182,8 +186,10 @@ def _check(advice: Path, out: Path, rows: int, wait: bool, include_noisy: bool) 
 def markdown(result: dict) -> str:
     """The figures a row a layout."""
     counted = "; noisy runs counted (--include-noisy)" if result.get("include_noisy") else ""
+    epochs = result.get("check_epochs", 2)  # a bench.json of before 2026-11-29: 2
     lines = [f"bench advise, {result['at']} ({result['check_rows']} rows of each advice "
-             "checked, spread over its ranking; errors: (predicted - measured) / measured"
+             f"checked, spread over its ranking, each a run of {epochs} epochs; errors: "
+             "(predicted - measured) / measured"
              f"{counted})", "",
              "| layout | every layout probed | advise s | checked | noisy left out | "
              "images/s MAPE | node memory: mean, worst | process memory | Spearman | "
