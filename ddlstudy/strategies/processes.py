@@ -82,8 +82,8 @@ def warm_early(cfg: RunConfig) -> None:
         return
     spec = cfg.usecase.model
     if several:
-        torchvision = spec.kind == "torchvision" or (spec.kind == "paper" and spec.width == 1)
-        forkserver.warm(*(["torchvision"] if torchvision else []))
+        # the paper's networks are built without torchvision (models.paper)
+        forkserver.warm(*(["torchvision"] if spec.kind == "torchvision" else []))
 
 
 def cuda_devices() -> int:
