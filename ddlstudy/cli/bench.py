@@ -6,7 +6,7 @@ import argparse
 import time
 
 from ddlstudy.cli.common import add_what, check_positive, usecase_of
-from ddlstudy.config.catalog import BENCH_GROUPS
+from ddlstudy.config.catalog import ADVICE_CHECK_EPOCHS, BENCH_GROUPS
 from ddlstudy.config.options import path_arg
 from ddlstudy.errors import ConfigError
 from ddlstudy.files import check_folder
@@ -59,8 +59,9 @@ def register(sub) -> None:
                    "over its ranking (default 6)")
     b.add_argument("--rounds", type=int, help="each advice's most probe rounds (default: "
                    "advise's own)")
-    b.add_argument("--check-epochs", type=int, default=6, help="epochs of each check run, "
-                   "whose images/s is the median of its epochs' (default 6)")
+    b.add_argument("--check-epochs", type=int, default=ADVICE_CHECK_EPOCHS,
+                   help="epochs of each check run, whose images/s is the median of its "
+                   f"epochs' (default {ADVICE_CHECK_EPOCHS})")
     b.add_argument("--datasets-dir", type=path_arg, help="where tiny's data set is (made "
                    "there if missing; default: datasets/)")
     b.add_argument("--wait-quiet", action="store_true", help="each probe and check run waits "

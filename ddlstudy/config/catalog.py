@@ -9,6 +9,12 @@ BENCH_GROUPS = ("overhead", "ceiling", "sampler", "loader", "strategies", "pipel
                 "sharding", "reducers", "transport", "mpi", "spark", "start")
 """What ``bench all --only`` takes."""
 
+ADVICE_CHECK_EPOCHS = 6
+"""``bench advise --check-epochs``' default: the epochs of each check run, whose images/s
+is the median of its epochs'. Two were too few on tiny, whose epoch trains 0.3 s: the
+two epochs of one run differed by up to 20 % (761 and 612 images/s), more than the
+errors the check is there to find."""
+
 
 def bench_groups(only: str | None) -> list[str]:
     """The groups ``--only`` names (every group without it), or a ConfigError."""

@@ -48,8 +48,7 @@ class Split:
     """Of ``rest``, the files' pages (torch's libraries): a node's processes share them,
     and its memory holds them once."""
     parameters: int = 0
-    """Of ``model``, the parameters (0 in an advise.json written before it was recorded:
-    half the model is taken)."""
+    """Of ``model``, the parameters (what a snapshot's writer gathers of it)."""
 
     def record(self) -> dict[str, Any]:
         return asdict(self)
@@ -87,8 +86,7 @@ def _parts(fp: Footprint, base: Split, node_batch: int) -> tuple[float, float, f
     activations = fp.activations * base.activations * node_batch / base.batch
     training = (fp.processes * base.rest + fp.models * split_share * base.model
                 + fp.states * split_share * base.states + activations)
-    gathered = (fp.gathers[0] * (base.parameters or base.model / 2)
-                + fp.gathers[1] * base.states)
+    gathered = fp.gathers[0] * base.parameters + fp.gathers[1] * base.states
     return training, activations, gathered
 
 

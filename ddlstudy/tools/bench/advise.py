@@ -1,8 +1,8 @@
 """``ddlstudy bench advise``: how right advise is, on a fixed set of layouts. For each, the
 advice (``advise``, its default budget) then its check (``study --from-advice``: rows
-spread over the ranking, each a plain run of CHECK_EPOCHS epochs), and one row of
-figures: the images/s mean absolute error, a node's and a process's memory error (mean and worst),
-the rank correlation, the first choice's measured rank, and what the advice took.
+spread over the ranking, each a plain run of ``--check-epochs`` epochs), and one row of
+figures: the images/s mean absolute error, a node's and a process's memory error (mean
+and worst), the rank correlation, the first choice's measured rank, and what the advice took.
 
 The layouts: tiny and tiny-resnet on one node; tiny on 2 and 3 emulated hosts at 1 Gbit/s
 and at 100 Mbit/s (root); a use case of one's own (tiny's image folder and the tests'
@@ -23,6 +23,7 @@ import psutil
 
 from ddlstudy import hosts
 from ddlstudy.config import DEFAULT_DATASETS_DIR, REPO_ROOT, load_usecase
+from ddlstudy.config.catalog import ADVICE_CHECK_EPOCHS
 from ddlstudy.data.generate import make_dataset
 from ddlstudy.errors import UsageError
 from ddlstudy.files import atomic_write_json, atomic_write_text
@@ -63,16 +64,10 @@ NAMES = {layout.name.split(",")[0].replace(" ", "") + (
 """``--only``'s names: tiny, tiny-resnet, tiny-2h-1gbit, ..., own, tiny-full."""
 
 
-CHECK_EPOCHS = 6
-"""The epochs of each check run: its images/s is the median of its epochs'. Two were too
-few on tiny, whose epoch trains 0.3 s: the two epochs of one run differed by up to 20 %
-(761 and 612 images/s), more than the errors the check is there to find."""
-
-
 def bench_advise(only: list[str] | None, out: Path, check_rows: int = 6,
                  datasets_dir: Path | None = None, wait: bool = False,
                  rounds: int | None = None, include_noisy: bool = False,
-                 check_epochs: int = CHECK_EPOCHS) -> dict[str, Any]:
+                 check_epochs: int = ADVICE_CHECK_EPOCHS) -> dict[str, Any]:
     """Every layout (or ``only`` those named): advise (``rounds``: its --rounds, default
     its own), then check ``check_rows`` of its rows, each a run of ``check_epochs``
     (``include_noisy``: the runs marked noisy counted, marked); the figures a row a
@@ -114,7 +109,7 @@ def _cannot(layout: Layout) -> str | None:
 
 def _layout(layout: Layout, out: Path, check_rows: int, datasets_dir: Path,
             wait: bool, rounds: int | None, include_noisy: bool,
-            check_epochs: int = CHECK_EPOCHS) -> dict[str, Any]:
+            check_epochs: int) -> dict[str, Any]:
     """One layout: its advice, its check, its figures."""
     up = hosts.up(layout.hosts, prefix=PREFIX, subnet=SUBNET, rate=layout.rate) \
         if layout.hosts else None
@@ -170,7 +165,7 @@ def _ddlstudy(argv: list[str], log: Path) -> int:
 
 
 def _check(advice: Path, out: Path, rows: int, wait: bool, include_noisy: bool,
-           epochs: int = CHECK_EPOCHS) -> None:
+           epochs: int) -> None:
     """``study --from-advice`` of ``rows`` of the advice spread over its ranking, each a
     plain run of ``epochs`` (its output in ``out``/check.log)."""
     argv = ["study", "--from-advice", str(advice), "--top", str(rows), "--spread",
@@ -186,9 +181,9 @@ def _check(advice: Path, out: Path, rows: int, wait: bool, include_noisy: bool,
 def markdown(result: dict) -> str:
     """The figures a row a layout."""
     counted = "; noisy runs counted (--include-noisy)" if result.get("include_noisy") else ""
-    epochs = result.get("check_epochs", 2)  # a bench.json of before 2026-11-29: 2
     lines = [f"bench advise, {result['at']} ({result['check_rows']} rows of each advice "
-             f"checked, spread over its ranking, each a run of {epochs} epochs; errors: "
+             f"checked, spread over its ranking, each a run of {result['check_epochs']} "
+             "epochs; errors: "
              "(predicted - measured) / measured"
              f"{counted})", "",
              "| layout | every layout probed | advise s | checked | noisy left out | "
