@@ -2,7 +2,8 @@
 #            speedup tables and figures (runs/demo/report/), and last the path of its
 #            page, runs/demo/report/index.html.
 # make test: .venv if missing, ruff, the import contracts (lint-imports), the whole test suite
-#            (tests/test_docs.py builds the documentation site strictly).
+#            (tests/test_docs.py builds the documentation site strictly): two files at a
+#            time, then the serial tests alone.
 # make paper: the paper's Tables 1-3 on both of its use cases, a few steps a cell
 #            (usecases/paper-quick.toml, under 45 minutes on 2 cores), and the findings.
 # make docs: the reference pages regenerated from the code (docs/reference/), then the
@@ -81,9 +82,19 @@ lint: $(STAMP)
 	$(BIN)/ruff check ddlstudy tests
 	$(BIN)/lint-imports
 
+# The suite in two parts: first every test not marked serial, TEST_WORKERS files at a time
+# (pytest-xdist; a file's tests on one worker, which shares its fixtures: about a third of a
+# 2-core host waits on daemons, JVMs and child processes when they run one at a time); then
+# the serial ones alone (they compare speeds, load the host or shape its network). Both
+# parts always run; make fails if either did. `pytest` alone runs everything in order.
+TEST_WORKERS ?= 2
+
 test: lint
 	$(BYTECODE)
-	$(BIN)/pytest
+	@status=0; \
+	$(BIN)/pytest -m "not serial" -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder || status=$$?; \
+	$(BIN)/pytest -m serial || status=$$?; \
+	exit $$status
 
 docs: $(STAMP)
 	$(BIN)/python -m ddlstudy.cli.reference

@@ -26,6 +26,36 @@ def pytest_configure(config) -> None:
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
 
+SERIAL = {
+    "test_advise": "advise's probes measure speeds, and a test holds its ranking to runs",
+    "test_advice_check": "the checks of advice hold predicted speeds to measured ones",
+    "test_bench": "the benchmarks' ratios of speeds",
+    "test_findings": "a process that loads the host on purpose",
+    "test_hosts": "emulated hosts' shaped links, and a slower link's slower training",
+    "test_host_memory": "emulated hosts of a memory size, and the kernel's kills in them",
+    "test_predict": "predictions held to the speeds of runs",
+    "test_sampler": "the samples' rate and the load of other processes",
+}
+"""Test files marked ``serial``: ``make test`` runs them alone, after the others have run
+two files at a time (pytest-xdist), since the other tests' processes would change what
+they measure."""
+
+LONGEST_FIRST = ("test_slurm", "test_spark", "test_safety", "test_mpi", "test_your_model",
+                 "test_faults", "test_mlflow", "test_extend", "test_recipe", "test_sharding",
+                 "test_strategies", "test_study")
+"""The files that take longest, collected first, so that ``make test``'s workers (given
+files in collection order: ``--no-loadscope-reorder``) do not end with one of them alone;
+the rest in their usual order."""
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    first = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: first.get(item.path.stem, len(first)))  # stable
+    for item in items:
+        if item.path.stem in SERIAL:
+            item.add_marker(pytest.mark.serial)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def data_cache(tmp_path_factory) -> Path:
     """The decoded-image cache of this session (runs in subprocesses inherit it), not the
