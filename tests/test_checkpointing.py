@@ -11,8 +11,8 @@ import torch
 import torchvision
 from torch import nn
 
-from ddlstudy.models import ScaledAlexNet
 from ddlstudy.models.checkpointing import checkpoint_blocks
+from ddlstudy.models.paper import ScaledAlexNet
 from ddlstudy.report.runs import config_label
 from ddlstudy.runner import run
 

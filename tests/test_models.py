@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from ddlstudy.config import ModelSpec
-from ddlstudy.models import ScaledAlexNet, ScaledVGG16, build_model, count_parameters
+from ddlstudy.models import build_model, count_parameters
+from ddlstudy.models.paper import ScaledAlexNet, ScaledVGG16
 
 
 @pytest.mark.parametrize("arch, params", [("alexnet", 57_016_131), ("vgg16", 134_272_835)])

@@ -12,16 +12,18 @@ import pytest
 import torch
 from listening import LOOPBACK, addresses, listening_while_running
 
-from ddlstudy.cli import main
+from ddlstudy.cli import build_parser, main
+from ddlstudy.config.options import config_from_args
 from ddlstudy.records.runfolder import MANIFEST, SAMPLES
-from ddlstudy.runner import run
+from ddlstudy.runner import preflight, run
 
 
 def _mpi_run(tmp_path, datasets_dir, *flags, snapshot=False, listening=None):
     """``ddlstudy run --backend mpi``: (manifest, run folder). Through the command line in
     this process (which launches mpiexec; no second start of Python and torch to wait
     for), or, with a ``listening`` set, in a process of its own whose tree's listening
-    sockets are polled into it while the run goes on."""
+    sockets are polled into it while the run goes on, and whose imports it writes to its
+    stderr (``-X importtime``: that process's alone, not its ranks')."""
     runs = tmp_path / "runs"
     tmp_path.mkdir(parents=True, exist_ok=True)
     argv = ["run", "--usecase", "tiny", "--datasets-dir", str(datasets_dir), "--runs-dir",
@@ -30,9 +32,11 @@ def _mpi_run(tmp_path, datasets_dir, *flags, snapshot=False, listening=None):
         if listening is None:
             with _written_to(out, err):
                 code = main(argv)
-        else:
-            proc = subprocess.Popen([sys.executable, "-m", "ddlstudy", *argv], stdout=out,
-                                    stderr=err, text=True)
+        else:  # its checks remembered first, as after a first run of it (the launcher's,
+            # then, need no torch)
+            preflight(config_from_args(build_parser().parse_args(argv)))
+            proc = subprocess.Popen([sys.executable, "-X", "importtime", "-m", "ddlstudy",
+                                     *argv], stdout=out, stderr=err, text=True)
             try:
                 listening |= listening_while_running(proc, every_s=0.05)
                 code = proc.wait(timeout=600)
@@ -429,6 +433,20 @@ def test_bad_compress_flags(tmp_path, capsys, args, message):
     assert main(["run", "--runs-dir", str(tmp_path / "runs"), *args]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.slow
+def test_the_launcher_starts_its_ranks_without_importing_torch(two_nodes):
+    """``--nodes N`` from a shell: the command that starts mpiexec trains nothing, so it
+    never imports torch (2 s of a 2-core start, before its ranks could start theirs)."""
+    manifest, folder, _ = two_nodes
+    stderr = (folder.parent.parent / "stderr").read_text()
+    imported = {line.rsplit("|", 1)[1].strip() for line in stderr.splitlines()
+                if line.startswith("import time:") and line.count("|") == 2}
+    assert {"ddlstudy.runner", "ddlstudy.backends.mpi.launch"} <= imported  # it listed them
+    assert not {name for name in imported if name.split(".")[0] in ("torch", "torchvision")}
+    ranks = {p["process"] for p in manifest["startup"]["phases"] if p["phase"] == "imports"}
+    assert ranks == {"command", "MPI rank 0"}
 
 
 @pytest.mark.slow

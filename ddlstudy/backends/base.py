@@ -19,12 +19,14 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ddlstudy.config import RunConfig
 from ddlstudy.registry import Registry
 from ddlstudy.strategies import Strategy
-from ddlstudy.training import Job
+
+if TYPE_CHECKING:  # a launcher names backends without training (nor importing torch)
+    from ddlstudy.training import Job
 
 
 class Environment:

@@ -3,13 +3,14 @@ one; one of several has them spawned here, in one process group, each its worker
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
 from ddlstudy.backends.base import Backend, Environment, register
 from ddlstudy.config import RunConfig
 from ddlstudy.strategies import get_strategy
-from ddlstudy.training import Job, Link
-from ddlstudy.training.distributed import device_of, run_group
+
+if TYPE_CHECKING:
+    from ddlstudy.training import Job
 
 
 @register
@@ -22,6 +23,11 @@ class Local(Backend):
         return 1
 
     def fit(self, job: Job, env: Environment) -> list[dict]:
+        import torch
+
+        from ddlstudy.training import Link
+        from ddlstudy.training.distributed import device_of, run_group
+
         strategy = get_strategy(job.cfg.strategy)
         layout = strategy.layout(job.cfg)
         if layout.processes == 1:

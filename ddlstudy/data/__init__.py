@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -105,6 +106,17 @@ def planned_train_images(cfg: RunConfig) -> int | None:
     else:
         sizes = per_class_counts(uc.data.images, len(uc.classes))
     return sum(n - val_count(n, uc.train.val_fraction) for n in sizes if n >= 2) or None
+
+
+def planned_steps(cfg: RunConfig) -> int | None:
+    """The optimizer steps of each of the run's epochs (``Trainer.steps_per_epoch``: one a
+    global batch, the last one short, at most --max-steps), known before its data is
+    prepared; None where its images cannot be counted yet."""
+    images = planned_train_images(cfg)
+    if images is None:
+        return None
+    steps = math.ceil(images / cfg.global_batch)
+    return min(steps, cfg.max_steps) if cfg.max_steps else steps
 
 
 def _same_data(cfg: RunConfig, root: Path, got: str) -> None:

@@ -19,12 +19,13 @@ class Phase(BaseModel):
     """``command`` (the user's), ``rank N`` (a process the run spawned), ``MPI rank N``."""
     phase: str
     """What ended: ``python`` (the interpreter and ddlstudy's command line), ``imports``
-    (torch and the runner), ``checks`` (the run's checks: its model on the meta device),
-    ``data`` (the data set scanned and split), ``folder`` (the run folder), ``MPI`` (MPI
-    initialised), ``start`` (a spawned process's own start, until it runs ddlstudy's code),
-    ``group`` (its process group joined), ``model`` (the model built), ``setup`` (the
-    rest, up to the first step: optimizer, loaders, buffers, the first batch), ``first
-    step`` (the first training step itself)."""
+    (the runner, and torch in a process that trains: MPI's launcher imports none),
+    ``checks`` (the run's checks: its model on the meta device), ``data`` (the data set
+    scanned and split), ``folder`` (the run folder), ``MPI`` (MPI initialised), ``start``
+    (a spawned process's own start, until it runs ddlstudy's code), ``group`` (its process
+    group joined), ``model`` (the model built), ``setup`` (the rest, up to the first step:
+    optimizer, loaders, buffers, the first batch), ``first step`` (the first training step
+    itself)."""
     s: Annotated[float, Field(ge=0)]
     """Its seconds: from the end of the phase before."""
     at_s: Annotated[float, Field(ge=0)]

@@ -11,20 +11,19 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
-import torch
-from torch import nn
 
 from ddlstudy.config import ModelSpec
 from ddlstudy.errors import ConfigError
 from ddlstudy.models import memo
-from ddlstudy.models.checkpointing import checkpoint_blocks
-from ddlstudy.models.paper import ScaledAlexNet, ScaledVGG16
 from ddlstudy.models.sources import FLAG, made, maker, origin, torchvision_names
 
-__all__ = ["Facts", "ScaledAlexNet", "ScaledVGG16", "build_model", "check", "count_parameters",
+if TYPE_CHECKING:  # torch where a model is built: a check remembered (``memo``) needs none
+    from torch import nn
+
+__all__ = ["Facts", "build_model", "check", "count_parameters",
            "describe", "facts", "parameter_count", "shapes_only", "torchvision_names"]
 
 
@@ -42,6 +41,8 @@ def shapes_only(spec: ModelSpec, num_classes: int) -> tuple[nn.Module, bool]:
     """The model built on the meta device (shapes, nothing allocated), or, where its
     maker cannot build there (torchvision's regnets compute with tensors), on the CPU.
     Returns (model, on meta)."""
+    import torch
+
     maker(spec)  # an unknown name, file or function is refused here
     try:
         with torch.device("meta"):
@@ -54,6 +55,8 @@ def shapes_only(spec: ModelSpec, num_classes: int) -> tuple[nn.Module, bool]:
 
 def _forward(model: nn.Module, size: int, meta: bool, train: bool = False):
     """One forward pass of 2 images of ``size`` px (the output, or the error it raised)."""
+    import torch
+
     x = torch.empty(2, 3, size, size, device="meta" if meta else "cpu")
     model.train(train)
     try:
@@ -129,6 +132,10 @@ def check(spec: ModelSpec, num_classes: int, image_size: int,
     if [image_size, checkpointed] in memo.recalled(spec, num_classes).get("checked", []):
         _built_for_real(spec, num_classes, found)  # the memory free now
         return
+    import torch
+
+    from ddlstudy.models.checkpointing import checkpoint_blocks
+
     model, meta = shapes_only(spec, num_classes)
     out = _forward(model, image_size, meta, train=True)
     if isinstance(out, Exception) and meta:  # a forward that needs real values (.item())

@@ -21,17 +21,16 @@ from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
 from types import ModuleType
-from typing import Any
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 from ddlstudy import signals
 from ddlstudy.config import ModelSpec
 from ddlstudy.config.usecase import FACTORY, TIMM
 from ddlstudy.errors import ConfigError
-from ddlstudy.models.paper import build_paper
 from ddlstudy.reading import CAPS, read_bytes
+
+if TYPE_CHECKING:  # torch is imported where a model is made, not to name one or check it
+    from torch import nn
 
 log = logging.getLogger("ddlstudy")
 FLAG = "--model"
@@ -83,6 +82,8 @@ def _within_limit(make: Callable[..., nn.Module], spec: ModelSpec, num_classes: 
     which stops the wait even where the maker swallows every exception or ignores
     signals, or else for ``BUILD_LIMIT_S``; a maker past it is refused (its thread is
     left, asleep or spinning, a daemon)."""
+    import torch
+
     device, done = torch.get_default_device(), []
 
     def build() -> None:
@@ -196,6 +197,8 @@ def maker(spec: ModelSpec) -> Callable[[int], nn.Module]:
                           f"path/to/file.py:FUNCTION or package.module:FUNCTION, FUNCTION a "
                           f"Python name (the function that builds the network)")
     if kind == "paper":
+        from ddlstudy.models.paper import build_paper
+
         return lambda num_classes: build_paper(spec, num_classes)
     if kind == "torchvision":
         return _torchvision(str(spec.arch))
@@ -208,6 +211,8 @@ def maker(spec: ModelSpec) -> Callable[[int], nn.Module]:
 def made(spec: ModelSpec, num_classes: int) -> nn.Module:
     """The model, checked to be an ``nn.Module`` (a factory of one's own may return
     anything, or raise)."""
+    from torch import nn
+
     make = maker(spec)
     try:
         with _staying(f"{spec.arch}(num_classes={num_classes})"):

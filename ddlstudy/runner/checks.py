@@ -13,11 +13,10 @@ from ddlstudy.backends import REGISTRY as BACKENDS
 from ddlstudy.backends import get_backend
 from ddlstudy.config import Effective, RunConfig, checked
 from ddlstudy.config.folders import usecase_key
+from ddlstudy.data import planned_steps
 from ddlstudy.errors import ConfigError, Unavailable
 from ddlstudy.models.sources import named
-from ddlstudy.models.trained import check_weights
 from ddlstudy.strategies import REGISTRY, get_strategy
-from ddlstudy.training import recipe
 
 log = logging.getLogger("ddlstudy")
 
@@ -29,6 +28,8 @@ def _recipe_checked(train, lr: float | None, device: str, steps: int) -> None:
     nothing (the parent of a run's processes, MPI's launcher)."""
     key = [dataclasses.asdict(train), lr, device, steps, metadata.version("torch")]
     if not checked.recalled("recipes", key):
+        from ddlstudy.training import recipe  # torch, only where no record says
+
         recipe.check(train, lr, device, steps)
         checked.keep("recipes", key, passed=True)
 
@@ -52,6 +53,8 @@ def preflight(cfg: RunConfig, resuming: bool = False) -> RunConfig:
     with named("--model" if cfg.model is not None else usecase_key(uc, "model.arch")):
         models.check(uc.model, len(uc.classes), uc.train.image_size, cfg.checkpoint_activations)
         if cfg.init_weights is not None:
+            from ddlstudy.models.trained import check_weights  # torch
+
             check_weights(uc.model, len(uc.classes), cfg.init_weights)
     if (cfg.nodes or 1) > 1 and not backend.multi_node:
         several = [name for name, cls in BACKENDS.loaded().items() if cls.multi_node]
@@ -61,7 +64,7 @@ def preflight(cfg: RunConfig, resuming: bool = False) -> RunConfig:
     strategy.check_options(cfg)
     strategy.check(cfg)
     _recipe_checked(uc.train, cfg.lr, strategy.layout(cfg).device_type,
-                    recipe.planned_steps(cfg))
+                    planned_steps(cfg))
     exact = [name for name, cls in REGISTRY.loaded().items() if cls.resumable]
     if (resuming or cfg.snapshot_every) and not strategy.resumable:
         flag = "--resume" if resuming else "--snapshot-every"

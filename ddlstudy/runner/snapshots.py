@@ -10,7 +10,6 @@ from typing import Any
 
 from ddlstudy.config import UseCase
 from ddlstudy.errors import UsageError
-from ddlstudy.models.trained import misfit
 from ddlstudy.reading import BadFile, check_regular
 from ddlstudy.records.runfolder import SNAPSHOT
 
@@ -80,5 +79,7 @@ def _shape(snap: dict) -> str | None:
 
 def _fits(state: dict, usecase: UseCase) -> str | None:
     """Whether the weights fit the use case's model (``models.trained.misfit``)."""
+    from ddlstudy.models.trained import misfit  # torch, as load_snapshot
+
     problem = misfit(usecase.model, len(usecase.classes), state)
     return f"its weights do not fit {problem}" if problem else None

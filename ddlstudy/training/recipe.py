@@ -18,9 +18,8 @@ from typing import Any
 import torch
 from torch.optim import lr_scheduler
 
-from ddlstudy.config import RunConfig, TrainSpec
+from ddlstudy.config import TrainSpec
 from ddlstudy.config.recipe import SGD
-from ddlstudy.data import planned_train_images
 from ddlstudy.errors import ConfigError
 from ddlstudy.training.signature import fits, hints, takes
 
@@ -199,17 +198,6 @@ def _made(key: str, name: str, make: Any, args: dict[str, Any], when: str = "") 
         where = f"{key}.{named}" if named else key
         raise ConfigError(where, f"{name} refuses {'it' if named else 'them'}{when}: "
                           f"{first}") from None
-
-
-def planned_steps(cfg: RunConfig) -> int | None:
-    """The optimizer steps of each of the run's epochs (``Trainer.steps_per_epoch``: one a
-    global batch, the last one short, at most --max-steps), known before its data is
-    prepared; None where its images cannot be counted yet."""
-    images = planned_train_images(cfg)
-    if images is None:
-        return None
-    steps = math.ceil(images / cfg.global_batch)
-    return min(steps, cfg.max_steps) if cfg.max_steps else steps
 
 
 def check(train: TrainSpec, lr: float | None = None, device: str = "cpu",

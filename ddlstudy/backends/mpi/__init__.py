@@ -19,21 +19,22 @@ import os
 import socket
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
 from ddlstudy import signals, wire
 from ddlstudy.backends.base import Backend, Environment, register
-from ddlstudy.backends.mpi import launch, messages, node, nodes
+from ddlstudy.backends.mpi import launch, messages
 from ddlstudy.config import RunConfig
 from ddlstudy.errors import ConfigError, Unavailable, UsageError
 from ddlstudy.machine import environment
 from ddlstudy.records.runfolder import MANIFEST, RunFolder
 from ddlstudy.reducers import AUTO
 from ddlstudy.strategies import Strategy, get_strategy
-from ddlstudy.training import Job
-from ddlstudy.training.distributed import first_found
+
+if TYPE_CHECKING:  # the launcher (``--nodes N`` from a shell) trains nothing: no torch
+    from ddlstudy.training import Job
 
 DEATH_WAIT_S = 1.0
 """How long a rank whose MPI call failed waits to see a neighbour's death (its sockets
@@ -88,6 +89,8 @@ class MpiEnvironment(Environment):
 
         if not isinstance(exc, MPI.Exception):
             return None
+        from ddlstudy.training.distributed import first_found
+
         return first_found(lambda: next((f"MPI rank {rank} (PID {pid}) died" for rank, pid
                                          in sorted(self.neighbours.items())
                                          if not _alive(pid)), None), DEATH_WAIT_S)
@@ -181,6 +184,8 @@ class Mpi(Backend):
 
     def describe(self, cfg: RunConfig) -> dict[str, Any]:
         # What the nodes run: auto's choice by name (the reports compare reducers).
+        from ddlstudy.backends.mpi import node
+
         return super().describe(cfg) | {"reduce": node.reducer_name(cfg, self.nodes(cfg))} | (
             {"reduce_asked": cfg.reduce} if cfg.reduce == AUTO else {})
 
@@ -218,5 +223,7 @@ class Mpi(Backend):
         # The node's processes, threads and replicas as its strategy lays them out.
         strategy = get_strategy(job.cfg.strategy)
         layout = strategy.layout(job.cfg)
+        from ddlstudy.backends.mpi import node, nodes
+
         fit = nodes.fit if layout.processes > 1 else node.fit
         return fit(job, env.comm, strategy, layout)

@@ -26,16 +26,25 @@ whole barrier stage; the attempt number is recorded in the manifest and the log.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ddlstudy.backends.base import Backend, Environment, register
-from ddlstudy.backends.spark import driver
 from ddlstudy.config import RunConfig
 from ddlstudy.errors import Unavailable
 from ddlstudy.machine import environment
 from ddlstudy.machine.sparkjvm import is_local
 from ddlstudy.strategies import Strategy
-from ddlstudy.training import Job
+
+if TYPE_CHECKING:
+    from ddlstudy.training import Job
+
+
+def _driver():
+    """The driver (``driver``), imported where a Spark run is checked or run: it imports
+    torch, which a process that names the backends alone (MPI's launcher) need not."""
+    from ddlstudy.backends.spark import driver
+
+    return driver
 
 
 @register
@@ -54,7 +63,7 @@ class Spark(Backend):
         return {"launcher": "spark", "java": environment.java_version()}
 
     def check(self, cfg: RunConfig, strategy: Strategy, resuming: bool) -> None:
-        driver.check(cfg)
+        _driver().check(cfg)
         layout = strategy.layout(cfg)
         if layout.device_type == "cuda":
             raise Unavailable("--strategy", f"Spark's tasks train on the CPU here, and "
@@ -72,11 +81,11 @@ class Spark(Backend):
                               "a failed stage itself); use --backend mpi")
 
     def nodes(self, cfg: RunConfig) -> int:
-        return driver.nodes(cfg)
+        return _driver().nodes(cfg)
 
     def describe(self, cfg: RunConfig) -> dict[str, Any]:
-        return driver.describe(cfg)
+        return _driver().describe(cfg)
 
     def fit(self, job: Job, env: Environment) -> list[dict]:
-        driver.fit(job)  # the tasks write their own samples into the run folder
+        _driver().fit(job)  # the tasks write their own samples into the run folder
         return []
