@@ -489,6 +489,8 @@ def _held(runs: Path, cells: list[dict]) -> list[int]:
         for cell in cells:
             manifest = _manifest(runs / cell["run"])
             if cell["run"] not in held and manifest and manifest["epochs"]:
+                assert manifest["status"] == "running", \
+                    f"{cell['run']} ended before it could be held: its epochs are too short"
                 os.kill(manifest["pid"], signal.SIGSTOP)
                 held[cell["run"]] = manifest["pid"]
         return len(held) == len(cells)
@@ -516,8 +518,10 @@ def test_a_requeued_or_warned_cell_ends_as_an_uninterrupted_one(slurm, tmp_path,
                  'strategy = "sequential"\nsnapshot_every = 2',
                  'strategy = "sequential"\nno_snapshot = true',
                  'strategy = "sequential"\nsnapshot_every = 4')
+    # 10 steps an epoch: 6-7 s between a run's first epoch and its end on a quiet host, in
+    # which _held stops it (5 were 3 s, which a busy host's poll missed: the run ended first)
     plan.write_text(plan.read_text().replace("epochs = 1\nmax_steps = 3\n", "epochs = 8\n"
-                                             "max_steps = 5\n").replace(
+                                             "max_steps = 10\n").replace(
         "no_snapshot = true\nsample_hz", "sample_hz"))
     ddlstudy("study", str(plan), "--submit", "slurm", "--time", "10:00", "--warn-before",
              "120", env=slurm)
