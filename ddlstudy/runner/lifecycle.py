@@ -204,7 +204,7 @@ def run(cfg: RunConfig, show_progress: bool = True,
 
 
 def _run(cfg: RunConfig, show_progress: bool, resume: Path | None) -> RunFolder | None:
-    from ddlstudy.training import Job  # torch: imported by a process that trains alone
+    from ddlstudy.training import Job  # torch: only a process that trains comes here
 
     strategy, backend = get_strategy(cfg.strategy), get_backend(cfg.backend)
     env = backend.environment(cfg)
