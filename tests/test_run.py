@@ -2,6 +2,7 @@
 
 import json
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import torch
 from ddlstudy.config import RunConfig, with_overrides
 from ddlstudy.errors import ConfigError
 from ddlstudy.machine.sampler import COLUMNS
-from ddlstudy.records.runfolder import MANIFEST, METRICS, SAMPLES, SNAPSHOT
+from ddlstudy.records.runfolder import MANIFEST, METRICS, SAMPLES, SNAPSHOT, STEPS, RunFolder
 from ddlstudy.report import config_label
 from ddlstudy.runner import resolve, run
 
@@ -145,6 +146,35 @@ def test_sigterm_leaves_an_interrupted_manifest(tmp_path, datasets_dir):
     assert "Traceback" not in out
     assert not list(runs.glob("*/.*tmp*"))  # no temporary file left
     torch.load(next(runs.glob(f"*/{SNAPSHOT}")), weights_only=True)  # last snapshot loads
+
+
+def test_a_workers_copy_writes_nothing_over_a_run_its_process_closed(tmp_path):
+    """A Spark task's rank 0 writes each epoch, its steps and its snapshot from its own copy
+    of the run folder. Once the run's own process has closed the run (a Ctrl-C: status
+    interrupted), a task still training writes none of them: the run reads as
+    interrupted, with the epochs and snapshot it closed with. Until then the worker's
+    records are written, and the run's own process writes whatever the status."""
+    folder = RunFolder.create(tmp_path, "r1", {"usecase": "tiny"})
+    worker = pickle.loads(pickle.dumps(folder))  # as a task receives it
+    epoch = {"train_loss": 1.0, "epoch_time_s": 0.5}
+    worker.record_epoch({"epoch": 1} | epoch)
+    worker.record_steps([(1, 1, 1.0, 16, 0.2)])
+    worker.save_snapshot({"epoch": 1})
+    folder.reload_epochs()
+    folder.finish("interrupted", 130, "interrupted by SIGINT (Ctrl-C)")
+    worker.record_epoch({"epoch": 2} | epoch)
+    worker.record_steps([(2, 1, 0.9, 16, 0.2)])
+    worker.save_snapshot({"epoch": 2})
+    worker.write_manifest()
+    written = json.loads((folder.path / MANIFEST).read_text())
+    assert written["status"] == "interrupted" and written["exit_code"] == 130
+    assert [e["epoch"] for e in written["epochs"]] == [1]
+    assert pd.read_csv(folder.path / METRICS)["epoch"].tolist() == [1]
+    assert pd.read_csv(folder.path / STEPS)["epoch"].tolist() == [1]
+    assert torch.load(folder.path / SNAPSHOT, weights_only=True) == {"epoch": 1}
+    folder.manifest["note"] = "the run's own"
+    folder.write_manifest()
+    assert json.loads((folder.path / MANIFEST).read_text())["note"] == "the run's own"
 
 
 def test_a_process_start_is_read_on_the_wall_clock():

@@ -15,13 +15,15 @@ import logging
 import os
 import shutil
 import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import psutil
 
 from ddlstudy.errors import UsageError
-from ddlstudy.files import WriteFailed, atomic_write, atomic_write_json, atomic_write_text
+from ddlstudy.files import WriteFailed, atomic_write, atomic_write_json, atomic_write_text, turn
 from ddlstudy.machine.sampler import TREE_ROOT_ENV, read_samples, samples_frame, write_rows
 from ddlstudy.reading import read_json, read_text
 from ddlstudy.records.runid import CHILD_ENV as CHILD_ENV  # where others read them
@@ -184,6 +186,14 @@ def _alive(pid: int, manifest: dict[str, Any]) -> bool:
         return False
 
 
+def _closed(manifest: Path) -> bool:
+    """Whether the run whose ``manifest`` this is has ended as written (not running)."""
+    try:
+        return read_json(manifest, "run manifest").get("status") != "running"
+    except (UsageError, AttributeError):
+        return False
+
+
 def now_iso() -> str:
     return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")
 
@@ -221,8 +231,35 @@ class RunFolder:
     def open(cls, path: Path) -> RunFolder:
         return cls(Path(path), _load(Path(path) / MANIFEST))  # as written: it writes it
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """A copy of the folder in another process (a Spark task's, a spawned rank's): a
+        worker's, which writes epochs while the run trains (``write_manifest``)."""
+        self.__dict__.update(state, worker=True)
+
+    @contextmanager
+    def _writing(self) -> Iterator[bool]:
+        """In the folder's turn: whether this process may write the run's records. A
+        worker's copy may not once the run's own process has closed the run (its status on
+        disk no longer running): a Spark task still training after a Ctrl-C (its Python
+        worker ends some time after the driver) wrote its next epoch over the interrupted
+        manifest, and the run read as running for good. What it would have written (an
+        epoch, its steps, a snapshot) is left out whole: a resume goes on from the last
+        snapshot the run closed with."""
+        if not self.path.is_dir():  # gone: the write itself says so
+            yield True
+            return
+        with turn(self.path):
+            closed = self.__dict__.get("worker", False) and _closed(self.path / MANIFEST)
+            if closed:
+                log.info("%s: closed by its run's process; this worker writes no more",
+                         self.path.name)
+            yield not closed
+
     def write_manifest(self) -> None:
-        atomic_write_json(self.path / MANIFEST, self.manifest, allow_nan=True, default=str)
+        with self._writing() as allowed:
+            if allowed:
+                atomic_write_json(self.path / MANIFEST, self.manifest, allow_nan=True,
+                                  default=str)
 
     def record_epoch(self, result: dict[str, Any], confusion: list | None = None) -> None:
         """Append an epoch's record, with ``elapsed_s``: the training and validation time
@@ -234,15 +271,21 @@ class RunFolder:
             self.manifest[CONFUSION] = {"epoch": result["epoch"], "counts": confusion}
         before = done[-1].get("elapsed_s", 0.0) if done else 0.0
         done.append(result | {"elapsed_s": before + result["epoch_time_s"]})
-        self._write_metrics()
-        self.write_manifest()
+        with self._writing() as allowed:
+            if not allowed:
+                return
+            self._write_metrics()
+            self.write_manifest()
         tell(self.manifest, "epoch", done[-1])  # --mlflow: logged
 
     def record_steps(self, steps: list[tuple[int, int, float, int, float]]) -> None:
         """Append rank 0's steps of an epoch to steps.csv: (epoch, step, mean loss, images,
         seconds) each, numbered on from the last step recorded (``global_step``)."""
-        if not steps:
-            return
+        with self._writing() as allowed:
+            if steps and allowed:
+                self._append_steps(steps)
+
+    def _append_steps(self, steps: list[tuple[int, int, float, int, float]]) -> None:
         if getattr(self, "_last_step", None) is None:  # read once (a resumed run's file)
             kept = self._steps()
             self._last_step = int(kept[-1]["global_step"]) if kept else 0
@@ -343,7 +386,9 @@ class RunFolder:
     def save_snapshot(self, state: dict[str, Any]) -> None:
         import torch
 
-        atomic_write(self.path / SNAPSHOT, lambda f: torch.save(state, f))
+        with self._writing() as allowed:
+            if allowed:
+                atomic_write(self.path / SNAPSHOT, lambda f: torch.save(state, f))
 
     def reload_epochs(self) -> None:
         """Take the epochs (and the time to the first step, the gradients' transport, what
