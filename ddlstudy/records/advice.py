@@ -41,6 +41,10 @@ class Recommendation(Record):
     """A node's memory as predicted: what it is held to (concepts: a node's memory)."""
     predicted_peak_process_bytes: Bytes | None = None
     """Its largest process's resident peak as predicted."""
+    memory_basis: Literal["probe", "model"] | None = None
+    """Where both memory figures come from: probe, its own probe's measured peaks, raised
+    by what writing a snapshot adds (a probe writes none); model, the baseline's probe
+    scaled by its strategy's footprint (a configuration not probed)."""
     not_predicted: list[str] | None = None
     """What its figures leave out, in words."""
 

@@ -68,9 +68,10 @@ class Footprint:
     gathers: tuple[float, float] = (0.0, 0.0)
     """Whole copies of (the parameters, the optimizer state) its snapshot's writer (rank
     0) gathers beside its own shards as it writes snapshot.pt after an epoch: FSDP2's and
-    tensor parallel's full state dict (1, 1), ZeRO-1's consolidated optimizer state
-    (0, 1). On tiny-full (AlexNet, 57 M weights, AdamW), tensor's rank 0 peaked at
-    1,609 MiB in a run that wrote snapshots, 1,077 MiB in its probe, which writes none."""
+    tensor parallel's full state dict (1, 1), ZeRO-1's other ranks' shards of the
+    optimizer state (0, (k - 1) / k). On tiny-full (AlexNet, 57 M weights, AdamW),
+    tensor's rank 0 peaked at 1,609 MiB in a run that wrote snapshots, 1,077 MiB in its
+    probe, which writes none."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -191,9 +191,9 @@ class Zero(_Sharding):
 
     def footprint(self, cfg: RunConfig) -> Footprint:
         """A whole replica in each process, the optimizer state cut in k shards (whole on
-        rank 0 as it writes a snapshot)."""
+        rank 0 as it writes a snapshot: the other ranks' k - 1 shards beside its own)."""
         k = self.workers(cfg)
-        return Footprint(k, k, 1.0, gathers=(0.0, 1.0))
+        return Footprint(k, k, 1.0, gathers=(0.0, (k - 1) / k))
 
     def check(self, cfg: RunConfig) -> None:
         _Sharding.check(self, cfg)

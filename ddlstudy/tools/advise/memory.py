@@ -98,6 +98,15 @@ def predict(fp: Footprint, base: Split, node_batch: int) -> int:
     return round(max(training, training - activations + gathered))
 
 
+def snapshot_more(fp: Footprint, base: Split, node_batch: int) -> tuple[int, int]:
+    """What writing a snapshot adds to a node's peak and to its writer's (bytes; 0 where
+    the writer gathers less than it frees of activations): what a probe's measured peaks
+    leave out, a probe writing none."""
+    _, activations, gathered = _parts(fp, base, node_batch)
+    return (round(max(0.0, gathered - activations)),
+            round(max(0.0, gathered - activations / fp.processes)))
+
+
 def need(fp: Footprint, base: Split, node_batch: int) -> int:
     """What a node needs of its memory, as ``records.runfolder.node_bytes`` measures it:
     ``predict``'s peaks of its processes, less the files' pages each maps (torch's

@@ -24,7 +24,7 @@ SCALING_EFFICIENCY = ("scaling efficiency: images/s / (nodes x the fastest one-n
 CSV_COLUMNS = ["rank", "list", "label", "nodes", "images_per_s", "low", "high", "basis",
                "noisy", "speedup", "scaling_efficiency", "time_to_target_s",
                "convergence", "predicted_peak_node_bytes", "predicted_need_node_bytes",
-               "measured_peak_node_bytes",
+               "measured_peak_node_bytes", "memory_basis",
                "runnable", "command"]
 """``advise --format csv``: a row a ranked configuration."""
 
