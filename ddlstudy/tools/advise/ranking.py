@@ -235,17 +235,18 @@ def _probed_memory(c: Candidate, probe: Candidate | None,
     """A probed configuration's node need and largest process as its own probe measured
     them, each raised by what writing a snapshot adds (``snapshot_more``: a probe writes
     none); None where it was not probed or recorded no memory. Its probe measures what the
-    baseline's parts scale only roughly: on an own ResNet, cpu-processes' node measured
-    -2.7 % from its run, scaled from the baseline -10.5 %; the pipelines' stages 0 % and
-    -4 %, scaled -6 % to +6 %."""
+    baseline's parts scale only roughly: on an own ResNet, cpu-processes' node as its
+    probe measured it was 2.7 % under its run's, as scaled from the baseline 10.5 %
+    under; the pipelines' on tiny, tiny-resnet and tiny-full 0 to -4 % as probed, -7 to
+    +6 % as scaled."""
     if probe is None or not probe.memory or c.split is None or c.footprint is None:
         return None
     node = probe.measured_peak()
     process = memory_of({"backend": {"memory": probe.memory}})["peak_process_bytes"]
     if node is None or process is None:
         return None
-    more_node, more_process = snapshot_more(c.footprint, c.split, node_batch)
-    return node + more_node, process + more_process
+    more = snapshot_more(c.footprint, c.split, node_batch)
+    return node + more, process + more
 
 
 def unpredicted(c: Candidate) -> list[str]:
