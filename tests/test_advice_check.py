@@ -145,7 +145,8 @@ def test_spearman_and_the_rows_a_check_spreads_over_a_ranking():
 
 def test_a_node_s_memory_is_one_figure():
     """The cgroup's charge where the host had one; else the processes' peaks less the
-    files' pages each maps, shared memory once; MPI nodes sharing a host divide it."""
+    files' pages each maps (the most it had, set up or at the end), shared memory once;
+    MPI nodes sharing a host divide it."""
     rank = {"rank": 0, "host": "h", "peak_rss_bytes": 900 * MIB, "setup_file_bytes": 300 * MIB,
             "shmem_bytes": 40 * MIB, "shmem_pss_bytes": 20 * MIB, "held_bytes": {}}
     memory = {"per_rank": [rank, rank | {"rank": 1}], "per_host_bytes": {"h": 1800 * MIB}}
@@ -161,6 +162,10 @@ def test_a_node_s_memory_is_one_figure():
     assert node_bytes(older) == 900 * MIB  # recorded before the files' pages were
     manifest = {"backend": {"nodes": 2, "memory": memory}}
     assert memory_of(manifest)["peak_node_bytes"] == (900 - 40 + 20 - 300) * MIB
+    # forked from a warm server, a process maps its libraries as it first runs them: 32
+    # MiB of files' pages once set up, 106 at the end, all of them the node's once
+    forked = {"per_rank": [rank | {"setup_file_bytes": 32 * MIB, "end_file_bytes": 106 * MIB}]}
+    assert node_bytes(forked) == (900 - 40 + 20 - 106) * MIB
 
 
 def test_a_study_s_added_baseline_is_local_and_sequential():

@@ -18,6 +18,7 @@ from ddlstudy.records.runfolder import node_bytes as measured
 from ddlstudy.report import load_runs
 from ddlstudy.strategies.base import Footprint
 from ddlstudy.tools import advise
+from ddlstudy.tools.advise.memory import split
 from ddlstudy.tools.predict import Cost, measure_sizes
 
 WHY_NOT = hosts.can_emulate()
@@ -187,6 +188,17 @@ def test_a_node_needs_its_own_pages_not_the_libraries_it_maps(tmp_path):
     record = processes.record()
     assert (record["predicted_peak_node_bytes"], record["predicted_need_node_bytes"]) == (
         1900 * MIB, 1300 * MIB)
+
+
+def test_the_libraries_a_forked_baseline_maps_while_training_are_its_process_s():
+    """Forked from a warm server, the baseline's probe had 32 MiB of its libraries' pages
+    once set up and 100 at its end: the 68 it mapped while training are its process's
+    rest (every process maps them), not its batch's activations, and a node holds all 100
+    once."""
+    memory = _baseline_memory(1000, 700, 100, 100, shared=32)
+    memory["per_rank"][0]["end_file_bytes"] = 100 * MIB
+    parts = split(memory, 16)
+    assert (parts.rest, parts.activations, parts.shared) == (668 * MIB, 32 * MIB, 100 * MIB)
 
 
 def test_an_mpi_probe_s_measured_peak_is_its_node_s_share_of_the_host():

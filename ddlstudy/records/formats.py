@@ -118,7 +118,7 @@ RankMemory = create_model(  # held_bytes: its own tensors' (a sharded strategy's
     "RankMemory", __base__=_Record, __doc__="A process's memory while training.",
     rank=(Count, ...), host=(str, ...), peak_rss_bytes=(Bytes, ...), peak_method=(str, ...),
     held_bytes=(dict[str, Bytes], ...), **{k: (Bytes | None, None) for k in (
-        "setup_rss_bytes", "setup_file_bytes", "gpu_max_allocated_bytes",
+        "setup_rss_bytes", "setup_file_bytes", "end_file_bytes", "gpu_max_allocated_bytes",
         "gpu_max_reserved_bytes", "shmem_bytes", "shmem_pss_bytes")})
 Memory = create_model(  # training.worker.record_memory; hosts: hosts up --memory's cgroups
     "Memory", __base__=_Record, __doc__="What each process held (concepts: memory).",

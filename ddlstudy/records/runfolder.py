@@ -112,12 +112,21 @@ def _host_bytes(memory: dict[str, Any]) -> dict[str, int]:
                      for k in ("peak_rss_bytes", "setup_file_bytes")):
         out: dict[str, int] = {}
         for r in ranks:
-            mine = max(node_share(r) - r["setup_file_bytes"], 0)
+            mine = max(node_share(r) - files_bytes(r), 0)
             out[str(r.get("host"))] = out.get(str(r.get("host")), 0) + mine
         return out
     hosts = memory.get("per_host_bytes")
     return {h: v for h, v in hosts.items() if _size(v) is not None} \
         if isinstance(hosts, dict) else {}
+
+
+def files_bytes(row: dict) -> int:
+    """A process's files' pages (its libraries', which the node holds once): the most it
+    had resident once set up or at the end. A process forked from a warm server (a study's
+    cell, an advise probe) maps them as it first touches them: own's baseline had 32 MiB
+    of them once set up and its peak grew with the library code each epoch first ran,
+    where a process of its own had its 311 from its imports."""
+    return max(row.get("setup_file_bytes") or 0, _size(row.get("end_file_bytes")) or 0)
 
 
 def node_share(row: dict) -> int:

@@ -161,14 +161,20 @@ def record(peak_method: str, model: nn.Module, optimizer: torch.optim.Optimizer,
            device: torch.device | None = None, activations: int | None = None) -> dict:
     """This process's figures: its peak, how it was measured, what it holds, and what it
     held resident once set up (``setup_rss``: before its first step made gradients,
-    optimizer state and activations; ``setup_shared``: of which files' pages); on a GPU
+    optimizer state and activations; ``setup_shared``: of which files' pages; and the
+    files' pages resident at the end, ``end_file_bytes``: a process forked from a warm
+    server maps its libraries' pages as it first touches them, 32 MiB of them once set up
+    and some 300 by the end of a run, where a process of its own has them from its
+    imports); on a GPU
     ``device``, its allocator's peaks since ``reset_peak`` beside them; ``activations``:
     what its first step saved for backward (``SavedForBackward``), among what it holds."""
     gpu = {"gpu_max_allocated_bytes": torch.cuda.max_memory_allocated(device),
            "gpu_max_reserved_bytes": torch.cuda.max_memory_reserved(device)} \
         if device is not None and device.type == "cuda" else {}
     holds = held(model, optimizer) | ({"activations": activations} if activations else {})
+    files = shared_resident()
     return {"peak_rss_bytes": peak_rss(), "peak_method": peak_method,
             "held_bytes": holds} | shared_memory() | gpu | (
+        {"end_file_bytes": files} if files is not None else {}) | (
         {"setup_rss_bytes": setup_rss} if setup_rss is not None else {}) | (
         {"setup_file_bytes": setup_shared} if setup_shared is not None else {})

@@ -118,7 +118,7 @@ def record_memory(job: Job, link: Link, mine: dict) -> None:
                 "bound: the processes need not peak at once); held_bytes: counted from the "
                 "process's own tensors; setup_rss_bytes: resident once set up, before the "
                 "first step (of which setup_file_bytes are files' pages, shared with the "
-                "node's other processes)"})
+                "node's other processes; end_file_bytes: the files' pages at the end)"})
 
 
 def same_buffers(buffers: list[torch.Tensor], link: Link) -> None:

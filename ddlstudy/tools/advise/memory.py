@@ -24,6 +24,7 @@ from typing import Any
 
 from ddlstudy.config import ModelSpec
 from ddlstudy.models import shapes_only
+from ddlstudy.records.runfolder import files_bytes
 from ddlstudy.strategies.base import Footprint
 from ddlstudy.training.sharding import linear_pairs
 
@@ -63,10 +64,13 @@ def split(memory: dict[str, Any], batch: int, linear: float = 0.0) -> Split | No
     held, peak, setup = rank["held_bytes"], rank["peak_rss_bytes"], rank["setup_rss_bytes"]
     model = held["parameters"] + held["buffers"] + held["gradients"]
     static = held["parameters"] + held["buffers"]
-    return Split(rest=max(setup - static, 0), model=model, states=held["optimizer_state"],
-                 activations=max(peak - setup - held["gradients"] - held["optimizer_state"],
-                                 0), batch=batch, linear=linear,
-                 shared=rank.get("setup_file_bytes") or 0, parameters=held["parameters"])
+    files = files_bytes(rank)  # those it mapped while training are a process's, not a batch's
+    later = files - (rank.get("setup_file_bytes") or 0)
+    return Split(rest=max(setup - static + later, 0), model=model,
+                 states=held["optimizer_state"],
+                 activations=max(peak - setup - later - held["gradients"]
+                                 - held["optimizer_state"], 0), batch=batch, linear=linear,
+                 shared=files, parameters=held["parameters"])
 
 
 def linear_share(spec: ModelSpec, classes: int) -> float:
