@@ -121,11 +121,12 @@ def _host_bytes(memory: dict[str, Any]) -> dict[str, int]:
 
 
 def files_bytes(row: dict) -> int:
-    """A process's files' pages (its libraries', which the node holds once): the most it
-    had resident once set up or at the end. A process forked from a warm server (a study's
-    cell, an advise probe) maps them as it first touches them: own's baseline had 32 MiB
-    of them once set up and its peak grew with the library code each epoch first ran,
-    where a process of its own had its 311 from its imports."""
+    """A process's files' pages, which its node holds once and the kernel can drop before
+    it kills (clean pages of its libraries and of the data set's decoded cache): the most
+    it had resident once set up or at the end. A process forked from a warm server (a
+    study's cell, an advise probe) maps them as it first touches them: own's baseline had
+    32 MiB of them once set up and 106 at the end (libraries 57, the 224 px cache the
+    rest), where a process of its own had its libraries' 311 from its imports."""
     return max(row.get("setup_file_bytes") or 0, _size(row.get("end_file_bytes")) or 0)
 
 

@@ -26,7 +26,7 @@ from ddlstudy.backends import Backend, Environment, get_backend
 from ddlstudy.config import TARGET_METRICS, RunConfig, UseCase
 from ddlstudy.data import DataPlan, prepare_data
 from ddlstudy.errors import UsageError
-from ddlstudy.files import WriteFailed, atomic_write_text, sweep_temporaries
+from ddlstudy.files import WriteFailed, atomic_write_text, sweep_temporaries, turn
 from ddlstudy.machine import environment
 from ddlstudy.machine.sampler import NOISY_CORES, OthersLoad, ResourceSampler, others_cores
 from ddlstudy.models.sources import sha256_of
@@ -263,7 +263,16 @@ def _close(cfg: RunConfig, backend: Backend, folder: RunFolder, outcome: Outcome
     """Node 0's run folder at the end: the samples of every node, the host's load, the
     final status and what it measured; TensorBoard's scalars where asked. Samples a full
     disk cannot take fail the run, recorded in its (far smaller) manifest. A training that
-    returned early at its stop file (``watched``) is ``interrupted``, exit code 75."""
+    returned early at its stop file (``watched``) is ``interrupted``, exit code 75. In
+    the folder's turn throughout: a worker still training (a Spark task after a Ctrl-C)
+    writes its next epoch before the epochs are read or not at all
+    (``RunFolder._writing``)."""
+    with turn(folder.path):
+        return _ending(cfg, backend, folder, outcome, rows, load, watched)
+
+
+def _ending(cfg: RunConfig, backend: Backend, folder: RunFolder, outcome: Outcome,
+            rows: list[dict], load: OthersLoad, watched: str | None) -> Outcome:
     folder.reload_epochs()
     stopped = stopped_early(watched, folder, cfg)
     if outcome.exit_code == 0 and stopped:

@@ -137,7 +137,9 @@ def zero_states(model: nn.Module, optimizer: ZeroRedundancyOptimizer,
             optimizer.consolidate_state_dict(to=0)
         else:
             _consolidate(optimizer)
-        return optimizer.state_dict() if dist.get_rank() == 0 else {}
+        state = optimizer.state_dict() if dist.get_rank() == 0 else {}
+        optimizer._all_state_dicts = []  # the shards held until written, not after
+        return state
 
     def load(model_state: dict, optimizer_state: dict) -> None:
         model.load_state_dict(model_state)
@@ -156,6 +158,7 @@ def _consolidate(optimizer: ZeroRedundancyOptimizer) -> None:
     ZeRO's spans (its shared-memory group has no point-to-point). Rank 0 then holds every
     shard where torch's consolidation leaves them (``_all_state_dicts``, which the
     optimizer's ``state_dict`` reads)."""
+    optimizer._all_state_dicts = []  # the last snapshot's, not held beside the new
     optimizer._sync_param_groups(optimizer.param_groups, optimizer.optim.param_groups)
     local = optimizer.optim.state_dict()
     if dist.get_rank() != 0:
