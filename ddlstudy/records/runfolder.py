@@ -28,7 +28,6 @@ from ddlstudy.machine.sampler import TREE_ROOT_ENV, read_samples, samples_frame,
 from ddlstudy.reading import read_json, read_text
 from ddlstudy.records.memory import GIB as GIB  # where others read them
 from ddlstudy.records.memory import MEMORY as MEMORY
-from ddlstudy.records.memory import files_bytes as files_bytes
 from ddlstudy.records.memory import memory_of as memory_of
 from ddlstudy.records.memory import node_bytes as node_bytes
 from ddlstudy.records.memory import node_share as node_share

@@ -24,7 +24,7 @@ from typing import Any
 
 from ddlstudy.config import ModelSpec
 from ddlstudy.models import shapes_only
-from ddlstudy.records.runfolder import files_bytes
+from ddlstudy.records.memory import files_bytes
 from ddlstudy.strategies.base import Footprint
 from ddlstudy.training.sharding import linear_pairs
 
