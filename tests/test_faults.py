@@ -366,3 +366,20 @@ def test_a_finished_rank_ends_before_the_interpreter_teardown(tmp_path):
         pass
     assert [p.exitcode for p in context.processes] == [0, 0]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rank.0", "rank.1"]
+
+
+def test_rank_0_stops_waiting_once_a_process_of_its_group_ends_before_joining():
+    """An MPI node's leader waits for its spawned process at the store: killed before it got
+    there (the kernel, for its host's memory), it ends the wait at once with its exit, not
+    after the collectives' 120 s."""
+    import multiprocessing
+
+    from ddlstudy.training.distributed import COLLECTIVE_TIMEOUT, free_port, rendezvous
+
+    peer = multiprocessing.get_context("fork").Process(target=os._exit, args=(9,))
+    peer.start()
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match=rf"\(PID {peer.pid}\) ended before it joined "
+                                           r"\(exit code 9\)"):
+        rendezvous("127.0.0.1", free_port(), 0, 2, peers=[peer])
+    assert time.monotonic() - start < COLLECTIVE_TIMEOUT.total_seconds() / 2

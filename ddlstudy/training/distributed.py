@@ -13,7 +13,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -157,9 +157,18 @@ def gather_to_first(obj: Any, device: torch.device | None = None) -> list | None
             for part, n in zip(parts, sizes, strict=True)]
 
 
-def rendezvous(host: str, port: int, rank: int, world: int) -> dist.TCPStore:
+JOINED = "ddlstudy/joined"
+"""The store's count of the ranks but 0 that have reached it (``rendezvous``)."""
+
+
+def rendezvous(host: str, port: int, rank: int, world: int,
+               peers: Sequence[Any] = ()) -> dist.TCPStore:
     """The TCPStore the ranks meet through, its server listening on ``host`` only (torch's
-    own would listen on every interface)."""
+    own would listen on every interface). Rank 0 waits for the others here, not in torch's
+    constructor: ``peers``, processes it started (with ``exitcode``), end the wait as soon
+    as one of them has ended, where torch would wait out COLLECTIVE_TIMEOUT for a process
+    the kernel killed before it reached the store (an MPI node's leader on a host without
+    the memory for its second process waited 120 s so)."""
     fd = None
     if host in ("127.0.0.1", "localhost"):
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo's own sockets too
@@ -172,8 +181,30 @@ def rendezvous(host: str, port: int, rank: int, world: int) -> dist.TCPStore:
             # here as well would close whatever another thread opened under that number
             # since (the resource sampler's /proc reads failed with EBADF so).
             fd = listener.detach()
-    return dist.TCPStore(host, port, world, rank == 0, timeout=COLLECTIVE_TIMEOUT,
-                         master_listen_fd=fd)
+    store = dist.TCPStore(host, port, world, rank == 0, timeout=COLLECTIVE_TIMEOUT,
+                          master_listen_fd=fd, wait_for_workers=False)
+    if rank:
+        store.add(JOINED, 1)
+    else:
+        wait_for_peers(store, world, peers)
+    return store
+
+
+def wait_for_peers(store: dist.TCPStore, world: int, peers: Sequence[Any] = (),
+                   every_s: float = 0.02) -> None:
+    """Until the ``world - 1`` other ranks have reached ``store``; a RuntimeError once one
+    of ``peers`` has ended first, or after COLLECTIVE_TIMEOUT."""
+    limit = COLLECTIVE_TIMEOUT.total_seconds()
+    deadline = time.monotonic() + limit
+    while (joined := store.add(JOINED, 0)) < world - 1:
+        ended = [p for p in peers if p.exitcode is not None]
+        if ended:
+            raise RuntimeError(f"a process of the group (PID {ended[0].pid}) ended before it "
+                               f"joined ({exit_reason(ended[0].exitcode)})")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out after {limit:g} s waiting for the group's "
+                               f"processes: {joined} of {world - 1} joined")
+        time.sleep(every_s)
 
 
 def device_of(device_type: str, index: int) -> torch.device:
@@ -186,14 +217,15 @@ def device_of(device_type: str, index: int) -> torch.device:
 
 
 @contextlib.contextmanager
-def process_group(rank: int, world: int, port: int | str,
-                  device_type: str = "cpu") -> Iterator[torch.device]:
+def process_group(rank: int, world: int, port: int | str, device_type: str = "cpu",
+                  peers: Sequence[Any] = ()) -> Iterator[torch.device]:
     """Join the ranks' process group (gloo on CPU, NCCL on ``cuda:rank``) through the
-    TCPStore at ``port`` ("host:port", or a port on the loopback). Yields the device."""
+    TCPStore at ``port`` ("host:port", or a port on the loopback); rank 0 stops waiting for
+    the others once one of ``peers`` has ended (``rendezvous``). Yields the device."""
     cuda = device_type == "cuda"
     device = device_of(device_type, rank)
     host, port = port.rsplit(":", 1) if isinstance(port, str) else ("127.0.0.1", port)
-    store = rendezvous(host, int(port), rank, world)
+    store = rendezvous(host, int(port), rank, world, peers)
     # NCCL bound to the rank's GPU: its barriers need not guess the device (a warning).
     dist.init_process_group("nccl" if cuda else "gloo", store=store, rank=rank,
                             world_size=world, timeout=COLLECTIVE_TIMEOUT,

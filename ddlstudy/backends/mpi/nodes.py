@@ -137,7 +137,7 @@ def fit(job: Job, comm, strategy: Strategy, layout: Layout) -> list[dict]:
         torch.set_num_threads(threads)
         sampler = ResourceSampler(cfg.sample_hz, rank=node * k, scope="worker").start()
         try:
-            with process_group(0, k, port, device_type) as device:
+            with process_group(0, k, port, device_type, context.processes) as device:
                 strategy.worker(job, node_link(comm, reducer, node, nodes, 0, k, device,
                                                spread, exact), device)
             while not context.join():  # the others end on their own after the last epoch
