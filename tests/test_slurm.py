@@ -559,6 +559,9 @@ def test_a_requeued_or_warned_cell_ends_as_an_uninterrupted_one(slurm, tmp_path,
     _resumed_until_done(plan, slurm)
     assert [(c["status"], c["run"]) for c in _record(plan)] == \
         [("completed", c["run"]) for c in cells]
+    # the warned task asked Slurm to requeue itself alone: not its whole array, whose
+    # finished cell would have run again (its SLURM_JOB_ID can be the array's ID)
+    assert _job(slurm, alone["job"])["Restarts"] == "0"
     expected = _every_loss(runs / alone["run"])
     assert len(expected) == 16 and all(_every_loss(runs / c["run"]) == expected
                                        for c in (again, fresh, warned))

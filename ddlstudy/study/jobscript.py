@@ -123,7 +123,12 @@ def warned(script: Script, launch: list[str], stop_file: Path) -> None:
                 "interrupted the wait")
     script.line(f'if [ "$code" = {STOPPED_CODE} ]; then  # stopped at its snapshot: run it '
                 "again from there")
-    script.line('    scontrol requeue "$SLURM_JOB_ID"')
+    # a task of an array by its array's name: its own SLURM_JOB_ID may be the array's ID,
+    # which names every task (finished ones too, which would run again)
+    script.line('    job="$SLURM_JOB_ID"')
+    script.line('    [ -z "$SLURM_ARRAY_JOB_ID" ] || job="${{SLURM_ARRAY_JOB_ID}}_'
+                '${{SLURM_ARRAY_TASK_ID}}"')
+    script.line('    scontrol requeue "$job"')
     script.line("fi")
     script.line('exit "$code"')
 
