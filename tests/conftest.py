@@ -29,7 +29,6 @@ def pytest_configure(config) -> None:
 SERIAL = {
     "test_advise": "advise's probes measure speeds, and a test holds its ranking to runs",
     "test_advice_check": "the checks of advice hold predicted speeds to measured ones",
-    "test_bench": "the benchmarks' ratios of speeds",
     "test_findings": "a process that loads the host on purpose",
     "test_hosts": "emulated hosts' shaped links, and a slower link's slower training",
     "test_host_memory": "emulated hosts of a memory size, and the kernel's kills in them",

@@ -16,6 +16,7 @@ from ddlstudy import hosts
 from ddlstudy.cli import main
 from ddlstudy.hosts import namespaces, spec
 from ddlstudy.records.runfolder import MANIFEST, SAMPLES
+from ddlstudy.runner import run as train
 
 WHY_NOT = hosts.can_emulate()
 needs_hosts = pytest.mark.skipif(WHY_NOT is not None, reason=WHY_NOT or "")
@@ -159,7 +160,7 @@ def test_a_slower_link_slows_the_same_training(tmp_path, datasets_dir, three_hos
 @needs_hosts
 @pytest.mark.skipif(shutil.which("java") is None, reason="Spark needs Java")
 def test_spark_standalone_across_hosts_trains_like_local_spark(tmp_path, datasets_dir,
-                                                               three_hosts, tiny_20):
+                                                               three_hosts, quick_config):
     master = hosts.spark_up(three_hosts, cores=1)
     try:
         secret = hosts.spark_secret_file(PREFIX)
@@ -171,9 +172,10 @@ def test_spark_standalone_across_hosts_trains_like_local_spark(tmp_path, dataset
         assert "authentication enabled" in master_log
     finally:
         hosts.spark_down(PREFIX)
-    # Spark's gloo mode is two local processes' DDP to the bit (test_spark): held to those,
-    # the first of their 20 shared epochs (no schedule: the same as a 1-epoch run)
-    local = tiny_20("cpu-processes", workers=2).manifest
+    # Spark's gloo mode is two local processes' DDP to the bit (test_spark): held to an
+    # epoch of those (this file's tests run alone: no other test shares 20 epochs of them)
+    local = train(quick_config(strategy="cpu-processes", workers=2, epochs=1),
+                  show_progress=False).manifest
     tasks = spread["backend"]["tasks"]
     assert len({t["host"] for t in tasks}) == 2
     assert {t["host"] for t in tasks} <= set(three_hosts.names)
