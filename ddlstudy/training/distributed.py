@@ -194,17 +194,19 @@ def wait_for_peers(store: dist.TCPStore, world: int, peers: Sequence[Any] = (),
                    every_s: float = 0.02) -> None:
     """Until the ``world - 1`` other ranks have reached ``store``; a RuntimeError once one
     of ``peers`` has ended first, or after COLLECTIVE_TIMEOUT."""
+    def all_joined() -> bool | None:
+        if store.add(JOINED, 0) >= world - 1:
+            return True
+        ended = next((p for p in peers if p.exitcode is not None), None)
+        if ended is not None:
+            raise RuntimeError(f"a process of the group (PID {ended.pid}) ended before it "
+                               f"joined ({exit_reason(ended.exitcode)})")
+        return None
+
     limit = COLLECTIVE_TIMEOUT.total_seconds()
-    deadline = time.monotonic() + limit
-    while (joined := store.add(JOINED, 0)) < world - 1:
-        ended = [p for p in peers if p.exitcode is not None]
-        if ended:
-            raise RuntimeError(f"a process of the group (PID {ended[0].pid}) ended before it "
-                               f"joined ({exit_reason(ended[0].exitcode)})")
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out after {limit:g} s waiting for the group's "
-                               f"processes: {joined} of {world - 1} joined")
-        time.sleep(every_s)
+    if first_found(all_joined, limit, every_s) is None:
+        raise RuntimeError(f"timed out after {limit:g} s waiting for the group's processes: "
+                           f"{store.add(JOINED, 0)} of {world - 1} joined")
 
 
 def device_of(device_type: str, index: int) -> torch.device:
