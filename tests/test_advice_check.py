@@ -13,8 +13,8 @@ import pytest
 
 from ddlstudy.config import load_usecase
 from ddlstudy.records.advised import spread
+from ddlstudy.records.memory import memory_of, node_bytes
 from ddlstudy.records.plan import baseline, cell_config
-from ddlstudy.records.runfolder import memory_of, node_bytes
 from ddlstudy.tools import advise
 from ddlstudy.tools.advise.checking import spearman
 from ddlstudy.tools.advise.history import last_check, last_check_line, remember

@@ -14,7 +14,7 @@ from ddlstudy import hosts
 from ddlstudy.cli import main
 from ddlstudy.config import load_usecase
 from ddlstudy.config.limits import size_bytes
-from ddlstudy.records.runfolder import node_bytes as measured
+from ddlstudy.records.memory import node_bytes as measured
 from ddlstudy.report import load_runs
 from ddlstudy.strategies.base import Footprint
 from ddlstudy.tools import advise

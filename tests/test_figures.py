@@ -17,7 +17,8 @@ from matplotlib.transforms import Bbox
 from test_findings import _manifest, _report, memory_block
 
 from ddlstudy.cli import main
-from ddlstudy.records.runfolder import GIB, SAMPLES
+from ddlstudy.records.memory import GIB
+from ddlstudy.records.runfolder import SAMPLES
 from ddlstudy.report.figures import FIGURES, interval_bounds
 from ddlstudy.report.memory import NODE
 from ddlstudy.report.tables import interval, only_main, spread_of

@@ -22,7 +22,7 @@ import pandas as pd
 import pytest
 
 from ddlstudy.cli import main
-from ddlstudy.records.runfolder import GIB
+from ddlstudy.records.memory import GIB
 from ddlstudy.report import Report
 from ddlstudy.report.figures import plot_accuracy
 

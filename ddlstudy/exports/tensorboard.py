@@ -29,15 +29,8 @@ from ddlstudy.errors import UsageError
 from ddlstudy.files import check_folder
 from ddlstudy.machine.sampler import IDENTITY, read_samples
 from ddlstudy.reading import CAPS, BadFile, read_text
-from ddlstudy.records.runfolder import (
-    GIB,
-    MANIFEST,
-    METRICS,
-    SAMPLES,
-    STEPS,
-    load_manifest,
-    memory_of,
-)
+from ddlstudy.records.memory import GIB, memory_of
+from ddlstudy.records.runfolder import MANIFEST, METRICS, SAMPLES, STEPS, load_manifest
 
 log = logging.getLogger("ddlstudy")
 
@@ -57,7 +50,7 @@ MEMORY_METRICS = {"peak_process_bytes": "memory/peak_rss_gib_per_process",
                   "held_parameters_bytes": "memory/parameters_gib_rank0",
                   "held_gradients_bytes": "memory/gradients_gib_rank0",
                   "held_optimizer_state_bytes": "memory/optimizer_state_gib_rank0"}
-"""A run's memory figures (``runfolder.memory_of``'s) as the metrics TensorBoard and
+"""A run's memory figures (``records.memory.memory_of``'s) as the metrics TensorBoard and
 MLflow get, in GiB (step 0)."""
 
 

@@ -21,7 +21,8 @@ from ddlstudy.config.fields import FORKS, MAX_PROCESSES
 from ddlstudy.errors import UsageError
 from ddlstudy.machine import environment
 from ddlstudy.reading import CAPS, read_bytes
-from ddlstudy.records.runfolder import CHILD_ENV, GIB, MANIFEST, load_manifest, memory_of
+from ddlstudy.records.memory import GIB, memory_of
+from ddlstudy.records.runfolder import CHILD_ENV, MANIFEST, load_manifest
 
 log = logging.getLogger("ddlstudy")
 
@@ -153,7 +154,7 @@ _METRICS = (("median_images_per_s", "images/s", "ratio"),
             ("best_val_accuracy", "best validation accuracy", "diff"))
 _MEMORY = (("peak_process_bytes", "peak memory per process (GiB)"),
            ("peak_node_bytes", "peak memory per node (GiB)"))
-"""The memory figures compare shows (``runfolder.memory_of``'s), in GiB."""
+"""The memory figures compare shows (``records.memory.memory_of``'s), in GiB."""
 
 
 def compare(a: dict[str, Any], b: dict[str, Any]) -> str:

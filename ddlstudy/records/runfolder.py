@@ -26,11 +26,6 @@ from ddlstudy.errors import UsageError
 from ddlstudy.files import WriteFailed, atomic_write, atomic_write_json, atomic_write_text, turn
 from ddlstudy.machine.sampler import TREE_ROOT_ENV, read_samples, samples_frame, write_rows
 from ddlstudy.reading import read_json, read_text
-from ddlstudy.records.memory import GIB as GIB  # where others read them
-from ddlstudy.records.memory import MEMORY as MEMORY
-from ddlstudy.records.memory import memory_of as memory_of
-from ddlstudy.records.memory import node_bytes as node_bytes
-from ddlstudy.records.memory import node_share as node_share
 from ddlstudy.records.runid import CHILD_ENV as CHILD_ENV  # where others read them
 from ddlstudy.records.runid import CLAIM, claimed_for_this, refuse_taken
 from ddlstudy.records.runid import RUN_ID_ENV as RUN_ID_ENV

@@ -22,7 +22,7 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.figure import Figure
 
-from ddlstudy.records.runfolder import GIB, MEMORY
+from ddlstudy.records.memory import GIB, MEMORY
 from ddlstudy.report.formats import interval_bounds
 from ddlstudy.report.legend import one_legend
 from ddlstudy.report.paper import main_settings, only_main

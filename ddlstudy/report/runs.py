@@ -1,9 +1,7 @@
-"""The runs of a folder as rows: reading its manifests (and the cells its studies planned
-but could not run), and what a row holds (``runs_frame``: one row per run, the long tidy
-table for your own analysis, with each run's speedup against its use case's baseline).
-
-Cells a study planned but could not run (no GPU, ...) come from its ``study.json``, with why.
-"""
+"""The runs of a folder as rows: reading its manifests (and, from its ``study.json``, the
+cells its studies planned but could not run, no GPU, ..., with why), and what a row holds
+(``runs_frame``: one row per run, the long tidy table for your own analysis, with each
+run's speedup against its use case's baseline)."""
 
 from __future__ import annotations
 
@@ -17,7 +15,8 @@ from ddlstudy.config import WARMUP_STEPS
 from ddlstudy.errors import UsageError
 from ddlstudy.reading import what_is
 from ddlstudy.records.formats import Cell, Study, check, load
-from ddlstudy.records.runfolder import GIB, MANIFEST, MEMORY, load_manifest, memory_of
+from ddlstudy.records.memory import GIB, MEMORY, memory_of
+from ddlstudy.records.runfolder import MANIFEST, load_manifest
 from ddlstudy.strategies import REGISTRY as STRATEGIES
 from ddlstudy.strategies import Strategy
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ddlstudy.records.runfolder import MEMORY
+from ddlstudy.records.memory import MEMORY
 from ddlstudy.report.formats import cell_text, to_markdown
 from ddlstudy.report.memory import killed, shared_hosts
 from ddlstudy.report.paper import only_main

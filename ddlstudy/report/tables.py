@@ -31,7 +31,7 @@ import pandas as pd
 
 from ddlstudy.config.recipe import TARGET_METRICS
 from ddlstudy.files import atomic_write_text
-from ddlstudy.records.runfolder import MEMORY
+from ddlstudy.records.memory import MEMORY
 from ddlstudy.report.formats import FORMATS, cell_text, fitted_markdown, render, wrapped
 from ddlstudy.report.paper import TABLES as TABLES
 from ddlstudy.report.paper import left_apart, paper_tables

@@ -16,7 +16,7 @@ from ddlstudy.machine.environment import mark_phase
 from ddlstudy.models import build_model
 from ddlstudy.models.checkpointing import checkpoint_blocks
 from ddlstudy.models.trained import load_initial
-from ddlstudy.records.runfolder import node_share
+from ddlstudy.records.memory import node_share
 from ddlstudy.training import memory, recipe
 from ddlstudy.training.job import Job, Link, States, train_epochs
 from ddlstudy.training.loaders import val_loader

@@ -23,7 +23,7 @@ from ddlstudy.files import atomic_write_json, atomic_write_text
 from ddlstudy.records.advised import load_advice, row_configs
 from ddlstudy.records.formats import Study as StudyRecord
 from ddlstudy.records.formats import load
-from ddlstudy.records.runfolder import memory_of
+from ddlstudy.records.memory import memory_of
 from ddlstudy.report import STUDY_FILE, load_runs
 from ddlstudy.tools.advise.figure import plot_check, save
 from ddlstudy.tools.advise.history import remember

@@ -112,7 +112,7 @@ def snapshot_more(fp: Footprint, base: Split, node_batch: int) -> int:
 
 
 def need(fp: Footprint, base: Split, node_batch: int) -> int:
-    """What a node needs of its memory, as ``records.runfolder.node_bytes`` measures it:
+    """What a node needs of its memory, as ``records.memory.node_bytes`` measures it:
     ``predict``'s peaks of its processes, less the files' pages each maps (torch's
     libraries: the machine holds them once, and a node's memory cgroup is not charged for
     pages already cached), plus the shared memory the node holds once

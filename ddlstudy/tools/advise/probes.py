@@ -17,14 +17,9 @@ from ddlstudy.data.folder import IMAGE_EXTENSIONS
 from ddlstudy.errors import ConfigError, Unavailable, UsageError
 from ddlstudy.machine import forkserver
 from ddlstudy.machine.sampler import NOISY_CORES, OthersLoad
+from ddlstudy.records.memory import node_bytes
 from ddlstudy.records.plan import cell_config, run_flags
-from ddlstudy.records.runfolder import (
-    MANIFEST,
-    load_manifest,
-    new_run_id,
-    node_bytes,
-    run_env,
-)
+from ddlstudy.records.runfolder import MANIFEST, load_manifest, new_run_id, run_env
 from ddlstudy.runner import preflight
 from ddlstudy.strategies import REGISTRY as STRATEGIES
 from ddlstudy.strategies.base import Footprint

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from ddlstudy.config import UseCase
+from ddlstudy.records.memory import memory_of
 from ddlstudy.records.plan import run_flags
-from ddlstudy.records.runfolder import memory_of
 from ddlstudy.report import load_runs
 from ddlstudy.tools.advise.exchange import COMPRESSORS
 from ddlstudy.tools.advise.memory import snapshot_more
