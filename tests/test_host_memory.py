@@ -59,7 +59,10 @@ def test_a_host_too_small_fails_the_run_and_names_rank_host_limit_and_peak(tmp_p
     charged = failed["backend"]["memory"]["hosts"]  # each host's own account, as recorded
     assert set(charged) == {"dmem-h1", "dmem-h2"}
     assert charged[f"dmem-h{found[2]}"]["oom_kills"] >= 1
-    assert all(h["limit_bytes"] == LIMIT and 0 < h["peak_charged_bytes"] <= LIMIT
+    # the kernel may charge a few pages past the limit where a charge cannot fail (cgroup
+    # v1's forced charges: a page table, the killed process's way out); one page over was
+    # seen (734,007,296 against 734,003,200), so the peak is held to the limit and 1 MiB
+    assert all(h["limit_bytes"] == LIMIT and 0 < h["peak_charged_bytes"] <= LIMIT + (1 << 20)
                for h in charged.values()), charged
 
 
