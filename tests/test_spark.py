@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import signal
 import subprocess
@@ -66,6 +67,12 @@ def test_gloo_sync_computes_what_cpu_processes_computes(tmp_path, datasets_dir, 
     assert manifest["samples"]["workers_sampled"] == 2  # each task sampled itself
     # the executors' tasks found each other on this host: shared memory, as local ranks
     assert manifest["transport"] == local.manifest["transport"] == "shared-memory"
+    # The barrier job asks for its slots each second (Spark's own 15 s made every
+    # local-cluster run wait 15 s for executors up after 2-5), 600 times: as long in all
+    # as Spark's default of 40 checks. Where the executors were late, the JVM said so.
+    (log,) = tmp_path.glob("spark-runs/*/spark.log")
+    retries = [int(n) for n in re.findall(r"Will retry up to (\d+) more times", log.read_text())]
+    assert all(560 <= n <= 600 for n in retries), retries
 
 
 @pytest.mark.slow
