@@ -81,6 +81,7 @@ def train_worker(job: Job, link: Link, model: nn.Module, optimizer: torch.optim.
             same_buffers(buffers, link)
         own()
 
+    memory.steady_heap()  # the allocator trains from its first step as it ends
     peak_method = memory.reset_peak(device)  # set-up done: its peak is not training's
     setup_rss, setup_shared = memory.resident(), memory.shared_resident()
     trainer = Trainer(model, step, train, val, max_steps=job.cfg.max_steps,
