@@ -64,7 +64,8 @@ def steady_heap() -> None:
     seconds: tiny's cpu-intraop trained at 780-860 images/s for 6 epochs (90 steps), then
     at 930-1,100, with twice the system time; fixed from the start, its first epoch is as
     fast as its last, and a probe forked from a warm process measures what a run started
-    from a shell does. Peaks are unchanged (tiny: 809-814 MB against 811-812)."""
+    from a shell does. Peaks: tiny's as before (773 MiB against 769-779), simple-big's
+    2-3 % higher (sequential 2,495-2,507 MiB against 2,427-2,456)."""
     if _LIBC is not None:
         _LIBC.mallopt(M_MMAP_THRESHOLD, MMAP_MOST)
         _LIBC.mallopt(M_TRIM_THRESHOLD, 2 * MMAP_MOST)
