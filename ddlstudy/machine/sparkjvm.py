@@ -36,6 +36,8 @@ BARRIER_CHECK_S = 1
 """How often a barrier job waits for its task slots: local-cluster's and a standalone
 cluster's executors register seconds after the context, and Spark's own 15 s between
 checks made each such run wait 15 s for executors that were there after 2."""
+SLOTS_WAIT_S = 40 * 15
+"""How long in all a barrier job waits for its slots: Spark's default (40 checks 15 s apart)."""
 
 _OWN_LINE = re.compile(r"^\d\d:\d\d:\d\d \[rank ")
 """A ddlstudy log line (``12:00:01 [rank 1] ...``) that a task wrote through the JVM."""
@@ -135,9 +137,8 @@ def settings(cfg: RunConfig, heap_mb: int | None) -> tuple[tuple[str, str], ...]
              "spark.driver.maxResultSize": "0",
              "spark.barrier.sync.timeout": str(BARRIER_TIMEOUT_S),
              "spark.scheduler.barrier.maxConcurrentTasksCheck.interval": f"{BARRIER_CHECK_S}s",
-             # as long in all as Spark's default (40 checks 15 s apart): 10 min for slots
              "spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures":
-                 str(600 // BARRIER_CHECK_S),
+                 str(SLOTS_WAIT_S // BARRIER_CHECK_S),
              "spark.python.worker.reuse": "false",
              "spark.ui.showConsoleProgress": "false"}
     if heap_mb is not None:
