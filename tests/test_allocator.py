@@ -1,50 +1,94 @@
 """A training process's allocator starts as it would end once warm: tensors freed and made
-again come from the heap, not from pages mapped, faulted in and unmapped each time."""
+again come from the heap, not from pages mapped, faulted in and unmapped each time; with
+``--heap keep``, the large ones too."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+from pathlib import Path
 
-from ddlstudy.machine.environment import HUGE_PAGES
+from ddlstudy.machine.environment import HUGE_PAGES, python_module
+from ddlstudy.records.runfolder import load_manifest
 
 PAGE = 4096
 SIZES_MIB = range(1, 25)
+BIG_MIB = (64, 144)
+"""Blocks over glibc's largest mmap threshold (32 MiB), as AlexNet's 67 and 151 MB layers'."""
+STEPS = 10
+WIDE = 16384
+"""tests/models/own_net.py's ``wide``: its first layer's outputs (768 inputs)."""
 
 CODE = f"""
 import resource, torch
 from ddlstudy.training import memory
 
-def faults():
+def faults(sizes):
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    for mib in {SIZES_MIB!r}:  # a step's tensors, larger each time, each freed
+    for mib in sizes:  # a step's tensors, each freed
         t = torch.empty(mib << 18).fill_(1.0)
         del t
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+def again(sizes):
+    faults(sizes)  # the heap grows to the largest
+    return faults(sizes)  # the next step
 
 # glibc's threshold as a cold process starts with it (128 KiB), held there: where a
 # process's start left its sliding threshold varies (compiling the .pyc files of a fresh
 # clone raised it past these blocks)
 memory._LIBC.mallopt(memory.M_MMAP_THRESHOLD, 128 << 10)
-cold = faults()
+cold = faults({list(SIZES_MIB)!r})
 memory.steady_heap()
-print(cold, faults())
+steady = again({list(SIZES_MIB)!r})
+big = again({list(BIG_MIB)!r})
+memory.steady_heap(keep=True)
+print(cold, steady, big, again({list(BIG_MIB)!r}))
 """
 
 
 def test_a_steady_heap_does_not_fault_in_each_new_tensor_afresh():
     """At a cold glibc's threshold, each block is mapped and every page of it faulted in
     (1 + 2 + ... + 24 MiB: 76,800 pages; measured 76,628-76,824); after ``steady_heap``
-    the heap grows to the largest and the blocks reuse it (17,391 in a process of its
-    own)."""
+    they come from the heap again: the next step's faults in none. Blocks over 32 MiB are
+    mapped afresh each step whatever glibc's threshold (64 + 144 MiB: 53,248 pages), but
+    not once the heap keeps them (``steady_heap(keep=True)``, ``--heap keep``)."""
     # torch's huge pages (a run's command turns them on: environment.use_huge_pages, as a
     # test before this one may have) count a fault a 2 MiB page: off, the pages are 4 KiB
     env = {k: v for k, v in os.environ.items() if k != HUGE_PAGES}
     out = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True,
                          timeout=120, env=env)
     assert out.returncode == 0, out.stderr[-2000:]
-    cold, steady = map(int, out.stdout.split())
+    cold, steady, big, kept = map(int, out.stdout.split())
     every_page = (sum(SIZES_MIB) << 20) // PAGE
     assert every_page * 0.95 < cold < every_page * 1.05, (cold, every_page)
-    assert steady < every_page / 3, (steady, every_page)
+    assert steady < every_page / 100, (steady, every_page)
+    big_pages = (sum(BIG_MIB) << 20) // PAGE
+    assert big_pages * 0.95 < big < big_pages * 1.05, (big, big_pages)
+    assert kept < big_pages / 100, (kept, big_pages)
+
+
+def test_a_run_with_heap_keep_faults_in_no_large_gradient_afresh(tmp_path, datasets_dir):
+    """Two real runs of tiny with a model of one's own whose first layer's gradient (48 MiB)
+    glibc maps afresh every step: by default each step after the first faults its pages
+    in again (12,288 of 4 KiB); with ``--heap keep`` the heap keeps it, and the manifest's
+    ``training_faults`` say so (8 steps: 113,560-113,882 faults against 27,678-39,405 kept:
+    a heap that fragments grows now and then, a gradient's pages at a time)."""
+    own = Path(__file__).parent / "models" / "own_net.py"
+    env = {k: v for k, v in os.environ.items() if k != HUGE_PAGES} | {HUGE_PAGES: "0"}
+    faults = {}
+    for heap in ("return", "keep"):
+        runs = tmp_path / heap
+        out = subprocess.run([*python_module("ddlstudy", "run"), "--usecase", "tiny",
+                              "--model", f"{own}:wide", "--datasets-dir", str(datasets_dir),
+                              "--runs-dir", str(runs), "--epochs", "1", "--max-steps",
+                              str(STEPS), "--max-val-steps", "1", "--no-snapshot",
+                              "--sample-hz", "0", "--quiet", "--heap", heap],
+                             capture_output=True, text=True, timeout=300, env=env)
+        assert out.returncode == 0, out.stderr[-2000:]
+        m = load_manifest(next(runs.glob("*/manifest.json")))
+        assert m["config"]["heap"] == heap
+        faults[heap] = m["backend"]["memory"]["per_rank"][0]["training_faults"]
+    gradient = (768 * WIDE * 4) // PAGE
+    assert faults["return"] - faults["keep"] > (STEPS - 1) * gradient / 2, faults

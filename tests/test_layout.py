@@ -16,7 +16,7 @@ from ddlstudy.runner import preflight, resolve
 RUN_FLAGS = [
     "--accumulate", "--backend", "--balance", "--batch-size", "--bucket-mb",
     "--checkpoint-activations", "--compress",
-    "--data-dir", "--datasets-dir", "--devices", "--epochs", "--hostfile", "--hosts",
+    "--data-dir", "--datasets-dir", "--devices", "--epochs", "--heap", "--hostfile", "--hosts",
     "--image-size", "--init-weights",
     "--loader-workers", "--lr", "--lr-scaling", "--lr-schedule", "--lr-schedule-args",
     "--lr-warmup-epochs", "--max-steps",

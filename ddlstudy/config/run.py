@@ -47,6 +47,7 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 SCALINGS = ("strong", "weak")
 LR_SCALINGS = ("none", "linear")
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
+HEAPS = ("return", "keep")
 
 
 def stages_a_process(schedule: str) -> int:
@@ -185,6 +186,12 @@ class RunConfig(MpiOptions, SparkOptions):
                             "(sequential, cpu-intraop, cpu-processes, gpu-data, and their "
                             "MPI nodes and Spark tasks)", group=TASK, choices=PRECISIONS,
                             noun="precision")
+    heap: str = option("return", "return: glibc's own rule, blocks over 32 MiB mapped "
+                       "afresh and returned when freed (the least memory held); keep: "
+                       "every block from the heap, freed ones kept for the next step (no "
+                       "page faulted in anew: faster where a step frees and makes large "
+                       "tensors, higher peaks where the heap fragments)", group=TASK,
+                       choices=HEAPS, noun="heap")
     data_dir: Path | None = option(None, "a real ImageFolder tree (root/<class>/<img>) "
                                    "instead of the use case's synthetic set", group=DATA,
                                    type=Path)

@@ -119,7 +119,8 @@ RankMemory = create_model(  # held_bytes: its own tensors' (a sharded strategy's
     rank=(Count, ...), host=(str, ...), peak_rss_bytes=(Bytes, ...), peak_method=(str, ...),
     held_bytes=(dict[str, Bytes], ...), **{k: (Bytes | None, None) for k in (
         "setup_rss_bytes", "setup_file_bytes", "end_file_bytes", "gpu_max_allocated_bytes",
-        "gpu_max_reserved_bytes", "shmem_bytes", "shmem_pss_bytes")})
+        "gpu_max_reserved_bytes", "shmem_bytes", "shmem_pss_bytes")},
+    training_faults=(Count | None, None))
 Memory = create_model(  # training.worker.record_memory; hosts: hosts up --memory's cgroups
     "Memory", __base__=_Record, __doc__="What each process held (concepts: memory).",
     per_rank=(list[RankMemory], []), peak_rss_bytes=(Bytes | None, None), per_host_bytes=(

@@ -81,9 +81,10 @@ def train_worker(job: Job, link: Link, model: nn.Module, optimizer: torch.optim.
             same_buffers(buffers, link)
         own()
 
-    memory.steady_heap()  # the allocator trains from its first step as it ends
+    memory.steady_heap(job.cfg.heap == "keep")  # trains from its first step as it ends
     peak_method = memory.reset_peak(device)  # set-up done: its peak is not training's
     setup_rss, setup_shared = memory.resident(), memory.shared_resident()
+    setup_faults = memory.minor_faults()
     trainer = Trainer(model, step, train, val, max_steps=job.cfg.max_steps,
                       warmup_steps=job.cfg.warmup_steps,
                       show_progress=job.show_progress and link.rank == 0, reduce=link.sum,
@@ -96,7 +97,7 @@ def train_worker(job: Job, link: Link, model: nn.Module, optimizer: torch.optim.
         record_exchange(job, link, step)
     record_memory(job, link, memory.record(peak_method, model, optimizer, setup_rss,
                                                   setup_shared, device,
-                                                  trainer.activation_bytes))
+                                                  trainer.activation_bytes, setup_faults))
 
 
 def record_memory(job: Job, link: Link, mine: dict) -> None:
@@ -119,7 +120,8 @@ def record_memory(job: Job, link: Link, mine: dict) -> None:
                 "bound: the processes need not peak at once); held_bytes: counted from the "
                 "process's own tensors; setup_rss_bytes: resident once set up, before the "
                 "first step (of which setup_file_bytes are files' pages, shared with the "
-                "node's other processes; end_file_bytes: the files' pages at the end)"})
+                "node's other processes; end_file_bytes: the files' pages at the end); "
+                "training_faults: the pages the process faulted in while training (--heap)"})
 
 
 def same_buffers(buffers: list[torch.Tensor], link: Link) -> None:

@@ -26,6 +26,16 @@ def small_resnet(num_classes: int) -> nn.Module:
         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, num_classes))
 
 
+def wide(num_classes: int) -> nn.Module:
+    """A layer of 12.6 M weights (48 MiB, above glibc's largest mmap threshold, 32 MiB):
+    its gradient is made afresh every step (``--heap``)."""
+    return nn.Sequential(nn.AdaptiveAvgPool2d(16), nn.Flatten(), nn.Linear(768, WIDE),
+                         nn.ReLU(), nn.Linear(WIDE, num_classes))
+
+
+WIDE = 16384
+
+
 def raises(num_classes: int) -> nn.Module:
     raise ValueError("this factory is broken")
 
