@@ -814,3 +814,36 @@ def test_with_checkpointing_every_layout_that_can_is_a_configuration_of_its_own(
     seq = both["sequential, checkpointed"]
     assert seq.flags == plain["sequential"].flags | {"checkpoint_activations": True}
     assert "--checkpoint-activations" in advise.command("tiny", seq.flags)
+
+
+def test_advise_heap_keep_probes_so_and_its_check_runs_and_matches_so(tmp_path):
+    """``advise --heap keep`` gives its probes ``ddlstudy run --heap keep`` (its probe
+    settings), and the study that checks the advice runs its cells so; a run matches a
+    row only with the same ``heap`` (a run of glibc's own rule is another
+    configuration)."""
+    from ddlstudy.cli import build_parser
+    from ddlstudy.cli.advise import _what
+    from ddlstudy.records.advised import advice_plan, row_configs
+    from ddlstudy.tools.advise import checking
+
+    args = build_parser().parse_args(["advise", "--usecase", "tiny", "--heap", "keep"])
+    assert _what(args) == ("tiny", {"heap": "keep"})
+    assert _what(build_parser().parse_args(["advise", "--usecase", "tiny"]))[1] == {}
+    path = tmp_path / "advise.json"
+    path.write_text(json.dumps({
+        "usecase": "tiny", "origin": {"usecase": "tiny"},
+        "probe_settings": {"heap": "keep", "epochs": 1, "steady_seconds": 3.0},
+        "ranking": [{"label": "cpu-intraop (2 threads)", "rank": 1,
+                     "images_per_s": 1000.0, "nodes": 1,
+                     "flags": {"strategy": "cpu-intraop", "workers": 2}}]}))
+    plan = advice_plan(path, 1)
+    assert plan.settings == {"heap": "keep"}  # not the probes' length: the check's own
+    advice = json.loads(path.read_text())
+    (row, config), = row_configs(path, advice)  # a run matched by what its manifest says
+    assert config["heap"] == "keep" and config["strategy"] == "cpu-intraop"
+    run = {"id": "r1", "status": "completed"}  # a run matched by its study cell's flags
+    cell = {"run": "r1", "flags": {"heap": "keep", "strategy": "cpu-intraop", "workers": 2,
+                                   "epochs": 6}}
+    assert checking._runs([run], [cell], advice, None) == [(run, advice["ranking"][0])]
+    other = dict(cell, flags=dict(cell["flags"], heap="return"))
+    assert checking._runs([run], [other], advice, None) == []

@@ -13,8 +13,8 @@ from ddlstudy.cli.common import (
     seconds,
     usecase_of,
 )
+from ddlstudy.config import HEAPS, PRECISIONS, PROBE_SECONDS
 from ddlstudy.config import MIN_PROBE_SECONDS as MIN_BOX
-from ddlstudy.config import PRECISIONS, PROBE_SECONDS
 from ddlstudy.config.limits import most, size_bytes
 from ddlstudy.config.loading import is_usecase_path
 from ddlstudy.config.options import path_arg
@@ -57,6 +57,9 @@ def register(sub) -> None:
     p.add_argument("--with-precision", metavar="LIST", help="probe every layout also in "
                    "these precisions, comma-separated: bf16, fp16 (each a configuration of its "
                    "own; default: fp32 only)")
+    p.add_argument("--heap", choices=HEAPS, help="probe with ddlstudy run --heap (its check's "
+                   "runs too): keep where a step makes and frees tensors over 32 MiB, for "
+                   "steady steps (default: return, glibc's own rule)")
     p.add_argument("--rounds", type=int, default=3, help="most probe rounds")
     p.add_argument("--probe-seconds", type=float, default=PROBE_SECONDS, metavar="S",
                    help="a probe's steady steps (after its warm-up) last about this long, "
@@ -150,6 +153,8 @@ def _what(args: argparse.Namespace) -> tuple[str | None, dict[str, str]]:
         data["data_dir"] = str(Path(args.data_dir).resolve())
     if args.model is not None:
         data["model"] = str(ModelSpec(arch=args.model).anchored(Path.cwd()).arch)
+    if args.heap is not None:
+        data["heap"] = args.heap
     return usecase, data
 
 

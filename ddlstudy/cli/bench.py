@@ -6,6 +6,7 @@ import argparse
 import time
 
 from ddlstudy.cli.common import add_what, check_positive, usecase_of
+from ddlstudy.config import HEAPS
 from ddlstudy.config.catalog import ADVICE_CHECK_EPOCHS, BENCH_GROUPS
 from ddlstudy.config.options import path_arg
 from ddlstudy.errors import ConfigError
@@ -68,6 +69,7 @@ def register(sub) -> None:
                    "for a quiet host first")
     b.add_argument("--include-noisy", action="store_true", help="the checks count the runs "
                    "marked noisy (other processes kept the host busy), each marked")
+    b.add_argument("--heap", choices=HEAPS, help="advise's --heap (default: return)")
     b.add_argument("--out", type=path_arg, help="where bench.json, bench.md and each "
                    "layout's advice and check go (default runs/bench/advise-<time>)")
     b = bsub.add_parser("overhead", help="ddlstudy's loop against a raw torch loop")
@@ -146,7 +148,7 @@ def _bench_advise(args: argparse.Namespace) -> int:
     check_load(args.wait_quiet)
     result = advise.bench_advise(only, out, args.rows, args.datasets_dir,
                                  args.wait_quiet, args.rounds, args.include_noisy,
-                                 args.check_epochs)
+                                 args.check_epochs, args.heap)
     print(advise.markdown(result))
     for path in advise.write(result, out):
         print(f"wrote {path}")

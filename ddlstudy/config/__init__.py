@@ -22,6 +22,7 @@ from ddlstudy.config.paths import (
 )
 from ddlstudy.config.recipe import TARGET_METRICS
 from ddlstudy.config.run import (
+    HEAPS,
     MIN_PROBE_SECONDS,
     PRECISIONS,
     PROBE_SECONDS,
@@ -39,7 +40,8 @@ from ddlstudy.config.usecase import (
     UseCase,
 )
 
-__all__ = ["DEFAULT_DATASETS_DIR", "DEFAULT_RUNS_DIR", "HOME", "MIN_PROBE_SECONDS", "PRECISIONS",
+__all__ = ["DEFAULT_DATASETS_DIR", "DEFAULT_RUNS_DIR", "HEAPS", "HOME", "MIN_PROBE_SECONDS",
+           "PRECISIONS",
            "PROBE_SECONDS", "WARMUP_STEPS",
            "REPO_ROOT", "SPARK_SYNCS", "TARGET_METRICS", "USECASES_DIR", "Arch", "BadImagePolicy",
            "DataSpec", "Effective", "ModelSpec", "RunConfig", "TrainSpec", "UseCase",

@@ -30,8 +30,9 @@ def load_advice(path: Path) -> dict[str, Any]:
     return load(path, Advice, "advise.json")
 
 
-ADVICE_DATA = ("data_dir", "model", "datasets_dir")
-"""The probe settings of an advise.json that say what it trained: its study trains that."""
+ADVICE_DATA = ("data_dir", "model", "datasets_dir", "heap")
+"""The probe settings of an advise.json that say what it trained (and with which
+allocator setting): its study trains that."""
 
 
 def _usecase_name(path: Path, usecase: str) -> str:

@@ -67,16 +67,18 @@ NAMES = {layout.name.split(",")[0].replace(" ", "") + (
 def bench_advise(only: list[str] | None, out: Path, check_rows: int = 6,
                  datasets_dir: Path | None = None, wait: bool = False,
                  rounds: int | None = None, include_noisy: bool = False,
-                 check_epochs: int = ADVICE_CHECK_EPOCHS) -> dict[str, Any]:
+                 check_epochs: int = ADVICE_CHECK_EPOCHS,
+                 heap: str | None = None) -> dict[str, Any]:
     """Every layout (or ``only`` those named): advise (``rounds``: its --rounds, default
-    its own), then check ``check_rows`` of its rows, each a run of ``check_epochs``
-    (``include_noisy``: the runs marked noisy counted, marked); the figures a row a
-    layout."""
+    its own; ``heap``: its --heap, which its check's runs take from it), then check
+    ``check_rows`` of its rows, each a run of ``check_epochs`` (``include_noisy``: the
+    runs marked noisy counted, marked); the figures a row a layout."""
     datasets_dir = datasets_dir or DEFAULT_DATASETS_DIR
     tiny = load_usecase("tiny")
     make_dataset(tiny.data, datasets_dir / tiny.data.name)
     result = {"host": host(), "at": time.strftime("%Y-%m-%d %H:%M"), "check_rows": check_rows,
-              "check_epochs": check_epochs, "include_noisy": include_noisy}
+              "check_epochs": check_epochs, "include_noisy": include_noisy,
+              "heap": heap or "return"}
     rows: list[dict[str, Any]] = []
     for name, layout in NAMES.items():
         if only and name not in only:
@@ -87,7 +89,9 @@ def bench_advise(only: list[str] | None, out: Path, check_rows: int = 6,
             continue
         say(f"bench advise: {layout.name}")
         try:
-            rows.append(_layout(layout, out / name, check_rows, datasets_dir, wait, rounds,
+            rows.append(_layout(layout, out / name, check_rows, datasets_dir, wait,
+                                [*(["--rounds", str(rounds)] if rounds else []),
+                                 *(["--heap", heap] if heap else [])],
                                 include_noisy, check_epochs))
         except UsageError as exc:  # a layout that failed is a row that says why
             rows.append({"layout": layout.name, "skipped": f"failed: {exc}"})
@@ -108,14 +112,15 @@ def _cannot(layout: Layout) -> str | None:
 
 
 def _layout(layout: Layout, out: Path, check_rows: int, datasets_dir: Path,
-            wait: bool, rounds: int | None, include_noisy: bool,
+            wait: bool, flags: list[str], include_noisy: bool,
             check_epochs: int) -> dict[str, Any]:
-    """One layout: its advice, its check, its figures."""
+    """One layout: its advice (``flags``: advise's own, as --rounds), its check, its
+    figures."""
     up = hosts.up(layout.hosts, prefix=PREFIX, subnet=SUBNET, rate=layout.rate) \
         if layout.hosts else None
     try:
         start = time.monotonic()
-        advice = _advise(layout, out, datasets_dir, wait, rounds)
+        advice = _advise(layout, out, datasets_dir, wait, flags)
         took = time.monotonic() - start
         _check(advice, out, check_rows, wait, include_noisy, check_epochs)
     finally:
@@ -136,7 +141,7 @@ def _layout(layout: Layout, out: Path, check_rows: int, datasets_dir: Path,
 
 
 def _advise(layout: Layout, out: Path, datasets_dir: Path, wait: bool,
-            rounds: int | None) -> Path:
+            flags: list[str]) -> Path:
     """``ddlstudy advise`` of ``layout`` at its default budget (its output in
     ``out``/advise.log); its advise.json."""
     what = ["--usecase", layout.usecase] if layout.usecase else [
@@ -146,8 +151,7 @@ def _advise(layout: Layout, out: Path, datasets_dir: Path, wait: bool,
             "--datasets-dir", str(datasets_dir), "--out", str(out / "advice"),
             *(["--hosts", f"emulated:{PREFIX}"] if layout.hosts else []),
             *(["--memory", str(layout.memory)] if layout.memory else []),
-            *(["--rounds", str(rounds)] if rounds else []),
-            *(["--wait-quiet"] if wait else [])]
+            *flags, *(["--wait-quiet"] if wait else [])]
     _ddlstudy(argv, out / "advise.log")
     advice = out / "advice" / "advise.json"
     if not advice.is_file():
@@ -181,6 +185,7 @@ def _check(advice: Path, out: Path, rows: int, wait: bool, include_noisy: bool,
 def markdown(result: dict) -> str:
     """The figures a row a layout."""
     counted = "; noisy runs counted (--include-noisy)" if result.get("include_noisy") else ""
+    counted += "; --heap keep" if result.get("heap") == "keep" else ""
     lines = [f"bench advise, {result['at']} ({result['check_rows']} rows of each advice "
              f"checked, spread over its ranking, each a run of {result['check_epochs']} "
              "epochs; errors: "
