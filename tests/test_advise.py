@@ -11,13 +11,16 @@ from pathlib import Path
 import pytest
 
 from ddlstudy import hosts
-from ddlstudy.cli import main
+from ddlstudy.cli import build_parser, main
+from ddlstudy.cli.advise import _what
 from ddlstudy.config import load_usecase
 from ddlstudy.config.limits import size_bytes
+from ddlstudy.records.advised import advice_plan, row_configs
 from ddlstudy.records.memory import node_bytes as measured
 from ddlstudy.report import load_runs
 from ddlstudy.strategies.base import Footprint
 from ddlstudy.tools import advise
+from ddlstudy.tools.advise import checking
 from ddlstudy.tools.advise.memory import split
 from ddlstudy.tools.predict import Cost, measure_sizes
 
@@ -821,11 +824,6 @@ def test_advise_heap_keep_probes_so_and_its_check_runs_and_matches_so(tmp_path):
     settings), and the study that checks the advice runs its cells so; a run matches a
     row only with the same ``heap`` (a run of glibc's own rule is another
     configuration)."""
-    from ddlstudy.cli import build_parser
-    from ddlstudy.cli.advise import _what
-    from ddlstudy.records.advised import advice_plan, row_configs
-    from ddlstudy.tools.advise import checking
-
     args = build_parser().parse_args(["advise", "--usecase", "tiny", "--heap", "keep"])
     assert _what(args) == ("tiny", {"heap": "keep"})
     assert _what(build_parser().parse_args(["advise", "--usecase", "tiny"]))[1] == {}

@@ -5,6 +5,7 @@ again come from the heap, not from pages mapped, faulted in and unmapped each ti
 from __future__ import annotations
 
 import os
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -17,8 +18,7 @@ SIZES_MIB = range(1, 25)
 BIG_MIB = (64, 144)
 """Blocks over glibc's largest mmap threshold (32 MiB), as AlexNet's 67 and 151 MB layers'."""
 STEPS = 10
-WIDE = 16384
-"""tests/models/own_net.py's ``wide``: its first layer's outputs (768 inputs)."""
+OWN = Path(__file__).parent / "models" / "own_net.py"
 
 CODE = f"""
 import resource, torch
@@ -73,15 +73,15 @@ def test_a_run_with_heap_keep_faults_in_no_large_gradient_afresh(tmp_path, datas
     """Two real runs of tiny with a model of one's own whose first layer's gradient (48 MiB)
     glibc maps afresh every step: by default each step after the first faults its pages
     in again (12,288 of 4 KiB); with ``--heap keep`` the heap keeps it, and the manifest's
-    ``training_faults`` say so (8 steps: 113,560-113,882 faults against 27,678-39,405 kept:
-    a heap that fragments grows now and then, a gradient's pages at a time)."""
-    own = Path(__file__).parent / "models" / "own_net.py"
+    ``training_faults`` say so (10 steps: 138,510 faults against 27,679 kept; 8 steps:
+    113,560-113,882 against 27,678-39,405: a heap that fragments grows now and then, a
+    gradient's pages at a time)."""
     env = {k: v for k, v in os.environ.items() if k != HUGE_PAGES} | {HUGE_PAGES: "0"}
     faults = {}
     for heap in ("return", "keep"):
         runs = tmp_path / heap
         out = subprocess.run([*python_module("ddlstudy", "run"), "--usecase", "tiny",
-                              "--model", f"{own}:wide", "--datasets-dir", str(datasets_dir),
+                              "--model", f"{OWN}:wide", "--datasets-dir", str(datasets_dir),
                               "--runs-dir", str(runs), "--epochs", "1", "--max-steps",
                               str(STEPS), "--max-val-steps", "1", "--no-snapshot",
                               "--sample-hz", "0", "--quiet", "--heap", heap],
@@ -90,5 +90,5 @@ def test_a_run_with_heap_keep_faults_in_no_large_gradient_afresh(tmp_path, datas
         m = load_manifest(next(runs.glob("*/manifest.json")))
         assert m["config"]["heap"] == heap
         faults[heap] = m["backend"]["memory"]["per_rank"][0]["training_faults"]
-    gradient = (768 * WIDE * 4) // PAGE
+    gradient = (768 * runpy.run_path(str(OWN))["WIDE"] * 4) // PAGE
     assert faults["return"] - faults["keep"] > (STEPS - 1) * gradient / 2, faults

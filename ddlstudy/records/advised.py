@@ -35,6 +35,13 @@ ADVICE_DATA = ("data_dir", "model", "datasets_dir", "heap")
 allocator setting): its study trains that."""
 
 
+def advice_data(advice: dict[str, Any]) -> dict[str, Any]:
+    """An advice's probe settings that are ADVICE_DATA: what each of its rows' runs is
+    given besides the row's flags."""
+    return {k: v for k, v in (advice.get("probe_settings") or {}).items()
+            if k in ADVICE_DATA}
+
+
 def _usecase_name(path: Path, usecase: str) -> str:
     """The name of the use case an advise.json names by its file (written there by hand)."""
     try:
@@ -90,8 +97,7 @@ def advice_plan(path: Path, top: int, repeat: int | None = None,
         raise UsageError(f"{path} has no recommendation that can run here{why}; run "
                          f"`ddlstudy advise` again")
     usecase = _advised(path, advice)
-    settings = {k: v for k, v in (advice.get("probe_settings") or {}).items()
-                if k in ADVICE_DATA}
+    settings = advice_data(advice)
     try:  # checked as a plan's cells are: an advise.json is a file anyone can edit
         _checked(_cell(True), settings, "probe_settings", CELL_KEYS - {"strategy"})
         _check_cells({}, [r["flags"] for r in rows], "ranking")
@@ -112,7 +118,7 @@ def row_configs(path: Path, advice: dict[str, Any]) -> list[tuple[dict, dict]]:
     manifest records it), to match runs to rows; a row that cannot be made here (on
     hosts that are not up, for a --link's machines) is left out."""
     usecase = _advised(path, advice)
-    data = {k: v for k, v in (advice.get("probe_settings") or {}).items() if k in ADVICE_DATA}
+    data = advice_data(advice)
     out = []
     for row in advice["ranking"]:
         try:

@@ -75,7 +75,7 @@ def steady_heap(keep: bool = False) -> None:
     made, and its pages are faulted in (zeroed) again: tiny-full's AdamW makes and frees
     its 151 and 67 MB layers' gradients and temporaries every step, 212 such maps in 30
     steps; on 2 MiB pages a fault now and then takes the kernel 0.3-0.6 s, so that a
-    third of its steps took twice the median. Kept, no page is faulted in after the
+    quarter of its steps took twice the median. Kept, no page is faulted in after the
     first step, and no step is slow: 48.5 images/s against 39.5, peaks alike. Where the
     heap fragments the peak grows instead: simple-big, 12 steps, sequential +4-11 %,
     sharded +8-18 % (2,615-2,850 MiB against 2,417-2,434), zero +8-13 %."""

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from ddlstudy.files import atomic_write_json, atomic_write_text
-from ddlstudy.records.advised import ADVICE_DATA, load_advice, row_configs
+from ddlstudy.records.advised import advice_data, load_advice, row_configs
 from ddlstudy.records.formats import Study as StudyRecord
 from ddlstudy.records.formats import load
 from ddlstudy.records.memory import memory_of
@@ -85,8 +85,7 @@ def _runs(manifests: list[dict], cells: list[dict] | None, advice: dict,
     """Each run that is a row of the advice, with that row."""
     if cells is not None:  # a cell's flags are its row's and the advice's data (--heap)
         by_id = {m["id"]: m for m in manifests}
-        data = {k: v for k, v in (advice.get("probe_settings") or {}).items()
-                if k in ADVICE_DATA}
+        data = advice_data(advice)
         by_flags = {_key(data | r["flags"]): r for r in advice["ranking"]}
         return [(by_id[c["run"]], by_flags[_key(c["flags"])]) for c in cells
                 if c.get("run") in by_id and _key(c["flags"]) in by_flags]
