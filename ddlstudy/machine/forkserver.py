@@ -57,11 +57,18 @@ def warm(*modules: str) -> None:
     if _started["pid"] == os.getpid():
         return
     multiprocessing.set_forkserver_preload([*PRELOAD, *modules])
-    os.environ[SERVER_ENV] = "1"
+    # the server is ``python -c``: without -P its path would start with the working
+    # directory (Python 3.11's forkserver ignores the path it is given), and a folder's
+    # own ddlstudy/ or torch/ would be what it imports, as ``python_module``'s -P prevents
+    # for every other Python ddlstudy starts
+    server_env = {SERVER_ENV: "1"} | {k: v for k, v in environment.SAFE_PATH_ENV.items()
+                                      if k not in os.environ}
+    os.environ.update(server_env)
     try:
         forkserver.ensure_running()
     finally:
-        os.environ.pop(SERVER_ENV, None)
+        for key in server_env:
+            os.environ.pop(key, None)
     _started["pid"] = os.getpid()
     atexit.register(_reap)
 
