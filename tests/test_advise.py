@@ -587,6 +587,8 @@ def test_bench_advise_advises_an_own_use_case_checks_it_and_finds_each_error(
     assert "| own | yes |" in printed, printed  # every layout probed at the default budget
     advice = json.loads((out / "own" / "advice" / "advise.json").read_text())
     assert advice["origin"]["usecase"] is None and advice["budget_s"] is None
+    assert "free_page_reporting" in advice["host"]  # this host's, and whatever it is,
+    assert advice["refaults"] is None  # an own ResNet has no weight over 32 MiB
     assert advice["every_layout"] and "budget_needed_s" not in advice or \
         advice["budget_needed_s"] is None
     log = (out / "own" / "advise.log").read_text()

@@ -10,8 +10,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ddlstudy.machine.environment import HUGE_PAGES, python_module
+from ddlstudy.config import load_usecase
+from ddlstudy.machine.environment import HUGE_PAGES, free_page_reporting, python_module
+from ddlstudy.models import facts
 from ddlstudy.records.runfolder import load_manifest
+from ddlstudy.tools.advise.checking import summary_lines
+from ddlstudy.tools.advise.memory import refault_note, refaults
 
 PAGE = 4096
 SIZES_MIB = range(1, 25)
@@ -89,6 +93,53 @@ def test_a_run_with_heap_keep_faults_in_no_large_gradient_afresh(tmp_path, datas
         assert out.returncode == 0, out.stderr[-2000:]
         m = load_manifest(next(runs.glob("*/manifest.json")))
         assert m["config"]["heap"] == heap
+        assert m["host"]["free_page_reporting"] == free_page_reporting()  # this machine's
         faults[heap] = m["backend"]["memory"]["per_rank"][0]["training_faults"]
     gradient = (768 * runpy.run_path(str(OWN))["WIDE"] * 4) // PAGE
     assert faults["return"] - faults["keep"] > (STEPS - 1) * gradient / 2, faults
+
+
+def _balloon(root: Path, features: str | None, order: str | None) -> Path:
+    """A /sys of a VM: a virtio balloon with these feature bits, the kernel's reporting
+    order."""
+    if features is not None:
+        device = root / "bus/virtio/drivers/virtio_balloon/virtio0"
+        device.mkdir(parents=True)
+        (device / "features").write_text(features + "\n")
+    if order is not None:
+        params = root / "module/page_reporting/parameters"
+        params.mkdir(parents=True)
+        (params / "page_reporting_order").write_text(order + "\n")
+    return root
+
+
+def test_a_vm_whose_balloon_reports_free_pages_is_told_from_its_feature_bits(tmp_path):
+    """Bit 5 of the balloon's features (VIRTIO_BALLOON_F_REPORTING) says the host takes
+    free memory back; a machine without the bit, or without a balloon, is not such a VM."""
+    reporting = "0110010100" + "0" * 118  # this development machine's balloon
+    assert free_page_reporting(_balloon(tmp_path / "a", reporting, "9")) == {"order": 9}
+    assert free_page_reporting(_balloon(tmp_path / "b", reporting, None)) == {"order": -1}
+    assert free_page_reporting(_balloon(tmp_path / "c", "0110000100", "9")) is None
+    assert free_page_reporting(_balloon(tmp_path / "d", "01", "9")) is None
+    assert free_page_reporting(_balloon(tmp_path / "e", None, "9")) is None
+
+
+def test_advise_says_where_a_model_s_large_weights_vary_its_runs_on_such_a_vm():
+    """tiny-full's AlexNet has a weight of 144 MiB, over glibc's 32 MiB: on a VM that
+    reports free pages, with the heap returned, the advice and its check say what error
+    to expect and name --heap keep; tiny's largest is under 32 MiB, and a kept heap or a
+    real machine has no such note."""
+    full, tiny = (load_usecase(n) for n in ("tiny-full", "tiny"))
+    largest = 4 * facts(full.model, len(full.classes)).largest
+    assert largest == 4 * 9216 * 4096  # its first classifier layer (6 x 6 x 256 -> 4096)
+    vm = {"order": 9}
+    found = refaults(largest, vm, None)
+    assert found == {"largest_bytes": largest, "order": 9}
+    [note] = refault_note(found)
+    assert "144 MiB" in note and "--heap keep" in note and "30 %" in note
+    assert refaults(largest, vm, "keep") is None and refaults(largest, None, None) is None
+    assert refault_note(None) == []
+    assert refaults(4 * facts(tiny.model, len(tiny.classes)).largest, vm, None) is None
+    checked = {"criterion": "images/s", "rows": [{"measured": 40.0}], "refaults": found,
+               "summary": {"rows": 1, "mape": 0.2, "confirmed": None}}
+    assert f"(as the advice said: {note})" in summary_lines(checked)

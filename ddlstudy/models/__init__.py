@@ -92,6 +92,9 @@ class Facts:
     min_image_size: int | None
     """The smallest image side a forward pass takes (None: not measurable on the meta
     device)."""
+    largest: int = 0
+    """Elements of its largest parameter (its gradient, and an optimizer's temporaries,
+    are made afresh that large every step)."""
 
     @property
     def gradient_bytes(self) -> int:
@@ -103,14 +106,17 @@ def facts(spec: ModelSpec, num_classes: int) -> Facts:
     """What ``spec``'s model is, with ``num_classes`` outputs (cached per process, and on
     this machine for the paper's and torchvision's: ``memo``)."""
     known = memo.recalled(spec, num_classes).get("facts")
-    if isinstance(known, dict) and set(known) == {"parameters", "buffers", "min_image_size"}:
+    if isinstance(known, dict) and set(known) == {"parameters", "buffers", "min_image_size",
+                                                  "largest"}:
         return Facts(str(spec.arch), **known)
     model, meta = shapes_only(spec, num_classes)
     buffers = sum(b.numel() for b in model.buffers() if b.is_floating_point())
     found = Facts(str(spec.arch), count_parameters(model), buffers,
-                  _smallest(model, meta) if meta else None)
+                  _smallest(model, meta) if meta else None,
+                  max((p.numel() for p in model.parameters()), default=0))
     memo.keep(spec, num_classes, facts={"parameters": found.parameters, "buffers": buffers,
-                                        "min_image_size": found.min_image_size})
+                                        "min_image_size": found.min_image_size,
+                                        "largest": found.largest})
     return found
 
 

@@ -65,6 +65,15 @@ class Origin(Record):
     """--datasets-dir."""
 
 
+class Refaults(Record):
+    """A VM that hands freed memory back to its hypervisor (free page reporting), and a
+    model whose largest weight glibc maps afresh every step (--heap return)."""
+    largest_bytes: Bytes
+    """The model's largest weight."""
+    order: int
+    """The free blocks the balloon reports: 2^order pages (-1: not said)."""
+
+
 class Advice(Record):
     """advise.json: the ranked configurations of ``ddlstudy advise``."""
     usecase: str
@@ -85,6 +94,8 @@ class Advice(Record):
     probe_settings: dict[str, Any] | None = None
     """The ``ddlstudy run`` flags every probe had (its data flags: ``study --from-advice``
     trains those)."""
+    refaults: Refaults | None = None
+    """Set where this host makes a run's images/s vary from its probe's (notes: why)."""
 
 
 class CheckedRow(Record):
@@ -133,3 +144,5 @@ class AdviceCheck(Record):
     """Runs left out: other processes kept the host busy."""
     figure: str | None = None
     """The figure beside it (predicted against measured), e.g. advice-check.svg."""
+    refaults: Refaults | None = None
+    """The advice's: where set, a run's images/s varies on this host (see Advice)."""

@@ -155,6 +155,11 @@ class Host(_Record):
     logical_cores: Positive | None = None
     ram_bytes: Count | None = None
     gpus: list[Any] = []
+    free_page_reporting: dict[str, int] | None = None
+    """A VM whose virtio balloon hands free memory back to its hypervisor: ``order``, the
+    blocks it reports (2^order pages; -1 not said). null: a real machine, or no such
+    balloon (a large tensor freed and made again is faulted in again, here at the host's
+    cost too)."""
 
 
 class Launch(_Record):

@@ -74,8 +74,10 @@ def steady_heap(keep: bool = False) -> None:
     trimmed only by ``give_back``. glibc maps a block over 32 MiB afresh each time it is
     made, and its pages are faulted in (zeroed) again: tiny-full's AdamW makes and frees
     its 151 and 67 MB layers' gradients and temporaries every step, 212 such maps in 30
-    steps; on 2 MiB pages a fault now and then takes the kernel 0.3-0.6 s, so that a
-    quarter of its steps took twice the median. Kept, no page is faulted in after the
+    steps; on a VM whose balloon hands free memory back to its hypervisor every 2 s
+    (``environment.free_page_reporting``, this host's), the step that faults on pages the
+    host took back pays the host's faults too, 0.3-0.6 s, so that every fourth or fifth
+    of its steps took twice the median. Kept, no page is faulted in after the
     first step, and no step is slow: 48.5 images/s against 39.5, peaks alike. Where the
     heap fragments the peak grows instead: simple-big, 12 steps, sequential +4-11 %,
     sharded +8-18 % (2,615-2,850 MiB against 2,417-2,434), zero +8-13 %."""

@@ -67,7 +67,7 @@ from ddlstudy.tools.advise.checking import (
 )
 from ddlstudy.tools.advise.exchange import COMPRESSORS, Exchange, measure_exchange, on_link
 from ddlstudy.tools.advise.history import last_check_line
-from ddlstudy.tools.advise.memory import gib, linear_share
+from ddlstudy.tools.advise.memory import gib, linear_share, refault_note, refaults
 from ddlstudy.tools.advise.nodes import Setting, mpi_candidates
 from ddlstudy.tools.advise.output import as_csv, as_json, markdown, write
 from ddlstudy.tools.advise.probes import (
@@ -140,21 +140,20 @@ def advise(usecase: str | None, nodes: list[int], hosts: str | None, link: str |
            data: dict[str, Any] | None = None, strategies: list[str] | None = None,
            memory: int | None = None, checkpointed: bool = False,
            precisions: tuple[str, ...] = ()) -> dict:
-    """Probe, measure, predict and rank (see the module's docstring): advise.json's
-    content. ``budget``: seconds (None: auto, every layout once and then some); ``box``:
-    a probe's steady seconds; ``host_count``: how many ``hosts`` there are (MPI probes up
-    to that many); ``wait``: each probe waits for a quiet host first; ``data``: run flags
-    of every probe that say what it trains (``data_dir``, ``model``); ``strategies``: the
-    only ones whose layouts are probed (and sequential); ``memory``: --memory's bytes
-    (``_memory``); ``checkpointed``, ``precisions``: each layout also with its activations
-    checkpointed, and in each of these (bf16, fp16)."""
+    """Probe, measure, predict and rank (the module's docstring): advise.json's content.
+    ``budget``: seconds (None: auto, every layout once and then some); ``box``: a probe's
+    steady seconds; ``host_count``: how many ``hosts`` (MPI probes up to that many);
+    ``wait``: each probe waits for a quiet host; ``data``: every probe's run flags that
+    say what it trains (``data_dir``, ``model``, ``heap``); ``strategies``: the only ones
+    probed (and sequential); ``memory``: --memory's bytes (``_memory``); ``checkpointed``,
+    ``precisions``: each layout also checkpointed, and in each of these (bf16, fp16)."""
     started = time.monotonic()
     deadline, probes_dir = None if budget is None else started + budget, out / "probes"
     given = (data or {}) | ({"datasets_dir": str(datasets_dir)} if datasets_dir else {})
     uc = cell_config(usecase, given, probes_dir).usecase  # its folder's classes, its model
     conv, pace = convergence(runs, uc), Pace(uc, box)  # --runs read before any probe
     cores, gpus = environment.usable_cores(), len(environment.gpus())
-    gradient = facts(uc.model, len(uc.classes)).gradient_bytes
+    gradient = (model := facts(uc.model, len(uc.classes))).gradient_bytes
     cands = skip_unasked(candidates(cores, gpus, checkpointed, precisions), strategies)
     check_fit(cands, usecase, probes_dir, given)
     where = _setting(cores, hosts, link, host_count)
@@ -176,7 +175,8 @@ def advise(usecase: str | None, nodes: list[int], hosts: str | None, link: str |
     rows, notes = predictions(cands, nodes, where, uc.train.batch_size, gradient,
                               train_images(uc, given.get("data_dir")))
     rows, left_out = fitting(rows, limit, where)
-    notes = _shared(where, nodes) + _over(cands, limit) + notes
+    refaulted = refaults(4 * model.largest, environment.free_page_reporting(), given.get("heap"))
+    notes = _shared(where, nodes) + _over(cands, limit) + notes + refault_note(refaulted)
     rank(rows, conv, max(c.speed for c in cands if c.speeds and c.nodes == 1))
     for r in rows:
         r["command"] = command(usecase, (data or {}) | r["flags"])
@@ -192,7 +192,7 @@ def advise(usecase: str | None, nodes: list[int], hosts: str | None, link: str |
             "exchange": where.exchange.record() if where.exchange else None,
             "convergence": _recorded(conv), "notes": notes, "sureness": sureness(rows),
             "ranking": rows, "left_out": left_out, "host": environment.host(),
-            "last_check": last_check_line(uc.name)}
+            "refaults": refaulted, "last_check": last_check_line(uc.name)}
 
 
 def _recorded(conv: dict[str, Any]) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from ddlstudy.records.memory import memory_of
 from ddlstudy.report import STUDY_FILE, load_runs
 from ddlstudy.tools.advise.figure import plot_check, save
 from ddlstudy.tools.advise.history import remember
+from ddlstudy.tools.advise.memory import refault_note
 from ddlstudy.tools.advise.output import pct
 from ddlstudy.tools.advise.probes import steady_speed
 from ddlstudy.tools.advise.ranking import finite
@@ -72,7 +73,8 @@ def check(advice: dict, manifests: list[dict], cells: list[dict] | None = None,
     out: dict[str, Any] = {"criterion": "time to target (s)" if ttt else "images/s",
                            "rows": rows, "noisy_left_out": noisy,
                            "include_noisy": include_noisy,
-                           "summary": summary(rows, ttt)}
+                           "summary": summary(rows, ttt),
+                           "refaults": advice.get("refaults")}
     first = out["summary"]
     if first.get("first_over_best") is not None:  # the keys earlier checks had
         out |= {"best_rank": first["best_rank"], "first_over_best": first["first_over_best"],
@@ -264,6 +266,7 @@ def summary_lines(result: dict) -> list[str]:
         out.append(f"({result['noisy_left_out']} run(s) left out: other processes kept the "
                    "host busy; --wait-quiet waits for a quiet host before each cell, "
                    "--include-noisy counts them, marked)")
+    out += [f"(as the advice said: {note})" for note in refault_note(result.get("refaults"))]
     if any(r.get("busy") for r in result["rows"]):
         out.append("(rows marked 'busy host' were measured while other processes kept the "
                    "host busy: their errors say as much of the host as of the advice)")

@@ -26,6 +26,7 @@ from ddlstudy.config import ModelSpec
 from ddlstudy.models import shapes_only
 from ddlstudy.records.memory import files_bytes
 from ddlstudy.strategies.base import Footprint
+from ddlstudy.training.memory import MMAP_MOST
 from ddlstudy.training.sharding import linear_pairs
 
 
@@ -130,3 +131,34 @@ def process_peak(fp: Footprint, base: Split, node_batch: int) -> int:
     held = training - fp.processes * base.rest
     process = base.rest + held / fp.processes + fp.shared_bytes
     return round(max(process, process - activations / fp.processes + gathered))
+
+
+def refaults(largest: int, reporting: dict[str, int] | None, heap: str | None
+             ) -> dict[str, int] | None:
+    """Whether this host makes a run's images/s vary from its probe's: on a VM whose
+    balloon hands freed memory back to its hypervisor (``reporting``: the host's
+    ``free_page_reporting``), a model whose largest weight (``largest``: bytes) is over
+    glibc's largest mmap threshold has that weight's gradient and an optimizer's
+    temporaries mapped and faulted in afresh every step (``--heap return``), and a step
+    that faults on pages the host took back runs up to twice as long: every fourth or
+    fifth of tiny-full's (0.7-0.9 s against 0.38), more in some runs than in others, so
+    that its probes erred by -32 to +32 % on runs of the same evening. None where that
+    does not apply."""
+    if reporting is None or heap == "keep" or largest <= MMAP_MOST:
+        return None
+    return {"largest_bytes": largest, "order": reporting.get("order", -1)}
+
+
+def refault_note(found: dict[str, int] | None) -> list[str]:
+    """``refaults``'s finding in a sentence, for the advice and its check (none where
+    there is none)."""
+    return [] if found is None else [(
+            f"this host hands freed memory back to its hypervisor every 2 s (its virtio "
+            f"balloon's free page reporting), and the model's largest weight, "
+            f"{found['largest_bytes'] / 2**20:.0f} MiB, is over glibc's "
+            f"{MMAP_MOST >> 20} MiB: its gradient is mapped and faulted in afresh every "
+            "step, and a step that faults on pages the host took back runs up to twice as "
+            "long, more in some runs than in others. Expect a run's images/s to differ from "
+            "its row by up to 30 % either way (tiny-full: 10-19 % mean error over a check); "
+            "--heap keep keeps those blocks and steadies the steps (tiny-full: 5 %), at "
+            "peaks up to 18 % higher where FSDP gathers")]
