@@ -226,3 +226,41 @@ def test_a_tree_is_decoded_once_per_content(imagefolder, tiny, monkeypatch):
     changed = scan_imagefolder(imagefolder, tiny.classes, BadImagePolicy.SKIP)
     assert len(opened) == tiny.data.images
     assert [f for f, _ in changed.skipped] == ["fire/fire_00001.jpg", "smoke/smoke_00003.jpg"]
+
+
+def test_a_file_unchanged_since_its_last_hash_is_not_read_again(imagefolder, tiny,
+                                                                 monkeypatch):
+    """A scan keeps each file's digest by its size, times and inode: the next one reads
+    only the files whose stat moved. A file written again, its modification time set
+    back, is read again (its change time cannot be set back); a file that reads but does
+    not decode is kept like any other (the checked-images memo says it is bad); one that
+    cannot be read is never kept: it is read, and said, every time."""
+    import os
+
+    from ddlstudy.data import folder
+
+    first = scan_imagefolder(imagefolder, tiny.classes)
+    read = []
+    real = folder.read_bytes
+    monkeypatch.setattr(folder, "read_bytes",
+                        lambda path, *a, **k: read.append(path.name) or real(path, *a, **k))
+    assert scan_imagefolder(imagefolder, tiny.classes) == first and read == []
+    same = imagefolder / "fire" / "fire_00001.jpg"
+    st = same.stat()
+    same.write_bytes(same.read_bytes())
+    os.utime(same, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert same.stat().st_mtime_ns == st.st_mtime_ns
+    assert scan_imagefolder(imagefolder, tiny.classes) == first and read == [same.name]
+    bad = imagefolder / "smoke" / "smoke_00003.jpg"
+    bad.write_bytes(bad.read_bytes()[:200])  # readable, but no image: decoded once
+    for again in (False, True):
+        read.clear()
+        skipped = scan_imagefolder(imagefolder, tiny.classes, BadImagePolicy.SKIP).skipped
+        assert [f for f, _ in skipped] == ["smoke/smoke_00003.jpg"]
+        assert (read == []) if again else (read[0] == bad.name)
+    bad.write_bytes(b"")  # unreadable: never kept
+    for _ in range(2):
+        read.clear()
+        skipped = scan_imagefolder(imagefolder, tiny.classes, BadImagePolicy.SKIP).skipped
+        assert skipped == (("smoke/smoke_00003.jpg", "empty file"),)
+        assert read[0] == bad.name

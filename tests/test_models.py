@@ -182,3 +182,39 @@ def test_init_weights_must_fit_the_model(tmp_path, quick_config):
     assert m["model"]["init_weights"]["sha256"] == check_weights(small, 3, tmp_path / "mine.pt")
     fresh = run(quick_config(max_steps=1, snapshot=False), show_progress=False).manifest
     assert m["epochs"][0]["train_loss"] != fresh["epochs"][0]["train_loss"]
+
+
+ALONGSIDE = """
+import sys
+import torch
+from ddlstudy.config import ModelSpec, RunConfig, load_usecase
+from ddlstudy.models.sources import maker
+from ddlstudy.runner import resolve
+from ddlstudy.training.worker import new_model
+
+makes = [maker(ModelSpec(arch=a, width=w)) for a in ("alexnet", "vgg16") for w in (0.25, 1.0)]
+before = set(sys.modules)
+for make in makes:
+    make(3)
+print(sorted(set(sys.modules) - before))
+print("torch._dynamo" in sys.modules)
+model = new_model(resolve(RunConfig(usecase=load_usecase("simple-big"), sample_hz=0)))
+print("torch._dynamo" in sys.modules, float(sum(p.double().sum() for p in model.parameters())))
+"""
+
+
+def test_the_paper_s_models_import_nothing_as_they_build_so_the_compiler_is_imported_meanwhile():
+    """``new_model`` imports torch's compiler front end while the paper's model draws its
+    weights in its build thread: safe because building the paper's networks (once their
+    maker is found) imports no module (two threads importing crossing graphs of modules
+    can deadlock), and the weights are those pinned above (the import draws nothing from
+    torch's generator). A fresh process: the compiler not yet imported."""
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-c", ALONGSIDE], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    new, cold, after = out.stdout.splitlines()
+    warm, total = after.split()
+    assert new == "[]" and cold == "False" and warm == "True"
+    assert float(total) == pytest.approx(26.81833651444532, rel=1e-9)

@@ -146,14 +146,58 @@ def _each(pool: ThreadPoolExecutor, threads: int, files: list[tuple[Path, int]],
     return [found for run in runs for found in run]
 
 
-def _checks(files: list[tuple[Path, int]], rels: list[str], threads: int
+Stat = tuple[int, int, int, int]
+"""A file's size, modification and change times (ns) and inode: git's test of a file
+unchanged (the change time cannot be set back, as the modification time can)."""
+
+
+def _stat(path: Path) -> Stat | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino
+
+
+def _digests_file(root: Path) -> Path:
+    """Where the digests of ``root``'s files are kept, by their ``Stat``."""
+    return cache_dir() / "checked" / "digests" / f"{sha256_bytes(str(root).encode())[:32]}.json"
+
+
+def _hashed(pool: ThreadPoolExecutor, threads: int, root: Path, files: list[tuple[Path, int]],
+            rels: list[str]) -> list[tuple[str | None, str]]:
+    """``_each`` without decoding, but a file whose ``Stat`` is as when it was last hashed
+    keeps that digest, not read again: simple-big's 6,003 images (65 MB) in 0.26-0.32 s,
+    their stats in 0.03 s; every run's start, every MPI rank's. A file that cannot be
+    read is never kept, so it is read again, and said."""
+    memo, stats = _digests_file(root.resolve()), [_stat(p) for p, _ in files]
+    try:
+        kept = read_json(memo, "digests memo")
+    except UsageError:
+        kept = None
+    kept = kept if isinstance(kept, dict) else {}
+    found: list[tuple[str | None, str] | None] = [
+        (k[4], "") if isinstance(k := kept.get(rel), list) and len(k) == 5
+        and tuple(k[:4]) == st else None for rel, st in zip(rels, stats, strict=True)]
+    todo = [i for i, f in enumerate(found) if f is None]
+    for i, f in zip(todo, _each(pool, threads, [files[i] for i in todo], decode=False),
+                    strict=True):
+        found[i] = f
+    if todo:
+        _remember_text(memo, json.dumps({rel: [*st, d] for rel, st, (d, _) in zip(
+            rels, stats, found, strict=True) if st is not None and d is not None}))
+    return found
+
+
+def _checks(root: Path, files: list[tuple[Path, int]], rels: list[str], threads: int
             ) -> tuple[list[tuple[str | None, str]], Path | None]:
     """Every file's (sha256, '') or (None, why it is not a usable image), and where to
     remember the outcome once the scan has accepted the tree (None: it is remembered
     already, or a file cannot even be read). Each file is decoded once per content: a scan
-    of a tree already checked only hashes it. ``rels``: the files' relative paths."""
+    of a tree already checked only hashes it (``_hashed``: what changed). ``rels``: the
+    files' relative paths."""
     with ThreadPoolExecutor(threads) as pool:  # Pillow releases the GIL while decoding
-        digests = _each(pool, threads, files, decode=False)
+        digests = _hashed(pool, threads, root, files, rels)
         memo = _checked_file(rels, digests)
         try:
             bad = read_json(memo, "checked-images memo") if memo is not None else None
@@ -168,11 +212,15 @@ def _checks(files: list[tuple[Path, int]], rels: list[str], threads: int
 def _remember(memo: Path, bad: dict[str, str]) -> None:
     """Keep the outcome of a scan that accepted its tree (``bad``: the images it left
     out, by relative path); a refused scan writes nothing."""
+    _remember_text(memo, json.dumps(bad))
+
+
+def _remember_text(memo: Path, text: str) -> None:
     try:
         memo.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(memo, json.dumps(bad))
+        atomic_write_text(memo, text)
     except OSError:
-        pass  # the next scan decodes again
+        pass  # the next scan reads (or decodes) again
 
 
 def scan_imagefolder(root: Path, classes: tuple[str, ...],
@@ -190,7 +238,7 @@ def scan_imagefolder(root: Path, classes: tuple[str, ...],
                             f"{', '.join(sorted(IMAGE_EXTENSIONS))})")
         files += [(p, label) for p in found]
     rels = [path.relative_to(root).as_posix() for path, _ in files]
-    checks, memo = _checks(files, rels, threads or min(8, (os.cpu_count() or 1) * 2))
+    checks, memo = _checks(root, files, rels, threads or min(8, (os.cpu_count() or 1) * 2))
     items, skipped, sums = [], [], []
     for (path, label), rel, (digest, reason) in zip(files, rels, checks, strict=True):
         if digest is None:

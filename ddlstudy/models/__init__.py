@@ -9,6 +9,7 @@ pass), and where it came from (``describe``, for the manifest).
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
@@ -27,9 +28,11 @@ __all__ = ["Facts", "build_model", "check", "count_parameters",
            "describe", "facts", "parameter_count", "shapes_only", "torchvision_names"]
 
 
-def build_model(spec: ModelSpec, num_classes: int) -> nn.Module:
-    """A freshly initialised network (seed torch first for identical weights)."""
-    return made(spec, num_classes)
+def build_model(spec: ModelSpec, num_classes: int,
+                alongside: Callable[[], object] | None = None) -> nn.Module:
+    """A freshly initialised network (seed torch first for identical weights);
+    ``alongside``: what to do meanwhile (``sources.made``)."""
+    return made(spec, num_classes, alongside)
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -76,12 +76,13 @@ BUILD_LIMIT_S = 600.0
 this has hung (a factory that waits for ever, or that swallows every exception)."""
 
 
-def _within_limit(make: Callable[..., nn.Module], spec: ModelSpec, num_classes: int):
+def _within_limit(make: Callable[..., nn.Module], spec: ModelSpec, num_classes: int,
+                  alongside: Callable[[], object] | None = None):
     """``make(num_classes=...)`` in a thread of its own (on this thread's default device,
     meta included), waited for until the running set-up limit (``signals.time_limit``),
     which stops the wait even where the maker swallows every exception or ignores
     signals, or else for ``BUILD_LIMIT_S``; a maker past it is refused (its thread is
-    left, asleep or spinning, a daemon)."""
+    left, asleep or spinning, a daemon). ``alongside`` runs in this thread meanwhile."""
     import torch
 
     device, done = torch.get_default_device(), []
@@ -95,6 +96,8 @@ def _within_limit(make: Callable[..., nn.Module], spec: ModelSpec, num_classes: 
 
     thread = threading.Thread(target=build, name=f"ddlstudy-build-{spec.arch}", daemon=True)
     thread.start()
+    if alongside is not None:
+        alongside()
     thread.join(None if signals.limited() else BUILD_LIMIT_S)
     if not done:
         raise ConfigError(FLAG, f"{spec.arch}(num_classes={num_classes}) has not returned "
@@ -208,15 +211,22 @@ def maker(spec: ModelSpec) -> Callable[[int], nn.Module]:
     return _factory(found["where"], found["function"], kind)
 
 
-def made(spec: ModelSpec, num_classes: int) -> nn.Module:
+def made(spec: ModelSpec, num_classes: int,
+         alongside: Callable[[], object] | None = None) -> nn.Module:
     """The model, checked to be an ``nn.Module`` (a factory of one's own may return
-    anything, or raise)."""
+    anything, or raise). ``alongside``: run meanwhile, where the maker is the paper's (its
+    modules imported, it imports none as it builds: ``tests/test_models.py``; its weights
+    drawn with the GIL released), else first: another's maker may import modules, and
+    two threads importing crossing graphs of modules can deadlock."""
     from torch import nn
 
     make = maker(spec)
+    if alongside is not None and spec.kind != "paper":
+        alongside()
+        alongside = None
     try:
         with _staying(f"{spec.arch}(num_classes={num_classes})"):
-            model = _within_limit(make, spec, num_classes)
+            model = _within_limit(make, spec, num_classes, alongside)
     except ConfigError:
         raise
     except (Exception, SystemExit) as exc:  # someone else's code, any error (exit too)

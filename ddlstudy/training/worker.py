@@ -31,7 +31,7 @@ def new_model(cfg: RunConfig, rank: int | None = None,
     its own dropout masks and flips (the one-model strategies keep the baseline's stream)."""
     uc = cfg.usecase
     seed_everything(uc.train.seed)
-    model = build_model(uc.model, len(uc.classes))
+    model = build_model(uc.model, len(uc.classes), alongside=_compiler)
     if cfg.init_weights is not None:  # fine-tuning: weights of one's own (checked before)
         load_initial(model, cfg.init_weights)
     if cfg.checkpoint_activations:  # the blocks' forwards: names and weights unchanged
@@ -42,6 +42,14 @@ def new_model(cfg: RunConfig, rank: int | None = None,
         torch.manual_seed(uc.train.seed + rank)
     mark_phase("model")
     return model
+
+
+def _compiler() -> None:
+    """Import torch's compiler front end, which every torch optimizer imports as it is made
+    and as it steps (1.0-1.3 s here, torch's largest part after torch itself): while the
+    paper's model draws its weights on the other core (simple-big: 0.3 s), or at once. A
+    rank forked from the warm server has it already."""
+    import torch._dynamo  # noqa: F401
 
 
 def new_optimizer(params: Iterable[nn.Parameter], cfg: RunConfig, zero: bool = False,
