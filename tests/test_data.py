@@ -1,5 +1,6 @@
 import dataclasses
 import hashlib
+import json
 
 import numpy as np
 import pytest
@@ -230,8 +231,9 @@ def test_a_tree_is_decoded_once_per_content(imagefolder, tiny, monkeypatch):
 
 def test_a_file_unchanged_since_its_last_hash_is_not_read_again(imagefolder, tiny,
                                                                  monkeypatch):
-    """A scan keeps each file's digest by its size, times and inode: the next one reads
-    only the files whose stat moved. A file written again, its modification time set
+    """A scan keeps each file's digest by its size, times and inode (once they are 2 s
+    old), and an entry that is not a digest is none: the next one reads only the files
+    whose stat moved. A file written again, its modification time set
     back, is read again (its change time cannot be set back); a file that reads but does
     not decode is kept like any other (the checked-images memo says it is bad); one that
     cannot be read is never kept: it is read, and said, every time."""
@@ -239,12 +241,27 @@ def test_a_file_unchanged_since_its_last_hash_is_not_read_again(imagefolder, tin
 
     from ddlstudy.data import folder
 
-    first = scan_imagefolder(imagefolder, tiny.classes)
     read = []
     real = folder.read_bytes
     monkeypatch.setattr(folder, "read_bytes",
                         lambda path, *a, **k: read.append(path.name) or real(path, *a, **k))
+    first = scan_imagefolder(imagefolder, tiny.classes)  # the copy's files changed just now:
+    read.clear()  # too fresh to keep (one could change again within the clock's tick)
+    assert scan_imagefolder(imagefolder, tiny.classes) == first
+    assert len(read) == tiny.data.images
+    monkeypatch.setattr(folder, "SETTLED_NS", 0)  # settled at once, from here on
+    read.clear()
+    assert scan_imagefolder(imagefolder, tiny.classes) == first
+    assert len(read) == tiny.data.images
+    read.clear()
     assert scan_imagefolder(imagefolder, tiny.classes) == first and read == []
+    memo = folder._digests_file(imagefolder.resolve())  # an entry spoilt is read again
+    kept = json.loads(memo.read_text())
+    kept["fire/fire_00002.jpg"][4] = None
+    memo.write_text(json.dumps(kept))
+    assert scan_imagefolder(imagefolder, tiny.classes) == first
+    assert read == ["fire_00002.jpg"]
+    read.clear()
     same = imagefolder / "fire" / "fire_00001.jpg"
     st = same.stat()
     same.write_bytes(same.read_bytes())

@@ -218,3 +218,14 @@ def test_the_paper_s_models_import_nothing_as_they_build_so_the_compiler_is_impo
     warm, total = after.split()
     assert new == "[]" and cold == "False" and warm == "True"
     assert float(total) == pytest.approx(26.81833651444532, rel=1e-9)
+
+
+def test_what_is_done_alongside_a_build_fails_as_itself_once_the_model_is_built():
+    """An error of ``alongside`` is its own, not the model's (no ConfigError naming the
+    maker), raised once the build is over, whichever the maker."""
+    def fails():
+        raise RuntimeError("alongside failed")
+
+    for spec in (ModelSpec(arch="alexnet", width=0.25), ModelSpec(arch="resnet18")):
+        with pytest.raises(RuntimeError, match="^alongside failed$"):
+            build_model(spec, 3, alongside=fails)

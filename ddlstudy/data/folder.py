@@ -14,6 +14,8 @@ import io
 import json
 import os
 import re
+import socket
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,8 +28,8 @@ from ddlstudy.config import BadImagePolicy
 from ddlstudy.data.cache import cache_dir
 from ddlstudy.data.fingerprint import fingerprint, sha256_bytes
 from ddlstudy.errors import DataError, UsageError
-from ddlstudy.files import atomic_write_text
-from ddlstudy.reading import MiB, read_bytes, read_json
+from ddlstudy.files import WriteFailed, atomic_write_text
+from ddlstudy.reading import CAPS, MiB, read_bytes, read_json
 
 IMAGE_CAP = 512 * MiB
 
@@ -159,9 +161,24 @@ def _stat(path: Path) -> Stat | None:
     return st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino
 
 
+SETTLED_NS = 2 * 10**9
+"""A file is kept by its ``Stat`` only once its times are this old: one written within the
+clock's tick of its stat could change again with the same ``Stat`` (git's racy files)."""
+
+
 def _digests_file(root: Path) -> Path:
-    """Where the digests of ``root``'s files are kept, by their ``Stat``."""
-    return cache_dir() / "checked" / "digests" / f"{sha256_bytes(str(root).encode())[:32]}.json"
+    """Where the digests of ``root``'s files on this machine are kept, by their ``Stat``
+    (a cache shared over NFS by machines with their own copies at one path: one each)."""
+    key = sha256_bytes(f"{socket.gethostname()}:{root}".encode())[:32]
+    return cache_dir() / "checked" / "digests" / f"{key}.json"
+
+
+def _kept(entry: object, st: Stat | None) -> tuple[str | None, str] | None:
+    """A kept entry's digest where it is one and its ``Stat`` is ``st``."""
+    if isinstance(entry, list) and len(entry) == 5 and tuple(entry[:4]) == st and \
+            isinstance(entry[4], str) and len(entry[4]) == 64:
+        return entry[4], ""
+    return None
 
 
 def _hashed(pool: ThreadPoolExecutor, threads: int, root: Path, files: list[tuple[Path, int]],
@@ -170,22 +187,24 @@ def _hashed(pool: ThreadPoolExecutor, threads: int, root: Path, files: list[tupl
     keeps that digest, not read again: simple-big's 6,003 images (65 MB) in 0.26-0.32 s,
     their stats in 0.03 s; every run's start, every MPI rank's. A file that cannot be
     read is never kept, so it is read again, and said."""
+    settled = time.time_ns() - SETTLED_NS
     memo, stats = _digests_file(root.resolve()), [_stat(p) for p, _ in files]
     try:
         kept = read_json(memo, "digests memo")
     except UsageError:
         kept = None
     kept = kept if isinstance(kept, dict) else {}
-    found: list[tuple[str | None, str] | None] = [
-        (k[4], "") if isinstance(k := kept.get(rel), list) and len(k) == 5
-        and tuple(k[:4]) == st else None for rel, st in zip(rels, stats, strict=True)]
+    found = [_kept(kept.get(rel), st) for rel, st in zip(rels, stats, strict=True)]
     todo = [i for i, f in enumerate(found) if f is None]
     for i, f in zip(todo, _each(pool, threads, [files[i] for i in todo], decode=False),
                     strict=True):
         found[i] = f
-    if todo:
-        _remember_text(memo, json.dumps({rel: [*st, d] for rel, st, (d, _) in zip(
-            rels, stats, found, strict=True) if st is not None and d is not None}))
+    if any(found[i][0] is not None for i in todo):  # something new to keep
+        text = json.dumps({rel: [*st, d] for rel, st, (d, _) in zip(
+            rels, stats, found, strict=True) if st is not None and d is not None
+            and max(st[1], st[2]) < settled})
+        if len(text) < CAPS["record"]:  # what read_json reads back
+            _remember_text(memo, text)
     return found
 
 
@@ -219,7 +238,7 @@ def _remember_text(memo: Path, text: str) -> None:
     try:
         memo.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(memo, text)
-    except OSError:
+    except (OSError, WriteFailed):  # a full disk or quota too
         pass  # the next scan reads (or decodes) again
 
 

@@ -201,8 +201,9 @@ def free_page_reporting(sys_root: Path = Path("/sys")) -> dict[str, int] | None:
     host drops them, so that the next fault on one costs the host a fault and a zeroing of
     its own. A process that unmaps a large tensor and maps another more than 2 s later
     pays it: 151 MiB faulted in took 17 ms back to back here, 109-266 ms after 3 s idle.
-    None where no balloon reports (a real machine, a VM without it); else ``{"order"}``
-    (-1 where the kernel does not say)."""
+    None where no virtio balloon reports (a real machine, a VM without one; other
+    hypervisors' balloons are not read); else ``{"order"}`` (-1 where the kernel does not
+    say; 9 is 2 MiB on 4 KiB pages)."""
     for device in sorted((sys_root / "bus/virtio/drivers/virtio_balloon").glob("virtio*")):
         try:
             bits = (device / "features").read_text().strip()

@@ -36,7 +36,7 @@ def _key(spec: ModelSpec, num_classes: int) -> list | None:
 
 
 def recalled(spec: ModelSpec, num_classes: int) -> dict[str, Any]:
-    """``spec``'s record: ``facts`` (parameters, buffers, min_image_size) and ``checked``
+    """``spec``'s record: ``facts`` (parameters, buffers, min_image_size, largest) and ``checked``
     ([image size, checkpointed] pairs), or {} where there is none."""
     key = _key(spec, num_classes)
     return {} if key is None else checked.recalled("models", key)

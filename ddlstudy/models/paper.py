@@ -8,6 +8,11 @@ start on a 2-core host). Below 1.0 the same layer structure is built with fewer 
 and hidden units, so the tiny use case exercises the code paths of the real ones
 (including the ``features`` / ``avgpool`` / ``classifier`` split the pipeline strategy
 cuts along).
+
+Building one imports no module: ``training.worker.new_model`` imports torch's compiler
+front end in the main thread while the build thread draws the weights, and two threads
+importing crossing graphs of modules can deadlock (no ``.to()``, ``.half()`` or other
+``Module._apply`` here: it imports ``torch._subclasses``; tests/test_models.py holds it).
 """
 
 from __future__ import annotations

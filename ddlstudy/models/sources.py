@@ -220,13 +220,20 @@ def made(spec: ModelSpec, num_classes: int,
     two threads importing crossing graphs of modules can deadlock."""
     from torch import nn
 
-    make = maker(spec)
+    make, failed = maker(spec), []
     if alongside is not None and spec.kind != "paper":
         alongside()
         alongside = None
+
+    def meanwhile() -> None:  # its failure is its own, said once the model is built
+        try:
+            alongside()
+        except Exception as exc:  # noqa: BLE001 - raised again below, not the model's
+            failed.append(exc)
+
     try:
         with _staying(f"{spec.arch}(num_classes={num_classes})"):
-            model = _within_limit(make, spec, num_classes, alongside)
+            model = _within_limit(make, spec, num_classes, alongside and meanwhile)
     except ConfigError:
         raise
     except (Exception, SystemExit) as exc:  # someone else's code, any error (exit too)
@@ -243,6 +250,8 @@ def made(spec: ModelSpec, num_classes: int,
     if not any(p.requires_grad for p in model.parameters()):
         raise ConfigError(FLAG, f"{spec.arch} has no weight to train (none, or all with "
                           f"requires_grad False)")
+    if failed:
+        raise failed[0]
     return model
 
 

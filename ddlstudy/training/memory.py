@@ -102,6 +102,11 @@ def _glibc() -> ctypes.CDLL | None:
 _LIBC = _glibc()
 
 
+def on_glibc() -> bool:
+    """Whether glibc allocates here (else ``steady_heap`` and ``--heap`` change nothing)."""
+    return _LIBC is not None
+
+
 def peak_rss() -> int:
     """The peak resident bytes since ``reset_peak`` (or the process's start)."""
     return _status("VmHWM:") or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

@@ -26,6 +26,7 @@ from ddlstudy.config import ModelSpec
 from ddlstudy.models import shapes_only
 from ddlstudy.records.memory import files_bytes
 from ddlstudy.strategies.base import Footprint
+from ddlstudy.training import memory
 from ddlstudy.training.memory import MMAP_MOST
 from ddlstudy.training.sharding import linear_pairs
 
@@ -143,8 +144,9 @@ def refaults(largest: int, reporting: dict[str, int] | None, heap: str | None
     that faults on pages the host took back runs up to twice as long: every fourth or
     fifth of tiny-full's (0.7-0.9 s against 0.38), more in some runs than in others, so
     that its probes erred by -32 to +32 % on runs of the same evening. None where that
-    does not apply."""
-    if reporting is None or heap == "keep" or largest <= MMAP_MOST:
+    does not apply (or where glibc is not the allocator: ``--heap`` changes nothing)."""
+    if reporting is None or heap == "keep" or largest < MMAP_MOST \
+            or not memory.on_glibc():
         return None
     return {"largest_bytes": largest, "order": reporting.get("order", -1)}
 
@@ -155,7 +157,7 @@ def refault_note(found: dict[str, int] | None) -> list[str]:
     return [] if found is None else [(
             f"this host hands freed memory back to its hypervisor every 2 s (its virtio "
             f"balloon's free page reporting), and the model's largest weight, "
-            f"{found['largest_bytes'] / 2**20:.0f} MiB, is over glibc's "
+            f"{found['largest_bytes'] / 2**20:.0f} MiB, is at or over glibc's "
             f"{MMAP_MOST >> 20} MiB: its gradient is mapped and faulted in afresh every "
             "step, and a step that faults on pages the host took back runs up to twice as "
             "long, more in some runs than in others. Expect a run's images/s to differ from "
