@@ -162,5 +162,6 @@ def refault_note(found: dict[str, int] | None) -> list[str]:
             "step, and a step that faults on pages the host took back runs up to twice as "
             "long, more in some runs than in others. Expect a run's images/s to differ from "
             "its row by up to 30 % either way (tiny-full: 10-19 % mean error over a check); "
-            "--heap keep keeps those blocks and steadies the steps (tiny-full: 5 %), at "
-            "peaks up to 18 % higher where FSDP gathers")]
+            "--heap keep keeps those blocks and steadies the steps once its heap has settled "
+            "(tiny-full: 5-13 %), but a kept heap's peak varies from run to run by up to a "
+            "half (tiny-full's sequential: 1.6-2.5 GiB), more under FSDP's gathers")]
