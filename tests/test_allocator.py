@@ -130,7 +130,7 @@ def test_advise_says_where_a_model_s_large_weights_vary_its_runs_on_such_a_vm():
     to expect and name --heap keep; tiny's largest is under 32 MiB, and a kept heap or a
     real machine has no such note."""
     full, tiny = (load_usecase(n) for n in ("tiny-full", "tiny"))
-    largest = 4 * facts(full.model, len(full.classes)).largest
+    largest = facts(full.model, len(full.classes)).largest_bytes
     assert largest == 4 * 9216 * 4096  # its first classifier layer (6 x 6 x 256 -> 4096)
     vm = {"order": 9}
     found = refaults(largest, vm, None)
@@ -139,7 +139,7 @@ def test_advise_says_where_a_model_s_large_weights_vary_its_runs_on_such_a_vm():
     assert "144 MiB" in note and "--heap keep" in note and "30 %" in note
     assert refaults(largest, vm, "keep") is None and refaults(largest, None, None) is None
     assert refault_note(None) == []
-    assert refaults(4 * facts(tiny.model, len(tiny.classes)).largest, vm, None) is None
+    assert refaults(facts(tiny.model, len(tiny.classes)).largest_bytes, vm, None) is None
     checked = {"criterion": "images/s", "rows": [{"measured": 40.0}], "refaults": found,
                "summary": {"rows": 1, "mape": 0.2, "confirmed": None}}
     assert f"(as the advice said: {note})" in summary_lines(checked)

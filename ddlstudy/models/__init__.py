@@ -100,6 +100,10 @@ class Facts:
     are made afresh that large every step)."""
 
     @property
+    def largest_bytes(self) -> int:
+        return 4 * self.largest
+
+    @property
     def gradient_bytes(self) -> int:
         return 4 * self.parameters
 

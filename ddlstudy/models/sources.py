@@ -233,7 +233,8 @@ def made(spec: ModelSpec, num_classes: int,
 
     try:
         with _staying(f"{spec.arch}(num_classes={num_classes})"):
-            model = _within_limit(make, spec, num_classes, alongside and meanwhile)
+            model = _within_limit(make, spec, num_classes,
+                                  None if alongside is None else meanwhile)
     except ConfigError:
         raise
     except (Exception, SystemExit) as exc:  # someone else's code, any error (exit too)

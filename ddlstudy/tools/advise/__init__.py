@@ -175,7 +175,7 @@ def advise(usecase: str | None, nodes: list[int], hosts: str | None, link: str |
     rows, notes = predictions(cands, nodes, where, uc.train.batch_size, gradient,
                               train_images(uc, given.get("data_dir")))
     rows, left_out = fitting(rows, limit, where)
-    refaulted = refaults(4 * model.largest, environment.free_page_reporting(), given.get("heap"))
+    refaulted = refaults(model.largest_bytes, environment.free_page_reporting(), given.get("heap"))
     notes = _shared(where, nodes) + _over(cands, limit) + notes + refault_note(refaulted)
     rank(rows, conv, max(c.speed for c in cands if c.speeds and c.nodes == 1))
     for r in rows:

@@ -26,8 +26,7 @@ from ddlstudy.config import ModelSpec
 from ddlstudy.models import shapes_only
 from ddlstudy.records.memory import files_bytes
 from ddlstudy.strategies.base import Footprint
-from ddlstudy.training import memory
-from ddlstudy.training.memory import MMAP_MOST
+from ddlstudy.training.memory import MMAP_MOST, on_glibc
 from ddlstudy.training.sharding import linear_pairs
 
 
@@ -145,8 +144,7 @@ def refaults(largest: int, reporting: dict[str, int] | None, heap: str | None
     fifth of tiny-full's (0.7-0.9 s against 0.38), more in some runs than in others, so
     that its probes erred by -32 to +32 % on runs of the same evening. None where that
     does not apply (or where glibc is not the allocator: ``--heap`` changes nothing)."""
-    if reporting is None or heap == "keep" or largest < MMAP_MOST \
-            or not memory.on_glibc():
+    if reporting is None or heap == "keep" or largest < MMAP_MOST or not on_glibc():
         return None
     return {"largest_bytes": largest, "order": reporting.get("order", -1)}
 
