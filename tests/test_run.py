@@ -1,5 +1,6 @@
 """The walking skeleton end to end on the tiny use case."""
 
+import gc
 import json
 import os
 import pickle
@@ -143,6 +144,10 @@ def test_sigterm_leaves_an_interrupted_manifest(tmp_path, datasets_dir):
     assert manifest["status"] == "interrupted" and manifest["exit_code"] == 143
     assert 1 <= len(manifest["epochs"]) < 200
     assert 0 < manifest["first_step_s"] < first_epoch_seen  # from the command, not before
+    # its start ran no full pass of the collector (at Python's thresholds: 6 over
+    # simple-big's), only young ones
+    passes = manifest["startup"]["collector"]["passes"]
+    assert passes[0] > 0 and passes[2] == 0, passes
     assert "Traceback" not in out
     assert not list(runs.glob("*/.*tmp*"))  # no temporary file left
     torch.load(next(runs.glob(f"*/{SNAPSHOT}")), weights_only=True)  # last snapshot loads
@@ -188,6 +193,28 @@ def test_a_process_start_is_read_on_the_wall_clock():
     after = time.time()
     started, now = map(float, out.split())
     assert before - 0.05 <= started <= now <= after  # a clock tick is 10 ms
+
+
+def test_the_collector_is_eased_through_a_start_only_and_then_left_out_what_it_made():
+    """``collector.settled`` at the first step: where the process's own start called
+    ``starting``, the start's objects frozen and Python's thresholds back; in a process
+    that calls runs (this test session), nothing."""
+    from ddlstudy.machine import collector
+
+    thresholds, frozen = gc.get_threshold(), gc.get_freeze_count()
+    collector.settled()
+    assert (gc.get_threshold(), gc.get_freeze_count()) == (thresholds, frozen)
+    assert collector.figures() is None
+    code = ("import gc; from ddlstudy.machine import collector as c; d = gc.get_threshold(); "
+            "c.starting(); raised = gc.get_threshold(); "
+            "made = [[i] for i in range(300_000)]; gc.collect(0); c.settled(); "
+            "import json; print(json.dumps([d == gc.get_threshold(), raised, "
+            "gc.get_freeze_count(), c.figures()]))")
+    back, raised, frozen, counted = json.loads(subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+    assert back and raised == [20_000, 10, 10]
+    assert frozen > 300_000  # the lists made, out of every later pass
+    assert counted["passes"][0] >= 15 and counted["passes"][2] == 0, counted
 
 
 def test_sigterm_between_an_epochs_record_and_its_snapshot_waits_for_the_snapshot(

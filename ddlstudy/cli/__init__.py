@@ -42,7 +42,7 @@ from ddlstudy.config.paths import HOME_PROBLEM
 from ddlstudy.errors import UsageError
 from ddlstudy.files import FREE, WriteFailed, full
 from ddlstudy.logs import setup_logging
-from ddlstudy.machine import environment
+from ddlstudy.machine import collector, environment
 from ddlstudy.records.runfolder import CHILD_ENV
 from ddlstudy.redact import redact
 
@@ -86,6 +86,8 @@ def said(exc: UsageError, most: int = 1000) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:  # this process's own command line, not a call from Python
+        collector.starting()
     environment.use_huge_pages()  # before torch's first allocation
     # the clock of the manifest's first_step_s
     environment.mark_command_start(argv is None, launched=CHILD_ENV in os.environ)

@@ -17,6 +17,7 @@ from typing import Any
 import psutil
 
 from ddlstudy.config import REPO_ROOT
+from ddlstudy.machine import collector
 
 STARTED_ENV = "DDLSTUDY_STARTED_AT"
 """When the user's command started (seconds since the epoch): set by the first ddlstudy
@@ -127,7 +128,8 @@ def startup() -> dict[str, Any]:
         rows.append({"process": process, "phase": phase, "s": round(max(at - last, 0), 3),
                      "at_s": at})
         last = max(last, at)
-    return {"phases": rows}
+    passes = collector.figures()
+    return {"phases": rows} | ({"collector": passes} if passes is not None else {})
 
 
 PACKAGES = ("ddlstudy", "torch", "torchvision", "numpy", "mpi4py", "pyspark", "psutil",

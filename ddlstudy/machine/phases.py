@@ -32,7 +32,21 @@ class Phase(BaseModel):
     """Seconds from the command to its end."""
 
 
+class Collector(BaseModel):
+    """Python's garbage collector over the start of rank 0's process, up to its first step
+    (``machine.collector``)."""
+    model_config = RECORDED
+    passes: Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=3, max_length=3)]
+    """Its passes by generation, youngest first: the last are full passes, each over every
+    object the process holds."""
+    s: Annotated[float, Field(ge=0)]
+    """Their seconds, in all."""
+
+
 class Startup(BaseModel):
     """Where the seconds from the command to the end of rank 0's first step went."""
     model_config = RECORDED
     phases: list[Phase] = []
+    collector: Collector | None = None
+    """Where the process counted them (a process ddlstudy started: the command line, a
+    rank); absent for a run called from Python."""

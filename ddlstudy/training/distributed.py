@@ -23,7 +23,7 @@ import torch.multiprocessing as mp
 
 from ddlstudy import signals, wire
 from ddlstudy.logs import setup_logging
-from ddlstudy.machine import environment, forkserver
+from ddlstudy.machine import collector, environment, forkserver
 from ddlstudy.machine.sampler import ResourceSampler, write_rows
 from ddlstudy.training.flat import average
 from ddlstudy.training.job import Job, Link
@@ -66,6 +66,7 @@ def _then_exit(index: int, fn, inherited: tuple, *args) -> None:
     suites died of it, SIGABRT ("terminate called without an active exception") after
     its last epoch, failing a run that had finished. Its files are written by now."""
     forkserver.adopt(*inherited)
+    collector.starting()
     forkserver.die_with_parent()
     _named(f"ddlstudy-rank{index}")
     environment.this_process(f"rank {index}")

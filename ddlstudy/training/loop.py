@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from ddlstudy.config import WARMUP_STEPS
+from ddlstudy.machine import collector
 from ddlstudy.machine.environment import mark_phase, seconds_since_command
 from ddlstudy.progress import progress
 from ddlstudy.training.memory import SavedForBackward, give_back
@@ -199,6 +200,7 @@ class Trainer:
         if self.first_step_s is not None:
             return contextlib.nullcontext()
         self.first_step_s = seconds_since_command()
+        collector.settled()  # what the start made: never scanned again
         mark_phase("setup")
         first = contextlib.ExitStack()
         first.callback(mark_phase, "first step")
