@@ -99,6 +99,19 @@ def test_a_deliberately_wrong_prediction_shows_as_a_large_error():
     assert "+200%" in advise.check_text(result)
 
 
+def test_the_advices_refault_note_is_repeated_for_runs_whose_heap_was_returned_only():
+    """advise's note on a VM that takes freed memory back is of runs that return their
+    heap (the default): a check of runs made with --heap keep does not repeat it."""
+    advice = _advice(("s", SEQ, 100.0, 400, 800)) | {
+        "refaults": {"largest_bytes": 144 * MIB, "order": 9}}
+    for heap, said in (("return", True), ("keep", False)):
+        result = advise.check(advice, [_manifest("r1", SEQ | {"heap": heap}, 90.0, 400, 800)],
+                              cells=[{"run": "r1", "flags": SEQ}])
+        assert (result["refaults"] is not None) is said, heap
+        assert ("(as the advice said: this host hands freed memory back" in
+                advise.check_text(result)) is said, heap
+
+
 def test_noisy_runs_are_left_out_and_counted_or_counted_marked_when_asked():
     """A run on a busy host is left out and counted; with include_noisy it is the row's
     figure, marked busy; with every run noisy the check names the flag."""

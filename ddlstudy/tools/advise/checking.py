@@ -70,11 +70,13 @@ def check(advice: dict, manifests: list[dict], cells: list[dict] | None = None,
         found.setdefault(id(row), (row, []))[1].append((m, busy))
     rows = sorted((_row(row, runs, ttt) for row, runs in found.values()),
                   key=lambda r: r["rank"])
+    returned = any((m.get("config") or {}).get("heap") != "keep"  # the note is of theirs
+                   for _, runs in found.values() for m, _ in runs)
     out: dict[str, Any] = {"criterion": "time to target (s)" if ttt else "images/s",
                            "rows": rows, "noisy_left_out": noisy,
                            "include_noisy": include_noisy,
                            "summary": summary(rows, ttt),
-                           "refaults": advice.get("refaults")}
+                           "refaults": advice.get("refaults") if returned else None}
     first = out["summary"]
     if first.get("first_over_best") is not None:  # the keys earlier checks had
         out |= {"best_rank": first["best_rank"], "first_over_best": first["first_over_best"],
