@@ -85,19 +85,25 @@ def said(exc: UsageError, most: int = 1000) -> str:
     return text if len(text) <= most else f"{text[:most - 40]}... ({len(text)} characters)"
 
 
+TRAINS = ("run", "replay")
+"""The commands whose process trains (or launches what does): their start eases Python's
+garbage collector until the first step (``machine.collector``)."""
+
+
 def main(argv: list[str] | None = None) -> int:
-    if argv is None:  # this process's own command line, not a call from Python
-        collector.starting()
     environment.use_huge_pages()  # before torch's first allocation
     # the clock of the manifest's first_step_s
-    environment.mark_command_start(argv is None, launched=CHILD_ENV in os.environ)
-    argv = sys.argv[1:] if argv is None else argv
+    own = argv is None  # this process's own command line, not a call from Python
+    environment.mark_command_start(own, launched=CHILD_ENV in os.environ)
+    argv = sys.argv[1:] if own else argv
     try:
         args = build_parser().parse_args(argv)
     except UsageError as exc:
         print(f"ddlstudy: error: {said(exc)}", file=sys.stderr)
         return 2
     args.argv = argv
+    if own and args.command in TRAINS:
+        collector.starting()
     setup_logging(logging.WARNING if getattr(args, "quiet", False) else logging.INFO)
     try:
         if HOME_PROBLEM:

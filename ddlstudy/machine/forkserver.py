@@ -33,7 +33,7 @@ import tempfile
 import time
 from multiprocessing import forkserver, reduction
 
-from ddlstudy.machine import environment
+from ddlstudy.machine import collector, environment
 
 PRELOAD = ("__main__", "ddlstudy.cli", "ddlstudy.runner", "ddlstudy.training.preload")
 """What the server imports before it forks anything (``training.preload`` lists the
@@ -171,7 +171,9 @@ def loader_worker(worker_id: int) -> None:
     server then outlives the rank, and the workers (whose parent it is) wait for the
     rank's indices for ever, each holding the run's output pipes. Closed here, the
     server ends with the rank, and torch's watchdog ends the workers once their parent
-    has gone."""
+    has gone. A worker forked in the middle of its rank's start (the rank's first batch)
+    puts the collector's thresholds back (``collector.settled``)."""
+    collector.settled()
     _let_go()
 
 

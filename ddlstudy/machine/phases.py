@@ -48,5 +48,6 @@ class Startup(BaseModel):
     model_config = RECORDED
     phases: list[Phase] = []
     collector: Collector | None = None
-    """Where the process counted them (a process ddlstudy started: the command line, a
-    rank); absent for a run called from Python."""
+    """Where the process counted them (a process ddlstudy started: ``ddlstudy run``, a
+    rank, an MPI rank); absent for a run called from Python and for Spark's tasks (Spark
+    starts their processes)."""

@@ -27,7 +27,7 @@ from ddlstudy.config import TARGET_METRICS, RunConfig, UseCase
 from ddlstudy.data import DataPlan, prepare_data
 from ddlstudy.errors import UsageError
 from ddlstudy.files import WriteFailed, atomic_write_text, sweep_temporaries, turn
-from ddlstudy.machine import environment
+from ddlstudy.machine import collector, environment
 from ddlstudy.machine.sampler import NOISY_CORES, OthersLoad, ResourceSampler, others_cores
 from ddlstudy.models.sources import sha256_of
 from ddlstudy.records.runfolder import RunFolder, now_iso
@@ -331,6 +331,8 @@ def start(cfg: RunConfig, argv: list[str], resume: Path | None = None) -> RunFol
     refuse_foreign_launcher(dict(os.environ), backend)
     if not backend.launches(cfg):
         importlib.import_module("ddlstudy.training.job")  # torch: in the start's imports
+    else:
+        collector.settled()  # a launcher: its ranks train
     environment.mark_phase("imports")
     limit = os.environ.get(signals.SETUP_TIMEOUT_ENV)  # a study's cell
     try:

@@ -56,8 +56,10 @@ def spawn(fn, nprocs: int, args: tuple) -> mp.ProcessContext:
     error still ends it as torch's wrapper does, exit code 1 and the traceback for the
     parent)."""
     forkserver.warm()
-    return mp.start_processes(_then_exit, args=(fn, forkserver.inherited(), *args),
-                              nprocs=nprocs, join=False, start_method="forkserver")
+    context = mp.start_processes(_then_exit, args=(fn, forkserver.inherited(), *args),
+                                 nprocs=nprocs, join=False, start_method="forkserver")
+    collector.settled()  # this process's start ends here: its ranks train
+    return context
 
 
 def _then_exit(index: int, fn, inherited: tuple, *args) -> None:

@@ -17,6 +17,7 @@ from ddlstudy.backends.spark.allgather import SPARK_DEFAULT_HEAP_MB, allgather_r
 from ddlstudy.config import RunConfig
 from ddlstudy.config.spark import local_cluster
 from ddlstudy.errors import Unavailable
+from ddlstudy.machine import collector
 from ddlstudy.machine.environment import usable_cores
 from ddlstudy.machine.sparkjvm import check as check_flags
 from ddlstudy.machine.sparkjvm import context, jvm_output, master, nodes
@@ -122,6 +123,7 @@ def _fit(job: Job, n: int, start: float) -> None:
     task = functools.partial(_task, job, strategy.worker, strategy.layout(cfg), level)
     from py4j.protocol import Py4JError, Py4JJavaError
 
+    collector.settled()  # the driver's start ends here: its tasks train
     try:
         start = time.perf_counter()
         sc.setJobGroup("ddlstudy", "training")
