@@ -25,8 +25,8 @@ START_THRESHOLDS = (20_000, 10, 10)
 """The youngest generation's threshold, at its default of 700, ran 6 full passes before
 simple-big's first step; at 20,000, none (the start's collection 0.18 s, not 0.55)."""
 
-_state: dict = {"defaults": None, "pid": None, "counted": False, "passes": [0, 0, 0], "s": 0.0,
-               "at": None}
+_state: dict = {"defaults": None, "pid": None, "passes": [0, 0, 0], "s": 0.0, "at": None}
+"""``pid``: the process whose start is counted (None: none ever was, here or in a parent)."""
 _lock = threading.Lock()  # thread replicas each reach their first step
 
 
@@ -38,7 +38,7 @@ def starting() -> None:
     if _state["defaults"] is not None and _state["pid"] == os.getpid():
         return
     _state.update(defaults=_state["defaults"] or gc.get_threshold(), pid=os.getpid(),
-                  counted=True, passes=[0, 0, 0], s=0.0, at=None)
+                  passes=[0, 0, 0], s=0.0, at=None)
     gc.set_threshold(*START_THRESHOLDS)
     if _counted not in gc.callbacks:
         gc.callbacks.append(_counted)
@@ -71,6 +71,6 @@ def settled() -> None:
 def figures() -> dict | None:
     """The collector's passes over this process's start (by generation, youngest first)
     and their seconds; None where ``starting`` never counted them."""
-    if not _state["counted"]:
+    if _state["pid"] is None:
         return None
     return {"passes": list(_state["passes"]), "s": round(_state["s"], 3)}
