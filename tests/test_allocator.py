@@ -10,12 +10,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ddlstudy.config import load_usecase
+from ddlstudy.config import PROBE_SECONDS, REFAULT_PROBE_SECONDS, load_usecase
 from ddlstudy.machine.environment import HUGE_PAGES, free_page_reporting, python_module
 from ddlstudy.models import facts
 from ddlstudy.records.runfolder import load_manifest
 from ddlstudy.tools.advise.checking import summary_lines
-from ddlstudy.tools.advise.memory import refault_note, refaults
+from ddlstudy.tools.advise.memory import probe_box, refault_note, refaults
 
 PAGE = 4096
 SIZES_MIB = range(1, 25)
@@ -136,7 +136,10 @@ def test_advise_says_where_a_model_s_large_weights_vary_its_runs_on_such_a_vm():
     found = refaults(largest, vm, None)
     assert found == {"largest_bytes": largest, "order": 9}
     [note] = refault_note(found)
-    assert "144 MiB" in note and "--heap keep" in note and "30 %" in note
+    assert "144 MiB" in note and "--heap keep" in note and "15 %" in note
+    assert f"{REFAULT_PROBE_SECONDS:g} s of steps" in note
+    assert probe_box(None, found) == REFAULT_PROBE_SECONDS > PROBE_SECONDS  # a longer box
+    assert probe_box(None, None) == PROBE_SECONDS and probe_box(1.5, found) == 1.5
     assert refaults(largest, vm, "keep") is None and refaults(largest, None, None) is None
     assert refault_note(None) == []
     assert refaults(facts(tiny.model, len(tiny.classes)).largest_bytes, vm, None) is None

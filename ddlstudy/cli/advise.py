@@ -13,7 +13,7 @@ from ddlstudy.cli.common import (
     seconds,
     usecase_of,
 )
-from ddlstudy.config import HEAPS, PRECISIONS, PROBE_SECONDS
+from ddlstudy.config import HEAPS, PRECISIONS, PROBE_SECONDS, REFAULT_PROBE_SECONDS
 from ddlstudy.config import MIN_PROBE_SECONDS as MIN_BOX
 from ddlstudy.config.limits import most, size_bytes
 from ddlstudy.config.loading import is_usecase_path
@@ -61,9 +61,11 @@ def register(sub) -> None:
                    "runs too): keep where a step makes and frees tensors over 32 MiB, for "
                    "steady steps (default: return, glibc's own rule)")
     p.add_argument("--rounds", type=int, default=3, help="most probe rounds")
-    p.add_argument("--probe-seconds", type=float, default=PROBE_SECONDS, metavar="S",
+    p.add_argument("--probe-seconds", type=float, metavar="S",
                    help="a probe's steady steps (after its warm-up) last about this long, "
-                   f"however long a step takes (default {PROBE_SECONDS:g})")
+                   f"however long a step takes (default {PROBE_SECONDS:g}; "
+                   f"{REFAULT_PROBE_SECONDS:g} where this host's balloon takes freed memory "
+                   "back and the model's steps map blocks over 32 MiB: advise's note says so)")
     p.add_argument("--wait-quiet", action="store_true", help="before each probe, wait until "
                    f"other processes use at most {NOISY_CORES} cores of this host (at most "
                    f"{WAIT_MOST_S:.0f} s; not charged to the budget). Without it, probes "
@@ -94,7 +96,7 @@ def cmd_advise(args: argparse.Namespace) -> int:
                                                                          args.budget)
     memory = size_bytes("--memory", args.memory) if args.memory is not None else None
     check_positive(args, "rounds")
-    if not MIN_BOX <= args.probe_seconds <= most("seconds"):  # NaN too
+    if args.probe_seconds is not None and not MIN_BOX <= args.probe_seconds <= most("seconds"):
         raise ConfigError("--probe-seconds", f"must be seconds from {MIN_BOX:g} (a shorter "
                           f"box times nothing) to {most('seconds'):g}, got "
                           f"{args.probe_seconds}")

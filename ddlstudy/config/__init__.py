@@ -26,6 +26,7 @@ from ddlstudy.config.run import (
     MIN_PROBE_SECONDS,
     PRECISIONS,
     PROBE_SECONDS,
+    REFAULT_PROBE_SECONDS,
     WARMUP_STEPS,
     Effective,
     RunConfig,
@@ -42,7 +43,7 @@ from ddlstudy.config.usecase import (
 
 __all__ = ["DEFAULT_DATASETS_DIR", "DEFAULT_RUNS_DIR", "HEAPS", "HOME", "MIN_PROBE_SECONDS",
            "PRECISIONS",
-           "PROBE_SECONDS", "WARMUP_STEPS",
+           "PROBE_SECONDS", "REFAULT_PROBE_SECONDS", "WARMUP_STEPS",
            "REPO_ROOT", "SPARK_SYNCS", "TARGET_METRICS", "USECASES_DIR", "Arch", "BadImagePolicy",
            "DataSpec", "Effective", "ModelSpec", "RunConfig", "TrainSpec", "UseCase",
            "available_usecases", "load_usecase", "resolve_usecase_path", "spark_slots",

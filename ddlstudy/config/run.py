@@ -67,6 +67,14 @@ PROBE_SECONDS = 3.0
 """advise's time box: a probe's steady steps (after its warm-up) last about this long,
 whatever a step costs (on tiny an epoch's 13 steady steps take 0.3 s, on VGG16 one step
 takes seconds): a probe is its start-up, its warm-up and this (``advise --probe-seconds``)."""
+REFAULT_PROBE_SECONDS = 8.0
+"""The time box where a host's balloon takes freed memory back and the model's steps map
+and free blocks over 32 MiB (``tools.advise.memory.refaults``): one step in every 2 s
+reporting period runs up to twice as long, so a 3 s box holds one such step or none. Over
+the 90 steps of tiny-full's checked runs (sequential, cpu-threads, cpu-intraop), windows of
+3 s put images/s up to 8, 15 and 26 % off the run's own figure (10th and 90th
+percentiles), of 6 s up to 7, 6 and 22 %, of 10 s up to 4, 6 and 14 % (cpu-intraop's run
+sped up over its epochs)."""
 MIN_PROBE_SECONDS = 0.5
 """The shortest time box: a short budget shrinks the boxes to it, and no shorter one is
 taken (it would time nothing but the warm-up's pace)."""

@@ -67,7 +67,13 @@ from ddlstudy.tools.advise.checking import (
 )
 from ddlstudy.tools.advise.exchange import COMPRESSORS, Exchange, measure_exchange, on_link
 from ddlstudy.tools.advise.history import last_check_line
-from ddlstudy.tools.advise.memory import gib, linear_share, refault_note, refaults
+from ddlstudy.tools.advise.memory import (
+    gib,
+    linear_share,
+    probe_box,
+    refault_note,
+    refaults,
+)
 from ddlstudy.tools.advise.nodes import Setting, mpi_candidates
 from ddlstudy.tools.advise.output import as_csv, as_json, markdown, write
 from ddlstudy.tools.advise.probes import (
@@ -135,25 +141,26 @@ def skip_non_nodes(cands: list[Candidate], nodes: list[int], where: Setting) -> 
 
 def advise(usecase: str | None, nodes: list[int], hosts: str | None, link: str | None,
            budget: float | None, out: Path, runs: Path | None = None, rounds: int = 3,
-           box: float = PROBE_SECONDS, datasets_dir: Path | None = None,
+           box: float | None = None, datasets_dir: Path | None = None,
            host_count: int | None = None, wait: bool = False,
            data: dict[str, Any] | None = None, strategies: list[str] | None = None,
            memory: int | None = None, checkpointed: bool = False,
            precisions: tuple[str, ...] = ()) -> dict:
     """Probe, measure, predict and rank (the module's docstring): advise.json's content.
     ``budget``: seconds (None: auto, every layout once and then some); ``box``: a probe's
-    steady seconds; ``host_count``: how many ``hosts`` (MPI probes up to that many);
-    ``wait``: each probe waits for a quiet host; ``data``: every probe's run flags that
-    say what it trains (``data_dir``, ``model``, ``heap``); ``strategies``: the only ones
-    probed (and sequential); ``memory``: --memory's bytes (``_memory``); ``checkpointed``,
-    ``precisions``: each layout also checkpointed, and in each of these (bf16, fp16)."""
+    steady seconds (None: ``probe_box``'s); ``host_count``: how many ``hosts`` (MPI probes
+    up to that many); ``wait``: each probe waits for a quiet host; ``data``: every probe's
+    run flags that say what it trains (``data_dir``, ``model``, ``heap``); ``strategies``:
+    the only ones probed (and sequential); ``memory``: --memory's bytes (``_memory``);
+    ``checkpointed``, ``precisions``: each layout also checkpointed, and in each of these."""
     started = time.monotonic()
     deadline, probes_dir = None if budget is None else started + budget, out / "probes"
     given = (data or {}) | ({"datasets_dir": str(datasets_dir)} if datasets_dir else {})
     uc = cell_config(usecase, given, probes_dir).usecase  # its folder's classes, its model
-    conv, pace = convergence(runs, uc), Pace(uc, box)  # --runs read before any probe
     cores, gpus = environment.usable_cores(), len(environment.gpus())
     gradient = (model := facts(uc.model, len(uc.classes))).gradient_bytes
+    refaulted = refaults(model.largest_bytes, environment.free_page_reporting(), given.get("heap"))
+    conv, pace = convergence(runs, uc), Pace(uc, box := probe_box(box, refaulted))
     cands = skip_unasked(candidates(cores, gpus, checkpointed, precisions), strategies)
     check_fit(cands, usecase, probes_dir, given)
     where = _setting(cores, hosts, link, host_count)
@@ -175,7 +182,6 @@ def advise(usecase: str | None, nodes: list[int], hosts: str | None, link: str |
     rows, notes = predictions(cands, nodes, where, uc.train.batch_size, gradient,
                               train_images(uc, given.get("data_dir")))
     rows, left_out = fitting(rows, limit, where)
-    refaulted = refaults(model.largest_bytes, environment.free_page_reporting(), given.get("heap"))
     notes = _shared(where, nodes) + _over(cands, limit) + notes + refault_note(refaulted)
     rank(rows, conv, max(c.speed for c in cands if c.speeds and c.nodes == 1))
     for r in rows:

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ddlstudy.config import ModelSpec
+from ddlstudy.config import PROBE_SECONDS, REFAULT_PROBE_SECONDS, ModelSpec
 from ddlstudy.models import shapes_only
 from ddlstudy.records.memory import files_bytes
 from ddlstudy.strategies.base import Footprint
@@ -149,6 +149,15 @@ def refaults(largest: int, reporting: dict[str, int] | None, heap: str | None
     return {"largest_bytes": largest, "order": reporting.get("order", -1)}
 
 
+def probe_box(box: float | None, found: dict[str, int] | None) -> float:
+    """advise's time box: ``box`` where one is given (--probe-seconds), else
+    REFAULT_PROBE_SECONDS where ``refaults`` found that this host varies a run's steps
+    (``found``), else PROBE_SECONDS."""
+    if box is not None:
+        return box
+    return REFAULT_PROBE_SECONDS if found is not None else PROBE_SECONDS
+
+
 def refault_note(found: dict[str, int] | None) -> list[str]:
     """``refaults``'s finding in a sentence, for the advice and its check (none where
     there is none)."""
@@ -158,8 +167,10 @@ def refault_note(found: dict[str, int] | None) -> list[str]:
             f"{found['largest_bytes'] / 2**20:.0f} MiB, is at or over glibc's "
             f"{MMAP_MOST >> 20} MiB: its gradient is mapped and faulted in afresh every "
             "step, and a step that faults on pages the host took back runs up to twice as "
-            "long, more in some runs than in others. Expect a run's images/s to differ from "
-            "its row by up to 30 % either way (tiny-full: 10-19 % mean error over a check); "
+            "long, more in some runs than in others. advise's probes time "
+            f"{REFAULT_PROBE_SECONDS:g} s of steps each here by default (not "
+            f"{PROBE_SECONDS:g}), so that each holds several of those periods, but expect a "
+            "run's images/s to differ from its row by up to 15 % either way; "
             "--heap keep keeps those blocks and steadies the steps once its heap has settled "
             "(tiny-full: 5-13 %), but a kept heap's peak varies from run to run by up to a "
             "half (tiny-full's sequential: 1.6-2.5 GiB), more under FSDP's gathers")]
